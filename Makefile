@@ -1,0 +1,40 @@
+# rollstream: every target creates/updates the virtualenv it needs first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export JAX_PLATFORMS ?= cpu
+export GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT ?= false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+
+.PHONY: venv demo test test-all bench lint fmt drills clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rollstream demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ''
+
+bench: $(STAMP)
+	$(VENV)/bin/rollstream bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build runs .pytest_cache

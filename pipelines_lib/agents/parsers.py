@@ -1,0 +1,311 @@
+"""Tool-call parsers: model text -> ``ParseResult(tool_calls, text, errors)``, one parser per model family.
+
+A parser has two halves. The format half (one class per family, registered in ``PARSER_REGISTRY``) finds the
+call sites in the response and turns each into ``(name, arguments)`` or a format error. The shared
+``check_call`` half validates every extracted call against the offered tools: the name must be one of them,
+the arguments a JSON object no larger than ``max_argument_chars`` and no deeper than ``max_argument_depth``,
+with the schema's required properties present and top-level JSON types matching. Nothing raises: every problem
+becomes a ``ToolCallError`` that the agent turns into a tool message the model sees, so a malformed call is
+a learning signal rather than a crash.
+
+Formats:
+- ``hermes`` (alias ``qwen``; the format our chat template teaches): ``<tool_call>{"name": ..., "arguments":
+  {...}}</tool_call>``, any number, anywhere in the text.
+- ``llama3``: the Llama 3.1 JSON form, the whole response being ``{"name": ..., "parameters": {...}}``,
+  optionally after ``<|python_tag|>``; several calls may be separated by ``;`` or newlines.
+- ``gemma``: Gemma's documented Python-call form, a fenced block ``` ```tool_code\\nname(arg=1, b="x")\\n``` ```
+  with one call per line, keyword arguments only, literal values (parsed with ``ast``, never evaluated).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+
+ERROR_KINDS = ("bad_format", "bad_json", "unknown_tool", "bad_arguments", "too_large", "too_deep")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallError:
+    """One call the model attempted but got wrong; ``message`` is written for the model to read."""
+
+    kind: str
+    message: str
+    name: str | None = None
+    """The tool name when it could be read, so the error message can be attributed to the call."""
+    raw: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ERROR_KINDS:
+            raise ValueError(f"ToolCallError.kind must be one of {ERROR_KINDS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParseResult:
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    text: str = ""
+    """The response with the call sites removed (the answer, or the reasoning around the calls)."""
+    errors: list[ToolCallError] = field(default_factory=list)
+
+    @property
+    def has_calls(self) -> bool:
+        """True when the model tried to call a tool, successfully or not."""
+        return bool(self.tool_calls or self.errors)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParserLimits:
+    max_argument_chars: int = 4096
+    """Serialized size above which arguments are refused (a runaway generation, not a real call)."""
+    max_argument_depth: int = 4
+    """Nesting depth of the arguments object above which it is refused."""
+    max_calls: int = 8
+    """Calls beyond this many in one response become errors."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_argument_chars", "max_argument_depth", "max_calls"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ParserLimits.{name} must be >= 1, got {getattr(self, name)}")
+
+
+ToolSchemas = Mapping[str, Mapping[str, Any]]
+"""Tool name -> its JSON-schema ``parameters`` object."""
+
+# What a format half returns per call site: (name, arguments) or an error, in text order.
+RawCall = tuple[str, Any] | ToolCallError
+
+
+class ToolCallParser(Protocol):
+    def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ...) -> ParseResult: ...
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels; iterative, so hostile nesting cannot overflow."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth + 1 > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def _type_ok(value: Any, expected: str | list[str]) -> bool:
+    names = [expected] if isinstance(expected, str) else expected
+    for name in names:
+        types = JSON_TYPES.get(name)
+        if types is None:  # a schema type we do not check (e.g. a $ref) accepts anything
+            return True
+        # bool is an int in Python but not an integer/number in JSON.
+        if isinstance(value, types) and not (isinstance(value, bool) and name in ("integer", "number")):
+            return True
+    return False
+
+
+def check_call(name: Any, arguments: Any, tools: ToolSchemas, limits: ParserLimits, raw: str) -> ToolCall | ToolCallError:
+    """Validate one extracted call against the offered tools (see the module docstring)."""
+    if not isinstance(name, str) or not name:
+        return ToolCallError(kind="bad_format", message="tool call has no string \"name\"", raw=raw)
+    if name not in tools:
+        offered = ", ".join(sorted(tools)) or "none"
+        return ToolCallError(kind="unknown_tool", name=name, raw=raw,
+                             message=f"unknown tool {name!r}; available tools: {offered}")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return ToolCallError(kind="bad_arguments", name=name, raw=raw,
+                             message=f"arguments of {name} must be a JSON object, got {type(arguments).__name__}")
+    size = len(json.dumps(arguments, ensure_ascii=False, default=str))
+    if size > limits.max_argument_chars:
+        return ToolCallError(kind="too_large", name=name, raw=raw[:200],
+                             message=f"arguments of {name} are {size} characters (limit {limits.max_argument_chars})")
+    if _deeper_than(arguments, limits.max_argument_depth):
+        return ToolCallError(kind="too_deep", name=name, raw=raw[:200],
+                             message=f"arguments of {name} nest deeper than {limits.max_argument_depth} levels")
+    schema = tools[name]
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    missing = [p for p in schema.get("required", []) if p not in arguments]
+    if missing:
+        return ToolCallError(kind="bad_arguments", name=name, raw=raw,
+                             message=f"{name} is missing required argument(s): {', '.join(missing)}")
+    for key, value in arguments.items():
+        if key not in properties:
+            if schema.get("additionalProperties", True) is False:
+                return ToolCallError(kind="bad_arguments", name=name, raw=raw,
+                                     message=f"{name} has no argument {key!r}; it takes: {', '.join(properties)}")
+            continue
+        expected = properties[key].get("type")
+        if expected is not None and not _type_ok(value, expected):
+            return ToolCallError(kind="bad_arguments", name=name, raw=raw,
+                                 message=f"argument {key!r} of {name} must be of type {expected}, got {type(value).__name__}")
+    return ToolCall(name=name, arguments=arguments)
+
+
+def _finish(raw_calls: list[RawCall], text: str, tools: ToolSchemas, limits: ParserLimits,
+            raws: list[str]) -> ParseResult:
+    calls: list[ToolCall] = []
+    errors: list[ToolCallError] = []
+    for k, (item, raw) in enumerate(zip(raw_calls, raws, strict=True)):
+        if k >= limits.max_calls:
+            errors.append(ToolCallError(kind="bad_format", raw=raw[:200],
+                                        message=f"more than {limits.max_calls} tool calls in one response"))
+            continue
+        checked = item if isinstance(item, ToolCallError) else check_call(item[0], item[1], tools, limits, raw)
+        (errors if isinstance(checked, ToolCallError) else calls).append(checked)
+    return ParseResult(tool_calls=calls, text=text.strip(), errors=errors)
+
+
+def _why(e: Exception) -> str:
+    return e.msg if isinstance(e, json.JSONDecodeError | SyntaxError) else "nested too deeply"
+
+
+def _json_call(payload: str, args_key: str) -> tuple[str, Any] | ToolCallError:
+    try:
+        obj = json.loads(payload)
+    except (json.JSONDecodeError, RecursionError) as e:
+        return ToolCallError(kind="bad_json", raw=payload[:200], message=f"tool call is not valid JSON ({_why(e)})")
+    if not isinstance(obj, dict):
+        return ToolCallError(kind="bad_format", raw=payload[:200], message="tool call must be a JSON object")
+    return obj.get("name"), obj.get(args_key)
+
+
+class HermesParser:
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen 2.5/3, our chat template)."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        raw_calls: list[RawCall] = []
+        raws: list[str] = []
+        for m in self._BLOCK.finditer(text):
+            raws.append(m.group(1))
+            raw_calls.append(_json_call(m.group(1).strip(), "arguments"))
+        rest = self._BLOCK.sub("", text)
+        if self.OPEN in rest:  # an opened call never closed: usually a truncated or runaway generation
+            tail = rest[rest.index(self.OPEN):]
+            raws.append(tail)
+            raw_calls.append(ToolCallError(kind="bad_format", raw=tail[:200],
+                                           message=f"{self.OPEN} without a matching {self.CLOSE}"))
+            rest = rest[: rest.index(self.OPEN)]
+        return _finish(raw_calls, rest, tools, limits, raws)
+
+
+class Llama3Parser:
+    """Llama 3.1 JSON tool calls: ``[<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]``.
+
+    Only a response that *starts* with the tag or ``{`` is a call (Llama's template asks for the call to be the
+    whole reply); anything else is plain text.
+    """
+
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        body = text.strip()
+        if body.startswith(self.TAG):
+            body = body[len(self.TAG):].strip()
+        elif not body.startswith("{"):
+            return ParseResult(text=text.strip())
+        decoder = json.JSONDecoder()
+        raw_calls: list[RawCall] = []
+        raws: list[str] = []
+        pos = 0
+        while pos < len(body):
+            try:
+                obj, end = decoder.raw_decode(body, pos)
+            except (json.JSONDecodeError, RecursionError) as e:
+                raws.append(body[pos:])
+                raw_calls.append(ToolCallError(kind="bad_json", raw=body[pos:pos + 200],
+                                               message=f"tool call is not valid JSON ({_why(e)})"))
+                break
+            raws.append(body[pos:end])
+            if isinstance(obj, dict):
+                # Llama 3.1 documents "parameters"; accept "arguments" too, as some fine-tunes emit it.
+                raw_calls.append((obj.get("name"), obj.get("parameters", obj.get("arguments"))))
+            else:
+                raw_calls.append(ToolCallError(kind="bad_format", raw=body[pos:end][:200],
+                                               message="tool call must be a JSON object"))
+            pos = end
+            while pos < len(body) and body[pos] in " \t\r\n;":
+                pos += 1
+        return _finish(raw_calls, "", tools, limits, raws)
+
+
+class GemmaParser:
+    """Gemma's Python-call form in a ```` ```tool_code ```` fence, one keyword-argument call per line."""
+
+    _BLOCK = re.compile(r"```tool_code\s*\n(.*?)```", re.DOTALL)
+
+    @staticmethod
+    def _call(line: str) -> tuple[str, Any] | ToolCallError:
+        try:
+            node = ast.parse(line, mode="eval").body
+        except (SyntaxError, RecursionError, MemoryError) as e:
+            return ToolCallError(kind="bad_format", raw=line[:200], message=f"tool call is not a Python call ({_why(e)})")
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            return ToolCallError(kind="bad_format", raw=line[:200], message="expected a call like name(arg=value)")
+        name = node.func.id
+        if node.args:
+            return ToolCallError(kind="bad_arguments", name=name, raw=line[:200],
+                                 message=f"{name}: pass arguments by keyword, e.g. {name}(x=1)")
+        arguments: dict[str, Any] = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                return ToolCallError(kind="bad_arguments", name=name, raw=line[:200], message=f"{name}: no **kwargs")
+            try:
+                arguments[kw.arg] = ast.literal_eval(kw.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                return ToolCallError(kind="bad_arguments", name=name, raw=line[:200],
+                                     message=f"{name}: argument {kw.arg!r} must be a literal value")
+        return name, arguments
+
+    def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        raw_calls: list[RawCall] = []
+        raws: list[str] = []
+        for m in self._BLOCK.finditer(text):
+            for line in m.group(1).splitlines():
+                if line.strip():
+                    raws.append(line)
+                    raw_calls.append(self._call(line.strip()))
+        rest = self._BLOCK.sub("", text)
+        if "```tool_code" in rest:
+            tail = rest[rest.index("```tool_code"):]
+            raws.append(tail)
+            raw_calls.append(ToolCallError(kind="bad_format", raw=tail[:200], message="```tool_code block never closed"))
+            rest = rest[: rest.index("```tool_code")]
+        return _finish(raw_calls, rest, tools, limits, raws)
+
+
+PARSER_REGISTRY: dict[str, Callable[[], ToolCallParser]] = {
+    "hermes": HermesParser,
+    "qwen": HermesParser,
+    "llama3": Llama3Parser,
+    "gemma": GemmaParser,
+}
+
+
+def make_parser(name: str) -> ToolCallParser:
+    if name not in PARSER_REGISTRY:
+        raise ValueError(f"unknown tool-call parser {name!r}; choose one of {sorted(PARSER_REGISTRY)}")
+    return PARSER_REGISTRY[name]()

@@ -1,0 +1,49 @@
+"""Task environments and tools.
+
+- :mod:`.base`: the contract (``Task``, ``StepResult``, ``Tool``, ``ToolError``, ``BaseTaskEnv``).
+- :mod:`.registry`: ``ENV_REGISTRY``/``TOOL_REGISTRY``, ``make_env``/``make_tool``.
+- :mod:`.tools`: calculator, sandboxed Python, search, latency wrapper, ``run_tool``.
+
+Importing this package imports every built-in env and tool so the registries are complete.
+"""
+
+from pipelines_lib.envs import tools  # noqa: F401  (registers the built-in tools)
+from pipelines_lib.envs.base import (
+    BaseTaskEnv,
+    Message,
+    StepResult,
+    Task,
+    Tool,
+    ToolError,
+    hermes_tool_call,
+)
+from pipelines_lib.envs.registry import (
+    ENV_REGISTRY,
+    TOOL_REGISTRY,
+    env_class,
+    make_env,
+    make_tool,
+    register_env,
+    register_tool,
+)
+from pipelines_lib.envs.tools import LatencyProfile, run_tool, with_latency
+
+__all__ = [
+    "ENV_REGISTRY",
+    "TOOL_REGISTRY",
+    "BaseTaskEnv",
+    "LatencyProfile",
+    "Message",
+    "StepResult",
+    "Task",
+    "Tool",
+    "ToolError",
+    "env_class",
+    "hermes_tool_call",
+    "make_env",
+    "make_tool",
+    "register_env",
+    "register_tool",
+    "run_tool",
+    "with_latency",
+]

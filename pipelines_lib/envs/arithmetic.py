@@ -1,0 +1,141 @@
+"""``arithmetic``: the embedded demo task. "What is 37*48+129?" solved with one calculator call.
+
+The language is tiny and regular on purpose (digits, ``+ - *``, three prompt phrasings, one answer
+format) so the default tokenizer stays small and a tiny model learns the loop in minutes: call
+``calculator`` with the expression from the prompt, copy the result into ``<answer>...</answer>``.
+Difficulty grows with :attr:`ArithmeticConfig.operand_digits` and :attr:`ArithmeticConfig.n_ops`.
+
+Flawed demonstrations (``demonstration(task, error_rate=...)``) make one of three mistakes a weak
+policy makes: a mistyped expression (the tool answers the wrong question), a wrong copy of the tool
+result, or a guess without calling the tool. Each scores 0.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pipelines_lib.envs.base import (
+    BaseTaskEnv,
+    Message,
+    Task,
+    answer_text,
+    draw_unique_tasks,
+    extract_answers,
+    hermes_tool_call,
+    task_id_for,
+)
+from pipelines_lib.envs.registry import register_env
+from pipelines_lib.envs.tools.calculator import Calculator, evaluate, format_number
+
+PROMPTS: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.")
+
+SYSTEM_PROMPT = (
+    "You are a careful assistant. Use the calculator tool for arithmetic. "
+    "Give the final answer as <answer>NUMBER</answer>."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArithmeticConfig:
+    operand_digits: int = 2
+    """Digits of every operand (2 -> 10..99)."""
+    n_ops: int = 2
+    """Binary operators per expression (2 -> ``a*b+c``)."""
+    operators: str = "+-*"
+    """Operators to draw from; ``*`` binds tighter, as in Python."""
+    heldout_fraction: float = 0.2
+    """Share of the task space (by expression) reserved for the held-out split."""
+    max_turns: int = 3
+    """Assistant messages per episode: one tool call and the answer, plus one spare."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.operand_digits <= 6:
+            raise ValueError(f"operand_digits must be in 1..6, got {self.operand_digits}")
+        if not 1 <= self.n_ops <= 6:
+            raise ValueError(f"n_ops must be in 1..6, got {self.n_ops}")
+        if not self.operators or set(self.operators) - set("+-*"):
+            raise ValueError(f"operators must be a non-empty subset of '+-*', got {self.operators!r}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+
+    @classmethod
+    def tiny(cls) -> ArithmeticConfig:
+        """The CPU demo: two 2-digit operations."""
+        return cls()
+
+
+@register_env("arithmetic")
+class ArithmeticEnv(BaseTaskEnv):
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, *, config: ArithmeticConfig = ArithmeticConfig()) -> None:
+        super().__init__(max_turns=config.max_turns)
+        self.config = config
+        self._set_tools([Calculator()])
+
+    @classmethod
+    def generate_tasks(
+        cls, *, seed: int, n: int, split: str, config: ArithmeticConfig | None = None
+    ) -> list[Task]:
+        cfg = config or ArithmeticConfig()
+        lo, hi = 10 ** (cfg.operand_digits - 1), 10**cfg.operand_digits - 1
+
+        def draw(rng: random.Random) -> tuple[str, Task]:
+            expr = str(rng.randint(lo, hi))
+            for _ in range(cfg.n_ops):
+                expr += rng.choice(cfg.operators) + str(rng.randint(lo, hi))
+            prompt = rng.choice(PROMPTS).format(expr=expr)
+            answer = format_number(evaluate(expr))
+            task = Task(
+                task_id=task_id_for(cls.name, expr),
+                env_name=cls.name,
+                prompt=prompt,
+                answer=answer,
+                meta={"expression": expr},
+            )
+            return expr, task
+
+        return draw_unique_tasks(
+            env_name=cls.name, seed=seed, n=n, split=split, heldout_fraction=cfg.heldout_fraction, draw=draw
+        )
+
+    def reward(self, task: Task, response: str) -> tuple[float, dict[str, float]]:
+        answers = extract_answers(response)
+        correct = float(bool(answers) and answers[-1] == task.answer)
+        return correct, {"correct": correct, "format": float(len(answers) == 1)}
+
+    def _demonstration(self, task: Task, *, corrupt: bool, rng: random.Random) -> list[Message]:
+        expr = task.meta["expression"]
+        mistake = rng.choice(("wrong_expression", "wrong_copy", "no_tool")) if corrupt else None
+        if mistake == "no_tool":
+            return [{"role": "assistant", "content": answer_text(_near_miss(task.answer, rng))}]
+        if mistake == "wrong_expression":
+            expr = _mistype(expr, task.answer, rng)
+        result = format_number(evaluate(expr))
+        final = _near_miss(result, rng) if mistake == "wrong_copy" else result
+        return [
+            {"role": "assistant", "content": hermes_tool_call("calculator", {"expression": expr})},
+            {"role": "tool", "name": "calculator", "content": result},
+            {"role": "assistant", "content": answer_text(final)},
+        ]
+
+
+def _near_miss(answer: str, rng: random.Random) -> str:
+    """A plausible wrong integer: off by 1 or 10."""
+    return str(int(answer) + rng.choice((-10, -1, 1, 10)))
+
+
+def _mistype(expr: str, answer: str, rng: random.Random) -> str:
+    """``expr`` with one digit changed, chosen so that its value differs from ``answer``."""
+    digits = [i for i, c in enumerate(expr) if c.isdigit()]
+    while True:
+        i = rng.choice(digits)
+        new = str((int(expr[i]) + rng.randint(1, 9)) % 10)
+        if new == "0" and (i == 0 or not expr[i - 1].isdigit()):
+            continue  # no leading zeros: "07" is a syntax error in Python
+        candidate = expr[:i] + new + expr[i + 1 :]
+        if format_number(evaluate(candidate)) != answer:
+            return candidate

@@ -1,0 +1,71 @@
+"""The env and tool registries: the only module holding them.
+
+Built-in envs and tools register themselves on import of :mod:`pipelines_lib.envs` (which imports
+every built-in module), so ``make_env``/``make_tool`` see them whichever module a caller imports.
+Configs name envs and tools by these keys; :func:`make_env`/:func:`make_tool` validate against the
+registry itself (no separate allow-list to drift).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pipelines_lib.envs.base import BaseTaskEnv, Tool
+
+ENV_REGISTRY: dict[str, type[BaseTaskEnv]] = {}
+TOOL_REGISTRY: dict[str, type[Tool]] = {}
+
+E = TypeVar("E", bound=type[BaseTaskEnv])
+T = TypeVar("T", bound=type[Tool])
+
+
+def register_env(name: str) -> Callable[[E], E]:
+    """Class decorator: ``@register_env("arithmetic")`` registers the env and sets its ``name``."""
+
+    def deco(cls: E) -> E:
+        if name in ENV_REGISTRY:
+            raise ValueError(f"env {name!r} is already registered by {ENV_REGISTRY[name].__qualname__}")
+        cls.name = name
+        ENV_REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def register_tool(name: str) -> Callable[[T], T]:
+    """Class decorator: ``@register_tool("calculator")`` registers the tool and sets its ``name``."""
+
+    def deco(cls: T) -> T:
+        if name in TOOL_REGISTRY:
+            raise ValueError(f"tool {name!r} is already registered by {TOOL_REGISTRY[name].__qualname__}")
+        cls.name = name
+        TOOL_REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _lookup(kind: str, registry: dict[str, Any], name: str) -> Any:
+    if name in registry:
+        return registry[name]
+    valid = ", ".join(sorted(registry))
+    close = difflib.get_close_matches(name, list(registry), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown {kind} {name!r}; valid {kind}s: {valid}{hint}")
+
+
+def env_class(name: str) -> type[BaseTaskEnv]:
+    """The registered env class (for classmethods such as ``generate_tasks``)."""
+    return _lookup("env", ENV_REGISTRY, name)
+
+
+def make_env(name: str, **kwargs: Any) -> BaseTaskEnv:
+    """A fresh env instance (one per episode); ``kwargs`` go to the env's constructor."""
+    return env_class(name)(**kwargs)
+
+
+def make_tool(name: str, **kwargs: Any) -> Tool:
+    """A tool instance; ``kwargs`` go to the tool's constructor."""
+    return _lookup("tool", TOOL_REGISTRY, name)(**kwargs)

@@ -1,0 +1,17 @@
+"""Built-in tools: calculator, sandboxed Python, knowledge-base search; plus the latency wrapper and
+``run_tool`` (the single place tool failures become statuses). Importing this package registers the
+tools in :data:`pipelines_lib.envs.registry.TOOL_REGISTRY`."""
+
+from pipelines_lib.envs.tools.calculator import Calculator, CalculatorLimits
+from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool, with_latency
+from pipelines_lib.envs.tools.runner import ToolErrorKind, run_tool
+
+__all__ = [
+    "Calculator",
+    "CalculatorLimits",
+    "LatencyProfile",
+    "LatencyTool",
+    "ToolErrorKind",
+    "run_tool",
+    "with_latency",
+]

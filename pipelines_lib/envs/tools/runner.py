@@ -1,0 +1,46 @@
+"""``run_tool``: the one place where tool exceptions and timeouts become statuses.
+
+Agents call every tool through it, so a misbehaving tool (bad arguments, a crash, a hang) turns into
+tool-result text the model sees plus an error kind recorded on the trajectory's turn, never an
+exception that kills the episode. Cancellation still propagates (it is not an episode failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pipelines_lib.envs.base import Tool, ToolError
+
+ToolErrorKind = Literal["tool_error", "timeout"]
+
+
+async def run_tool(
+    tool: Tool,
+    arguments: dict[str, Any],
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[str, ToolErrorKind | None, float]:
+    """Call ``tool`` with a deadline; returns ``(text, error_kind, latency_s)`` and never raises.
+
+    - success: ``(result, None, latency)``
+    - :class:`ToolError`: ``("Error: <message>", "tool_error", latency)``
+    - deadline passed: ``("Error: tool '<name>' timed out after <t> s", "timeout", latency)``
+    - any other exception (a tool bug): ``("Error: internal error in tool '<name>': <Type>: <msg>",
+      "tool_error", latency)``
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    start = clock()
+    try:
+        text = await asyncio.wait_for(tool(arguments), timeout=timeout_s)
+    except ToolError as e:
+        return f"Error: {e}", "tool_error", clock() - start
+    except TimeoutError:
+        return f"Error: tool {tool.name!r} timed out after {timeout_s:g} s", "timeout", clock() - start
+    except Exception as e:  # a tool bug must not end the episode; it becomes a recorded status
+        return f"Error: internal error in tool {tool.name!r}: {type(e).__name__}: {e}", "tool_error", clock() - start
+    return text, None, clock() - start

@@ -1,0 +1,266 @@
+"""Flax NNX decoder-only transformer read from a ``ModelConfig`` (Llama 3, Qwen2/3, Gemma 2/3 text).
+
+One attention implementation serves both uses:
+
+* training / scoring: ``model(tokens_bt, positions_bt) -> logits_btv`` attends over the tokens it is
+  given, causally by position (sequences are right-padded, so causal is enough);
+* inference: ``model.hidden(tokens_bt, positions_bt, cache) -> (h_btd, cache)`` first writes the new
+  keys/values into a preallocated ``KVCache`` at their absolute positions, then attends over the whole
+  cache with the same causal-by-position mask. Cache row ``s`` always holds position ``s``, so entries
+  beyond a sequence's current position (stale keys of an earlier request in the same slot, or padding of
+  a prefill bucket) are masked out by causality alone and never need clearing. ``model.unembed(h)``
+  turns the hidden states the engine picks into float32 logits.
+
+Layer ``i`` is: x += post_norm?(attn(attn_norm(x))); x += post_norm?(mlp(mlp_norm(x))), with rope on
+q/k (optionally RMS-normalised per head first), grouped-query attention, optional sliding window and
+score soft-cap, and a gated MLP (SwiGLU or GeGLU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pipelines_lib.model.config import ModelConfig, RopeScaling
+
+
+class LayerCache(NamedTuple):
+    """Keys and values of one layer; row ``s`` of axis 1 holds absolute position ``s``."""
+
+    k_bskd: jax.Array
+    v_bskd: jax.Array
+
+
+KVCache = tuple[LayerCache, ...]
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
+    """Zeroed cache for ``batch`` sequences of up to ``length`` positions."""
+    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    return tuple(LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.n_layers))
+
+
+@functools.cache
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """Inverse frequencies ``theta^(-2i/d)``, rescaled as transformers does for ``linear``/``llama3``."""
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        pass
+    elif scaling.kind == "linear":
+        inv = inv / scaling.factor
+    else:  # llama3: long wavelengths scaled by 1/factor, short kept, a smooth blend in between
+        old = scaling.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / scaling.low_freq_factor, inv / scaling.factor, inv)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
+        inv = np.where(medium, blended, scaled)
+    return inv.astype(np.float32)
+
+
+def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate pairs (i, i + d/2) by ``position * inv_freq[i]`` (the "rotate_half" layout of HF)."""
+    angles_btf = positions_bt[..., None].astype(jnp.float32) * inv_freq
+    cos = jnp.cos(jnp.concatenate([angles_btf, angles_btf], -1))[:, :, None, :].astype(x_bthd.dtype)
+    sin = jnp.sin(jnp.concatenate([angles_btf, angles_btf], -1))[:, :, None, :].astype(x_bthd.dtype)
+    half = x_bthd.shape[-1] // 2
+    rotated = jnp.concatenate([-x_bthd[..., half:], x_bthd[..., :half]], -1)
+    return x_bthd * cos + rotated * sin
+
+
+def attention(
+    q_bthd: jax.Array,
+    k_bskd: jax.Array,
+    v_bskd: jax.Array,
+    q_pos_bt: jax.Array,
+    k_pos_bs: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> jax.Array:
+    """softmax(mask(cap(scale · q kᵀ))) v with grouped-query heads.
+
+    Key ``s`` is visible to query ``t`` iff ``k_pos <= q_pos`` (causal) and, for a sliding layer,
+    ``q_pos - k_pos < window``. Scores and softmax run in float32.
+    """
+    b, t, h, d = q_bthd.shape
+    kv_heads = k_bskd.shape[2]
+    q_btkgd = q_bthd.reshape(b, t, kv_heads, h // kv_heads, d)
+    s_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_bskd, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        s_bkgts = softcap * jnp.tanh(s_bkgts / softcap)
+    visible_bts = k_pos_bs[:, None, :] <= q_pos_bt[:, :, None]
+    if window is not None:
+        visible_bts &= q_pos_bt[:, :, None] - k_pos_bs[:, None, :] < window
+    s_bkgts = jnp.where(visible_bts[:, None, None], s_bkgts, jnp.finfo(jnp.float32).min)
+    p_bkgts = jax.nn.softmax(s_bkgts, axis=-1).astype(v_bskd.dtype)
+    o_btkgd = jnp.einsum("bkgts,bskd->btkgd", p_bkgts, v_bskd)
+    return o_btkgd.reshape(b, t, h, d)
+
+
+class RMSNorm(nnx.Module):
+    """``x / rms(x) * w`` (``rms``) or ``x / rms(x) * (1 + w)`` (``gemma_rms``), normalised in float32."""
+
+    def __init__(self, dim: int, *, eps: float, variant: str, dtype: jnp.dtype):
+        self.eps = eps
+        self.plus_one = variant == "gemma_rms"
+        self.scale = nnx.Param(jnp.zeros(dim, dtype) if self.plus_one else jnp.ones(dim, dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+        return y.astype(x.dtype) * self.scale[...]
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer_kind: str, *, rngs: nnx.Rngs):
+        dtype = jnp.dtype(cfg.dtype)
+        lin = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_proj = nnx.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
+        self.k_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
+        self.v_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
+        self.o_proj = nnx.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, use_bias=False, **lin)
+        if cfg.qk_norm:
+            norm = {"eps": cfg.norm_eps, "variant": cfg.norm, "dtype": dtype}
+            self.q_norm = RMSNorm(cfg.head_dim, **norm)
+            self.k_norm = RMSNorm(cfg.head_dim, **norm)
+        self.qk_norm = cfg.qk_norm
+        sliding = layer_kind == "sliding"
+        self.window = cfg.sliding_window if sliding else None
+        theta = cfg.local_rope_theta if sliding and cfg.local_rope_theta is not None else cfg.rope_theta
+        # Gemma 3's local layers use their own base and are never scaled.
+        scaling = None if sliding and cfg.local_rope_theta is not None else cfg.rope_scaling
+        self.rope = (cfg.head_dim, theta, scaling)
+        self.scale = cfg.attn_scale
+        self.softcap = cfg.attn_logit_softcap
+
+    def __call__(
+        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None
+    ) -> tuple[jax.Array, LayerCache | None]:
+        b, t, _ = x_btd.shape
+        q = self.q_proj(x_btd).reshape(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x_btd).reshape(b, t, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x_btd).reshape(b, t, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(*self.rope)
+        q = apply_rope(q, positions_bt, inv_freq)
+        k = apply_rope(k, positions_bt, inv_freq)
+        if cache is None:
+            keys, values, k_pos_bs = k, v, positions_bt
+        else:
+            rows_b1 = jnp.arange(b)[:, None]
+            # Positions past the cache end (padding of a long prefill bucket) are dropped.
+            keys = cache.k_bskd.at[rows_b1, positions_bt].set(k, mode="drop")
+            values = cache.v_bskd.at[rows_b1, positions_bt].set(v, mode="drop")
+            k_pos_bs = jnp.broadcast_to(jnp.arange(keys.shape[1]), (b, keys.shape[1]))
+            cache = LayerCache(keys, values)
+        o = attention(
+            q, keys, values, positions_bt, k_pos_bs, scale=self.scale, softcap=self.softcap, window=self.window
+        )
+        return self.o_proj(o.reshape(b, t, -1)), cache
+
+
+class MLP(nnx.Module):
+    """Gated MLP: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        dtype = jnp.dtype(cfg.dtype)
+        lin = {"use_bias": False, "dtype": dtype, "param_dtype": dtype, "rngs": rngs}
+        self.gate_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **lin)
+        self.up_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **lin)
+        self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **lin)
+        self.activation = cfg.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = self.gate_proj(x)
+        gate = jax.nn.silu(gate) if self.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, layer_kind: str, *, rngs: nnx.Rngs):
+        norm = {"eps": cfg.norm_eps, "variant": cfg.norm, "dtype": jnp.dtype(cfg.dtype)}
+        self.attn_norm = RMSNorm(cfg.d_model, **norm)
+        self.attn = Attention(cfg, layer_kind, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, **norm)
+        self.mlp = MLP(cfg, rngs=rngs)
+        self.post_norms = cfg.post_norms
+        if cfg.post_norms:
+            self.attn_post_norm = RMSNorm(cfg.d_model, **norm)
+            self.mlp_post_norm = RMSNorm(cfg.d_model, **norm)
+
+    def __call__(
+        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None
+    ) -> tuple[jax.Array, LayerCache | None]:
+        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, cache)
+        if self.post_norms:
+            a = self.attn_post_norm(a)
+        x_btd = x_btd + a
+        m = self.mlp(self.mlp_norm(x_btd))
+        if self.post_norms:
+            m = self.mlp_post_norm(m)
+        return x_btd + m, cache
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer; see the module docstring for the two entry points."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = jnp.dtype(cfg.dtype)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.layers = nnx.List([Block(cfg, kind, rngs=rngs) for kind in cfg.layer_kinds])
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, variant=cfg.norm, dtype=dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Linear(
+                cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
+            )
+
+    def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
+        """Causal logits_btv (float32) over the given tokens, no cache."""
+        if positions_bt is None:
+            positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
+        h_btd, _ = self._trunk(tokens_bt, positions_bt, None)
+        return self.unembed(h_btd)
+
+    def hidden(
+        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache
+    ) -> tuple[jax.Array, KVCache]:
+        """Final-norm hidden states of the new tokens, and the cache with their keys/values written."""
+        return self._trunk(tokens_bt, positions_bt, cache)
+
+    def unembed(self, h_btd: jax.Array) -> jax.Array:
+        """Float32 logits of final-norm hidden states (with the final soft-cap if configured)."""
+        if self.cfg.tie_embeddings:
+            logits = self.embed.attend(h_btd)
+        else:
+            logits = self.lm_head(h_btd)
+        logits = logits.astype(jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+    def _trunk(
+        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache | None
+    ) -> tuple[jax.Array, KVCache | None]:
+        x = self.embed(tokens_bt)
+        if self.cfg.embed_scale:
+            # The scale is rounded to the parameter dtype, as in Gemma's reference code.
+            x = x * jnp.asarray(self.cfg.d_model**0.5, x.dtype)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(x, positions_bt, None if cache is None else cache[i])
+            new_cache.append(layer_cache)
+        return self.final_norm(x), (None if cache is None else tuple(new_cache))

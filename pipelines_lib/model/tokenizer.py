@@ -1,0 +1,285 @@
+"""The chat tokenizer: an offline-built default in the transformers format, and the wrapper agents use.
+
+Two halves:
+
+- **Build** (``build_tokenizer``; CLI ``scripts/build_tokenizer.py``; ``ensure_default_tokenizer`` builds on
+  first use). A byte-level BPE trained with the ``tokenizers`` library on text from every env plus every env's
+  demonstration conversations rendered through ``CHAT_TEMPLATE`` (so the scaffolding the model sees most gets
+  the merges). Digits are split one per token so arithmetic stays learnable. Deterministic: same inputs, same
+  files, same ``tokenizer_hash``. Saved with ``save_pretrained``, so ``AutoTokenizer.from_pretrained(path)``
+  loads it offline like any Hugging Face tokenizer.
+- **Use** (``load_tokenizer`` -> ``ChatTokenizer``). Works for our default and for a real model's own
+  tokenizer directory. It renders the initial prompt, and renders ONE later message (a tool result or env
+  feedback) on its own so the episode runner can extend the token list incrementally instead of re-rendering
+  the conversation (token-in/token-out, see ``pipelines_lib/agents/episode.py``).
+
+The chat template is Qwen/Hermes ChatML: ``<|im_start|>role\\n...<|im_end|>\\n`` with roles system, user,
+assistant and tool; tool schemas in the system turn inside ``<tools>``; assistant tool calls inline as
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the text the model generates, kept verbatim in the
+message content); tool results as ``<|im_start|>tool\\n<tool_response>...</tool_response><|im_end|>\\n``, one
+block per result so each can be rendered alone. The template is kept terse because the tiny model's context is
+256 tokens.
+
+The turn separator: the template closes every turn with ``<|im_end|>\\n`` but generation stops at
+``<|im_end|>``, so the ``\\n`` after a generated turn is never sampled. ``render_message_ids`` therefore starts
+with that separator: concatenating prompt, generated turns and rendered messages gives exactly the template's
+text for the whole conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+BUILD_VERSION = "1"
+"""Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused."""
+
+DEFAULT_VOCAB_SIZE = 512
+"""``ModelConfig.tiny().vocab_size``: every id, special tokens included, is below it."""
+
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END)
+MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Single ids for the tool markup, but not "special": they stay in decoded text so parsers can see them."""
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+)
+"""Files that define a tokenizer; ``tokenizer_hash`` covers those present (weights next to them are not)."""
+
+CHAT_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{%- set system = messages[0].content %}{%- set rest = messages[1:] %}"
+    "{%- else %}{%- set system = '' %}{%- set rest = messages %}{%- endif %}"
+    "{%- if system or tools %}"
+    "{{- '<|im_start|>system\\n' + system }}"
+    "{%- if tools %}"
+    "{%- if system %}{{- '\\n' }}{%- endif %}"
+    "{{- 'Tools (call as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n<tools>' }}"
+    "{%- for tool in tools %}"
+    "{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson) }}"
+    "{%- endfor %}"
+    "{{- '\\n</tools>' }}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in rest %}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|im_start|>tool\\n<tool_response>' + message.content + '</tool_response><|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+Message = Mapping[str, Any]
+ToolSchema = Mapping[str, Any]
+
+
+def default_tokenizer_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
+    """``<cache_root>/tokenizer/default-v<BUILD_VERSION>-<vocab>``.
+
+    ``cache_root`` defaults to ``$ROLLSTREAM_CACHE`` if set, else the repository's ``build/`` folder.
+    """
+    if cache_root is None:
+        cache_root = os.environ.get("ROLLSTREAM_CACHE") or Path(__file__).resolve().parents[2] / "build"
+    return Path(cache_root) / "tokenizer" / f"default-v{BUILD_VERSION}-{DEFAULT_VOCAB_SIZE}"
+
+
+def ensure_default_tokenizer(path: str | os.PathLike[str] | None = None) -> Path:
+    """The default tokenizer's directory, built there first if it is missing (safe under concurrent callers)."""
+    out = Path(path) if path is not None else default_tokenizer_dir()
+    if not (out / "tokenizer.json").exists():
+        build_tokenizer(out)
+    return out
+
+
+def default_training_texts(seed: int = 0) -> Iterable[str]:
+    """What the default tokenizer is trained on: every env's corpus text and rendered demonstrations."""
+    from pipelines_lib.envs.corpus import all_text_for_tokenizer
+
+    yield from all_text_for_tokenizer(seed)
+
+
+def build_tokenizer(
+    out_dir: str | os.PathLike[str],
+    *,
+    texts: Iterable[str] | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+) -> Path:
+    """Train and save the default tokenizer into ``out_dir`` (create-only: an existing build is kept).
+
+    ``texts`` defaults to ``default_training_texts(seed)``. Written to a temporary sibling and renamed, so a
+    crashed or concurrent build never leaves a half-written directory behind.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    n_reserved = len(SPECIAL_TOKENS) + len(MARKUP_TOKENS)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < n_reserved + len(alphabet):
+        raise ValueError(f"vocab_size must be >= {n_reserved + len(alphabet)} (bytes + special tokens), got {vocab_size}")
+    corpus = list(default_training_texts(seed) if texts is None else texts)
+    if not corpus:
+        raise ValueError("build_tokenizer: no training text")
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[*SPECIAL_TOKENS, *MARKUP_TOKENS],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
+    )
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        hf.save_pretrained(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "tokenizer.json").exists():
+                raise
+            # Another process finished the same deterministic build first; keep its files.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def tokenizer_files_hash(path: str | os.PathLike[str]) -> str:
+    """sha256 over the names and bytes of the tokenizer files present in ``path`` (``TOKENIZER_FILES``)."""
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        f = Path(path) / name
+        if f.exists():
+            h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class ChatTokenizer:
+    """A Hugging Face tokenizer plus the chat rendering the episode runner needs.
+
+    All ids are plain ``list[int]``; text is encoded without adding BOS/EOS (the template writes what it wants).
+    """
+
+    def __init__(self, hf: Any, *, tokenizer_hash: str) -> None:
+        self.hf = hf
+        self.tokenizer_hash = tokenizer_hash
+        stops = [hf.convert_tokens_to_ids(t) for t in (IM_END, hf.eos_token) if t is not None]
+        unk = hf.unk_token_id
+        self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in stops if i is not None and i != unk))
+        """Ids that end an assistant turn (generation stops after emitting one)."""
+        if not self.stop_ids:
+            raise ValueError("tokenizer has neither <|im_end|> nor an eos token; cannot end assistant turns")
+        self.pad_id: int = hf.pad_token_id if hf.pad_token_id is not None else self.stop_ids[0]
+        self._separator = self._turn_separator()
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (every id is below it)."""
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_text(
+        self, messages: Sequence[Message], *, tools: Sequence[ToolSchema] | None = None, add_generation_prompt: bool = False
+    ) -> str:
+        """The chat template's text for ``messages`` (tool schemas as ``Tool.schema()`` returns them)."""
+        return self.hf.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None) -> list[int]:
+        """Ids of the initial conversation followed by the assistant generation prompt."""
+        return self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True))
+
+    def render_message_ids(
+        self, message: Message, *, add_generation_prompt: bool = True, follows_assistant: bool = True
+    ) -> list[int]:
+        """Ids of ONE message (tool result or env feedback) appended to a conversation.
+
+        The template's text for this message alone (computed as the difference between rendering a dummy
+        exchange with and without it, so templates that add headers to every conversation work too), preceded,
+        when it ``follows_assistant``, by the turn separator that follows the stop token in the template, and
+        followed, by default, by the assistant generation prompt. Several messages in a row: the first follows
+        the assistant, only the last adds the generation prompt.
+        """
+        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
+        prefix = self.render_text(head)
+        full = self.render_text([*head, dict(message)], add_generation_prompt=add_generation_prompt)
+        if not full.startswith(prefix):
+            raise ValueError("chat template re-renders earlier turns when a message is added; cannot render incrementally")
+        return self.encode((self._separator if follows_assistant else "") + full[len(prefix):])
+
+    def encode_conversation(
+        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """``(ids, loss_mask)`` of a whole conversation laid out exactly as an episode records it.
+
+        The leading non-assistant messages form the prompt; each assistant message is ``encode(content)`` plus
+        the stop id (mask 1); every later message is ``render_message_ids`` (mask 0). For supervised warm starts
+        on demonstrations, so training sees the same token layout as rollouts.
+        """
+        n_head = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+        ids = self.render_prompt(messages[:n_head], tools)
+        mask = [0] * len(ids)
+        for k in range(n_head, len(messages)):
+            if messages[k]["role"] == "assistant":
+                part, bit = [*self.encode(messages[k]["content"]), self.stop_ids[0]], 1
+            else:
+                part, bit = self.render_message_ids(
+                    messages[k],
+                    add_generation_prompt=k + 1 < len(messages) and messages[k + 1]["role"] == "assistant",
+                    follows_assistant=messages[k - 1]["role"] == "assistant",
+                ), 0
+            ids += part
+            mask += [bit] * len(part)
+        return ids, mask
+
+    def _turn_separator(self) -> str:
+        """Text the template puts after the stop token that closes an assistant turn (``\\n`` for ChatML)."""
+        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
+        after = self.render_text(head).rsplit("!", 1)[1]
+        for stop in (self.hf.convert_ids_to_tokens(i) for i in self.stop_ids):
+            if after.startswith(stop):
+                return after[len(stop):]
+        raise ValueError(f"chat template does not close an assistant turn with a stop token (got {after!r})")
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
+    """Load a transformers-format tokenizer directory (ours or a model's) offline."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if not getattr(hf, "chat_template", None):
+        raise ValueError(f"tokenizer at {path} has no chat_template")
+    return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))

@@ -1,0 +1,59 @@
+"""Inference-weight folders: an Orbax item of the decoder's parameters plus its ``ModelConfig`` as JSON.
+
+    <path>/state/              Orbax StandardCheckpointer item of nnx.state(model, nnx.Param)
+    <path>/model_config.json   ModelConfig.to_dict(), written after the Orbax item is complete
+
+``path`` is a local path, a ``file://`` URL, or any URL Orbax understands (``gs://...`` flows through
+unchanged; Orbax and ``etils.epath`` handle it). A folder is self-describing: ``load_weights(path)`` rebuilds the
+decoder from the JSON and restores the parameters into it without a random initialisation. The
+publish stage adds the version pointer on top of these two functions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+
+STATE_ITEM = "state"
+CONFIG_FILE = "model_config.json"
+
+
+def _path(path_or_url: str) -> epath.Path:
+    # Orbax wants absolute local paths and has no file:// backend: campaign URLs like file:///abs/run
+    # become /abs/run, relative paths are resolved; every other URL (gs://...) is passed through.
+    if path_or_url.startswith("file://"):
+        path_or_url = path_or_url.removeprefix("file://")
+    if "://" in path_or_url:
+        return epath.Path(path_or_url)
+    return epath.Path(epath.Path(path_or_url).resolve())
+
+
+def save_weights(model: Decoder, path_or_url: str) -> None:
+    """Write ``model``'s parameters and config under ``path_or_url``; refuses an existing item."""
+    root = _path(path_or_url)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(root / STATE_ITEM, nnx.state(model, nnx.Param))
+    (root / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True))
+
+
+def load_config(path_or_url: str) -> ModelConfig:
+    config_path = _path(path_or_url) / CONFIG_FILE
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path}: no model config (is {path_or_url} a weights folder?)")
+    return ModelConfig.from_dict(json.loads(config_path.read_text()))
+
+
+def load_weights(path_or_url: str) -> Decoder:
+    """The decoder saved by ``save_weights`` at ``path_or_url``."""
+    cfg = load_config(path_or_url)
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params, rest = nnx.split(abstract, nnx.Param, ...)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(_path(path_or_url) / STATE_ITEM, abstract_params)
+    return nnx.merge(graphdef, params, rest)

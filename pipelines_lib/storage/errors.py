@@ -1,0 +1,20 @@
+"""Storage errors. Every message names the URL and the operation that failed."""
+
+from __future__ import annotations
+
+
+class StorageError(OSError):
+    """A storage operation failed permanently (or ran out of retries)."""
+
+    def __init__(self, op: str, url: str, detail: str) -> None:
+        super().__init__(f"storage {op} {url}: {detail}")
+        self.op = op
+        self.url = url
+
+
+class AlreadyExistsError(StorageError, FileExistsError):
+    """A create-only commit lost: the object exists already (someone else wrote it first)."""
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """The object does not exist."""

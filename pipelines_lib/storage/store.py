@@ -1,0 +1,278 @@
+"""One storage API over fsspec for a campaign folder: local paths, ``file://``, ``gs://`` and ``memory://``.
+
+Everything above this module speaks in paths relative to the campaign URL and never asks which backend it
+is on. The backend differences live in exactly one place, ``_create``: how an object is created only if it
+does not exist yet.
+
+- local: write ``.<name>.tmp-<nonce>`` in the same folder, fsync, ``os.link`` it to the final name (link
+  fails if the name exists, so there is one winner), unlink the temporary. A killed writer leaves at most a
+  hidden temporary that readers ignore and the audit reports as an orphan; never a partial object.
+- GCS: a single-request upload with ``ifGenerationMatch=0`` (gcsfs ``pipe_file(mode="create")``); object
+  creation is atomic on GCS and the precondition gives one winner. gcsfs ``mv`` is copy + delete, so rename
+  is never used for atomicity.
+
+Pointers (``weights/LATEST.json``) must move atomically and only forward, which needs compare-and-swap. GCS
+emulators do not honour non-zero generation preconditions, so rather than trusting one, a pointer is the
+*maximum* of create-only entries ``<pointer>.d/<key:012d>.json``: a stale writer can add an older entry but
+never lower the maximum. ``LATEST.json`` itself is then rewritten as a plain-tool mirror of that maximum.
+
+Transient errors (HTTP 408/429/5xx, connection resets, timeouts) are retried with capped exponential backoff
+inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+
+T = TypeVar("T")
+
+TEMP_MARKER = ".tmp-"
+"""Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
+
+_TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Retries of transient storage errors: capped exponential backoff with full jitter, within a deadline."""
+
+    attempts: int = 6
+    """Tries in all, the first included."""
+    base_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+    deadline_s: float = 120.0
+    """No new try starts after this many seconds since the first."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError(
+                f"RetryPolicy delays must satisfy 0 <= base_delay_s <= max_delay_s, "
+                f"got {self.base_delay_s}, {self.max_delay_s}"
+            )
+        if self.deadline_s <= 0:
+            raise ValueError(f"RetryPolicy.deadline_s must be > 0, got {self.deadline_s}")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same request may succeed."""
+    if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    code = getattr(exc, "code", None) or getattr(exc, "status", None)
+    if isinstance(code, int):
+        return code in _TRANSIENT_HTTP
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    name = type(exc).__name__
+    return name in {"ClientError", "ClientOSError", "ServerDisconnectedError", "ClientPayloadError",
+                    "ClientConnectorError", "ClientResponseError", "TransferEncodingError",
+                    "ContentLengthError", "ServerTimeoutError"}
+
+
+def normalize_url(url: str) -> str:
+    """A plain path becomes an absolute ``file://`` URL; trailing slashes go."""
+    if "://" not in url:
+        url = "file://" + str(Path(url).expanduser().resolve())
+    return url.rstrip("/")
+
+
+class Store:
+    """Create-only object storage rooted at one campaign URL."""
+
+    def __init__(self, url: str, *, retry: RetryPolicy | None = None, storage_options: dict[str, Any] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = normalize_url(url)
+        self.protocol = self.url.split("://", 1)[0]
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self.fs = fsspec.filesystem(self.protocol, **(storage_options or {}))
+        self._root = self.fs._strip_protocol(self.url).rstrip("/")
+        self._create_lock = threading.Lock()
+        self.retries = 0
+        """Transient errors retried so far (a metric: faults the store absorbed)."""
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- paths -------------------------------------------------------------------------------------------
+    def uri(self, rel: str = "") -> str:
+        """Full URL of ``rel`` (what external tools such as Orbax or pyarrow are given)."""
+        return f"{self.url}/{rel}".rstrip("/") if rel else self.url
+
+    def local_path(self, rel: str = "") -> Path | None:
+        """Filesystem path for local campaigns, ``None`` elsewhere."""
+        return Path(self._path(rel)) if self.protocol == "file" else None
+
+    def _path(self, rel: str) -> str:
+        rel = rel.strip("/")
+        if ".." in rel.split("/"):
+            raise ValueError(f"relative storage path may not contain '..': {rel!r}")
+        return f"{self._root}/{rel}" if rel else self._root
+
+    # -- retries -----------------------------------------------------------------------------------------
+    def _call(self, op: str, rel: str, fn: Callable[[], T]) -> T:
+        start = time.monotonic()
+        delay = self.retry.base_delay_s
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except FileExistsError as e:
+                raise AlreadyExistsError(op, self.uri(rel), "object exists already (create-only)") from e
+            except FileNotFoundError as e:
+                raise NotFoundError(op, self.uri(rel), "no such object") from e
+            except StorageError:
+                raise
+            except Exception as e:  # noqa: BLE001 - classified right here, re-raised with context
+                elapsed = time.monotonic() - start
+                if not is_transient(e) or attempt == self.retry.attempts or elapsed >= self.retry.deadline_s:
+                    detail = f"{type(e).__name__}: {e}"
+                    if is_transient(e):
+                        detail += f" (gave up after {attempt} tries in {elapsed:.1f}s)"
+                    raise StorageError(op, self.uri(rel), detail) from e
+                self.retries += 1
+                self._sleep(random.uniform(0, min(delay, self.retry.max_delay_s)))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    # -- objects -----------------------------------------------------------------------------------------
+    def create(self, rel: str, data: bytes) -> None:
+        """Create ``rel`` with ``data`` only if it does not exist; ``AlreadyExistsError`` otherwise."""
+        path = self._path(rel)
+        self._call("create", rel, lambda: self._create(path, data))
+
+    def _create(self, path: str, data: bytes) -> None:
+        if self.protocol == "file":
+            folder, name = os.path.split(path)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        elif self.protocol in ("gs", "gcs"):
+            self.fs.pipe_file(path, data, mode="create")
+        else:
+            # In-process backends (memory://): a lock makes exists+write one step.
+            with self._create_lock:
+                if self.fs.exists(path):
+                    raise FileExistsError(path)
+                self.fs.pipe_file(path, data)
+
+    def create_json(self, rel: str, obj: Any) -> None:
+        self.create(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def read(self, rel: str) -> bytes:
+        path = self._path(rel)
+        return self._call("read", rel, lambda: self.fs.cat_file(path))
+
+    def read_json(self, rel: str) -> Any:
+        data = self.read(rel)
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as e:
+            raise StorageError("read", self.uri(rel), f"not valid JSON: {e}") from e
+
+    def exists(self, rel: str) -> bool:
+        path = self._path(rel)
+        return self._call("exists", rel, lambda: self.fs.exists(path))
+
+    def size(self, rel: str) -> int:
+        path = self._path(rel)
+        return int(self._call("info", rel, lambda: self.fs.info(path))["size"])
+
+    def list(self, rel: str, *, include_hidden: bool = False) -> list[str]:
+        """Sorted names directly under folder ``rel`` (objects and sub-folders). Missing folder → []."""
+        path = self._path(rel)
+
+        def ls() -> list[str]:
+            try:
+                entries = self.fs.ls(path, detail=False, refresh=True)
+            except FileNotFoundError:
+                return []
+            return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != path]
+
+        names = self._call("list", rel, ls)
+        if not include_hidden:
+            names = [n for n in names if not n.startswith(".")]
+        return sorted(set(names))
+
+    def walk(self, rel: str = "") -> list[str]:
+        """Every object under ``rel`` (hidden ones included), as paths relative to the campaign root."""
+        path = self._path(rel)
+
+        def find() -> list[str]:
+            try:
+                self.fs.invalidate_cache()
+                return self.fs.find(path)
+            except FileNotFoundError:
+                return []
+
+        prefix = self._root + "/"
+        return sorted(p[len(prefix):] if p.startswith(prefix) else p for p in self._call("walk", rel, find))
+
+    def delete(self, rel: str) -> None:
+        """Remove one object. Only used to clean up temporaries and in tests: commits are never deleted."""
+        path = self._path(rel)
+        self._call("delete", rel, lambda: self.fs.rm_file(path))
+
+    # -- pointers ----------------------------------------------------------------------------------------
+    def advance_pointer(self, rel: str, payload: dict[str, Any], *, key: str = "version") -> bool:
+        """Move pointer ``rel`` forward to ``payload`` (ordered by integer ``payload[key]``).
+
+        Returns False (and changes nothing visible) when the pointer is already at or past that value.
+        """
+        value = int(payload[key])
+        if value < 0:
+            raise ValueError(f"pointer {rel}: {key} must be >= 0, got {value}")
+        try:
+            self.create_json(f"{rel}.d/{value:012d}.json", payload)
+        except AlreadyExistsError:
+            return False
+        current = self.read_pointer(rel, key=key)
+        if current is not None and int(current[key]) > value:
+            return False
+        self._write_mirror(rel, current or payload)
+        return True
+
+    def read_pointer(self, rel: str, *, key: str = "version") -> dict[str, Any] | None:
+        """The pointer's current payload (the largest entry), or None if it was never set."""
+        entries = [n for n in self.list(f"{rel}.d") if n.endswith(".json")]
+        if not entries:
+            return None
+        return self.read_json(f"{rel}.d/{max(entries)}")
+
+    def _write_mirror(self, rel: str, payload: dict[str, Any]) -> None:
+        data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
+        path = self._path(rel)
+        if self.protocol == "file":
+            tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}{TEMP_MARKER}{uuid.uuid4().hex[:12]}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            self._call("write_pointer", rel, lambda: self.fs.pipe_file(path, data))

@@ -1,0 +1,269 @@
+"""Policy losses (pure ``jnp``), their token aggregation, and the metrics they report.
+
+How the pieces fit:
+
+* ``token_logp_and_entropy`` turns the model's logits into per-token log-probs and entropies with
+  the alignment the whole pipeline uses: ``logp_bt[:, t]`` scores ``tokens_bt[:, t]`` given
+  ``tokens_bt[:, :t]`` (so column 0 is 0 and is never a loss token), exactly like the trajectory
+  schema's ``logprobs`` column.
+* An **aggregation** (``AGGREGATIONS``) turns the full batch's loss mask into ``weight_bt``, and
+  every loss is ``Σ_bt weight_bt · loss_bt``. Because the weights are computed once over the *whole*
+  batch, the losses of micro-batch slices sum to the full-batch loss exactly; gradient accumulation
+  is a plain sum (``step.py``).
+* A **loss** (``LOSSES``: ``grpo`` for RL, ``nll`` for the SFT warm start) maps ``LossInputs`` to
+  ``(loss, LossMetrics)``. Metric means are pre-weighted by ``mask / global loss-token count`` so
+  they, too, sum over micro-batches; metric maxima combine by ``max``.
+
+Configs name a loss and an aggregation; ``LossConfig`` validates both against the registries' keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# k3 = exp(d) − d − 1 grows like exp(d); a token the reference finds e^20 times likelier than the
+# policy would dominate the batch, so the log-ratio is clamped (as verl does) before exponentiating.
+_KL_LOG_RATIO_CLAMP = 20.0
+
+
+class LossInputs(NamedTuple):
+    """Per-token arrays of one (micro-)batch, all ``[B, T]`` and aligned as in ``token_logp_and_entropy``."""
+
+    logp_bt: jax.Array
+    """Log-prob of each token under the parameters being trained (carries the gradient)."""
+    prox_logp_bt: jax.Array
+    """Proximal log-probs: the trainer's own before this update (constant)."""
+    behav_logp_bt: jax.Array
+    """Behaviour log-probs recorded by the sampler that generated the tokens (constant)."""
+    advantages_bt: jax.Array
+    loss_mask_bt: jax.Array
+    """1.0 on tokens the policy generated, 0.0 on prompt, tool output and padding."""
+    weight_bt: jax.Array
+    """Aggregation weights computed over the whole batch (``token_weights_bt``)."""
+    metric_weight_bt: jax.Array
+    """``loss_mask / (loss tokens in the whole batch)``: turns sums into batch-wide token means."""
+    entropy_bt: jax.Array
+    """Entropy of the trainer's next-token distribution that scored each token (constant)."""
+    ref_logp_bt: jax.Array | None = None
+    """Log-probs under a frozen reference model; required when ``kl_coef > 0``."""
+
+
+class LossMetrics(NamedTuple):
+    """Metrics of one (micro-)batch: ``means`` add up across micro-batches, ``maxes`` combine by max."""
+
+    means: dict[str, jax.Array]
+    maxes: dict[str, jax.Array]
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+AggregationFn = Callable[[jax.Array], jax.Array]
+AGGREGATIONS: dict[str, AggregationFn] = {}
+
+
+def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
+    """Register a ``loss_mask_bt -> weight_bt`` aggregation under ``name``."""
+
+    def decorator(fn: AggregationFn) -> AggregationFn:
+        if name in AGGREGATIONS:
+            raise ValueError(f"aggregation {name!r} is already registered")
+        AGGREGATIONS[name] = fn
+        return fn
+
+    return decorator
+
+
+@register_aggregation("token_mean")
+def token_mean_weights(loss_mask_bt: jax.Array) -> jax.Array:
+    """Every loss token of the batch weighs the same (DAPO, Yu et al. 2025, Eq. 8 "token-level")."""
+    return loss_mask_bt / jnp.maximum(loss_mask_bt.sum(), 1.0)
+
+
+@register_aggregation("seq_mean_token_mean")
+def seq_mean_token_mean_weights(loss_mask_bt: jax.Array) -> jax.Array:
+    """Mean over each sequence's loss tokens, then over sequences (GRPO, Shao et al. 2024, Eq. 3).
+
+    Rows without a loss token (padding rows) are not counted as sequences.
+    """
+    tokens_b1 = loss_mask_bt.sum(axis=1, keepdims=True)
+    n_sequences = (tokens_b1 > 0).sum()
+    return loss_mask_bt / jnp.maximum(tokens_b1, 1.0) / jnp.maximum(n_sequences, 1)
+
+
+def token_weights_bt(loss_mask_bt: jax.Array, aggregation: str) -> jax.Array:
+    """Aggregation weights of the *whole* batch; slice them per micro-batch, never recompute them."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {sorted(AGGREGATIONS)}")
+    return AGGREGATIONS[aggregation](loss_mask_bt.astype(jnp.float32))
+
+
+def token_logp_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Next-token log-probs and entropies, aligned to the scored token.
+
+    ``logp_bt[:, t] = log softmax(logits_btv[:, t − 1])[tokens_bt[:, t]]`` for ``t ≥ 1`` and
+    ``entropy_bt[:, t] = H(softmax(logits_btv[:, t − 1]))``; column 0 has no prefix and is 0.
+    Entropy is a metric only, so it carries no gradient.
+    """
+    logp_all_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    logp_bt = jnp.take_along_axis(logp_all_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    probs_btv = jnp.exp(jax.lax.stop_gradient(logp_all_btv))
+    entropy_bt = -(probs_btv * jax.lax.stop_gradient(logp_all_btv)).sum(axis=-1)
+    pad_b1 = jnp.zeros_like(logp_bt[:, :1])
+    return jnp.concatenate([pad_b1, logp_bt], axis=1), jnp.concatenate([pad_b1, entropy_bt], axis=1)
+
+
+# ----------------------------------------------------------------------------- losses
+
+LossFn = Callable[[LossInputs, "LossConfig"], tuple[jax.Array, LossMetrics]]
+LOSSES: dict[str, LossFn] = {}
+
+
+def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+    """Register a ``(LossInputs, LossConfig) -> (loss, LossMetrics)`` loss under ``name``."""
+
+    def decorator(fn: LossFn) -> LossFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_loss(name: str) -> LossFn:
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
+    return LOSSES[name]
+
+
+def _masked_max(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+    """Max over loss tokens of a non-negative quantity (0 when there are none)."""
+    return jnp.where(mask_bt > 0, x_bt, 0.0).max()
+
+
+def k3_kl_bt(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
+    """Per-token k3 estimator of KL(π_θ ‖ π_ref) (Schulman 2020, "Approximating KL divergence").
+
+    ``k3 = exp(d) − d − 1`` with ``d = log π_ref − log π_θ``: unbiased for tokens sampled from π_θ,
+    and never negative.
+    """
+    d_bt = jnp.clip(ref_logp_bt - logp_bt, -_KL_LOG_RATIO_CLAMP, _KL_LOG_RATIO_CLAMP)
+    return jnp.exp(d_bt) - d_bt - 1.0
+
+
+def _entropy_and_kl(x: LossInputs, mask_bt: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Metrics shared by every loss, and the per-token KL (zeros without a reference)."""
+    means = {"entropy": (x.entropy_bt * x.metric_weight_bt).sum()}
+    if x.ref_logp_bt is None:
+        return means, jnp.zeros_like(x.logp_bt)
+    kl_bt = jnp.where(mask_bt > 0, k3_kl_bt(x.logp_bt, x.ref_logp_bt), 0.0)
+    means["kl"] = (jax.lax.stop_gradient(kl_bt) * x.metric_weight_bt).sum()
+    return means, kl_bt
+
+
+@register_loss("grpo")
+def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
+    """Clipped GRPO surrogate with decoupled off-policy correction (DESIGN §6).
+
+    Per loss token, to be maximised (the returned loss is its negated weighted sum):
+
+      ``J_t = w_t · min(r_t A_t, clip(r_t, 1 − ε_low, 1 + ε_high) A_t) − β · k3_t``
+
+    * ``r_t = exp(logp_θ − logp_prox)``: PPO ratio against the proximal policy (Schulman et al.
+      2017, Eq. 7), with DAPO's decoupled clip range ε_low / ε_high (Yu et al. 2025, Eq. 10).
+    * ``w_t = min(exp(logp_prox − logp_behav), C)``: truncated importance weight from the sampler's
+      behaviour policy to the proximal one ("decoupled PPO", Hilton et al. 2022, Eq. 4; AReaL,
+      Fu et al. 2025, Eq. 5). With ``logp_prox == logp_behav`` it is 1 and ``J_t`` is ordinary
+      clipped GRPO (Shao et al. 2024, Eq. 3).
+    * ``k3_t``: KL to a frozen reference (``k3_kl_bt``), only when ``cfg.kl_coef > 0``.
+
+    Reported clip fractions count tokens whose gradient the clip removed: ``low`` where
+    ``A < 0 and r < 1 − ε_low``, ``high`` where ``A > 0 and r > 1 + ε_high``.
+    """
+    mask_bt = x.loss_mask_bt
+    # Off-mask entries (padding, prompt) hold arbitrary log-probs; zeroing the exponents there keeps
+    # exp() finite so 0-weights never meet inf (0 · inf = NaN, in values and in gradients).
+    log_ratio_bt = jnp.where(mask_bt > 0, x.logp_bt - jax.lax.stop_gradient(x.prox_logp_bt), 0.0)
+    log_behav_bt = jnp.where(mask_bt > 0, x.prox_logp_bt - x.behav_logp_bt, 0.0)
+    ratio_bt = jnp.exp(log_ratio_bt)
+    behav_weight_bt = jax.lax.stop_gradient(jnp.exp(jnp.minimum(log_behav_bt, math.log(cfg.behav_weight_cap))))
+    advantages_bt = x.advantages_bt
+    clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    surrogate_bt = behav_weight_bt * jnp.minimum(ratio_bt * advantages_bt, clipped_ratio_bt * advantages_bt)
+
+    means, kl_bt = _entropy_and_kl(x, mask_bt)
+    loss_bt = -surrogate_bt + cfg.kl_coef * kl_bt
+    loss = (loss_bt * x.weight_bt).sum()
+
+    ratio_const_bt = jax.lax.stop_gradient(ratio_bt)
+    clipped_low_bt = (advantages_bt < 0) & (ratio_const_bt < 1.0 - cfg.eps_low)
+    clipped_high_bt = (advantages_bt > 0) & (ratio_const_bt > 1.0 + cfg.eps_high)
+    m_bt = x.metric_weight_bt
+    means |= {
+        "clip_frac_low": (clipped_low_bt * m_bt).sum(),
+        "clip_frac_high": (clipped_high_bt * m_bt).sum(),
+        "ratio_mean": (ratio_const_bt * m_bt).sum(),
+        "behav_weight_mean": (behav_weight_bt * m_bt).sum(),
+        "behav_weight_capped_frac": ((log_behav_bt >= math.log(cfg.behav_weight_cap)) * m_bt).sum(),
+        "prox_behav_logp_abs_diff": (jnp.abs(x.prox_logp_bt - x.behav_logp_bt) * m_bt).sum(),
+    }
+    maxes = {
+        "ratio_max": _masked_max(ratio_const_bt, mask_bt),
+        "behav_weight_max": _masked_max(behav_weight_bt, mask_bt),
+    }
+    return loss, LossMetrics(means=means, maxes=maxes)
+
+
+@register_loss("nll")
+def nll_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
+    """Supervised negative log-likelihood of the loss tokens (the SFT warm start).
+
+    ``L = −Σ_bt weight_bt · logp_θ[b, t]`` (plus ``β · k3`` when a reference is given);
+    advantages and behaviour log-probs are ignored.
+    """
+    mask_bt = x.loss_mask_bt
+    means, kl_bt = _entropy_and_kl(x, mask_bt)
+    nll_bt = jnp.where(mask_bt > 0, -x.logp_bt, 0.0)
+    loss = ((nll_bt + cfg.kl_coef * kl_bt) * x.weight_bt).sum()
+    means["nll"] = (jax.lax.stop_gradient(nll_bt) * x.metric_weight_bt).sum()
+    return loss, LossMetrics(means=means, maxes={})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """Which loss, how tokens are aggregated, and the surrogate's constants."""
+
+    name: str = "grpo"
+    """A key of ``LOSSES``: ``grpo`` (RL) or ``nll`` (SFT)."""
+    aggregation: str = "token_mean"
+    """A key of ``AGGREGATIONS``."""
+    eps_low: float = 0.2
+    """Lower clip range: r is clipped at ``1 − eps_low``."""
+    eps_high: float = 0.28
+    """Upper clip range: r is clipped at ``1 + eps_high`` (DAPO's clip-higher default)."""
+    behav_weight_cap: float = 5.0
+    """C in ``w = min(exp(logp_prox − logp_behav), C)``; ``math.inf`` disables the truncation."""
+    kl_coef: float = 0.0
+    """β of the k3 KL penalty to the reference model; 0 disables it (and the reference forward)."""
+
+    def __post_init__(self) -> None:
+        if self.name not in LOSSES:
+            raise ValueError(f"LossConfig.name: unknown loss {self.name!r}; choose one of {sorted(LOSSES)}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"LossConfig.aggregation: unknown {self.aggregation!r}; choose one of {sorted(AGGREGATIONS)}"
+            )
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low}")
+        if self.eps_high < 0.0:
+            raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high}")
+        if not self.behav_weight_cap > 0.0:
+            raise ValueError(f"LossConfig.behav_weight_cap must be > 0, got {self.behav_weight_cap}")
+        if self.kl_coef < 0.0:
+            raise ValueError(f"LossConfig.kl_coef must be >= 0, got {self.kl_coef}")

@@ -1,0 +1,128 @@
+"""Optimizer construction: ``OptimConfig`` → an optax AdamW chain with clipping and a schedule.
+
+The chain is ``clip_by_global_norm → AdamW(schedule)``; weight decay applies only to matrices
+(ndim ≥ 2), never to norm scales or biases. Schedules are registered by name in ``SCHEDULES`` and
+the config is validated against that registry. The returned transformation is wrapped by
+``nnx.Optimizer`` in ``step.py``; the schedule is exposed so the trainer can log the learning rate
+at any step without touching optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import optax
+from flax import nnx
+
+SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
+
+
+def register_schedule(
+    name: str,
+) -> Callable[[Callable[[OptimConfig], optax.Schedule]], Callable[[OptimConfig], optax.Schedule]]:
+    def decorator(fn: Callable[[OptimConfig], optax.Schedule]) -> Callable[[OptimConfig], optax.Schedule]:
+        if name in SCHEDULES:
+            raise ValueError(f"schedule {name!r} is already registered")
+        SCHEDULES[name] = fn
+        return fn
+
+    return decorator
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with global-norm clipping and a warmup-then-schedule learning rate."""
+
+    lr: float = 1e-6
+    """Peak learning rate (reached at the end of warmup)."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to ``lr`` over this many optimizer steps."""
+    schedule: str = "constant"
+    """A key of ``SCHEDULES``: ``constant`` or ``cosine`` (decays to ``min_lr_ratio · lr``)."""
+    total_steps: int = 1000
+    """Length of the schedule, warmup included; the cosine reaches its floor here."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine schedule as a fraction of ``lr``."""
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip_norm: float = 1.0
+    """Clip the global gradient norm to this value; ``math.inf`` disables clipping."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"OptimConfig.schedule: unknown {self.schedule!r}; choose one of {sorted(SCHEDULES)}"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr}")
+        if self.total_steps < 1:
+            raise ValueError(f"OptimConfig.total_steps must be >= 1, got {self.total_steps}")
+        if not 0 <= self.warmup_steps <= self.total_steps:
+            raise ValueError(
+                f"OptimConfig.warmup_steps must be in [0, total_steps={self.total_steps}], got {self.warmup_steps}"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"OptimConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.grad_clip_norm > 0:
+            raise ValueError(f"OptimConfig.grad_clip_norm must be > 0, got {self.grad_clip_norm}")
+
+    @classmethod
+    def tiny(cls) -> OptimConfig:
+        """A learning rate large enough to move a tiny CPU model in a few steps."""
+        return cls(lr=1e-3, warmup_steps=2, schedule="cosine", total_steps=50, weight_decay=0.01)
+
+
+def _warmup_then(cfg: OptimConfig, after: optax.Schedule) -> optax.Schedule:
+    if cfg.warmup_steps == 0:
+        return after
+    warmup = optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps)
+    return optax.join_schedules([warmup, after], boundaries=[cfg.warmup_steps])
+
+
+@register_schedule("constant")
+def constant_schedule(cfg: OptimConfig) -> optax.Schedule:
+    return _warmup_then(cfg, optax.constant_schedule(cfg.lr))
+
+
+@register_schedule("cosine")
+def cosine_schedule(cfg: OptimConfig) -> optax.Schedule:
+    decay_steps = max(cfg.total_steps - cfg.warmup_steps, 1)
+    return _warmup_then(cfg, optax.cosine_decay_schedule(cfg.lr, decay_steps, alpha=cfg.min_lr_ratio))
+
+
+def make_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """Learning rate as a function of the optimizer step count."""
+    return SCHEDULES[cfg.schedule](cfg)
+
+
+def _decay_mask(params: optax.Params) -> optax.Params:
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """``clip_by_global_norm(grad_clip_norm) → adamw(schedule)``."""
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip_norm),
+        optax.adamw(
+            make_schedule(cfg),
+            b1=cfg.b1,
+            b2=cfg.b2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            mask=_decay_mask,
+        ),
+    )
+
+
+def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig) -> nnx.Optimizer:
+    """The ``nnx.Optimizer`` over ``model``'s ``nnx.Param``s that ``step.train_step`` updates."""
+    return nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)

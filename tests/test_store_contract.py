@@ -1,0 +1,170 @@
+"""One contract, every backend: the local folder and gcsfs against a real GCS-API emulator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+from pipelines_lib.storage.store import TEMP_MARKER, RetryPolicy, Store, normalize_url
+
+
+def test_create_then_read_round_trips_bytes(store: Store) -> None:
+    store.create("a/b/object.bin", b"\x00payload\xff")
+    assert store.read("a/b/object.bin") == b"\x00payload\xff"
+    assert store.exists("a/b/object.bin")
+    assert store.size("a/b/object.bin") == 9
+
+
+def test_create_refuses_to_overwrite_and_names_the_url(store: Store) -> None:
+    store.create("x.json", b"first")
+    with pytest.raises(AlreadyExistsError) as err:
+        store.create("x.json", b"second")
+    assert store.uri("x.json") in str(err.value)
+    assert store.read("x.json") == b"first"
+
+
+def test_read_of_missing_object_names_the_url(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="nope.json"):
+        store.read("nope.json")
+
+
+def test_race_for_one_name_has_exactly_one_winner(store: Store) -> None:
+    winners, losers = [], []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        try:
+            store.create("race/shard.arrow", f"writer-{i}".encode())
+            winners.append(i)
+        except AlreadyExistsError:
+            losers.append(i)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(winners) == 1 and len(losers) == 7
+    assert store.read("race/shard.arrow") == f"writer-{winners[0]}".encode()
+
+
+def test_list_is_sorted_scoped_and_hides_temporaries(store: Store) -> None:
+    for name in ["v2/b", "v2/a", "v1/c", "v10/d"]:
+        store.create(f"t/{name}", b"x")
+    assert store.list("t") == ["v1", "v10", "v2"]
+    assert store.list("t/v2") == ["a", "b"]
+    assert store.list("t/missing") == []
+    # A listing made before a new prefix appears must not hide it (gcsfs caches listings).
+    store.create("t/v3/e", b"x")
+    assert store.list("t") == ["v1", "v10", "v2", "v3"]
+    assert store.walk("t/v2") == ["t/v2/a", "t/v2/b"]
+
+
+def test_pointer_moves_forward_only(store: Store) -> None:
+    assert store.read_pointer("weights/LATEST.json") is None
+    assert store.advance_pointer("weights/LATEST.json", {"version": 1, "path": "weights/v00000001"})
+    assert store.advance_pointer("weights/LATEST.json", {"version": 3, "path": "weights/v00000003"})
+    # A stale writer arriving late cannot move it back, nor can a repeat of the same version.
+    assert not store.advance_pointer("weights/LATEST.json", {"version": 2, "path": "weights/v00000002"})
+    assert not store.advance_pointer("weights/LATEST.json", {"version": 3, "path": "other"})
+    assert store.read_pointer("weights/LATEST.json")["version"] == 3
+    # The plain-file mirror that tools without rollstream read shows the same.
+    assert json.loads(store.read("weights/LATEST.json"))["version"] == 3
+
+
+def test_concurrent_pointer_writers_end_at_the_maximum(store: Store) -> None:
+    threads = [threading.Thread(target=store.advance_pointer, args=("p/LATEST.json", {"version": v}))
+               for v in [5, 2, 9, 1, 7, 3]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.read_pointer("p/LATEST.json")["version"] == 9
+
+
+def test_dotdot_paths_are_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="'..'"):
+        store.create("../escape", b"x")
+
+
+_KILL_WRITER = """
+import sys
+from pipelines_lib.storage.store import Store
+store = Store(sys.argv[1], storage_options={opts})
+payload = b"z" * (48 * 2**20)
+print("ready", flush=True)
+for i in range(1000):
+    store.create(f"big/obj-{{i:04d}}", payload)
+"""
+
+
+def test_writer_killed_mid_write_leaves_no_partial_object(store: Store) -> None:
+    opts = repr(getattr(store.fs, "storage_options", {}) if store.protocol == "gs" else {})
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_WRITER.format(opts=opts), store.url],
+                            stdout=subprocess.PIPE, cwd=Path(__file__).parents[1])
+    assert proc.stdout.readline().strip() == b"ready"
+    deadline = time.monotonic() + 60
+    while not store.list("big") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.15)
+    proc.kill()
+    proc.wait()
+    visible = store.list("big")
+    assert visible, "writer never committed anything before the kill"
+    for name in visible:
+        assert store.size(f"big/{name}") == 48 * 2**20, f"partial object {name} is visible"
+    # Only hidden temporaries may remain, and readers never see them.
+    assert all(TEMP_MARKER in n for n in store.list("big", include_hidden=True) if n not in visible)
+
+
+def test_normalize_url_turns_paths_into_absolute_file_urls(tmp_path: Path) -> None:
+    assert normalize_url(str(tmp_path / "c") + "/") == f"file://{tmp_path}/c"
+    assert normalize_url("gs://bucket/prefix/") == "gs://bucket/prefix"
+
+
+class _FlakyFS:
+    """Wraps a real filesystem and fails the first ``n`` reads with a transient error."""
+
+    def __init__(self, fs, failures: int, exc: Exception) -> None:
+        self._fs, self.failures, self.exc, self.calls = fs, failures, exc, 0
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def cat_file(self, path):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.exc
+        return self._fs.cat_file(path)
+
+
+def test_transient_errors_are_retried_then_succeed(local_store: Store) -> None:
+    local_store.create("obj", b"data")
+    local_store.retry = RetryPolicy(attempts=4, base_delay_s=0.0, max_delay_s=0.0)
+    local_store.fs = _FlakyFS(local_store.fs, failures=3, exc=ConnectionResetError("reset by peer"))
+    assert local_store.read("obj") == b"data"
+    assert local_store.retries == 3
+
+
+def test_exhausted_retries_raise_with_url_and_operation(local_store: Store) -> None:
+    local_store.create("obj", b"data")
+    local_store.retry = RetryPolicy(attempts=2, base_delay_s=0.0, max_delay_s=0.0)
+    local_store.fs = _FlakyFS(local_store.fs, failures=5, exc=TimeoutError("slow"))
+    with pytest.raises(StorageError, match=r"storage read file://.*obj: TimeoutError: slow \(gave up after 2 tries"):
+        local_store.read("obj")
+
+
+@pytest.mark.slow  # gcsfs retries 6 times internally with backoff (about 35 s) before our layer sees it
+def test_unreachable_gcs_endpoint_fails_with_the_url() -> None:
+    store = Store("gs://bucket/c", storage_options={"endpoint_url": "http://127.0.0.1:9", "token": "anon"},
+                  retry=RetryPolicy(attempts=2, base_delay_s=0.0, max_delay_s=0.01, deadline_s=5))
+    with pytest.raises(StorageError, match="gs://bucket/c/x"):
+        store.read("x")

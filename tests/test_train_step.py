@@ -1,0 +1,274 @@
+"""The train step on the real decoder (shrunk for compile speed), its batch builder and its optimizer."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
+from pipelines_lib.train.losses import LossConfig
+from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
+from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
+
+# ModelConfig.tiny() with every dimension shrunk: the same code paths, a fraction of the compile time.
+SMALL = dataclasses.replace(
+    ModelConfig.tiny(), vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64
+)
+BUCKETS = (16, 32)
+
+
+def make_model(seed: int = 0) -> Decoder:
+    return Decoder(SMALL, rngs=nnx.Rngs(seed))
+
+
+def sgd(model: Decoder) -> nnx.Optimizer:
+    """Plain SGD with lr 1: the parameter change *is* the gradient, so gradients can be compared."""
+    return nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)
+
+
+def params_of(model: Decoder) -> dict:
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def assert_trees_close(a, b, rtol: float, atol: float) -> None:
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+
+
+def ragged_rows(n_rows: int = 8, seed: int = 0):
+    """Rows of 5..14 tokens: a 3-token prompt then generated tokens; advantages of both signs."""
+    rng = np.random.default_rng(seed)
+    tokens = [rng.integers(1, SMALL.vocab_size, size=int(n)).tolist() for n in rng.integers(5, 15, size=n_rows)]
+    masks = [[0] * 3 + [1] * (len(row) - 3) for row in tokens]
+    behav = [(-rng.uniform(0.5, 5.0, size=len(row))).tolist() for row in tokens]
+    advantages = rng.normal(size=n_rows).tolist()
+    return tokens, masks, behav, advantages
+
+
+# ----------------------------------------------------------------------------- logprobs_fn
+
+
+def test_logprobs_fn_scores_each_token_given_only_its_prefix() -> None:
+    model = make_model()
+    tokens_bt = jnp.array(np.random.default_rng(0).integers(0, SMALL.vocab_size, size=(2, 10)), jnp.int32)
+    positions_bt = jnp.broadcast_to(jnp.arange(10), (2, 10))
+    logp_bt = logprobs_fn(model, tokens_bt, positions_bt)
+
+    logits_btv = model(tokens_bt, positions_bt)
+    expected_bt = jnp.take_along_axis(jax.nn.log_softmax(logits_btv[:, :-1]), tokens_bt[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(logp_bt[:, 1:], expected_bt, rtol=1e-5, atol=1e-5)
+    assert (logp_bt[:, 0] == 0).all()
+
+    # Changing token 6 changes its own score (t = 6) onwards, never the scores before it.
+    changed_bt = tokens_bt.at[:, 6].set((tokens_bt[:, 6] + 1) % SMALL.vocab_size)
+    changed_logp_bt = logprobs_fn(model, changed_bt, positions_bt)
+    np.testing.assert_allclose(changed_logp_bt[:, :6], logp_bt[:, :6], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(changed_logp_bt[:, 6], logp_bt[:, 6])
+
+
+# ----------------------------------------------------------------------------- train_step
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "grad_accum_steps"),
+    [("seq_mean_token_mean", 2), ("seq_mean_token_mean", 4), ("token_mean", 4)],
+)
+def test_gradient_accumulation_reproduces_the_full_batch_step(aggregation: str, grad_accum_steps: int) -> None:
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    loss_cfg = LossConfig(aggregation=aggregation)
+    results = []
+    for n_micro in (1, grad_accum_steps):
+        model = make_model()
+        metrics = train_step(model, sgd(model), batch, cfg=StepConfig(loss=loss_cfg, grad_accum_steps=n_micro))
+        results.append((metrics, params_of(model)))
+    (full_metrics, full_params), (micro_metrics, micro_params) = results
+    assert set(full_metrics) == set(micro_metrics)
+    for key in full_metrics:
+        np.testing.assert_allclose(micro_metrics[key], full_metrics[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    # SGD(lr=1): updated params differ from each other exactly by the difference of the gradients.
+    assert_trees_close(micro_params, full_params, rtol=1e-5, atol=1e-7)
+
+
+def test_implicit_proximal_logprobs_equal_logprobs_fn_at_step_start() -> None:
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    implicit, explicit = make_model(), make_model()
+    prox_logp_bt = logprobs_fn(explicit, batch.tokens_bt, batch.positions_bt)
+    implicit_metrics = train_step(implicit, sgd(implicit), batch, cfg=StepConfig())
+    explicit_batch = batch.replace(prox_logp_bt=prox_logp_bt)
+    explicit_metrics = train_step(explicit, sgd(explicit), explicit_batch, cfg=StepConfig())
+    np.testing.assert_allclose(explicit_metrics["loss"], implicit_metrics["loss"], rtol=1e-5)
+    assert_trees_close(params_of(explicit), params_of(implicit), rtol=1e-5, atol=1e-7)
+
+
+def test_behaviour_logprobs_from_the_same_weights_give_unit_importance_weights() -> None:
+    # The sampler's logprobs (here: logprobs_fn of the same weights) are aligned with the trainer's,
+    # so the decoupled correction is the identity and the step is ordinary clipped GRPO.
+    model = make_model()
+    tokens, masks, _, advantages = ragged_rows()
+    draft = build_train_batch(tokens, masks, None, advantages, seq_buckets=BUCKETS)
+    behav_logp_bt = logprobs_fn(model, draft.tokens_bt, draft.positions_bt)
+    batch = draft.replace(behav_logp_bt=behav_logp_bt * draft.loss_mask_bt)
+    metrics = train_step(model, sgd(model), batch, cfg=StepConfig())
+    assert float(metrics["prox_behav_logp_abs_diff"]) < 1e-5
+    np.testing.assert_allclose(metrics["behav_weight_mean"], 1.0, rtol=1e-5)
+    np.testing.assert_allclose(metrics["ratio_max"], 1.0, rtol=1e-6)
+    assert float(metrics["clip_frac_low"]) == float(metrics["clip_frac_high"]) == 0.0
+
+
+def test_padding_rows_and_longer_buckets_leave_the_update_unchanged() -> None:
+    rows = ragged_rows(n_rows=4)
+    tight = build_train_batch(*rows, seq_buckets=(16,))
+    padded = build_train_batch(*rows, seq_buckets=(32,), batch_size=8)
+    assert tight.shape == (4, 16) and padded.shape == (8, 32)
+    outcomes = []
+    for batch in (tight, padded):
+        model = make_model()
+        metrics = train_step(model, sgd(model), batch, cfg=StepConfig(loss=LossConfig(aggregation="seq_mean_token_mean")))
+        outcomes.append((metrics, params_of(model)))
+    np.testing.assert_allclose(outcomes[1][0]["loss"], outcomes[0][0]["loss"], rtol=1e-5)
+    assert_trees_close(outcomes[1][1], outcomes[0][1], rtol=1e-4, atol=1e-7)
+
+
+def sequence_logp(model: Decoder, batch: TrainBatch) -> np.ndarray:
+    return np.asarray((logprobs_fn(model, batch.tokens_bt, batch.positions_bt) * batch.loss_mask_bt).sum(axis=1))
+
+
+def test_grpo_steps_make_positive_advantage_completions_likelier() -> None:
+    # Two completions of one prompt; the rewarded one must gain probability, the other lose it.
+    prompt = [5, 6, 7]
+    tokens = [prompt + [10, 11, 12, 13], prompt + [20, 21, 22, 23]]
+    masks = [[0, 0, 0, 1, 1, 1, 1]] * 2
+    model = make_model()
+    draft = build_train_batch(tokens, masks, None, [1.0, -1.0], seq_buckets=BUCKETS)
+    batch = draft.replace(behav_logp_bt=logprobs_fn(model, draft.tokens_bt, draft.positions_bt) * draft.loss_mask_bt)
+    before = sequence_logp(model, batch)
+    optimizer = make_nnx_optimizer(model, OptimConfig(lr=3e-3))
+    for _ in range(3):
+        train_step(model, optimizer, batch, cfg=StepConfig())
+    after = sequence_logp(model, batch)
+    assert after[0] > before[0] + 0.5 and after[1] < before[1] - 0.5, (before, after)
+
+
+def test_sft_nll_step_fits_the_loss_tokens() -> None:
+    tokens, masks, _, _ = ragged_rows()
+    batch = build_train_batch(tokens, masks, seq_buckets=BUCKETS)
+    model = make_model()
+    optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2))
+    cfg = StepConfig(loss=LossConfig(name="nll"))
+    nll = [float(train_step(model, optimizer, batch, cfg=cfg)["nll"]) for _ in range(8)]
+    # A fresh model is near uniform over 64 tokens; 8 steps must have cut the NLL well below that.
+    assert abs(nll[0] - math.log(SMALL.vocab_size)) < 0.5, nll
+    assert nll[-1] < nll[0] - 1.0, nll
+
+
+def test_kl_to_an_identical_reference_is_zero_and_a_reference_is_required() -> None:
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    model, reference = make_model(), make_model()
+    cfg = StepConfig(loss=LossConfig(kl_coef=0.1))
+    metrics = train_step(model, sgd(model), batch, reference, cfg=cfg)
+    assert abs(float(metrics["kl"])) < 1e-6
+    with pytest.raises(ValueError, match="needs a ref_model"):
+        train_step(model, sgd(model), batch, cfg=cfg)
+
+
+def test_grad_accum_steps_must_divide_the_rows() -> None:
+    batch = build_train_batch(*ragged_rows(n_rows=6), seq_buckets=BUCKETS)
+    model = make_model()
+    with pytest.raises(ValueError, match="grad_accum_steps=4"):
+        train_step(model, sgd(model), batch, cfg=StepConfig(grad_accum_steps=4))
+    with pytest.raises(ValueError, match="grad_accum_steps must be >= 1, got 0"):
+        StepConfig(grad_accum_steps=0)
+
+
+# ----------------------------------------------------------------------------- batch builder
+
+
+def test_build_train_batch_pads_right_to_the_smallest_bucket() -> None:
+    batch = build_train_batch(
+        [[1, 2, 3], [4, 5, 6, 7, 8]],
+        [[0, 1, 1], [0, 0, 1, 1, 0]],
+        [[9.0, -0.5, -0.25], [9.0, 9.0, -1.0, -2.0, 9.0]],
+        [2.0, -1.0],
+        seq_buckets=(4, 8, 16),
+        batch_size=3,
+        pad_id=63,
+    )
+    assert batch.shape == (3, 8)
+    np.testing.assert_array_equal(batch.tokens_bt[0], [1, 2, 3, 63, 63, 63, 63, 63])
+    np.testing.assert_array_equal(batch.tokens_bt[2], [63] * 8)
+    np.testing.assert_array_equal(batch.loss_mask_bt[1], [0, 0, 1, 1, 0, 0, 0, 0])
+    # Logprobs off the loss mask are zeroed; advantages are broadcast over the row.
+    np.testing.assert_array_equal(batch.behav_logp_bt[1], [0, 0, -1.0, -2.0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch.advantages_bt[0, :3], [2.0, 2.0, 2.0])
+    assert not batch.loss_mask_bt[2].any()
+    np.testing.assert_array_equal(batch.positions_bt[1], np.arange(8))
+    assert batch.tokens_bt.dtype == np.int32 and batch.loss_mask_bt.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tokens": [[1, 2, 3, 4, 5]]}, "exceeds the largest sequence bucket 4"),
+        ({"loss_masks": [[1, 1, 1]]}, "token 0 has no prefix"),
+        ({"loss_masks": [[0, 1]]}, "row 0: 3 tokens but 2 mask entries"),
+        ({"advantages": [1.0, 2.0]}, "row counts differ"),
+        ({"batch_size": 0}, "need 1..batch_size=0 rows"),
+    ],
+)
+def test_build_train_batch_refuses_malformed_rows(kwargs: dict, match: str) -> None:
+    args = {"tokens": [[1, 2, 3]], "loss_masks": [[0, 1, 1]], "behav_logps": [[0.0, -1.0, -1.0]], "advantages": [1.0]}
+    args |= kwargs
+    with pytest.raises(ValueError, match=match):
+        build_train_batch(**args, seq_buckets=(4,), batch_size=kwargs.get("batch_size"))
+
+
+def test_bucket_length_picks_the_smallest_fitting_bucket() -> None:
+    assert [bucket_length(n, (64, 16, 32)) for n in (1, 16, 17, 64)] == [16, 16, 32, 64]
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def test_schedules_warm_up_linearly_then_hold_or_decay_to_the_floor() -> None:
+    cosine = make_schedule(OptimConfig(lr=1.0, warmup_steps=4, schedule="cosine", total_steps=14, min_lr_ratio=0.1))
+    # Warmup 0, .25, .5, .75; cosine from 1 at step 4 to 0.1 at step 14, halfway (step 9) at (1 + .1) / 2.
+    np.testing.assert_allclose([cosine(s) for s in (0, 1, 2, 3, 4, 9, 14)], [0, 0.25, 0.5, 0.75, 1.0, 0.55, 0.1], atol=1e-6)
+    constant = make_schedule(OptimConfig(lr=0.5, warmup_steps=2))
+    np.testing.assert_allclose([constant(s) for s in (0, 1, 2, 100)], [0, 0.25, 0.5, 0.5], atol=1e-7)
+
+
+def test_optimizer_clips_the_global_norm_and_decays_only_matrices() -> None:
+    cfg = OptimConfig(lr=0.1, weight_decay=0.5, grad_clip_norm=1.0, b1=0.0, b2=0.0, eps=1e-12)
+    tx = make_optimizer(cfg)
+    params = {"w": jnp.ones((2, 2)), "scale": jnp.ones(2)}
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero_grads, tx.init(params), params)
+    # Zero gradient: only decoupled weight decay moves params, lr · wd · p on matrices only.
+    np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)
+    np.testing.assert_allclose(updates["scale"], 0.0)
+    # Clipping scales the whole gradient by 1 / global norm before Adam (b1 = b2 = 0 makes Adam sign-like).
+    clip = optax.clip_by_global_norm(cfg.grad_clip_norm)
+    big = {"w": jnp.full((2, 2), 30.0), "scale": jnp.full(2, 40.0)}
+    clipped, _ = clip.update(big, clip.init(params))
+    np.testing.assert_allclose(optax.global_norm(clipped), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"schedule": "linear"}, r"'linear'; choose one of \['constant', 'cosine'\]"),
+        ({"lr": 0.0}, "lr must be > 0, got 0.0"),
+        ({"warmup_steps": 20, "total_steps": 10}, "warmup_steps must be in"),
+        ({"b2": 1.0}, "b2 must be in"),
+        ({"grad_clip_norm": 0.0}, "grad_clip_norm"),
+    ],
+)
+def test_optim_config_rejects_bad_values_by_name(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        OptimConfig(**kwargs)
