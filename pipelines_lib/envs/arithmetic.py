@@ -134,7 +134,8 @@ def _mistype(expr: str, answer: str, rng: random.Random) -> str:
     while True:
         i = rng.choice(digits)
         new = str((int(expr[i]) + rng.randint(1, 9)) % 10)
-        if new == "0" and (i == 0 or not expr[i - 1].isdigit()):
+        starts_number = i == 0 or not expr[i - 1].isdigit()
+        if new == "0" and starts_number and i + 1 < len(expr) and expr[i + 1].isdigit():
             continue  # no leading zeros: "07" is a syntax error in Python
         candidate = expr[:i] + new + expr[i + 1 :]
         if format_number(evaluate(candidate)) != answer:

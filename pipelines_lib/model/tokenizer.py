@@ -63,7 +63,7 @@ CHAT_TEMPLATE = (
     "{%- if system %}{{- '\\n' }}{%- endif %}"
     "{{- 'Tools (call as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n<tools>' }}"
     "{%- for tool in tools %}"
-    "{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson) }}"
+    "{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson(separators=(',', ':'))) }}"
     "{%- endfor %}"
     "{{- '\\n</tools>' }}"
     "{%- endif %}"
@@ -101,11 +101,24 @@ def ensure_default_tokenizer(path: str | os.PathLike[str] | None = None) -> Path
     return out
 
 
-def default_training_texts(seed: int = 0) -> Iterable[str]:
-    """What the default tokenizer is trained on: every env's corpus text and rendered demonstrations."""
+def default_training_texts(seed: int = 0, *, n_per_env: int = 200) -> Iterable[str]:
+    """What the default tokenizer is trained on: every env's corpus text, plus ``n_per_env`` demonstrations per
+    env rendered through ``CHAT_TEMPLATE`` with the env's tools, so the scaffolding every prompt repeats (system
+    prompt, tool schemas, role headers) is weighted as often as the model will read it."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from pipelines_lib.envs import ENV_REGISTRY
     from pipelines_lib.envs.corpus import all_text_for_tokenizer
 
     yield from all_text_for_tokenizer(seed)
+    # Rendering text needs a tokenizer object but not a trained one.
+    renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=CHAT_TEMPLATE)
+    for name in sorted(ENV_REGISTRY):
+        env = ENV_REGISTRY[name]()
+        tools = [t.schema() for t in env.tools().values()] or None
+        for task in ENV_REGISTRY[name].generate_tasks(seed=seed, n=n_per_env, split="train"):
+            yield renderer.apply_chat_template(env.demonstration(task, seed=seed), tools=tools, tokenize=False)
 
 
 def build_tokenizer(
@@ -148,6 +161,7 @@ def build_tokenizer(
         eos_token=IM_END,
         pad_token=PAD,
         additional_special_tokens=[IM_START],
+        chat_control_tokens=[*SPECIAL_TOKENS, *MARKUP_TOKENS],
         chat_template=CHAT_TEMPLATE,
         model_max_length=1 << 20,
         clean_up_tokenization_spaces=False,
@@ -194,7 +208,6 @@ class ChatTokenizer:
         if not self.stop_ids:
             raise ValueError("tokenizer has neither <|im_end|> nor an eos token; cannot end assistant turns")
         self.pad_id: int = hf.pad_token_id if hf.pad_token_id is not None else self.stop_ids[0]
-        self._separator = self._turn_separator()
 
     @property
     def vocab_size(self) -> int:
@@ -218,27 +231,48 @@ class ChatTokenizer:
             tokenize=False,
         )
 
+    def render_ids(
+        self, messages: Sequence[Message], *, tools: Sequence[ToolSchema] | None = None, add_generation_prompt: bool = False
+    ) -> list[int]:
+        """Ids of the template's rendering, with control tokens inside message content encoded as plain text.
+
+        So a tool result (or any env text) that contains ``<|im_end|>`` or ``<tool_call>`` cannot forge a turn
+        boundary or a tool call: only the template itself writes control tokens.
+        """
+        return list(self.hf.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=False,
+            sanitize_control_tokens=True,
+        ))
+
     def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None) -> list[int]:
         """Ids of the initial conversation followed by the assistant generation prompt."""
-        return self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True))
+        return self.render_ids(messages, tools=tools, add_generation_prompt=True)
 
     def render_message_ids(
         self, message: Message, *, add_generation_prompt: bool = True, follows_assistant: bool = True
     ) -> list[int]:
         """Ids of ONE message (tool result or env feedback) appended to a conversation.
 
-        The template's text for this message alone (computed as the difference between rendering a dummy
-        exchange with and without it, so templates that add headers to every conversation work too), preceded,
-        when it ``follows_assistant``, by the turn separator that follows the stop token in the template, and
-        followed, by default, by the assistant generation prompt. Several messages in a row: the first follows
-        the assistant, only the last adds the generation prompt.
+        The template's rendering of this message alone, computed as the ids a dummy exchange gains when the
+        message is added (so templates that put headers on every conversation work too); preceded, when it
+        ``follows_assistant``, by the separator the template puts after the stop id closing an assistant turn
+        (generation stops at that id, so the separator is never sampled); followed, by default, by the assistant
+        generation prompt. Several messages in a row: only the first follows the assistant, only the last adds
+        the generation prompt.
         """
         head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
-        prefix = self.render_text(head)
-        full = self.render_text([*head, dict(message)], add_generation_prompt=add_generation_prompt)
-        if not full.startswith(prefix):
+        prefix = self.render_ids(head)
+        full = self.render_ids([*head, dict(message)], add_generation_prompt=add_generation_prompt)
+        if full[: len(prefix)] != prefix:
             raise ValueError("chat template re-renders earlier turns when a message is added; cannot render incrementally")
-        return self.encode((self._separator if follows_assistant else "") + full[len(prefix):])
+        closed = max((i for i, t in enumerate(prefix) if t in self.stop_ids), default=None)
+        if closed is None:
+            raise ValueError("chat template does not close an assistant turn with a stop id")
+        return full[closed + 1 if follows_assistant else len(prefix):]
 
     def encode_conversation(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
@@ -264,15 +298,6 @@ class ChatTokenizer:
             ids += part
             mask += [bit] * len(part)
         return ids, mask
-
-    def _turn_separator(self) -> str:
-        """Text the template puts after the stop token that closes an assistant turn (``\\n`` for ChatML)."""
-        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
-        after = self.render_text(head).rsplit("!", 1)[1]
-        for stop in (self.hf.convert_ids_to_tokens(i) for i in self.stop_ids):
-            if after.startswith(stop):
-                return after[len(stop):]
-        raise ValueError(f"chat template does not close an assistant turn with a stop token (got {after!r})")
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:

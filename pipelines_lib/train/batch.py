@@ -48,6 +48,8 @@ class TrainBatch:
 
 def bucket_length(length: int, seq_buckets: Sequence[int]) -> int:
     """The smallest bucket that holds ``length`` tokens."""
+    if not seq_buckets:
+        raise ValueError("need at least one sequence bucket, got none")
     for bucket in sorted(seq_buckets):
         if length <= bucket:
             return bucket

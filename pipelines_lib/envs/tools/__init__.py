@@ -5,12 +5,19 @@ tools in :data:`pipelines_lib.envs.registry.TOOL_REGISTRY`."""
 from pipelines_lib.envs.tools.calculator import Calculator, CalculatorLimits
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool, with_latency
 from pipelines_lib.envs.tools.runner import ToolErrorKind, run_tool
+from pipelines_lib.envs.tools.sandbox import PythonSandbox, PythonTool, SandboxConfig, SandboxResult
+from pipelines_lib.envs.tools.search import SearchTool
 
 __all__ = [
     "Calculator",
     "CalculatorLimits",
     "LatencyProfile",
     "LatencyTool",
+    "PythonSandbox",
+    "PythonTool",
+    "SandboxConfig",
+    "SandboxResult",
+    "SearchTool",
     "ToolErrorKind",
     "run_tool",
     "with_latency",

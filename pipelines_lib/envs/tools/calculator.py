@@ -138,7 +138,9 @@ def _eval(node: ast.AST, limits: CalculatorLimits, *, depth: int) -> int | float
         raise ToolError(f"unknown name {node.id!r}; only numbers and + - * / // % ** ( ) are allowed")
     if isinstance(node, ast.BinOp):
         raise ToolError("unsupported operator; only + - * / // % ** are allowed")
-    raise ToolError(f"unsupported syntax ({type(node).__name__}); only numbers and + - * / // % ** ( ) are allowed")
+    raise ToolError(
+        f"unsupported syntax ({type(node).__name__}); only numbers and + - * / // % ** ( ) are allowed"
+    )
 
 
 @register_tool("calculator")

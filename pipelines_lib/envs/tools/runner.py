@@ -17,6 +17,11 @@ from pipelines_lib.envs.base import Tool, ToolError
 ToolErrorKind = Literal["tool_error", "timeout"]
 
 
+def timeout_text(name: str, timeout_s: float) -> str:
+    """The tool result a model sees when a call passes its deadline."""
+    return f"Error: tool {name!r} timed out after {timeout_s:g} s"
+
+
 async def run_tool(
     tool: Tool,
     arguments: dict[str, Any],
@@ -40,7 +45,11 @@ async def run_tool(
     except ToolError as e:
         return f"Error: {e}", "tool_error", clock() - start
     except TimeoutError:
-        return f"Error: tool {tool.name!r} timed out after {timeout_s:g} s", "timeout", clock() - start
+        return timeout_text(tool.name, timeout_s), "timeout", clock() - start
     except Exception as e:  # a tool bug must not end the episode; it becomes a recorded status
-        return f"Error: internal error in tool {tool.name!r}: {type(e).__name__}: {e}", "tool_error", clock() - start
+        return (
+            f"Error: internal error in tool {tool.name!r}: {type(e).__name__}: {e}",
+            "tool_error",
+            clock() - start,
+        )
     return text, None, clock() - start

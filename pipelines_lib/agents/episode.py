@@ -1,0 +1,218 @@
+"""``run_episode``: one task, one agent, one engine -> one ``Trajectory``, strictly token-in/token-out.
+
+The loop::
+
+    prompt ids = render(env.reset(task), tools)                       loss 0
+    repeat:
+        completion = engine.generate(<all ids so far>)                 loss 1, logprobs, policy versions
+        action = agent.act(text of the completion)
+        tool calls   -> ids of each tool message rendered alone        loss 0
+        final answer -> env.step(text): done, or ids of env messages   loss 0
+
+The engine is always given exactly the recorded token list, so what the trainer scores is what the policy
+conditioned on; generated ids are never decoded and re-encoded into the sequence.
+
+Statuses (``pipelines_lib/trajectory/schema.py: STATUSES``):
+
+- ``ok``: the env said done; reward is the env's.
+- ``max_turns``: ``env.max_turns`` generations without the env saying done.
+- ``max_tokens``: the next generation or message would not fit ``min(engine.max_seq_len, max_tokens)``, a
+  generation was cut by that budget, or the engine ran out of context. A prompt longer than the budget is cut to it.
+- ``tool_error``: a tool call failed and ``AgentConfig.tool_failure_ends_episode`` is set (otherwise the failure
+  is a tool message the model sees and the episode goes on).
+- ``env_error``: ``env.reset`` or ``env.step`` raised (a reset failure records the bare task prompt).
+- ``timeout``: ``episode_timeout_s`` passed; the trajectory holds what was done before the deadline.
+
+Rewards: ``ok`` gets the env's final reward; ``max_turns``/``max_tokens`` the last ``env.step`` reward (the env's
+running score) or ``failure_reward`` when the env never scored; the failures get ``failure_reward``.
+Exceptions from the env become ``env_error`` here and only here; exceptions from the engine, the tokenizer or
+the agent itself are bugs or infrastructure failures and propagate (the rollout worker decides to restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo
+from pipelines_lib.engine.api import Engine, SamplingParams
+from pipelines_lib.envs.base import BaseTaskEnv, Message, StepResult, Task
+from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
+
+
+@dataclass(kw_only=True)
+class _Outcome:
+    """Mutable so a deadline that interrupts the loop keeps what was already decided."""
+
+    status: str = "ok"
+    reward: float | None = None
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    reward_s: float = 0.0
+
+    def scored(self, result: StepResult) -> None:
+        self.reward = result.reward
+        self.reward_parts = dict(result.reward_parts)
+
+
+async def _loop(
+    *,
+    env: BaseTaskEnv,
+    task: Task,
+    agent: ConversationAgentBase,
+    engine: Engine,
+    sampling: SamplingParams,
+    limit: int,
+    tool_timeout_s: float,
+    out: _Outcome,
+    clock: Callable[[], float],
+) -> None:
+    t = clock()
+    try:
+        messages = await env.reset(task)
+    except Exception:  # the runner records the bare task prompt
+        out.env_s += clock() - t
+        out.status = "env_error"
+        return
+    out.env_s += clock() - t
+    agent.start(messages, env.tools())
+    if agent.prompt_len > limit:
+        agent.clip_prompt(limit)
+        out.status = "max_tokens"
+        return
+    for _ in range(env.max_turns):
+        room = limit - len(agent.tokens)
+        if room < 1:
+            out.status = "max_tokens"
+            return
+        t = clock()
+        completion = await engine.generate(
+            list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
+        )
+        out.generate_s += clock() - t
+        text = agent.add_generation(completion, clock() - t)
+        if completion.finish_reason == "context" or (
+            completion.finish_reason == "length" and room < sampling.max_new_tokens and len(completion.token_ids) == room
+        ):
+            out.status = "max_tokens"
+            return
+        t = clock()
+        action = await agent.act(text, tool_timeout_s=tool_timeout_s)
+        if isinstance(action, FinalResponse):
+            try:
+                result = await env.step(action.text)
+            except Exception:
+                out.env_s += clock() - t
+                out.status = "env_error"
+                return
+            out.scored(result)
+            if result.done:
+                out.reward_s += clock() - t
+                return
+            out.env_s += clock() - t
+            new_messages: list[Message] = list(result.messages)
+            infos = [MessageInfo(role="env") for _ in new_messages]
+        else:
+            out.env_s += clock() - t
+            new_messages, infos = action.messages, action.infos
+            if action.failed and agent.config.tool_failure_ends_episode:
+                rendered = agent.render_messages(new_messages, add_generation_prompt=False)
+                if len(agent.tokens) + sum(map(len, rendered)) <= limit:
+                    agent.append_messages(new_messages, infos, rendered)
+                out.status = "tool_error"
+                return
+        rendered = agent.render_messages(new_messages)
+        if len(agent.tokens) + sum(map(len, rendered)) >= limit:  # no room left to generate after them
+            out.status = "max_tokens"
+            return
+        agent.append_messages(new_messages, infos, rendered)
+    out.status = "max_turns"
+
+
+async def run_episode(
+    *,
+    env: BaseTaskEnv,
+    task: Task,
+    agent: ConversationAgentBase,
+    engine: Engine,
+    tokenizer: ChatTokenizer,
+    sampling: SamplingParams,
+    group_id: str,
+    sample_idx: int,
+    group_size: int,
+    worker_id: str,
+    episode_timeout_s: float,
+    tool_timeout_s: float,
+    max_tokens: int,
+    failure_reward: float = 0.0,
+    queue_s: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Trajectory:
+    """Run one episode to a ``Trajectory`` (see the module docstring); env failures become statuses.
+
+    ``sampling.stop_ids`` defaults to the tokenizer's; ``max_tokens`` caps the whole sequence (prompt included);
+    ``queue_s`` is how long the episode waited before starting (recorded in the timings).
+    """
+    for name, value in (("episode_timeout_s", episode_timeout_s), ("tool_timeout_s", tool_timeout_s),
+                        ("max_tokens", max_tokens), ("group_size", group_size)):
+        if value <= 0:
+            raise ValueError(f"run_episode: {name} must be > 0, got {value}")
+    if not 0 <= sample_idx < group_size:
+        raise ValueError(f"run_episode: sample_idx must be in [0, {group_size}), got {sample_idx}")
+    if not sampling.stop_ids:
+        sampling = dataclasses.replace(sampling, stop_ids=tokenizer.stop_ids)
+    started_at = utc_now_iso()
+    out = _Outcome()
+    limit = min(engine.max_seq_len, max_tokens)
+    agent.clear()
+    try:
+        async with asyncio.timeout(episode_timeout_s) as deadline:
+            await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
+                        tool_timeout_s=tool_timeout_s, out=out, clock=clock)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        out.status = "timeout"
+    if not agent.tokens:  # env.reset failed or the deadline passed first: record the bare task prompt
+        agent.start([{"role": "user", "content": task.prompt}], {})
+        if agent.prompt_len > limit:
+            agent.clip_prompt(limit)
+    if out.status not in ("ok", "max_turns", "max_tokens"):
+        out.reward, out.reward_parts = None, {}
+    engine_info = {
+        "engine": type(engine).__name__,
+        "max_seq_len": engine.max_seq_len,
+        "max_tokens": max_tokens,
+        "agent": agent.config.kind,
+        "parser": agent.config.parser,
+        "sampling": dataclasses.asdict(sampling),
+    }
+    return Trajectory(
+        group_id=group_id,
+        prompt_id=task.task_id,
+        sample_idx=sample_idx,
+        group_size=group_size,
+        worker_id=worker_id,
+        tokens=list(agent.tokens),
+        loss_mask=list(agent.loss_mask),
+        logprobs=list(agent.logprobs),
+        policy_version=list(agent.policy_versions),
+        prompt_len=agent.prompt_len,
+        turns=[Turn(role=s.info.role, start=s.start, end=s.end, tool_name=s.info.tool_name,
+                    latency_s=s.info.latency_s, error=s.info.error) for s in agent.segments],
+        reward=failure_reward if out.reward is None else out.reward,
+        reward_parts=out.reward_parts,
+        status=out.status,
+        timings=Timings(queue_s=queue_s, generate_s=out.generate_s, env_s=out.env_s, reward_s=out.reward_s,
+                        started_at=started_at, finished_at=utc_now_iso()),
+        env_name=task.env_name,
+        task_id=task.task_id,
+        tokenizer_hash=tokenizer.tokenizer_hash,
+        engine_info=json.dumps(engine_info, sort_keys=True),
+    )

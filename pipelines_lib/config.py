@@ -1,0 +1,228 @@
+"""The campaign config: one frozen tree of typed configs, parsed once at the edge.
+
+```
+CampaignConfig
+├── dataset: DatasetConfig        prep: source, sizes, column mapping
+├── env: EnvSpec                  which env, its turn budget, the latency profile wrapped around its tools
+├── model: ModelConfig            architecture (tiny() by default; HF checkpoints bring their own)
+├── engine: EngineConfig          inference slots, KV-cache length, prefill buckets
+├── agent: AgentConfig            tool-call parser and agent kind
+├── rollout: RolloutConfig        group size, concurrency, η, sampling, shard flushing
+├── trainer: TrainerConfig        streaming GRPO: batch, steps, checkpoint/publish cadence, loss, optimiser
+├── sft: SFTConfig                warm start on demonstrations
+└── eval: EvalConfig              held-out evaluation of published versions
+```
+
+Each sub-config lives next to the code that uses it and validates itself; this module only composes
+them and adds the stage configs that have no better home. ``CampaignConfig.from_yaml`` reads a YAML file
+(unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores.
+Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta": 2})``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines_lib.agents.base import AgentConfig
+from pipelines_lib.configio import ConfigError, from_mapping, to_mapping
+from pipelines_lib.dataset import DatasetConfig
+from pipelines_lib.engine.config import EngineConfig
+from pipelines_lib.envs import env_class
+from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.storage.shards import WriterConfig
+from pipelines_lib.train.optim import OptimConfig
+from pipelines_lib.train.step import StepConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvSpec:
+    name: str = "arithmetic"
+    """A key of the env registry (``arithmetic``, ``multihop``, ``code``)."""
+    tool_latency: LatencyProfile = field(default_factory=LatencyProfile.none)
+    """Delay added to every tool call, to emulate slow external services."""
+
+    def __post_init__(self) -> None:
+        env_class(self.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """The streaming GRPO trainer (DESIGN §4, §6). η is ``rollout.eta``: one bound for both sides."""
+
+    batch_groups: int = 4
+    """Whole groups per optimizer step."""
+    max_steps: int = 100
+    """The trainer writes ``train/DONE.json`` after this many steps."""
+    checkpoint_every: int = 5
+    """Steps between Orbax checkpoints (params, optimiser, RNG, step and tail cursor)."""
+    publish_every: int = 2
+    """Steps between weight publications (a new policy version each time)."""
+    advantage: str = "grpo"
+    """A key of the advantage registry: ``grpo``, ``drgrpo``, ``rloo``."""
+    seq_buckets: tuple[int, ...] = (64, 128, 256)
+    """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
+    data_timeout_s: float = 600.0
+    """Longest wait for enough groups before the trainer fails saying what it waited for."""
+    poll_s: float = 0.5
+    """Sleep between polls of storage when data is short (counted as idle time)."""
+    skip_zero_advantage: bool = True
+    """Leave groups whose advantages are all zero out of the batch (they carry no gradient)."""
+    step: StepConfig = field(default_factory=StepConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
+            raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
+        if self.data_timeout_s <= 0 or self.poll_s <= 0:
+            raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
+                             f"{self.data_timeout_s}, {self.poll_s}")
+        from pipelines_lib.train.advantages import ADVANTAGE_ESTIMATORS
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"TrainerConfig.advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Supervised warm start on demonstrations from the env's generator; publishes version 0."""
+
+    n_demos: int = 512
+    error_rate: float = 0.3
+    """Share of flawed demonstrations, so the warm policy is decent but far from perfect."""
+    steps: int = 200
+    batch_size: int = 16
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine",
+                                                                   total_steps=200, weight_decay=0.01))
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
+            raise ValueError(f"SFTConfig n_demos/steps/batch_size out of range: {self.n_demos}/{self.steps}/"
+                             f"{self.batch_size}")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"SFTConfig.error_rate must be in [0, 1], got {self.error_rate}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    n_tasks: int = 64
+    """Held-out tasks scored per version (the first n of the split)."""
+    samples: int = 4
+    """k of pass@k: sampled attempts per task, besides the greedy one."""
+    temperature: float = 1.0
+    max_concurrency: int = 32
+
+    def __post_init__(self) -> None:
+        if self.n_tasks < 1 or self.samples < 1 or self.max_concurrency < 1:
+            raise ValueError(f"EvalConfig n_tasks/samples/max_concurrency must be >= 1, got "
+                             f"{self.n_tasks}/{self.samples}/{self.max_concurrency}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignConfig:
+    seed: int = 0
+    workers: int = 2
+    """Rollout workers started by the campaign flow."""
+    tokenizer: str | None = None
+    """Folder of a transformers tokenizer; None builds/uses the embedded default."""
+    init_from: str | None = None
+    """Start from another campaign's published weights (its URL) or a Hugging Face checkpoint folder
+    instead of the SFT warm start."""
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    env: EnvSpec = field(default_factory=EnvSpec)
+    model: ModelConfig = field(default_factory=ModelConfig.tiny)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"CampaignConfig.workers must be >= 1, got {self.workers}")
+        if self.engine.max_seq_len > self.model.max_seq_len:
+            raise ValueError(f"engine.max_seq_len={self.engine.max_seq_len} exceeds model.max_seq_len="
+                             f"{self.model.max_seq_len}")
+        if self.trainer.seq_buckets[-1] < min(self.rollout.max_tokens, self.engine.max_seq_len):
+            raise ValueError(f"trainer.seq_buckets (largest {self.trainer.seq_buckets[-1]}) cannot hold a "
+                             f"trajectory of rollout.max_tokens={self.rollout.max_tokens}")
+
+    @classmethod
+    def tiny(cls) -> CampaignConfig:
+        """The embedded default: tiny model, arithmetic with a calculator, light tool latency, 2 CPU cores."""
+        return cls(
+            dataset=DatasetConfig.tiny(),
+            env=EnvSpec(name="arithmetic", tool_latency=LatencyProfile.light()),
+            model=ModelConfig.tiny(),
+            engine=EngineConfig(num_slots=16, max_seq_len=128, prefill_buckets=(32, 64, 128)),
+            rollout=RolloutConfig(group_size=4, max_concurrency=32, eta=1, max_new_tokens=40, max_tokens=128,
+                                  temperature=1.0, writer=WriterConfig(max_groups=4, max_age_s=2.0)),
+            trainer=TrainerConfig(batch_groups=8, max_steps=30, checkpoint_every=5, publish_every=2,
+                                  seq_buckets=(128,),
+                                  optim=OptimConfig(lr=5e-4, warmup_steps=0, schedule="constant",
+                                                    total_steps=1000, grad_clip_norm=1.0)),
+            sft=SFTConfig(n_demos=512, steps=150, batch_size=16),
+            eval=EvalConfig(n_tasks=64, samples=4),
+        )
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, base: CampaignConfig | None = None) -> CampaignConfig:
+        """Overlay ``data`` (nested mapping) on ``base`` (default: ``tiny()``)."""
+        merged = _deep_merge(to_mapping(base or cls.tiny()), data)
+        return from_mapping(cls, merged)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, *, base: CampaignConfig | None = None) -> CampaignConfig:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read config ({e})") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+        try:
+            return cls.from_mapping(data, base=base)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
+
+    def with_overrides(self, overrides: dict[str, Any]) -> CampaignConfig:
+        """``{"rollout.eta": 2, "trainer.max_steps": 10}`` → a validated copy."""
+        nested: dict[str, Any] = {}
+        for dotted, value in overrides.items():
+            node = nested
+            *parents, leaf = dotted.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        return type(self).from_mapping(nested, base=self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("columns",):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+__all__ = ["CampaignConfig", "ConfigError", "EnvSpec", "EvalConfig", "SFTConfig", "TrainerConfig", "dataclasses"]

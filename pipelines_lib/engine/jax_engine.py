@@ -1,0 +1,521 @@
+"""Continuous-batching JAX inference engine implementing ``engine.api.Engine``.
+
+How the pieces fit::
+
+    generate() ──► queue ──► scheduler task (asyncio, owns all host state)
+                               │ each iteration, at a decode-step boundary:
+                               │   install pending swapped weights, admit queued requests into free slots
+                               ▼
+                  worker thread (one): prefill(admitted) + one decode step over all slots
+                               │  (jitted, fixed shapes; the KV cache is donated and updated in place)
+                               ▼
+                  scheduler appends tokens, finishes requests, resolves their futures
+
+* **Slots and cache.** ``num_slots`` rows of a preallocated KV cache ``[slots, max_seq_len, kv_heads,
+  head_dim]`` per layer. Row ``s`` of a slot always holds position ``s`` (see ``model.decoder``), so a
+  slot is reused without clearing it.
+* **No recompilation per request.** Prefill pads each prompt chunk to one of the configured buckets
+  (prompts longer than the largest bucket are prefilled in chunks of it); decode always runs every
+  slot, idle rows writing to a position past the cache end, which is dropped. Slot index, positions and
+  sampling settings are traced arguments, so after ``warmup()`` (one compile per bucket plus one for
+  decode) nothing compiles again; ``stats()["compilations"]`` counts traces to prove it.
+* **The event loop never blocks on compute.** Device calls run in a dedicated worker thread; the
+  scheduler awaits them, so tools and agents keep running while the engine computes.
+* **Sampling** (``engine.sampling``): per-row temperature / top-k / top-p and a key folded from the
+  request seed and token index, so a seeded request samples the same tokens whatever shares its batch.
+  ``Completion.logprobs[i]`` is the log-probability of token ``i`` under the distribution it was
+  actually drawn from (temperature-scaled, top-k/top-p filtered and renormalised); for greedy requests
+  it is the plain ``log_softmax`` of the model's logits.
+* **Hot weight swap.** ``swap_weights`` only records the new parameters; the scheduler installs them at
+  the next decode-step boundary. In-flight requests continue with the new weights and every token is
+  stamped with the version that produced it (``Completion.policy_versions``); note that the KV cache
+  of their earlier tokens was computed by the older weights.
+* **Static mode** (``EngineConfig.mode = "static"``) uses the same machinery but admits a batch only
+  when all slots are free and returns its completions together once the longest one finishes.
+* **Finish reasons**: ``stop`` (a stop id was emitted, and is included), ``length`` (max_new_tokens),
+  ``context`` (prompt + completion reached ``max_seq_len``; a prompt that already fills it gets an
+  empty completion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, traverse_util
+
+from pipelines_lib.engine.api import Completion, SamplingParams
+from pipelines_lib.engine.config import EngineConfig
+from pipelines_lib.engine.sampling import request_keys, sample
+from pipelines_lib.model.decoder import Decoder, KVCache, init_cache
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed (or its scheduler failed) before the request finished."""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future[Completion]
+    submitted_at: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    admitted_at: float = 0.0
+    first_token_at: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.tokens)
+
+    def sampling_row(self) -> tuple[np.float32, np.int32, np.float32, np.uint32]:
+        s = self.sampling
+        return np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p), np.uint32(s.seed & 0xFFFFFFFF)
+
+
+@dataclass
+class _Plan:
+    """Host inputs of one compute call: prefill chunks per admitted slot, then one decode step."""
+
+    prefills: list[tuple[int, list[tuple[np.ndarray, int, int]], tuple[Any, ...]]]
+    decode: tuple[np.ndarray, ...] | None
+
+
+@dataclass
+class _Counters:
+    busy_s: float = 0.0
+    decode_steps: int = 0
+    active_slot_steps: int = 0
+    prefill_calls: int = 0
+    prefill_tokens: int = 0
+    generated_tokens: int = 0
+    requests_finished: int = 0
+
+
+def _pure_params(params: Any) -> dict[Any, Any]:
+    if isinstance(params, nnx.Module):
+        params = nnx.state(params, nnx.Param)
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)
+    return params
+
+
+class JaxEngine:
+    """Continuous-batching engine over a ``Decoder``; see the module docstring.
+
+    Use as ``async with JaxEngine(model, EngineConfig.tiny()) as engine: await engine.generate(...)``
+    (or call ``close()``). The engine binds to the event loop of its first ``generate``.
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        config: EngineConfig,
+        *,
+        policy_version: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if config.max_seq_len > model.cfg.max_seq_len:
+            raise ValueError(
+                f"EngineConfig.max_seq_len={config.max_seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
+            )
+        self.config = config
+        self.model_cfg = model.cfg
+        self._graphdef, state = nnx.split(model, nnx.Param)
+        self._params = nnx.to_pure_dict(state)
+        self._param_specs = {
+            path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()
+        }
+        self._version = policy_version
+        self._latest_version = policy_version
+        self._pending_swap: tuple[dict[Any, Any], int] | None = None
+        self._swap_lock = threading.Lock()
+        self._cache: KVCache = init_cache(model.cfg, config.num_slots, config.max_seq_len)
+        self._traces = 0
+        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
+        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
+        self._slots: list[_Request | None] = [None] * config.num_slots
+        self._queue: deque[_Request] = deque()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self._clock = clock
+        self._counters = _Counters()
+        self._window_start = clock()
+
+    # ---- Engine protocol -------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the newest weights handed to the engine (installed at the next step boundary)."""
+        return self._latest_version
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        """Complete ``prompt_ids`` (conditioning on exactly these ids). Cancelling the await frees the slot."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("generate needs at least one prompt token")
+        bad = next((t for t in prompt if not 0 <= t < self.model_cfg.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} outside the vocabulary [0, {self.model_cfg.vocab_size})")
+        self._ensure_running()
+        now = self._clock()
+        if len(prompt) >= self.config.max_seq_len:
+            return Completion(
+                token_ids=[], logprobs=[], policy_versions=[], finish_reason="context", timings={"total_s": 0.0}
+            )
+        assert self._loop is not None and self._wake is not None
+        request = _Request(prompt, sampling, self._loop.create_future(), submitted_at=now)
+        self._queue.append(request)
+        self._wake.set()
+        return await request.future
+
+    def swap_weights(self, params: Any, version: int) -> None:
+        """Install new weights (a ``Decoder``, its ``nnx.State`` or pure dict of parameters) from the next
+        decode-step boundary on. Shapes and dtypes must match; thread-safe; never blocks on compute."""
+        pure = _pure_params(params)
+        flat = traverse_util.flatten_dict(pure)
+        for path, (shape, dtype) in self._param_specs.items():
+            if path not in flat:
+                raise ValueError(f"swap_weights: missing parameter {'/'.join(map(str, path))}")
+            leaf = flat[path]
+            if leaf.shape != shape or leaf.dtype != dtype:
+                raise ValueError(
+                    f"swap_weights: parameter {'/'.join(map(str, path))} is {leaf.dtype}{list(leaf.shape)}, "
+                    f"expected {dtype}{list(shape)}"
+                )
+        extra = sorted(set(flat) - set(self._param_specs), key=str)
+        if extra:
+            raise ValueError(f"swap_weights: unexpected parameter {'/'.join(map(str, extra[0]))}")
+        pure = jax.device_put(pure)
+        with self._swap_lock:
+            self._pending_swap = (pure, version)
+            self._latest_version = version
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def warmup(self) -> None:
+        """Compile every prefill bucket and the decode step now (on a scratch cache, so in-flight
+        requests are untouched)."""
+        self._ensure_running()
+        assert self._loop is not None
+        await self._loop.run_in_executor(self._executor, self._warmup_sync)
+
+    async def close(self) -> None:
+        """Stop the scheduler; requests still queued or running fail with ``EngineClosedError``."""
+        self._closed = True
+        if self._task is not None and self._loop is asyncio.get_running_loop():
+            assert self._wake is not None
+            self._wake.set()
+            await asyncio.wait_for(asyncio.shield(self._task), self.config.close_timeout_s)
+        self._fail_all(EngineClosedError("engine closed"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> JaxEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- measurement -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction or ``reset_stats()`` (definitions in DESIGN §7).
+
+        busy_s: time inside compute calls (prefill + decode, until results are on the host);
+        wall_s: time since the window started; active_slot_steps: sum over decode steps of the slots
+        that were generating; slot_occupancy = active_slot_steps / (decode_steps * num_slots);
+        tokens_per_s = generated_tokens / wall_s; compilations: traces of the jitted steps since
+        construction (never reset).
+        """
+        c = self._counters
+        wall = self._clock() - self._window_start
+        return {
+            "busy_s": c.busy_s,
+            "wall_s": wall,
+            "busy_fraction": c.busy_s / wall if wall > 0 else 0.0,
+            "decode_steps": c.decode_steps,
+            "active_slot_steps": c.active_slot_steps,
+            "slot_occupancy": c.active_slot_steps / (c.decode_steps * self.config.num_slots) if c.decode_steps else 0.0,
+            "prefill_calls": c.prefill_calls,
+            "prefill_tokens": c.prefill_tokens,
+            "generated_tokens": c.generated_tokens,
+            "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
+            "requests_finished": c.requests_finished,
+            "compilations": self._traces,
+        }
+
+    def reset_stats(self) -> None:
+        self._counters = _Counters()
+        self._window_start = self._clock()
+
+    # ---- jitted steps (traced once per shape; self._traces counts the traces) --------------------
+
+    def _prefill_impl(
+        self,
+        params: dict[Any, Any],
+        cache: KVCache,
+        slot: jax.Array,
+        tokens_1t: jax.Array,
+        start: jax.Array,
+        last: jax.Array,
+        temperature: jax.Array,
+        top_k: jax.Array,
+        top_p: jax.Array,
+        seed: jax.Array,
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
+        self._traces += 1
+        model = nnx.merge(self._graphdef, params)
+        slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
+        positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
+        h_1td, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
+        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache)
+        logits_1v = model.unembed(jax.lax.dynamic_index_in_dim(h_1td, last, axis=1, keepdims=False))
+        keys = request_keys(seed[None], jnp.zeros((1,), jnp.int32))
+        token_1, logprob_1 = sample(logits_1v, temperature[None], top_k[None], top_p[None], keys)
+        return cache, token_1[0], logprob_1[0]
+
+    def _decode_impl(
+        self,
+        params: dict[Any, Any],
+        cache: KVCache,
+        tokens_b: jax.Array,
+        positions_b: jax.Array,
+        temperature_b: jax.Array,
+        top_k_b: jax.Array,
+        top_p_b: jax.Array,
+        seed_b: jax.Array,
+        index_b: jax.Array,
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
+        self._traces += 1
+        model = nnx.merge(self._graphdef, params)
+        h_b1d, cache = model.hidden(tokens_b[:, None], positions_b[:, None], cache)
+        logits_bv = model.unembed(h_b1d[:, 0])
+        token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
+        return cache, token_b, logprob_b
+
+    # ---- worker thread ---------------------------------------------------------------------------
+
+    def _compute(
+        self, params: dict[Any, Any], plan: _Plan
+    ) -> tuple[list[tuple[int, int, float]], tuple[np.ndarray, np.ndarray] | None, float]:
+        """Run one plan; returns host values and the busy seconds. Runs in the worker thread only."""
+        started = time.perf_counter()
+        first_tokens = []
+        for slot, chunks, row in plan.prefills:
+            for tokens, start, last in chunks:
+                self._cache, token, logprob = self._prefill_fn(
+                    params, self._cache, np.int32(slot), tokens[None, :], np.int32(start), np.int32(last), *row
+                )
+            first_tokens.append((slot, token, logprob))
+        decoded = None
+        if plan.decode is not None:
+            self._cache, token_b, logprob_b = self._decode_fn(params, self._cache, *plan.decode)
+            decoded = (np.asarray(token_b), np.asarray(logprob_b))
+        first = [(slot, int(token), float(logprob)) for slot, token, logprob in first_tokens]
+        return first, decoded, time.perf_counter() - started
+
+    def _warmup_sync(self) -> None:
+        n = self.config.num_slots
+        scratch = init_cache(self.model_cfg, n, self.config.max_seq_len)
+        row = (np.float32(1.0), np.int32(0), np.float32(1.0), np.uint32(0))
+        for bucket in self.config.prefill_buckets:
+            tokens = np.zeros((1, bucket), np.int32)
+            scratch, token, _ = self._prefill_fn(
+                self._params, scratch, np.int32(0), tokens, np.int32(0), np.int32(0), *row
+            )
+        zeros_i, zeros_f = np.zeros(n, np.int32), np.zeros(n, np.float32)
+        scratch, token, _ = self._decode_fn(
+            self._params, scratch, zeros_i, zeros_i, zeros_f, zeros_i, zeros_f + 1, np.zeros(n, np.uint32), zeros_i
+        )
+        token.block_until_ready()
+
+    # ---- scheduler (event-loop thread) -----------------------------------------------------------
+
+    def _ensure_running(self) -> None:
+        if self._closed:
+            raise EngineClosedError("engine closed")
+        if self._error is not None:
+            raise EngineClosedError(f"engine scheduler failed: {self._error!r}") from self._error
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._loop is not loop:
+            if not (self._task.done() or self._loop is None or self._loop.is_closed()):
+                raise RuntimeError("JaxEngine is already running on another event loop")
+            self._task = None
+        if self._task is None:
+            self._loop = loop
+            self._wake = asyncio.Event()
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jax-engine")
+            self._task = loop.create_task(self._run(), name="jax-engine-scheduler")
+
+    async def _run(self) -> None:
+        assert self._loop is not None and self._wake is not None
+        try:
+            while not self._closed:
+                self._drop_cancelled()
+                admitted = self._admit()
+                decoding = [i for i, r in enumerate(self._slots) if r is not None and r.tokens and not r.finish_reason]
+                if not admitted and not decoding:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                params, version = self._install_pending_weights()
+                plan = self._plan(admitted, decoding)
+                first, decoded, busy_s = await self._loop.run_in_executor(
+                    self._executor, self._compute, params, plan
+                )
+                self._counters.busy_s += busy_s
+                self._record(first, decoded, decoding, version)
+        except BaseException as err:
+            self._error = err
+            self._fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
+            raise
+
+    def _install_pending_weights(self) -> tuple[dict[Any, Any], int]:
+        with self._swap_lock:
+            if self._pending_swap is not None:
+                self._params, self._version = self._pending_swap
+                self._pending_swap = None
+            return self._params, self._version
+
+    def _drop_cancelled(self) -> None:
+        for i, request in enumerate(self._slots):
+            if request is not None and request.future.cancelled():
+                self._slots[i] = None
+
+    def _admit(self) -> list[int]:
+        free = [i for i, r in enumerate(self._slots) if r is None]
+        if self.config.mode == "static" and len(free) < self.config.num_slots:
+            return []
+        admitted = []
+        now = self._clock()
+        while free and self._queue:
+            request = self._queue.popleft()
+            if request.future.cancelled():
+                continue
+            slot = free.pop(0)
+            request.admitted_at = now
+            self._slots[slot] = request
+            admitted.append(slot)
+        return admitted
+
+    def _plan(self, admitted: list[int], decoding: list[int]) -> _Plan:
+        prefills = []
+        for slot in admitted:
+            request = self._slots[slot]
+            assert request is not None
+            prefills.append((slot, self._chunks(request.prompt), request.sampling_row()))
+            self._counters.prefill_calls += 1
+            self._counters.prefill_tokens += len(request.prompt)
+        decode = None
+        if decoding:
+            n = self.config.num_slots
+            # Idle rows write at max_seq_len, past the cache end: the write is dropped.
+            tokens, positions = np.zeros(n, np.int32), np.full(n, self.config.max_seq_len, np.int32)
+            temperature, top_k = np.zeros(n, np.float32), np.zeros(n, np.int32)
+            top_p, seed, index = np.ones(n, np.float32), np.zeros(n, np.uint32), np.zeros(n, np.int32)
+            for i in decoding:
+                request = self._slots[i]
+                assert request is not None
+                tokens[i], positions[i], index[i] = request.tokens[-1], request.length - 1, len(request.tokens)
+                temperature[i], top_k[i], top_p[i], seed[i] = request.sampling_row()
+            decode = (tokens, positions, temperature, top_k, top_p, seed, index)
+            self._counters.decode_steps += 1
+            self._counters.active_slot_steps += len(decoding)
+        return _Plan(prefills, decode)
+
+    def _chunks(self, prompt: list[int]) -> list[tuple[np.ndarray, int, int]]:
+        """(padded tokens, start position, index of the last real token) per prefill call."""
+        largest = self.config.prefill_buckets[-1]
+        chunks, start = [], 0
+        while len(prompt) - start > largest:
+            chunks.append((np.asarray(prompt[start : start + largest], np.int32), start, largest - 1))
+            start += largest
+        rest = prompt[start:]
+        padded = np.zeros(self.config.bucket_for(len(rest)), np.int32)
+        padded[: len(rest)] = rest
+        chunks.append((padded, start, len(rest) - 1))
+        return chunks
+
+    def _record(
+        self,
+        first: list[tuple[int, int, float]],
+        decoded: tuple[np.ndarray, np.ndarray] | None,
+        decoding: list[int],
+        version: int,
+    ) -> None:
+        now = self._clock()
+        produced = [(slot, token, logprob) for slot, token, logprob in first]
+        if decoded is not None:
+            produced += [(i, int(decoded[0][i]), float(decoded[1][i])) for i in decoding]
+        for slot, token, logprob in produced:
+            request = self._slots[slot]
+            if request is None:  # cancelled while computing
+                continue
+            if not request.tokens:
+                request.first_token_at = now
+            request.tokens.append(token)
+            request.logprobs.append(logprob)
+            request.versions.append(version)
+            self._counters.generated_tokens += 1
+            if token in request.sampling.stop_ids:
+                request.finish_reason = "stop"
+            elif len(request.tokens) >= request.sampling.max_new_tokens:
+                request.finish_reason = "length"
+            elif request.length >= self.config.max_seq_len:
+                request.finish_reason = "context"
+        occupied = [i for i, r in enumerate(self._slots) if r is not None]
+        finished = [i for i in occupied if self._slots[i].finish_reason]  # type: ignore[union-attr]
+        if self.config.mode == "static" and len(finished) < len(occupied):
+            return  # the batch returns together once its longest request is done
+        for i in finished:
+            request = self._slots[i]
+            assert request is not None
+            self._slots[i] = None
+            self._counters.requests_finished += 1
+            if not request.future.done():
+                request.future.set_result(self._completion(request, now))
+
+    @staticmethod
+    def _completion(request: _Request, now: float) -> Completion:
+        assert request.finish_reason is not None
+        return Completion(
+            token_ids=request.tokens,
+            logprobs=request.logprobs,
+            policy_versions=request.versions,
+            finish_reason=request.finish_reason,
+            timings={
+                "queue_s": request.admitted_at - request.submitted_at,
+                "first_token_s": request.first_token_at - request.submitted_at,
+                "total_s": now - request.submitted_at,
+            },
+        )
+
+    def _fail_all(self, error: BaseException) -> None:
+        requests = [r for r in self._slots if r is not None] + list(self._queue)
+        self._slots = [None] * self.config.num_slots
+        self._queue.clear()
+        for request in requests:
+            if not request.future.done():
+                request.future.set_exception(error)

@@ -1,0 +1,309 @@
+"""The asynchronous rollout orchestrator: many episodes in flight over one engine, whole groups out.
+
+```
+ tasks ──► group starter ──(admission: engine version >= latest - η)──► G episodes ──► group done
+              ▲   (at most max_concurrency episodes in flight)                             │
+              │                                                                         group queue
+   weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
+                                                                             writer task (one thread at a time)
+                                                                             ShardWriter: commit by size or age
+```
+
+Episodes wait on tools while the engine generates for others, so the engine's slots stay busy. A group is
+handed to the writer the moment its last sample finishes, whatever order groups started in. Episode
+failures are already statuses (the episode function never raises for them); an unexpected exception in one
+is a bug and stops the run, after the groups already finished are flushed.
+
+``mode="sync"`` is the baseline in the same code path: a batch of ``max_concurrency // G`` groups starts
+together and the next batch starts only after the slowest trajectory of this one; weights are refreshed
+between batches. Put the engine in static mode for lockstep generation as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pipelines_lib.engine.api import Engine
+from pipelines_lib.envs.base import Task
+from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
+from pipelines_lib.trajectory.record import Trajectory
+
+EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
+"""``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    group_size: int = 4
+    """G: samples per prompt; their rewards are normalised together."""
+    max_concurrency: int = 16
+    """Episodes in flight at once (a multiple of group_size). Enough of them hide tool latency."""
+    mode: Literal["async", "sync"] = "async"
+    eta: int = 1
+    """Staleness bound η: a group starts only on weights no older than latest − η."""
+    target_groups: int | None = None
+    """Stop after this many groups committed by this worker; None runs until the trainer's done marker."""
+    weight_poll_s: float = 0.5
+    """How often LATEST is checked for new weights."""
+    stop_poll_s: float = 1.0
+    """How often the trainer's done marker is checked."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 48
+    """Per generation call (one assistant turn)."""
+    max_tokens: int = 256
+    """Per trajectory, prompt included (also capped by the engine's KV-cache length)."""
+    episode_timeout_s: float = 120.0
+    tool_timeout_s: float = 10.0
+    failure_reward: float = 0.0
+    """Reward recorded for a sample that failed (timeout, env error): the group still completes."""
+    writer: WriterConfig = field(default_factory=WriterConfig)
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"RolloutConfig.group_size must be >= 1, got {self.group_size}")
+        if self.max_concurrency < self.group_size or self.max_concurrency % self.group_size:
+            raise ValueError(f"RolloutConfig.max_concurrency must be a positive multiple of group_size="
+                             f"{self.group_size}, got {self.max_concurrency}")
+        if self.mode not in ("async", "sync"):
+            raise ValueError(f"RolloutConfig.mode must be 'async' or 'sync', got {self.mode!r}")
+        if self.eta < 0:
+            raise ValueError(f"RolloutConfig.eta must be >= 0, got {self.eta}")
+        if self.target_groups is not None and self.target_groups < 1:
+            raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
+        for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_new_tokens < 1 or self.max_tokens < 2:
+            raise ValueError(f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}")
+
+    @classmethod
+    def tiny(cls) -> RolloutConfig:
+        return cls(group_size=4, max_concurrency=16, max_new_tokens=40, max_tokens=128,
+                   writer=WriterConfig(max_groups=4, max_age_s=2.0))
+
+
+class WeightSource(Protocol):
+    """Where new weights come from (``weights/LATEST`` in a campaign). Both calls run in a worker thread."""
+
+    def latest(self) -> int | None: ...
+
+    def load(self, version: int) -> Any: ...
+
+
+@dataclass
+class RolloutStats:
+    groups_started: int = 0
+    groups_committed: int = 0
+    trajectories: int = 0
+    shards: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    weight_swaps: int = 0
+    swap_pause_s: float = 0.0
+    """Seconds group starts were held back waiting for fresher weights (admission)."""
+    max_in_flight: int = 0
+    wall_s: float = 0.0
+    stop_reason: str = ""
+    versions_started: Counter = field(default_factory=Counter)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "groups_started": self.groups_started, "groups_committed": self.groups_committed,
+            "trajectories": self.trajectories, "shards": self.shards, "statuses": dict(self.statuses),
+            "weight_swaps": self.weight_swaps, "swap_pause_s": round(self.swap_pause_s, 4),
+            "max_in_flight": self.max_in_flight, "wall_s": round(self.wall_s, 3), "stop_reason": self.stop_reason,
+            "versions_started": {str(k): v for k, v in sorted(self.versions_started.items())},
+        }
+
+
+class Orchestrator:
+    def __init__(self, *, config: RolloutConfig, engine: Engine, episode_fn: EpisodeFn,
+                 tasks: Iterator[tuple[Task, str]], writer: ShardWriter, weights: WeightSource | None = None,
+                 should_stop: Callable[[], bool] | None = None,
+                 on_commit: Callable[[ShardInfo], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.engine = engine
+        self.episode_fn = episode_fn
+        self.tasks = tasks
+        self.writer = writer
+        self.weights = weights
+        self.should_stop = should_stop
+        self.on_commit = on_commit
+        self.clock = clock
+        self.stats = RolloutStats()
+        self._latest: int = engine.policy_version
+        self._refresh_lock = asyncio.Lock()
+        self._in_flight = 0
+        self._stopping = asyncio.Event()
+
+    # -- weights -----------------------------------------------------------------------------------------
+    async def _refresh(self, target: int | None = None) -> None:
+        """Load and install the newest weights (blocking only the caller, never the event loop)."""
+        if self.weights is None:
+            return
+        async with self._refresh_lock:
+            latest = await asyncio.to_thread(self.weights.latest)
+            if latest is None:
+                return
+            self._latest = max(self._latest, latest)
+            if latest <= self.engine.policy_version or (target is not None and self.engine.policy_version >= target):
+                return
+            params = await asyncio.to_thread(self.weights.load, latest)
+            self.engine.swap_weights(params, latest)
+            self.stats.weight_swaps += 1
+
+    async def _poll_weights(self) -> None:
+        while not self._stopping.is_set():
+            await self._refresh()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+
+    async def _admit(self) -> None:
+        """Hold a new group until the engine's weights are within η of the latest published version.
+
+        The pointer is read fresh for every group (one small read per G episodes), so the bound holds against
+        what storage says now, not against the poller's last look."""
+        if self.weights is None:
+            return
+        latest = await asyncio.to_thread(self.weights.latest)
+        if latest is None:
+            return
+        self._latest = max(self._latest, latest)
+        if self.engine.policy_version >= self._latest - self.config.eta:
+            return
+        t0 = self.clock()
+        while self.engine.policy_version < self._latest - self.config.eta and not self._stopping.is_set():
+            await self._refresh(target=self._latest - self.config.eta)
+        self.stats.swap_pause_s += self.clock() - t0
+
+    # -- stopping ----------------------------------------------------------------------------------------
+    def _target_reached(self) -> bool:
+        target = self.config.target_groups
+        return target is not None and self.stats.groups_started >= target
+
+    async def _poll_stop(self) -> None:
+        while not self._stopping.is_set():
+            if self.should_stop is not None and await asyncio.to_thread(self.should_stop):
+                self.stats.stop_reason = self.stats.stop_reason or "done marker"
+                self._stopping.set()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.config.stop_poll_s)
+
+    # -- groups ------------------------------------------------------------------------------------------
+    async def _episode(self, task: Task, group_id: str, idx: int) -> Trajectory:
+        self._in_flight += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+        try:
+            return await self.episode_fn(task, group_id, idx)
+        finally:
+            self._in_flight -= 1
+
+    async def _group(self, task: Task, group_id: str, done: asyncio.Queue) -> None:
+        self.stats.versions_started[self.engine.policy_version] += 1
+        group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
+        await done.put(list(group))
+
+    async def _write(self, done: asyncio.Queue) -> None:
+        """The only code touching the writer: commits groups as they finish, and by age on a trickle."""
+        while True:
+            timeout = self.writer.next_flush_in()
+            try:
+                group = await asyncio.wait_for(done.get(), timeout) if timeout is not None else await done.get()
+            except TimeoutError:
+                group = None
+            if group is _FLUSH:
+                self._account(await asyncio.to_thread(self.writer.flush))
+                return
+            if group is None:
+                self._account(await asyncio.to_thread(self.writer.flush_due))
+                continue
+            for t in group:
+                self.stats.statuses[t.status] += 1
+            self.stats.trajectories += len(group)
+            self._account(await asyncio.to_thread(self.writer.add_group, group))
+
+    def _account(self, infos: list[ShardInfo]) -> None:
+        for info in infos:
+            self.stats.shards += 1
+            self.stats.groups_committed += info.n_groups
+            if self.on_commit is not None:
+                self.on_commit(info)
+
+    def _next_task(self) -> tuple[Task, str] | None:
+        if self._stopping.is_set() or self._target_reached():
+            return None
+        try:
+            return next(self.tasks)
+        except StopIteration:
+            self.stats.stop_reason = self.stats.stop_reason or "tasks exhausted"
+            return None
+
+    async def _run_async(self, done: asyncio.Queue) -> None:
+        slots = asyncio.Semaphore(self.config.max_concurrency // self.config.group_size)
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                await slots.acquire()
+                await self._admit()
+                item = self._next_task()
+                if item is None:
+                    slots.release()
+                    break
+                self.stats.groups_started += 1
+                t = asyncio.create_task(self._group(*item, done))
+                running.add(t)
+                t.add_done_callback(lambda t: (running.discard(t), slots.release()))
+                # Surface a crashed group at once instead of after the run.
+                for finished in [r for r in running if r.done() and r.exception()]:
+                    raise finished.exception()
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for t in running:
+                t.cancel()
+
+    async def _run_sync(self, done: asyncio.Queue) -> None:
+        batch_groups = self.config.max_concurrency // self.config.group_size
+        while True:
+            await self._refresh()
+            batch = []
+            for _ in range(batch_groups):
+                item = self._next_task()
+                if item is None:
+                    break
+                self.stats.groups_started += 1
+                batch.append(item)
+            if not batch:
+                return
+            await asyncio.gather(*(self._group(task, gid, done) for task, gid in batch))
+
+    async def run(self) -> RolloutStats:
+        t0 = self.clock()
+        done: asyncio.Queue = asyncio.Queue()
+        writer = asyncio.create_task(self._write(done))
+        helpers = [asyncio.create_task(self._poll_stop())]
+        if self.config.mode == "async":
+            helpers.append(asyncio.create_task(self._poll_weights()))
+        try:
+            await (self._run_async(done) if self.config.mode == "async" else self._run_sync(done))
+            if self._target_reached():
+                self.stats.stop_reason = self.stats.stop_reason or "target reached"
+        finally:
+            self._stopping.set()
+            await done.put(_FLUSH)
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await writer
+            self.stats.wall_s = self.clock() - t0
+        return self.stats
+
+
+_FLUSH: Any = object()

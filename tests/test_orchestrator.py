@@ -1,0 +1,175 @@
+"""Orchestrator logic with injected episodes (real shard writer and store; no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+
+import pytest
+
+from pipelines_lib.envs.base import Task
+from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig, read_shard
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.synthetic import synthetic_group
+
+
+class VersionedEngine:
+    """Only what the orchestrator itself touches: the installed version and weight swaps."""
+
+    max_seq_len = 256
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+        self.swaps: list[int] = []
+
+    def swap_weights(self, params, version: int) -> None:
+        self.policy_version = version
+        self.swaps.append(version)
+
+
+class Publisher:
+    """A weight source whose latest version the test moves."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def latest(self) -> int:
+        return self.version
+
+    def load(self, version: int) -> str:
+        time.sleep(0.002)
+        return f"params-v{version}"
+
+
+def tasks(n: int | None = None):
+    counter = itertools.count() if n is None else range(n)
+    for i in counter:
+        yield Task(task_id=f"t{i}", env_name="arithmetic", prompt="q", answer="a"), f"t{i}.e0"
+
+
+def make_episode(engine: VersionedEngine, latency, log: list, group_size: int = 4):
+    async def episode(task: Task, group_id: str, idx: int):
+        version = engine.policy_version
+        log.append(("start", group_id, idx, version))
+        await asyncio.sleep(latency(task, idx))
+        g = synthetic_group(prompt_id=group_id, group_size=group_size, worker_id="w0", policy_version=version, seed=idx)
+        log.append(("end", group_id, idx, version))
+        return dataclasses.replace(g[idx], sample_idx=idx, group_id=group_id, prompt_id=group_id)
+    return episode
+
+
+def test_groups_finish_out_of_order_and_all_are_written(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log = VersionedEngine(), []
+    # Early groups are slow, later ones fast: completion order differs from start order.
+    latency = lambda task, idx: 0.06 if int(task.task_id[1:]) < 2 else 0.005  # noqa: E731
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=16, target_groups=8),
+                        engine=engine, episode_fn=make_episode(engine, latency, log), tasks=tasks(),
+                        writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1)))
+    stats = asyncio.run(orch.run())
+    assert stats.groups_started == 8 and stats.groups_committed == 8 and stats.trajectories == 32
+    written = []
+    for name in store.list("trajectories/v00000000"):
+        table, _ = read_shard(store, f"trajectories/v00000000/{name}")
+        written.extend(dict.fromkeys(table.column("group_id").to_pylist()))
+    assert sorted(written) == sorted(f"t{i}.e0" for i in range(8))
+    assert written.index("t0.e0") > written.index("t2.e0"), "a slow early group must not block later ones"
+    assert stats.max_in_flight == 16 and stats.stop_reason == "target reached"
+
+
+def test_in_flight_episodes_never_exceed_max_concurrency(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log = VersionedEngine(), []
+    orch = Orchestrator(config=RolloutConfig(group_size=2, max_concurrency=6),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.003 * (i + 1), log, group_size=2),
+                        tasks=tasks(20), writer=ShardWriter(store, worker_id="w0"))
+    stats = asyncio.run(orch.run())
+    in_flight = peak = 0
+    for kind, *_ in log:
+        in_flight += 1 if kind == "start" else -1
+        peak = max(peak, in_flight)
+    assert peak == 6 == stats.max_in_flight
+    assert stats.groups_committed == 20 and stats.stop_reason == "tasks exhausted"
+
+
+class LoggingPublisher(Publisher):
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_returned = 0
+
+    def latest(self) -> int:
+        self.last_returned = self.version
+        return self.version
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_no_group_starts_on_weights_older_than_eta(tmp_path, eta: int) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], LoggingPublisher()
+    staleness: list[int] = []  # latest version the worker had seen minus its engine version, per group start
+
+    async def episode(task, group_id, idx):
+        if idx == 0:
+            staleness.append(pub.last_returned - engine.policy_version)
+            pub.version += 1  # the trainer publishes about once per group: far faster than any real one
+        return await make_episode(engine, lambda t, i: 0.002 * (1 + i), log)(task, group_id, idx)
+
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, eta=eta, target_groups=30,
+                                             weight_poll_s=10.0),
+                        engine=engine, episode_fn=episode, tasks=tasks(), weights=pub,
+                        writer=ShardWriter(store, worker_id="w0"))
+    stats = asyncio.run(orch.run())
+    assert stats.groups_committed == 30
+    assert max(staleness) == eta  # the bound holds and is reached: swaps happen only when needed
+    assert engine.swaps == sorted(engine.swaps) and stats.weight_swaps == len(engine.swaps) > 0
+    assert stats.swap_pause_s > 0
+
+
+def test_sync_mode_starts_a_batch_only_after_the_slowest(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log = VersionedEngine(), []
+    latency = lambda task, idx: 0.05 if idx == 3 else 0.001  # noqa: E731 - one straggler per group
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, mode="sync"),
+                        engine=engine, episode_fn=make_episode(engine, latency, log), tasks=tasks(6),
+                        writer=ShardWriter(store, worker_id="w0"))
+    stats = asyncio.run(orch.run())
+    assert stats.groups_committed == 6
+    events = [(k, g) for k, g, *_ in log]
+    first_start_batch2 = min(i for i, (k, g) in enumerate(events) if k == "start" and g in ("t2.e0", "t3.e0"))
+    last_end_batch1 = max(i for i, (k, g) in enumerate(events) if k == "end" and g in ("t0.e0", "t1.e0"))
+    assert first_start_batch2 > last_end_batch1
+
+
+def test_done_marker_stops_the_worker_and_flushes(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log = VersionedEngine(), []
+    deadline = time.monotonic() + 0.3
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, stop_poll_s=0.05),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.01, log), tasks=tasks(),
+                        writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1000)),
+                        should_stop=lambda: time.monotonic() > deadline)
+    stats = asyncio.run(orch.run())
+    assert stats.stop_reason == "done marker"
+    assert stats.groups_committed == stats.groups_started > 0  # everything started was finished and flushed
+
+
+def test_a_crashing_episode_function_surfaces_after_flushing_finished_groups(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log = VersionedEngine(), []
+    inner = make_episode(engine, lambda t, i: 0.001 if t.task_id == "t0" else 0.05, log)
+
+    async def episode(task, group_id, idx):
+        if task.task_id == "t3":
+            await asyncio.sleep(0.02)
+            raise RuntimeError("bug in episode code")
+        return await inner(task, group_id, idx)
+
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=16),
+                        engine=engine, episode_fn=episode, tasks=tasks(4),
+                        writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=100)))
+    with pytest.raises(RuntimeError, match="bug in episode code"):
+        asyncio.run(orch.run())
+    assert orch.stats.groups_committed >= 1  # t0 finished before the crash and was flushed

@@ -1,0 +1,143 @@
+"""Tool-call parsers: goldens per format, and every malformed call becomes an error (never an exception)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines_lib.agents.parsers import (
+    PARSER_REGISTRY,
+    ParserLimits,
+    ToolCall,
+    make_parser,
+)
+
+TOOLS = {
+    "calculator": {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    },
+    "search": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_hermes_golden_two_calls_and_text() -> None:
+    text = (
+        'Let me compute.\n<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>\n'
+        '<tool_call>\n{"name": "search", "arguments": {"query": "jax", "k": 2}}\n</tool_call>'
+    )
+    result = make_parser("hermes").parse(text, TOOLS)
+    assert result.tool_calls == [
+        ToolCall(name="calculator", arguments={"expression": "2+3"}),
+        ToolCall(name="search", arguments={"query": "jax", "k": 2}),
+    ]
+    assert result.text == "Let me compute."
+    assert result.errors == []
+
+
+def test_qwen_is_hermes() -> None:
+    assert PARSER_REGISTRY["qwen"] is PARSER_REGISTRY["hermes"]
+
+
+def test_hermes_plain_answer_has_no_calls() -> None:
+    result = make_parser("hermes").parse("<answer>5</answer>", TOOLS)
+    assert not result.has_calls
+    assert result.text == "<answer>5</answer>"
+
+
+def test_llama3_golden_with_python_tag_and_two_calls() -> None:
+    text = '<|python_tag|>{"name": "calculator", "parameters": {"expression": "7*6"}}; {"name": "search", "parameters": {"query": "x"}}'
+    result = make_parser("llama3").parse(text, TOOLS)
+    assert result.tool_calls == [
+        ToolCall(name="calculator", arguments={"expression": "7*6"}),
+        ToolCall(name="search", arguments={"query": "x"}),
+    ]
+    assert result.errors == []
+
+
+def test_llama3_bare_json_call_and_plain_text() -> None:
+    parser = make_parser("llama3")
+    assert parser.parse('{"name": "calculator", "parameters": {"expression": "1"}}', TOOLS).tool_calls == [
+        ToolCall(name="calculator", arguments={"expression": "1"})
+    ]
+    plain = parser.parse("The answer is {42}.", TOOLS)
+    assert not plain.has_calls and plain.text == "The answer is {42}."
+
+
+def test_gemma_golden_tool_code_block() -> None:
+    text = 'I will search.\n```tool_code\nsearch(query="flax nnx", k=3)\ncalculator(expression="2**10")\n```'
+    result = make_parser("gemma").parse(text, TOOLS)
+    assert result.tool_calls == [
+        ToolCall(name="search", arguments={"query": "flax nnx", "k": 3}),
+        ToolCall(name="calculator", arguments={"expression": "2**10"}),
+    ]
+    assert result.text == "I will search."
+
+
+MALFORMED = [
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"</tool_call>', "bad_json"),
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}', "bad_format"),
+    ("hermes", '<tool_call>["calculator"]</tool_call>', "bad_format"),
+    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', "bad_format"),
+    ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown_tool"),
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": "2+3"}</tool_call>', "bad_arguments"),
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": 5}}</tool_call>', "bad_arguments"),
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "bad_arguments"),
+    ("hermes", '<tool_call>{"name": "search", "arguments": {"query": "a", "k": true}}</tool_call>', "bad_arguments"),
+    ("hermes", '<tool_call>{"name": "search", "arguments": {"query": "a", "extra": 1}}</tool_call>', "bad_arguments"),
+    ("hermes", "<tool_call>" + json.dumps({"name": "calculator", "arguments": {"expression": "1" * 5000}}) + "</tool_call>", "too_large"),
+    ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": "1", "x": [[[[["deep"]]]]]}}</tool_call>', "too_deep"),
+    ("hermes", "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>", "bad_json"),
+    ("llama3", '{"name": "calculator", "parameters": {"expression": ', "bad_json"),
+    ("llama3", '<|python_tag|>{"name": "nope", "parameters": {}}', "unknown_tool"),
+    ("llama3", "<|python_tag|>[1, 2]", "bad_format"),
+    ("gemma", "```tool_code\ncalculator(\n```", "bad_format"),
+    ("gemma", '```tool_code\ncalculator("2+3")\n```', "bad_arguments"),
+    ("gemma", "```tool_code\ncalculator(expression=__import__('os').system('x'))\n```", "bad_arguments"),
+    ("gemma", '```tool_code\nos.system(cmd="ls")\n```', "bad_format"),
+    ("gemma", '```tool_code\ncalculator(expression="1")', "bad_format"),
+]
+
+
+@pytest.mark.parametrize(("parser", "text", "kind"), MALFORMED)
+def test_malformed_call_becomes_error_not_exception(parser: str, text: str, kind: str) -> None:
+    result = make_parser(parser).parse(text, TOOLS)
+    assert result.tool_calls == []
+    assert [e.kind for e in result.errors] == [kind]
+    assert result.has_calls  # the agent answers with an error message instead of scoring the text
+    assert result.errors[0].message
+
+
+def test_unknown_tool_error_names_the_available_tools() -> None:
+    (err,) = make_parser("hermes").parse('<tool_call>{"name": "calc", "arguments": {}}</tool_call>', TOOLS).errors
+    assert err.name == "calc"
+    assert "calculator, search" in err.message
+
+
+def test_calls_beyond_the_limit_become_errors() -> None:
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>'
+    result = make_parser("hermes").parse(call * 3, TOOLS, ParserLimits(max_calls=2))
+    assert len(result.tool_calls) == 2
+    assert [e.kind for e in result.errors] == ["bad_format"]
+
+
+def test_valid_and_broken_calls_in_one_response_are_separated() -> None:
+    text = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+        '<tool_call>{"name": "calculator", "arguments": {</tool_call>'
+    )
+    result = make_parser("hermes").parse(text, TOOLS)
+    assert result.tool_calls == [ToolCall(name="calculator", arguments={"expression": "1+1"})]
+    assert [e.kind for e in result.errors] == ["bad_json"]
+
+
+def test_unknown_parser_name_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"\['gemma', 'hermes', 'llama3', 'qwen'\]"):
+        make_parser("mistral")
