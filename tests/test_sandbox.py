@@ -75,7 +75,9 @@ def test_exit_code_is_reported() -> None:
 @pytest.mark.parametrize("network", ["auto", "audit"])
 def test_no_connection_reaches_a_local_server(network: str, tcp_server: tuple[int, list[object]]) -> None:
     port, accepted = tcp_server
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
+    code = (
+        f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
+    )
     result = run(code, SandboxConfig(timeout_s=3.0, network=network))  # type: ignore[arg-type]
     assert "connected" not in result.stdout
     assert result.exit_code == 1
@@ -117,7 +119,9 @@ def test_files_outside_the_working_directory_cannot_be_read_or_written(tmp_path:
 
 
 def test_files_inside_the_working_directory_work() -> None:
-    result = run("open('a.txt', 'w').write('ok')\nimport os\nprint(open('a.txt').read(), sorted(os.listdir()))")
+    result = run(
+        "open('a.txt', 'w').write('ok')\nimport os\nprint(open('a.txt').read(), sorted(os.listdir()))"
+    )
     assert result.stdout == "ok ['a.txt', 'main.py']\n"
 
 
@@ -136,7 +140,9 @@ def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_standard_library_works_but_site_packages_do_not() -> None:
-    result = run("import json, re, math, collections, itertools, asyncio\nprint(json.dumps([1]))\nimport psutil")
+    result = run(
+        "import json, re, math, collections, itertools, asyncio\nprint(json.dumps([1]))\nimport psutil"
+    )
     assert result.stdout == "[1]\n"
     assert "ModuleNotFoundError: No module named 'psutil'" in result.stderr
 

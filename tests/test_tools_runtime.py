@@ -166,7 +166,7 @@ def test_knowledge_base_is_deterministic_and_consistent() -> None:
     a = KnowledgeBase.generate(KnowledgeConfig(seed=3))
     assert a == KnowledgeBase.generate(KnowledgeConfig(seed=3))
     assert a != KnowledgeBase.generate(KnowledgeConfig(seed=4))
-    assert len(set(a.names())) == 8 + 24 + 200  # names never collide
+    assert len(set(a.names())) == 8 + 24 + 500  # names never collide
     for p in a.people.values():
         assert p.born_in in a.cities and p.works_in in a.cities
     for c in a.countries.values():

@@ -1,6 +1,7 @@
 """The train step on the real decoder (shrunk for compile speed), its batch builder and its optimizer."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -24,8 +25,14 @@ SMALL = dataclasses.replace(
 BUCKETS = (16, 32)
 
 
-def make_model(seed: int = 0) -> Decoder:
-    return Decoder(SMALL, rngs=nnx.Rngs(seed))
+@functools.cache
+def _initial_model() -> Decoder:
+    return Decoder(SMALL, rngs=nnx.Rngs(0))
+
+
+def make_model() -> Decoder:
+    """A fresh copy of one initial model (cloning skips re-running the initialisers)."""
+    return nnx.clone(_initial_model())
 
 
 def sgd(model: Decoder) -> nnx.Optimizer:
@@ -33,8 +40,8 @@ def sgd(model: Decoder) -> nnx.Optimizer:
     return nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)
 
 
-def params_of(model: Decoder) -> dict:
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+def params_of(model: Decoder) -> list[np.ndarray]:
+    return [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
 def ragged_rows(n_rows: int = 8, seed: int = 0):
@@ -71,18 +78,17 @@ def test_logprobs_fn_scores_each_token_given_only_its_prefix() -> None:
 # ----------------------------------------------------------------------------- train_step
 
 
-def assert_same_gradient(params_a: dict, params_b: dict, init_params: dict) -> None:
+def assert_same_gradient(
+    params_a: list[np.ndarray], params_b: list[np.ndarray], init_params: list[np.ndarray]
+) -> None:
     """SGD(lr=1) moves params by minus the gradient; compare the moves as whole vectors.
 
     Tolerance: float32 summation order (micro-batch sums, padded reductions) perturbs single entries by
     ~1e-7 absolute, so the check is ``‖g_a − g_b‖ ≤ 1e-5 ‖g_b‖`` rather than per element.
     """
-    flat = lambda params: jnp.concatenate(  # noqa: E731
-        [(p - p0).ravel() for p, p0 in zip(jax.tree.leaves(params), jax.tree.leaves(init_params), strict=True)]
-    )
-    g_a, g_b = flat(params_a), flat(params_b)
-    assert float(jnp.linalg.norm(g_b)) > 0
-    assert float(jnp.linalg.norm(g_a - g_b)) <= 1e-5 * float(jnp.linalg.norm(g_b))
+    g_a, g_b = (np.concatenate([(p - p0).ravel() for p, p0 in zip(ps, init_params, strict=True)]) for ps in (params_a, params_b))
+    assert np.linalg.norm(g_b) > 0
+    assert np.linalg.norm(g_a - g_b) <= 1e-5 * np.linalg.norm(g_b)
 
 
 # The GRPO configuration shared by the tests below, so they reuse one compiled step. seq_mean_token_mean
@@ -185,7 +191,7 @@ def test_sft_nll_step_fits_the_loss_tokens() -> None:
 
 def test_kl_to_an_identical_reference_is_zero_and_a_reference_is_required() -> None:
     batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
-    model, reference = make_model(), make_model()
+    model, reference = make_model(), make_model()  # identical weights
     cfg = StepConfig(loss=LossConfig(kl_coef=0.1))
     metrics = train_step(model, sgd(model), batch, reference, cfg=cfg)
     assert abs(float(metrics["kl"])) < 1e-6

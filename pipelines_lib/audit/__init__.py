@@ -1,0 +1,12 @@
+"""Dataset audit and lineage of a campaign folder (DESIGN §4 "audit"), and its export for warehouse tools.
+
+- ``campaign.audit_campaign(store) -> report.AuditReport``: the IO; reads the folder once.
+- ``stats``: per-shard figures and summaries (pure); ``lineage``: reconciles consumption logs (pure).
+- ``report``: the frozen result, ``to_json()`` and ``render_text()``.
+- ``export``: committed valid shards as one Parquet file per policy version.
+"""
+
+from pipelines_lib.audit.campaign import audit_campaign
+from pipelines_lib.audit.report import AuditReport
+
+__all__ = ["AuditReport", "audit_campaign"]

@@ -17,6 +17,7 @@ processed in name order, so the report does not depend on timing. ``progress`` g
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -56,8 +57,8 @@ def _prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[t
     """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory)."""
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
-        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p)) for p, _ in
-                                                  zip(todo, range(read_ahead), strict=False))
+        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p))
+                                                  for p in itertools.islice(todo, read_ahead))
         while window:
             path, fut = window.popleft()
             nxt = next(todo, None)
@@ -96,12 +97,7 @@ class _Accumulator:
     first_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
     shards: int = 0
 
-    def add_object(self, store: Store, path: str, data: bytes | NotFoundError) -> None:
-        sid = layout.parse_shard_path(path)
-        if sid is None:
-            self.bad_files.append(BadFile(path=path, kind="foreign_name", reason="not a shard name "
-                                          "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)"))
-            return
+    def add_shard_object(self, store: Store, path: str, sid: layout.ShardId, data: bytes | NotFoundError) -> None:
         if isinstance(data, NotFoundError):
             self.bad_files.append(BadFile(path=path, kind="unreadable", reason=str(data)))
             return
@@ -186,19 +182,16 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     temporaries = [f for f in files if TEMP_MARKER in f.rsplit("/", 1)[-1]]
     visible = [f for f in files if TEMP_MARKER not in f.rsplit("/", 1)[-1]]
     under_traj = [f for f in visible if f.startswith(layout.TRAJECTORIES + "/")]
-    # Shards in (version, worker, seq) order; foreign names after them.
-    under_traj.sort(key=lambda f: (0, layout.parse_shard_path(f)) if layout.parse_shard_path(f) else (1, f))
+    shards = sorted((sid, f) for f in under_traj if (sid := layout.parse_shard_path(f)) is not None)
 
     acc = _Accumulator()
-    shard_like = sum(1 for f in under_traj if layout.parse_shard_path(f) is not None)
-    to_read = [f for f in under_traj if layout.parse_shard_path(f) is not None]
-    for f in under_traj:
-        if layout.parse_shard_path(f) is None:
-            acc.add_object(store, f, b"")
-    for i, (path, data) in enumerate(_prefetch(store, to_read, read_ahead), 1):
-        acc.add_object(store, path, data)
-        if progress is not None and (i % progress_every == 0 or i == shard_like):
-            progress(f"audit {store.url}: {i}/{shard_like} shards read ({clock() - start:.1f} s)")
+    acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
+                              "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
+                      for f in under_traj if layout.parse_shard_path(f) is None]
+    for i, (path, data) in enumerate(_prefetch(store, [f for _, f in shards], read_ahead), 1):
+        acc.add_shard_object(store, path, shards[i - 1][0], data)
+        if progress is not None and (i % progress_every == 0 or i == len(shards)):
+            progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
 
     findings = acc.findings
     consumed = [f for f in visible if f.startswith("train/consumed/")]
@@ -220,8 +213,12 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
 
     campaign = None
     if layout.CAMPAIGN_JSON in visible:
-        [(_, campaign)] = _json_objects(store, [layout.CAMPAIGN_JSON], 1, "bad_campaign_json", findings) or \
-            [(None, None)]
+        parsed = _json_objects(store, [layout.CAMPAIGN_JSON], 1, "bad_campaign_json", findings)
+        campaign = parsed[0][1] if parsed else None
+        if parsed and not isinstance(campaign, dict):
+            findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None,
+                                    trajectory_id=None, message="campaign.json is not a JSON object"))
+            campaign = None
 
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)
@@ -246,7 +243,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         tool_calls=dict(sorted(acc.tool_calls.items())),
         tool_errors=dict(tool_errors),
         lineage=lineage,
-        campaign=campaign if isinstance(campaign, dict) else None,
+        campaign=campaign,
         evals=tuple(f for f in visible if _EVAL_RE.match(f)),
         **dists,
     )

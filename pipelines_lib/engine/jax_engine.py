@@ -18,7 +18,8 @@ How the pieces fit::
   (prompts longer than the largest bucket are prefilled in chunks of it); decode always runs every
   slot, idle rows writing to a position past the cache end, which is dropped. Slot index, positions and
   sampling settings are traced arguments, so after ``warmup()`` (one compile per bucket plus one for
-  decode) nothing compiles again; ``stats()["compilations"]`` counts traces to prove it.
+  decode) nothing compiles again; ``stats()["compilations"]`` counts compiled variants to prove it.
+  The steps are shared by every engine over an equally shaped model, so they compile once per process.
 * **The event loop never blocks on compute.** Device calls run in a dedicated worker thread; the
   scheduler awaits them, so tools and agents keep running while the engine computes.
 * **Sampling** (``engine.sampling``): per-row temperature / top-k / top-p and a key folded from the
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 from collections import deque
@@ -112,6 +114,61 @@ def _pure_params(params: Any) -> dict[Any, Any]:
     return params
 
 
+# The steps are module-level jitted functions with the graph definition as a static argument, so
+# engines over equally shaped models (tests, benchmarks, restarted workers) share compilations.
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _prefill_step(
+    graphdef: nnx.GraphDef[Decoder],
+    params: dict[Any, Any],
+    cache: KVCache,
+    slot: jax.Array,
+    tokens_1t: jax.Array,
+    start: jax.Array,
+    last: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    seed: jax.Array,
+) -> tuple[KVCache, jax.Array, jax.Array]:
+    """Prefill one chunk of one slot's prompt at positions ``start + [0, T)`` and sample the token
+    after the chunk's ``last`` real token (completion token index 0)."""
+    model = nnx.merge(graphdef, params)
+    slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
+    positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
+    h_1td, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
+    cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache)
+    logits_1v = model.unembed(jax.lax.dynamic_index_in_dim(h_1td, last, axis=1, keepdims=True)[:, 0])
+    keys = request_keys(seed[None], jnp.zeros((1,), jnp.int32))
+    token_1, logprob_1 = sample(logits_1v, temperature[None], top_k[None], top_p[None], keys)
+    return cache, token_1[0], logprob_1[0]
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _decode_step(
+    graphdef: nnx.GraphDef[Decoder],
+    params: dict[Any, Any],
+    cache: KVCache,
+    tokens_b: jax.Array,
+    positions_b: jax.Array,
+    temperature_b: jax.Array,
+    top_k_b: jax.Array,
+    top_p_b: jax.Array,
+    seed_b: jax.Array,
+    index_b: jax.Array,
+) -> tuple[KVCache, jax.Array, jax.Array]:
+    """Feed each slot's last token at its position and sample completion token ``index_b``."""
+    model = nnx.merge(graphdef, params)
+    h_b1d, cache = model.hidden(tokens_b[:, None], positions_b[:, None], cache)
+    logits_bv = model.unembed(h_b1d[:, 0])
+    token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
+    return cache, token_b, logprob_b
+
+
+def compilations() -> int:
+    """Compiled variants of the engine steps in this process (shared by all engines)."""
+    return _prefill_step._cache_size() + _decode_step._cache_size()
+
+
 class JaxEngine:
     """Continuous-batching engine over a ``Decoder``; see the module docstring.
 
@@ -143,9 +200,6 @@ class JaxEngine:
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
         self._cache: KVCache = init_cache(model.cfg, config.num_slots, config.max_seq_len)
-        self._traces = 0
-        self._prefill_fn = jax.jit(self._prefill_impl, donate_argnums=(1,))
-        self._decode_fn = jax.jit(self._decode_impl, donate_argnums=(1,))
         self._slots: list[_Request | None] = [None] * config.num_slots
         self._queue: deque[_Request] = deque()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -245,8 +299,8 @@ class JaxEngine:
         busy_s: time inside compute calls (prefill + decode, until results are on the host);
         wall_s: time since the window started; active_slot_steps: sum over decode steps of the slots
         that were generating; slot_occupancy = active_slot_steps / (decode_steps * num_slots);
-        tokens_per_s = generated_tokens / wall_s; compilations: traces of the jitted steps since
-        construction (never reset).
+        tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of the step functions
+        in this process (shared by all engines, never reset; constant after ``warmup()``).
         """
         c = self._counters
         wall = self._clock() - self._window_start
@@ -262,57 +316,12 @@ class JaxEngine:
             "generated_tokens": c.generated_tokens,
             "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
             "requests_finished": c.requests_finished,
-            "compilations": self._traces,
+            "compilations": compilations(),
         }
 
     def reset_stats(self) -> None:
         self._counters = _Counters()
         self._window_start = self._clock()
-
-    # ---- jitted steps (traced once per shape; self._traces counts the traces) --------------------
-
-    def _prefill_impl(
-        self,
-        params: dict[Any, Any],
-        cache: KVCache,
-        slot: jax.Array,
-        tokens_1t: jax.Array,
-        start: jax.Array,
-        last: jax.Array,
-        temperature: jax.Array,
-        top_k: jax.Array,
-        top_p: jax.Array,
-        seed: jax.Array,
-    ) -> tuple[KVCache, jax.Array, jax.Array]:
-        self._traces += 1
-        model = nnx.merge(self._graphdef, params)
-        slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
-        positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
-        h_1td, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
-        cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache)
-        logits_1v = model.unembed(jax.lax.dynamic_index_in_dim(h_1td, last, axis=1, keepdims=False))
-        keys = request_keys(seed[None], jnp.zeros((1,), jnp.int32))
-        token_1, logprob_1 = sample(logits_1v, temperature[None], top_k[None], top_p[None], keys)
-        return cache, token_1[0], logprob_1[0]
-
-    def _decode_impl(
-        self,
-        params: dict[Any, Any],
-        cache: KVCache,
-        tokens_b: jax.Array,
-        positions_b: jax.Array,
-        temperature_b: jax.Array,
-        top_k_b: jax.Array,
-        top_p_b: jax.Array,
-        seed_b: jax.Array,
-        index_b: jax.Array,
-    ) -> tuple[KVCache, jax.Array, jax.Array]:
-        self._traces += 1
-        model = nnx.merge(self._graphdef, params)
-        h_b1d, cache = model.hidden(tokens_b[:, None], positions_b[:, None], cache)
-        logits_bv = model.unembed(h_b1d[:, 0])
-        token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
-        return cache, token_b, logprob_b
 
     # ---- worker thread ---------------------------------------------------------------------------
 
@@ -324,13 +333,14 @@ class JaxEngine:
         first_tokens = []
         for slot, chunks, row in plan.prefills:
             for tokens, start, last in chunks:
-                self._cache, token, logprob = self._prefill_fn(
+                self._cache, token, logprob = _prefill_step(
+                    self._graphdef,
                     params, self._cache, np.int32(slot), tokens[None, :], np.int32(start), np.int32(last), *row
                 )
             first_tokens.append((slot, token, logprob))
         decoded = None
         if plan.decode is not None:
-            self._cache, token_b, logprob_b = self._decode_fn(params, self._cache, *plan.decode)
+            self._cache, token_b, logprob_b = _decode_step(self._graphdef, params, self._cache, *plan.decode)
             decoded = (np.asarray(token_b), np.asarray(logprob_b))
         first = [(slot, int(token), float(logprob)) for slot, token, logprob in first_tokens]
         return first, decoded, time.perf_counter() - started
@@ -341,11 +351,13 @@ class JaxEngine:
         row = (np.float32(1.0), np.int32(0), np.float32(1.0), np.uint32(0))
         for bucket in self.config.prefill_buckets:
             tokens = np.zeros((1, bucket), np.int32)
-            scratch, token, _ = self._prefill_fn(
+            scratch, token, _ = _prefill_step(
+                self._graphdef,
                 self._params, scratch, np.int32(0), tokens, np.int32(0), np.int32(0), *row
             )
         zeros_i, zeros_f = np.zeros(n, np.int32), np.zeros(n, np.float32)
-        scratch, token, _ = self._decode_fn(
+        scratch, token, _ = _decode_step(
+            self._graphdef,
             self._params, scratch, zeros_i, zeros_i, zeros_f, zeros_i, zeros_f + 1, np.zeros(n, np.uint32), zeros_i
         )
         token.block_until_ready()

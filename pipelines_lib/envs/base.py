@@ -192,6 +192,10 @@ class BaseTaskEnv(ABC):
     def _set_tools(self, tools: list[Tool]) -> None:
         self._tools = {t.name: CountingTool(t) for t in tools}
 
+    def wrap_tools(self, wrap: Callable[[Tool], Tool]) -> None:
+        """Replace each tool by ``wrap(tool)`` (e.g. a latency profile), keeping the call counting."""
+        self._set_tools([wrap(t.inner) for t in self._tools.values()])
+
     def tools(self) -> dict[str, Tool]:
         """The tools of this episode by name (calls through them count toward ``used_tool``)."""
         return dict(self._tools)

@@ -30,7 +30,8 @@ class KnowledgeConfig:
     """The world: same seed, same people, cities and countries."""
     n_countries: int = 8
     n_cities: int = 24
-    n_people: int = 200
+    n_people: int = 500
+    """Four question kinds per person: 2000 multihop questions by default."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_countries <= len(CURRENCIES) * 4:

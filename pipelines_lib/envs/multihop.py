@@ -77,10 +77,11 @@ def _chain(kb: KnowledgeBase, person: str, start_attr: str, last: str) -> tuple[
 class MultihopEnv(BaseTaskEnv):
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, *, config: MultihopConfig = MultihopConfig()) -> None:
+    def __init__(self, *, config: MultihopConfig = MultihopConfig(), kb: KnowledgeBase | None = None) -> None:
+        """``kb``: the world of ``config.knowledge``, pre-built to share between episodes."""
         super().__init__(max_turns=config.max_turns)
         self.config = config
-        self.kb = KnowledgeBase.generate(config.knowledge)
+        self.kb = kb if kb is not None else KnowledgeBase.generate(config.knowledge)
         self._set_tools([SearchTool(kb=self.kb)])
 
     @classmethod

@@ -52,8 +52,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
     """Inverse frequencies ``theta^(-2i/d)``, rescaled as transformers does for ``linear``/``llama3``."""
     inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     if scaling is None:
-        pass
-    elif scaling.kind == "linear":
+        return inv.astype(np.float32)
+    if scaling.kind == "linear":
         inv = inv / scaling.factor
     else:  # llama3: long wavelengths scaled by 1/factor, short kept, a smooth blend in between
         old = scaling.original_max_position_embeddings
@@ -244,10 +244,7 @@ class Decoder(nnx.Module):
 
     def unembed(self, h_btd: jax.Array) -> jax.Array:
         """Float32 logits of final-norm hidden states (with the final soft-cap if configured)."""
-        if self.cfg.tie_embeddings:
-            logits = self.embed.attend(h_btd)
-        else:
-            logits = self.lm_head(h_btd)
+        logits = self.embed.attend(h_btd) if self.cfg.tie_embeddings else self.lm_head(h_btd)
         logits = logits.astype(jnp.float32)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)

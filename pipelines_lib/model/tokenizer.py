@@ -29,6 +29,7 @@ text for the whole conversation.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -61,7 +62,7 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' + system }}"
     "{%- if tools %}"
     "{%- if system %}{{- '\\n' }}{%- endif %}"
-    "{{- 'Tools (call as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n<tools>' }}"
+    "{{- '<tools>' }}"
     "{%- for tool in tools %}"
     "{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson(separators=(',', ':'))) }}"
     "{%- endfor %}"
@@ -156,6 +157,12 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    # Training them as special tokens keeps BPE from spending merges on their text; afterwards the markup is made
+    # ordinary (non-special) so decoding never drops it.
+    spec = json.loads(tok.to_str())
+    for added in spec["added_tokens"]:
+        added["special"] = added["content"] in SPECIAL_TOKENS
+    tok = Tokenizer.from_str(json.dumps(spec))
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -171,6 +178,7 @@ def build_tokenizer(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         hf.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared
         try:
             tmp.rename(out)
         except OSError:

@@ -1,0 +1,177 @@
+"""Weight publication: versioned Orbax folders in the campaign, and the ``weights/LATEST`` pointer over them.
+
+```
+publish_weights(store, model, version=N, step=S)
+    weights/v<N:08d>/state/, model_config.json     model.weights.save_weights (Orbax, then the config)
+    weights/v<N:08d>/PUBLISHED.json                create-only commit marker {"version","path","step","published_at"}
+    weights/LATEST.json                            store.advance_pointer(...) with the same payload, LAST
+
+CampaignWeights(store).latest() -> N | None          the pointer (what rollout workers poll)
+CampaignWeights(store).load(N)  -> nnx.State          what JaxEngine.swap_weights installs
+load_published(store, N=None)   -> (Decoder, N)       a published version (default LATEST) as a model
+```
+
+Readers trust only the marker and the pointer: a folder without ``PUBLISHED.json`` is the leftover of a crashed
+publish and is never loaded. A rerun of a finished publish (same version, same step) re-advances the pointer
+(a no-op unless the crash came between marker and pointer) and returns the stored manifest; a second publish of
+the same version from a *different* step is refused, so a version number never names two sets of weights.
+A leftover without a marker is removed and written again: one trainer publishes a campaign's versions, so the
+only writer of an unmarked folder is a dead earlier attempt of this same publish.
+
+``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
+emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
+or the save hangs. The flows set the environment; this module never reads it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flax import nnx
+
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
+from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
+from pipelines_lib.storage.store import Store
+
+PUBLISHED = "PUBLISHED.json"
+"""Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
+
+
+class PublishError(ValueError):
+    """A publish would give one version number two different sets of weights."""
+
+
+def published_marker(version: int) -> str:
+    return f"{weights_dir(version)}/{PUBLISHED}"
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+def publish_weights(store: Store, model: Decoder, *, version: int, step: int) -> dict[str, Any]:
+    """Save ``model``'s parameters as ``weights/v<version>`` and move ``weights/LATEST`` to it (last).
+
+    Returns the manifest ``{"version", "path", "step", "published_at", "created"}``; ``created`` is False when
+    the version was already published from the same ``step`` (a rerun). Raises ``PublishError`` if it was
+    published from another step.
+    """
+    if step < 0:
+        raise ValueError(f"publish_weights: step must be >= 0, got {step}")
+    rel = weights_dir(version)
+    marker = published_marker(version)
+    created = False
+    if not store.exists(marker):
+        if store.list(rel, include_hidden=True):
+            store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
+        save_weights(model, store.uri(rel))
+        payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
+        try:
+            store.create_json(marker, payload)
+            created = True
+        except AlreadyExistsError:
+            pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
+    payload = store.read_json(marker)
+    if payload["step"] != step:
+        raise PublishError(f"{store.uri(rel)} is already published from step {payload['step']}; "
+                           f"refusing to publish step {step} as the same version {version}")
+    store.advance_pointer(WEIGHTS_LATEST, payload)
+    return {**payload, "created": created}
+
+
+class CampaignWeights:
+    """The rollout ``WeightSource`` over a campaign: the LATEST pointer and published versions."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def latest(self) -> int | None:
+        """The newest published version, or None before the first publication."""
+        pointer = self.store.read_pointer(WEIGHTS_LATEST)
+        return None if pointer is None else int(pointer["version"])
+
+    def load_model(self, version: int) -> Decoder:
+        if not self.store.exists(published_marker(version)):
+            raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
+        return load_weights(self.store.uri(weights_dir(version)))
+
+    def load(self, version: int) -> nnx.State:
+        """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""
+        return nnx.state(self.load_model(version), nnx.Param)
+
+
+def load_published(store: Store, version: int | None = None) -> tuple[Decoder, int]:
+    """A published version (default: the one LATEST points at) as a ``Decoder``, and its number."""
+    weights = CampaignWeights(store)
+    if version is None:
+        version = weights.latest()
+        if version is None:
+            raise NotFoundError("load", store.uri(WEIGHTS_LATEST), "no weights published yet")
+    return weights.load_model(version), version
+
+
+def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: int, poll_s: float = 0.05,
+                           timeout_s: float = 120.0,
+                           clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Publish ``model`` as ``version`` while a reader polls the campaign as a rollout worker does.
+
+    ``publish.pickup_latency_s``: from ``publish_weights`` returning to the reader's ``CampaignWeights.latest()``
+    seeing ``version`` and its ``load`` finishing (so it includes up to one ``poll_s`` of polling delay).
+    Also ``publish.save_s`` (the publish call itself) and ``publish.load_s`` (the reader's load).
+    """
+    reader = CampaignWeights(store)
+    seen = threading.Event()
+    stop = threading.Event()
+    marks: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            while not stop.is_set():
+                latest = reader.latest()
+                if latest is not None and latest >= version:
+                    marks["seen"] = clock()
+                    reader.load(version)
+                    marks["loaded"] = clock()
+                    seen.set()
+                    return
+                stop.wait(poll_s)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            errors.append(e)
+            seen.set()
+
+    thread = threading.Thread(target=poll, name="pickup-reader", daemon=True)
+    thread.start()
+    started = clock()
+    try:
+        publish_weights(store, model, version=version, step=step)
+        returned = clock()
+        if not seen.wait(timeout_s):
+            raise TimeoutError(f"version {version} not picked up within {timeout_s}s of publishing")
+    finally:
+        stop.set()
+        thread.join(timeout_s)
+    if errors:
+        raise errors[0]
+    return {
+        "publish.save_s": returned - started,
+        "publish.pickup_latency_s": marks["loaded"] - returned,
+        "publish.load_s": marks["loaded"] - marks["seen"],
+    }
+
+
+__all__ = [
+    "PUBLISHED",
+    "CampaignWeights",
+    "PublishError",
+    "load_published",
+    "measure_pickup_latency",
+    "publish_weights",
+    "published_marker",
+]

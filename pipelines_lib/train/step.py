@@ -8,7 +8,7 @@ Inside, in order:
 
 1. aggregation weights for the *whole* batch (``losses.token_weights_bt``), and the reference
    log-probs when the KL penalty is on;
-2. the batch is split into ``cfg.grad_accum_steps`` equal micro-batches along rows and a
+2. the batch is split into ``cfg.grad_accum_steps`` equal, row-strided micro-batches and a
    ``lax.scan`` sums their gradients, so only one micro-batch's activations are alive at a time.
    Because step 1 fixed the normaliser, the summed loss and gradient equal the full-batch ones
    (exact up to float summation order) for every aggregation;
@@ -72,8 +72,15 @@ def logprobs_fn(model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array
     return _forward_logp_entropy(model, tokens_bt, positions_bt)[0]
 
 
-def _split_micro(x: jax.Array | None, n_micro: int) -> jax.Array | None:
-    return None if x is None else x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
+def _split_micro(x_b: jax.Array | None, n_micro: int) -> jax.Array | None:
+    """``[B, ...] -> [n_micro, B / n_micro, ...]`` with micro-batch ``j`` = rows ``j, j + n, j + 2n, ...``.
+
+    Strided rather than contiguous: with rows sharded contiguously over devices, every micro-batch
+    then keeps rows on every device instead of living on a subset of them.
+    """
+    if x_b is None:
+        return None
+    return x_b.reshape(x_b.shape[0] // n_micro, n_micro, *x_b.shape[1:]).swapaxes(0, 1)
 
 
 @partial(nnx.jit, static_argnames=("cfg",))

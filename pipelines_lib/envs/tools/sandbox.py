@@ -274,12 +274,11 @@ class PythonSandbox:
 
         assert proc.stdout is not None and proc.stderr is not None
         drains = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err))
+        stop = asyncio.ensure_future(overflow.wait())
         timed_out = False
         try:
             async with asyncio.timeout(cfg.timeout_s):
-                stop = asyncio.create_task(overflow.wait())
                 await asyncio.wait([drains, stop], return_when=asyncio.FIRST_COMPLETED)
-                stop.cancel()
                 if not overflow.is_set():
                     await proc.wait()
         except TimeoutError:
@@ -288,10 +287,11 @@ class PythonSandbox:
             _kill_group(proc.pid)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), timeout=5.0)
-            if not drains.done():
-                drains.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await drains
+            for pending in (drains, stop):
+                if not pending.done():
+                    pending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await pending
         return SandboxResult(
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),

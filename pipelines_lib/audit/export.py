@@ -1,0 +1,107 @@
+"""Export committed, valid shards as Parquet for warehouse tools (BigQuery, DuckDB, Spark): one file per version.
+
+``out/v<version:08d>.parquet`` holds every row of the version's shards that read and validate (one row group
+per shard, in shard-name order); shards that do not are left out and listed in the result. The file's
+key-value metadata ``rollstream.export`` records the shards listed when it was written, so a rerun is cheap
+and safe: the same listing means the file is ``unchanged`` (nothing is read); a version that gained shards
+since is reported ``stale`` and left alone, because exports are create-only like everything else: export a
+still-growing campaign into a new folder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
+from pipelines_lib.storage.shards import ShardError, read_shard
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
+
+EXPORT_META_KEY = b"rollstream.export"
+EXPORT_STATUSES = ("written", "unchanged", "stale", "empty")
+"""``written`` now; ``unchanged``: an earlier export of the same shards exists; ``stale``: an earlier export
+exists but the version has other shards now (left as it was); ``empty``: no valid shard, no file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportedVersion:
+    version: int
+    path: str
+    """Relative to the output folder."""
+    status: str
+    """One of ``EXPORT_STATUSES``."""
+    rows: int
+    shards: int
+    """Shards whose rows are in the file (``written`` only)."""
+    skipped: tuple[tuple[str, str], ...]
+    """(shard, reason) of shards left out because they do not read or validate."""
+
+
+def parquet_name(version: int) -> str:
+    return f"v{version:08d}.parquet"
+
+
+def _listed_shards(store: Store, version: int) -> list[str]:
+    folder = layout.version_dir(version)
+    return [f"{folder}/{n}" for n in store.list(folder) if layout.parse_shard_path(f"{folder}/{n}") is not None]
+
+
+def _recorded_shards(data: bytes) -> list[str] | None:
+    meta = pq.read_schema(io.BytesIO(data)).metadata or {}
+    raw = meta.get(EXPORT_META_KEY)
+    return None if raw is None else list(json.loads(raw)["source_shards"])
+
+
+def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
+    name = parquet_name(version)
+    listed = _listed_shards(store, version)
+    if out.exists(name):
+        status = "unchanged" if _recorded_shards(out.read(name)) == listed else "stale"
+        return ExportedVersion(version=version, path=name, status=status, rows=0, shards=0, skipped=())
+    sink = io.BytesIO()
+    skipped: list[tuple[str, str]] = []
+    rows = shards = 0
+    with pq.ParquetWriter(sink, TRAJECTORY_SCHEMA, compression="zstd") as writer:
+        for path in listed:
+            try:
+                table, _ = read_shard(store, path)
+            except (ShardError, StorageError) as e:
+                skipped.append((path, str(e)))
+                continue
+            writer.write_table(table.replace_schema_metadata(TRAJECTORY_SCHEMA.metadata))
+            rows += table.num_rows
+            shards += 1
+        writer.add_key_value_metadata({
+            SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode(),
+            EXPORT_META_KEY: json.dumps({"campaign": store.url, "version": version, "source_shards": listed,
+                                         "skipped": [s for s, _ in skipped]}).encode(),
+        })
+    if shards == 0:
+        return ExportedVersion(version=version, path=name, status="empty", rows=0, shards=0, skipped=tuple(skipped))
+    try:
+        out.create(name, sink.getvalue())
+    except AlreadyExistsError:
+        # A concurrent export won the name; judge its file like any earlier one.
+        return _export_version(store, out, version)
+    return ExportedVersion(version=version, path=name, status="written", rows=rows, shards=shards,
+                           skipped=tuple(skipped))
+
+
+def export_parquet(store: Store, out: Store, *,
+                   progress: Callable[[str], None] | None = None) -> list[ExportedVersion]:
+    """Export every version folder of the campaign at ``store`` into the folder ``out``."""
+    versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
+    results = []
+    for version in versions:
+        result = _export_version(store, out, version)
+        results.append(result)
+        if progress is not None:
+            progress(f"export {store.uri(layout.version_dir(version))} -> {out.uri(result.path)}: {result.status}, "
+                     f"{result.rows} rows from {result.shards} shards, {len(result.skipped)} skipped")
+    return results

@@ -1,0 +1,153 @@
+"""Benchmark ``store``: shard store write/read throughput next to raw pyarrow IPC on the same local folder.
+
+Each repetition runs every variant once, side by side, on the same synthetic groups, into a fresh folder;
+figures are medians over repetitions. Throughput counts the table's in-memory Arrow bytes
+(``Table.nbytes``), the same numerator for every variant, so MB/s ratios are time ratios.
+
+Variants:
+- ``store write``: ``ShardWriter.add_group`` for every group, then ``flush()``: record-to-Arrow conversion,
+  zstd IPC encoding, create-only commit (temporary file, fsync, link, directory fsync). The rollout worker's
+  real path.
+- ``store encode+create``: ``encode_shard`` + ``Store.create`` of the already-built table: the byte path
+  alone, to separate conversion cost from storage cost.
+- ``pyarrow write``: the same table written with ``pa.ipc.new_file`` (same zstd compression) to a file in the
+  same folder, then fsync: what a careful hand-written writer does.
+- ``store read`` / ``store read+validate``: ``read_shard(validate=False/True)``: the tailer's path.
+- ``pyarrow read``: ``pa.ipc.open_file(path).read_all()`` of the pyarrow-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.record import Trajectory, to_table
+from pipelines_lib.trajectory.synthetic import synthetic_group
+
+QUICK = {"groups": 32, "group_size": 8, "max_len": 2048, "repeats": 3}
+FULL = {"groups": 128, "group_size": 8, "max_len": 2048, "repeats": 5}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _pyarrow_write(path: Path, table: pa.Table) -> None:
+    options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
+    with open(path, "wb") as f:
+        with pa.ipc.new_file(f, table.schema, options=options) as writer:
+            writer.write_table(table)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _pyarrow_read(path: Path) -> pa.Table:
+    return pa.ipc.open_file(str(path)).read_all()
+
+
+def _encode_create(store: Store, table: pa.Table) -> None:
+    store.create("shard.arrow", encode_shard(table, {"bench": True}))
+
+
+def _store_write(store: Store, groups: list[list[Trajectory]]) -> None:
+    writer = ShardWriter(store, worker_id="bench",
+                         config=WriterConfig(max_groups=len(groups) + 1, max_bytes=2**62, max_age_s=1e9))
+    for g in groups:
+        writer.add_group(g)
+    [_info] = writer.flush()
+
+
+def _plot(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    labels = [r["variant"] for r in rows]
+    ax.barh(labels, [r["MB/s"] for r in rows],
+            color=["tab:blue" if r["variant"].startswith("store") else "tab:gray" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("MB/s (in-memory Arrow bytes; median)")
+    ax.set_title("shard store vs raw pyarrow IPC, local folder")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@register_bench(
+    "store",
+    title="Shard store throughput vs raw pyarrow IPC",
+    measures="Write and read throughput (MB/s and trajectories/s) of the shard store, next to a raw pyarrow "
+             "IPC write/read of the same table on the same local folder. `write_over_pyarrow` and "
+             "`read_over_pyarrow` are store throughput / raw throughput.",
+    method="Synthetic groups (`synthetic_group`, 4 turns per trajectory). Each repetition runs every variant once, "
+           "side by side, into a fresh folder; figures are medians. `store write` is `ShardWriter.add_group` + "
+           "`flush` from trajectory records (conversion, zstd encoding, create-only commit with fsync); "
+           "`store encode+create` starts from the built table; `pyarrow write` writes the same table with the same "
+           "zstd compression and fsyncs. `store read` is `read_shard(validate=False)` (the headline read ratio), "
+           "`store read+validate` adds the row-by-row invariant check; `pyarrow read` reads the raw file. "
+           "MB = in-memory Arrow bytes of the table, the same for every variant.",
+    goals=(Goal(key="store.write_over_pyarrow", op=">=", value=0.8, why="the store should cost little over raw pyarrow"),
+           Goal(key="store.read_over_pyarrow", op=">=", value=0.8, why="the store should cost little over raw pyarrow")),
+)
+def bench_store(ctx: BenchContext) -> BenchResult:
+    size = QUICK if ctx.quick else FULL
+    groups = [synthetic_group(prompt_id=f"p{i}", group_size=size["group_size"], worker_id="bench", policy_version=0,
+                              seed=i, max_len=size["max_len"]) for i in range(size["groups"])]
+    table = to_table([t for g in groups for t in g])
+    mb, n = table.nbytes / 1e6, table.num_rows
+    times: dict[str, list[float]] = {k: [] for k in (
+        "store write", "store encode+create", "pyarrow write", "store read", "store read+validate", "pyarrow read")}
+    shard_bytes = raw_bytes = 0
+    for rep in range(size["repeats"]):
+        folder = ctx.scratch / f"rep{rep}"
+        store = Store(str(folder / "writer"))
+        byte_store = Store(str(folder / "bytes"))
+        raw_path = folder / "raw.arrow"
+        times["store write"].append(_timed(partial(_store_write, store, groups)))
+        times["store encode+create"].append(_timed(partial(_encode_create, byte_store, table)))
+        times["pyarrow write"].append(_timed(partial(_pyarrow_write, raw_path, table)))
+        [shard] = store.walk("trajectories")
+        times["store read"].append(_timed(partial(read_shard, store, shard, validate=False)))
+        times["store read+validate"].append(_timed(partial(read_shard, store, shard)))
+        times["pyarrow read"].append(_timed(partial(_pyarrow_read, raw_path)))
+        shard_bytes, raw_bytes = store.size(shard), raw_path.stat().st_size
+        ctx.progress(f"bench store: repetition {rep + 1}/{size['repeats']} done")
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = [{"variant": k, "median s": t, "MB/s": mb / t, "trajectories/s": n / t} for k, t in med.items()]
+    plot = "store_throughput.png"
+    _plot(ctx.plot_dir / plot, rows)
+    figures = {
+        "store.write_over_pyarrow": med["pyarrow write"] / med["store write"],
+        "store.encode_create_over_pyarrow": med["pyarrow write"] / med["store encode+create"],
+        "store.read_over_pyarrow": med["pyarrow read"] / med["store read"],
+        "store.read_validated_over_pyarrow": med["pyarrow read"] / med["store read+validate"],
+        "store.write_mb_s": mb / med["store write"],
+        "store.write_traj_s": n / med["store write"],
+        "store.read_mb_s": mb / med["store read"],
+        "store.read_traj_s": n / med["store read"],
+        "store.read_validated_mb_s": mb / med["store read+validate"],
+        "store.pyarrow_write_mb_s": mb / med["pyarrow write"],
+        "store.pyarrow_read_mb_s": mb / med["pyarrow read"],
+        "store.table_mb": mb,
+        "store.shard_mb": shard_bytes / 1e6,
+    }
+    notes = (f"Sizes: {size['groups']} groups x {size['group_size']} trajectories ({n} rows, "
+             f"{pc.sum(pc.list_value_length(table.column('tokens'))).as_py()} tokens), {mb:.2f} MB in memory, "
+             f"shard file {shard_bytes / 1e6:.2f} MB (pyarrow file {raw_bytes / 1e6:.2f} MB), "
+             f"{size['repeats']} repetitions.")
+    return BenchResult(figures=figures, rows=rows, plots=[plot], notes=notes)

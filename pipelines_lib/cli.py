@@ -1,0 +1,188 @@
+"""``rollstream``: one command line over the library, one subcommand per stage or tool.
+
+Adding a subcommand is one decorated function plus an argument function::
+
+    def _collect_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("url")
+
+    @subcommand("collect", "run rollout workers against a campaign", _collect_args)
+    def _collect(args: argparse.Namespace) -> int:
+        from pipelines_lib.rollout import ...   # imported inside: `rollstream audit` must not pay for JAX
+        return 0
+
+``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
+violations), 2 it could not run (bad URL, unreachable storage, bad arguments): one line on stderr naming the
+URL, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines_lib.storage.errors import StorageError
+from pipelines_lib.storage.store import Store
+
+RunFn = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Subcommand:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: RunFn
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None]) -> Callable[[RunFn], RunFn]:
+    def register(run: RunFn) -> RunFn:
+        if name in SUBCOMMANDS:
+            raise ValueError(f"subcommand {name!r} is registered twice")
+        SUBCOMMANDS[name] = Subcommand(name=name, help=help, add_arguments=add_arguments, run=run)
+        return run
+    return register
+
+
+class CommandError(Exception):
+    """A command cannot run; the message is the one line the user sees."""
+
+
+# -- shared arguments -------------------------------------------------------------------------------------
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:  # numbers and booleans as JSON; everything else (paths, URLs, "anon") is a string
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", "-o", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
+                   help="fsspec/gcsfs option for gs:// URLs, repeatable (e.g. endpoint_url=http://127.0.0.1:4443, "
+                        "token=anon); STORAGE_EMULATOR_HOST is honoured by gcsfs itself")
+
+
+def open_store(url: str, options: Sequence[tuple[str, Any]] = ()) -> Store:
+    """A ``Store`` for ``url``; an unknown protocol or a missing driver becomes a ``CommandError`` naming it."""
+    try:
+        return Store(url, storage_options=dict(options))
+    except (ValueError, ImportError) as e:
+        raise CommandError(f"{url}: cannot open storage: {e}") from e
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# -- audit ------------------------------------------------------------------------------------------------
+
+def _audit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
+    _add_storage_options(p)
+
+
+@subcommand("audit", "validate every shard of a campaign and report statistics, lineage and anomalies", _audit_args)
+def _audit(args: argparse.Namespace) -> int:
+    from pipelines_lib.audit import audit_campaign
+
+    report = audit_campaign(open_store(args.url, args.storage_option), progress=_stderr,
+                            progress_every=args.progress_every)
+    print(report.to_json() if args.json else report.render_text())
+    return 0 if report.ok else 1
+
+
+# -- export -----------------------------------------------------------------------------------------------
+
+def _export_parquet(store: Store, out: Store) -> list:
+    from pipelines_lib.audit.export import export_parquet
+
+    return export_parquet(store, out, progress=_stderr)
+
+
+EXPORTERS: dict[str, Callable[[Store, Store], list]] = {"parquet": _export_parquet}
+"""Export formats by name; each returns ``audit.export.ExportedVersion``-like records."""
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
+                               "(a rerun reports each version as written, unchanged, stale or empty)")
+    p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
+    _add_storage_options(p)
+
+
+@subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
+def _export(args: argparse.Namespace) -> int:
+    results = EXPORTERS[args.format](open_store(args.url, args.storage_option), open_store(args.out, args.storage_option))
+    print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
+                       "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
+    return 0
+
+
+# -- demo -------------------------------------------------------------------------------------------------
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=None, help="campaign folder to create (default runs/demo-<timestamp>)")
+
+
+@subcommand("demo", "write, tail and audit a small synthetic campaign (a few seconds, CPU)", _demo_args)
+def _demo(args: argparse.Namespace) -> int:
+    from pipelines_lib.demo import run_demo
+
+    return 0 if run_demo(args.out).report.ok else 1
+
+
+# -- bench ------------------------------------------------------------------------------------------------
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
+    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
+    p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
+
+
+@subcommand("bench", "run registered benchmarks; update bench/results.json and BENCHMARKS.md", _bench_args)
+def _bench(args: argparse.Namespace) -> int:
+    from pipelines_lib.bench.runner import run_benchmarks
+
+    figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out, progress=_stderr)
+    for key, value in sorted(figures.items()):
+        print(f"{key} = {value:.4g}")
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollstream", description=__doc__.split("\n\n")[0])
+    subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in SUBCOMMANDS.values():
+        cmd.add_arguments(subs.add_parser(cmd.name, help=cmd.help, description=cmd.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return SUBCOMMANDS[args.command].run(args)
+    except CommandError as e:
+        _stderr(f"rollstream {args.command}: {e}")
+    except StorageError as e:  # its message names the operation and the URL
+        _stderr(f"rollstream {args.command}: {e}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

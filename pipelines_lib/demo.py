@@ -1,0 +1,100 @@
+"""``rollstream demo``: a synthetic campaign written, tailed and audited in a few seconds (no model, no Prefect).
+
+Stand-in until the Prefect campaign exists. It exercises the real storage path end to end:
+
+1. ``campaign.json``, then for each policy version ``v``: ``WORKERS`` rollout workers commit synthetic groups
+   through ``ShardWriter``;
+2. a simulated trainer (no model: it only moves data) tails the shards with ``ShardTailer`` inside the window
+   ``[v - ETA, v]``, consumes ``STEPS_PER_VERSION`` batches, writes a consumption log per step and publishes
+   ``v + 1`` through the ``weights/LATEST`` pointer. It consumes fewer groups than the workers make, so a
+   backlog builds up and the oldest groups fall out of the window: the audit shows them as dropped stale;
+3. ``audit_campaign`` reads the folder back with no other state and prints the report.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines_lib.audit import AuditReport, audit_campaign
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig
+from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.record import utc_now_iso
+from pipelines_lib.trajectory.schema import SCHEMA_VERSION
+from pipelines_lib.trajectory.synthetic import synthetic_group
+
+VERSIONS = 5
+WORKERS = 3
+GROUPS_PER_WORKER = 4
+GROUP_SIZE = 4
+BATCH_GROUPS = 4
+STEPS_PER_VERSION = 2
+ETA = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoResult:
+    url: str
+    report: AuditReport
+
+
+def default_demo_url(now: dt.datetime | None = None) -> str:
+    now = now or dt.datetime.now(dt.UTC)
+    return str(Path("runs") / f"demo-{now:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}")
+
+
+def _consumption_log(step: int, version: int, tailer: ShardTailer, groups: list, published: int | None) -> dict:
+    events = tailer.drain_events()
+    return {
+        "step": step, "trainer_version": version,
+        "groups": [{"group_id": g.group_id, "shard": g.shard, "row_start": g.row_start, "row_end": g.row_end,
+                    "version": g.version, "staleness": version - g.version} for g in groups],
+        "dropped_stale": [{"shard": e.shard, "groups": list(e.groups), "reason": e.reason}
+                          for e in events if e.kind == "dropped_stale"],
+        "skipped": [{"shard": e.shard, "reason": e.reason} for e in events if e.kind == "skipped"],
+        "published_version": published, "created_at": utc_now_iso(),
+    }
+
+
+def run_demo(out_url: str | None = None, *, echo: Callable[[str], None] = print) -> DemoResult:
+    """Write, tail and audit a synthetic campaign at ``out_url`` (default ``runs/demo-<timestamp>``)."""
+    store = Store(out_url or default_demo_url())
+    echo(f"demo campaign: {store.url}")
+    store.create_json(layout.CAMPAIGN_JSON, {
+        "kind": "demo", "schema_version": SCHEMA_VERSION, "versions": VERSIONS, "workers": WORKERS,
+        "groups_per_worker": GROUPS_PER_WORKER, "group_size": GROUP_SIZE, "batch_groups": BATCH_GROUPS,
+        "eta": ETA, "created_at": utc_now_iso(),
+    })
+    store.advance_pointer(layout.WEIGHTS_LATEST, {"version": 0, "path": layout.weights_dir(0), "step": 0,
+                                                  "published_at": utc_now_iso()})
+    writers = [ShardWriter(store, worker_id=f"w{i}", config=WriterConfig(max_groups=2)) for i in range(WORKERS)]
+    tailer = ShardTailer(store)
+    step = 0
+    for version in range(VERSIONS):
+        for w in writers:
+            for g in range(GROUPS_PER_WORKER):
+                w.add_group(synthetic_group(prompt_id=f"v{version}-{w.worker_id}-p{g}", group_size=GROUP_SIZE,
+                                            worker_id=w.worker_id, policy_version=version, seed=g))
+            w.flush()
+        for k in range(STEPS_PER_VERSION):
+            groups = tailer.next_groups(BATCH_GROUPS, min_version=max(0, version - ETA), max_version=version)
+            if not groups:
+                break
+            step += 1
+            publish = version + 1 if k == STEPS_PER_VERSION - 1 else None
+            store.create_json(layout.consumed_log(step), _consumption_log(step, version, tailer, groups, publish))
+            if publish is not None:
+                store.advance_pointer(layout.WEIGHTS_LATEST, {"version": publish, "path": layout.weights_dir(publish),
+                                                              "step": step, "published_at": utc_now_iso()})
+        c = tailer.cursor
+        echo(f"version {version}: {sum(len(w.committed) for w in writers)} shards committed; trainer at step {step}, "
+             f"{c.groups_consumed} groups consumed, {c.groups_dropped_stale} dropped stale")
+    report = audit_campaign(store, progress=echo, progress_every=10)
+    echo(report.render_text())
+    echo(f"campaign folder: {store.url}")
+    return DemoResult(url=store.url, report=report)

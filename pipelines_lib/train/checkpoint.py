@@ -1,0 +1,90 @@
+"""Trainer checkpoints: two functions over Orbax plus a create-only commit marker.
+
+```
+train/checkpoints/<step:08d>/state/        Orbax item: {"params": model params, "opt": optimizer state}
+train/checkpoints/<step:08d>/meta.json     step, policy version, tail cursor, RNG key data
+train/checkpoints/<step:08d>/COMMITTED     written last (create-only): only committed checkpoints exist
+```
+A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
+of the same step picks a fresh attempt folder suffix so nothing is ever overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from pipelines_lib.model.weights import _path as orbax_path
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.store import Store
+
+COMMITTED = "COMMITTED"
+ROOT = "train/checkpoints"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointMeta:
+    step: int
+    version: int
+    """Latest policy version published by the trainer when this checkpoint was taken."""
+    cursor: str
+    """``TailCursor.to_json()`` after the step's groups."""
+    rng: list[int]
+    folder: str
+
+
+def _items(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
+    return {"params": nnx.state(model, nnx.Param), "opt": nnx.state(optimizer)}
+
+
+def save_checkpoint(store: Store, *, step: int, version: int, cursor: str, rng: jax.Array,
+                    model: nnx.Module, optimizer: nnx.Optimizer) -> str:
+    """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
+    base = layout.checkpoint_dir(step)
+    attempt = 0
+    folder = base
+    while store.exists(f"{folder}/{COMMITTED}") or store.list(folder, include_hidden=True):
+        if store.exists(f"{folder}/{COMMITTED}"):
+            return folder
+        attempt += 1  # a crashed earlier save left a partial folder: never write into it
+        folder = f"{base}.{attempt}"
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
+    store.create_json(f"{folder}/meta.json", {
+        "step": step, "version": version, "cursor": cursor,
+        "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
+    })
+    store.create(f"{folder}/{COMMITTED}", b"")
+    return folder
+
+
+def committed_checkpoints(store: Store) -> list[str]:
+    """Committed checkpoint folders, oldest first."""
+    out = []
+    for name in store.list(ROOT):
+        if store.exists(f"{ROOT}/{name}/{COMMITTED}"):
+            out.append(f"{ROOT}/{name}")
+    return sorted(out, key=lambda f: int(f.rsplit("/", 1)[-1].split(".")[0]))
+
+
+def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer) -> CheckpointMeta | None:
+    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; None if there is none."""
+    folders = committed_checkpoints(store)
+    if not folders:
+        return None
+    folder = folders[-1]
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _items(model, optimizer))
+    with ocp.StandardCheckpointer() as checkpointer:
+        restored = checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
+    nnx.update(model, restored["params"])
+    nnx.update(optimizer, restored["opt"])
+    meta = store.read_json(f"{folder}/meta.json")
+    return CheckpointMeta(step=int(meta["step"]), version=int(meta["version"]), cursor=meta["cursor"],
+                          rng=list(meta["rng"]), folder=folder)
+
+
+__all__ = ["CheckpointMeta", "committed_checkpoints", "restore_latest", "save_checkpoint"]

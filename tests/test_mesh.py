@@ -1,0 +1,146 @@
+"""Sharded training on 8 fake CPU devices (data=2 × fsdp=4) matches one device.
+
+XLA reads ``--xla_force_host_platform_device_count`` only when JAX starts, so the comparison runs in
+a fresh interpreter: this file re-executes itself as a script with the flag set, and the script
+prints its measurements as JSON for the test to check.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipelines_lib.train.mesh import MeshConfig, MeshRules
+
+N_DEVICES = 8
+RTOL = 1e-5
+"""Sharded reductions sum in a different order; float32 leaves ~1e-7 relative noise per sum."""
+
+
+def run_on_fake_devices() -> dict:
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from pipelines_lib.model.config import ModelConfig
+    from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.train.batch import build_train_batch
+    from pipelines_lib.train.losses import LossConfig
+    from pipelines_lib.train.mesh import create_sharded, make_mesh, shard_batch, shard_node
+    from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+    from pipelines_lib.train.step import StepConfig, train_step
+
+    assert jax.device_count() == N_DEVICES, jax.devices()
+    small = dataclasses.replace(
+        ModelConfig.tiny(), vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64
+    )
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(5, 15, size=16)]
+    masks = [[0] * 3 + [1] * (len(row) - 3) for row in tokens]
+    behav = [(-rng.uniform(0.5, 4.0, size=len(row))).tolist() for row in tokens]
+    batch = build_train_batch(tokens, masks, behav, rng.normal(size=16).tolist(), seq_buckets=(16,))
+    cfg = StepConfig(loss=LossConfig(aggregation="seq_mean_token_mean"), grad_accum_steps=2)
+
+    def factory() -> Decoder:
+        return Decoder(small, rngs=nnx.Rngs(0))
+
+    def params_of(model: Decoder) -> list:
+        return [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+    def two_sgd_steps(model: Decoder, batch) -> list[float]:
+        optimizer = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
+        return [float(train_step(model, optimizer, batch, cfg=cfg)["loss"]) for _ in range(2)]
+
+    single = factory()
+    init_params = params_of(single)
+    single_losses = two_sgd_steps(single, batch)
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    sharded = create_sharded(factory, mesh)
+    created_equal = all(np.array_equal(a, b) for a, b in zip(params_of(sharded), init_params, strict=True))
+    sharded_batch = shard_batch(batch, mesh)
+    sharded_losses = two_sgd_steps(sharded, sharded_batch)
+
+    def relative_update_error(params: list) -> float:
+        delta_single = np.concatenate([(p - p0).ravel() for p, p0 in zip(params_of(single), init_params, strict=True)])
+        delta = np.concatenate([(p - p0).ravel() for p, p0 in zip(params, init_params, strict=True)])
+        return float(np.linalg.norm(delta - delta_single) / np.linalg.norm(delta_single))
+
+    # The real optimizer: AdamW state sharded like the parameters, layout kept through a step.
+    adam_model = factory()
+    shard_node(adam_model, mesh)
+    optimizer = make_nnx_optimizer(adam_model, OptimConfig(lr=1e-3))
+    shard_node(optimizer, mesh)
+    train_step(adam_model, optimizer, sharded_batch, cfg=cfg)
+    embedding = adam_model.embed.embedding
+    mu_embedding = nnx.state(optimizer)["opt_state"][1][0].mu["embed"]["embedding"]
+    return {
+        "single_losses": single_losses,
+        "sharded_losses": sharded_losses,
+        "relative_update_error": relative_update_error(params_of(sharded)),
+        "created_sharded_equals_eager_init": created_equal,
+        "batch_spec": str(sharded_batch.tokens_bt.sharding.spec),
+        "embedding_spec_after_step": str(embedding.sharding.spec),
+        "embedding_mu_spec": str(mu_embedding.sharding.spec),
+        "embedding_shards": len(embedding.addressable_shards),
+        "embedding_shard_shape": list(embedding.addressable_shards[0].data.shape),
+    }
+
+
+def test_fake_8_device_mesh_matches_one_device() -> None:
+    env = os.environ | {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={N_DEVICES}",
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300, cwd=os.getcwd()
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    for single, sharded in zip(result["single_losses"], result["sharded_losses"], strict=True):
+        assert sharded == pytest.approx(single, rel=RTOL)
+    assert result["single_losses"][1] != result["single_losses"][0]  # the first step did move the params
+    assert result["relative_update_error"] <= RTOL
+    assert result["created_sharded_equals_eager_init"]
+    assert result["batch_spec"] == "PartitionSpec(('data', 'fsdp'), None)"
+    # embed [64, 32]: the largest dim (vocab, 64) splits over fsdp=4, replicated over data=2.
+    assert result["embedding_spec_after_step"] == "PartitionSpec('fsdp', None)"
+    assert result["embedding_mu_spec"] == "PartitionSpec('fsdp', None)"
+    assert result["embedding_shards"] == N_DEVICES
+    assert result["embedding_shard_shape"] == [16, 32]
+
+
+@pytest.mark.parametrize(
+    ("shape", "fsdp", "expected"),
+    [((64, 32), 4, ("fsdp", None)), ((30, 32), 4, (None, "fsdp")), ((6,), 4, ()), ((), 4, ()), ((64, 32), 1, ())],
+)
+def test_param_spec_shards_the_largest_divisible_dim(shape: tuple, fsdp: int, expected: tuple) -> None:
+    import jax
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
+
+    from pipelines_lib.train.mesh import param_spec
+
+    mesh = AbstractMesh((1, fsdp), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+    assert param_spec(shape, mesh) == PartitionSpec(*expected)
+    del jax
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: MeshConfig(data=0), "MeshConfig.data must be a positive int, got 0"),
+        (lambda: MeshRules(batch=("model",)), r"unknown mesh axis 'model'; choose from \('data', 'fsdp'\)"),
+    ],
+)
+def test_mesh_configs_reject_bad_values(build, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_on_fake_devices()))
