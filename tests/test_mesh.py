@@ -12,25 +12,28 @@ import subprocess
 import sys
 
 import pytest
+from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
-from pipelines_lib.train.mesh import MeshConfig, MeshRules
+from pipelines_lib.train.mesh import MeshConfig, MeshRules, param_spec
 
 N_DEVICES = 8
-RTOL = 1e-5
-"""Sharded reductions sum in a different order; float32 leaves ~1e-7 relative noise per sum."""
+LOSS_RTOL = 1e-5
+"""Sharded reductions sum in a different order: float32 leaves ~1e-7 relative noise (measured 4e-7)."""
+UPDATE_RTOL = 1e-4
+"""On ‖Δθ_sharded − Δθ_single‖ / ‖Δθ_single‖ after two AdamW steps: Adam divides by √v, which
+amplifies the rounding noise of tiny gradient entries (measured 9e-6; SGD gives 1e-6)."""
 
 
 def run_on_fake_devices() -> dict:
     import jax
     import numpy as np
-    import optax
     from flax import nnx
 
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.train.batch import build_train_batch
     from pipelines_lib.train.losses import LossConfig
-    from pipelines_lib.train.mesh import create_sharded, make_mesh, shard_batch, shard_node
+    from pipelines_lib.train.mesh import create_sharded, make_mesh, shard_batch, shard_node, state_shardings
     from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
     from pipelines_lib.train.step import StepConfig, train_step
 
@@ -51,43 +54,40 @@ def run_on_fake_devices() -> dict:
     def params_of(model: Decoder) -> list:
         return [np.asarray(p) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
-    def two_sgd_steps(model: Decoder, batch) -> list[float]:
-        optimizer = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
-        return [float(train_step(model, optimizer, batch, cfg=cfg)["loss"]) for _ in range(2)]
+    def two_steps(model: Decoder, batch, mesh=None) -> tuple[list[float], nnx.Optimizer]:
+        optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2))
+        if mesh is not None:
+            shard_node(optimizer, mesh)  # else the step counter enters on one device, leaves replicated: a recompile
+        return [float(train_step(model, optimizer, batch, cfg=cfg)["loss"]) for _ in range(2)], optimizer
 
     single = factory()
     init_params = params_of(single)
-    single_losses = two_sgd_steps(single, batch)
+    single_losses, _ = two_steps(single, batch)
 
     mesh = make_mesh(MeshConfig(data=2, fsdp=4))
     sharded = create_sharded(factory, mesh)
-    created_equal = all(np.array_equal(a, b) for a, b in zip(params_of(sharded), init_params, strict=True))
+    created_diff = max(float(np.abs(a - b).max()) for a, b in zip(params_of(sharded), init_params, strict=True))
     sharded_batch = shard_batch(batch, mesh)
-    sharded_losses = two_sgd_steps(sharded, sharded_batch)
+    sharded_losses, optimizer = two_steps(sharded, sharded_batch, mesh)
 
     def relative_update_error(params: list) -> float:
         delta_single = np.concatenate([(p - p0).ravel() for p, p0 in zip(params_of(single), init_params, strict=True)])
         delta = np.concatenate([(p - p0).ravel() for p, p0 in zip(params, init_params, strict=True)])
         return float(np.linalg.norm(delta - delta_single) / np.linalg.norm(delta_single))
 
-    # The real optimizer: AdamW state sharded like the parameters, layout kept through a step.
-    adam_model = factory()
-    shard_node(adam_model, mesh)
-    optimizer = make_nnx_optimizer(adam_model, OptimConfig(lr=1e-3))
-    shard_node(optimizer, mesh)
-    train_step(adam_model, optimizer, sharded_batch, cfg=cfg)
-    embedding = adam_model.embed.embedding
-    mu_embedding = nnx.state(optimizer)["opt_state"][1][0].mu["embed"]["embedding"]
+    expected_layout = state_shardings(nnx.state(sharded, nnx.Param), mesh)
+    layout_kept = jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), nnx.state(sharded, nnx.Param), expected_layout)
+    embedding = sharded.embed.embedding
     return {
         "single_losses": single_losses,
         "sharded_losses": sharded_losses,
         "relative_update_error": relative_update_error(params_of(sharded)),
-        "created_sharded_equals_eager_init": created_equal,
-        "batch_spec": str(sharded_batch.tokens_bt.sharding.spec),
-        "embedding_spec_after_step": str(embedding.sharding.spec),
-        "embedding_mu_spec": str(mu_embedding.sharding.spec),
-        "embedding_shards": len(embedding.addressable_shards),
-        "embedding_shard_shape": list(embedding.addressable_shards[0].data.shape),
+        "created_sharded_max_abs_diff": created_diff,
+        "layout_kept": all(jax.tree.leaves(layout_kept)),
+        "batch_spec": list(sharded_batch.tokens_bt.sharding.spec),
+        "embedding_spec": list(embedding.sharding.spec),
+        "embedding_mu_spec": list(optimizer.opt_state[1][0].mu["embed"]["embedding"].sharding.spec),
+        "embedding_shard_shapes": [list(shard.data.shape) for shard in embedding.addressable_shards],
     }
 
 
@@ -103,16 +103,18 @@ def test_fake_8_device_mesh_matches_one_device() -> None:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
 
     for single, sharded in zip(result["single_losses"], result["sharded_losses"], strict=True):
-        assert sharded == pytest.approx(single, rel=RTOL)
+        assert sharded == pytest.approx(single, rel=LOSS_RTOL)
     assert result["single_losses"][1] != result["single_losses"][0]  # the first step did move the params
-    assert result["relative_update_error"] <= RTOL
-    assert result["created_sharded_equals_eager_init"]
-    assert result["batch_spec"] == "PartitionSpec(('data', 'fsdp'), None)"
-    # embed [64, 32]: the largest dim (vocab, 64) splits over fsdp=4, replicated over data=2.
-    assert result["embedding_spec_after_step"] == "PartitionSpec('fsdp', None)"
-    assert result["embedding_mu_spec"] == "PartitionSpec('fsdp', None)"
-    assert result["embedding_shards"] == N_DEVICES
-    assert result["embedding_shard_shape"] == [16, 32]
+    assert result["relative_update_error"] <= UPDATE_RTOL
+    # Same initial values; jit and eager initialisers may round the last bit differently.
+    assert result["created_sharded_max_abs_diff"] <= 1e-6
+    assert result["layout_kept"]
+    assert result["batch_spec"] == [["data", "fsdp"], None]
+    # embed [64, 32]: the largest dim (vocab, 64) splits over fsdp=4 and is replicated over data=2;
+    # Adam's first moment follows the same shape rule.
+    assert result["embedding_spec"] == ["fsdp", None]
+    assert result["embedding_mu_spec"] == ["fsdp", None]
+    assert result["embedding_shard_shapes"] == [[16, 32]] * N_DEVICES
 
 
 @pytest.mark.parametrize(
@@ -120,14 +122,8 @@ def test_fake_8_device_mesh_matches_one_device() -> None:
     [((64, 32), 4, ("fsdp", None)), ((30, 32), 4, (None, "fsdp")), ((6,), 4, ()), ((), 4, ()), ((64, 32), 1, ())],
 )
 def test_param_spec_shards_the_largest_divisible_dim(shape: tuple, fsdp: int, expected: tuple) -> None:
-    import jax
-    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
-
-    from pipelines_lib.train.mesh import param_spec
-
     mesh = AbstractMesh((1, fsdp), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
     assert param_spec(shape, mesh) == PartitionSpec(*expected)
-    del jax
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ async def _loop(
         agent.clip_prompt(limit)
         out.status = "max_tokens"
         return
-    for _ in range(env.max_turns):
+    for turn in range(env.max_turns):
         room = limit - len(agent.tokens)
         if room < 1:
             out.status = "max_tokens"
@@ -127,6 +127,8 @@ async def _loop(
                     agent.append_messages(new_messages, infos, rendered)
                 out.status = "tool_error"
                 return
+        if turn == env.max_turns - 1:  # nothing would answer these messages
+            break
         rendered = agent.render_messages(new_messages)
         if len(agent.tokens) + sum(map(len, rendered)) >= limit:  # no room left to generate after them
             out.status = "max_tokens"

@@ -53,7 +53,7 @@ def _listed_shards(store: Store, version: int) -> list[str]:
 
 
 def _recorded_shards(data: bytes) -> list[str] | None:
-    meta = pq.read_schema(io.BytesIO(data)).metadata or {}
+    meta = pq.read_metadata(io.BytesIO(data)).metadata or {}
     raw = meta.get(EXPORT_META_KEY)
     return None if raw is None else list(json.loads(raw)["source_shards"])
 

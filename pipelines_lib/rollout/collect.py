@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine
@@ -98,7 +99,8 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             stats = await orchestrator.run()
             return stats, engine.stats()
 
-    stats, engine_stats = asyncio.run(run())
+    with telemetry.recording(store, f"rollout-{worker}"):
+        stats, engine_stats = asyncio.run(run())
     log(f"rollout {worker_id}: stopped ({stats.stop_reason}); {stats.groups_committed} groups, "
         f"statuses {dict(stats.statuses)}")
     return {"worker": worker, "worker_id": worker_id, "skipped_done_groups": len(skip), **stats.to_dict(),

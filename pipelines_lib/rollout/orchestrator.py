@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
@@ -142,6 +143,7 @@ class Orchestrator:
         self._latest: int = engine.policy_version
         self._refresh_lock = asyncio.Lock()
         self._in_flight = 0
+        self._free_slots = list(range(config.max_concurrency - 1, -1, -1))
         self._stopping = asyncio.Event()
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -156,8 +158,9 @@ class Orchestrator:
             self._latest = max(self._latest, latest)
             if latest <= self.engine.policy_version or (target is not None and self.engine.policy_version >= target):
                 return
-            params = await asyncio.to_thread(self.weights.load, latest)
-            self.engine.swap_weights(params, latest)
+            with telemetry.span("weight_swap", track="weights", version=latest):
+                params = await asyncio.to_thread(self.weights.load, latest)
+                self.engine.swap_weights(params, latest)
             self.stats.weight_swaps += 1
 
     async def _poll_weights(self) -> None:
@@ -180,8 +183,9 @@ class Orchestrator:
         if self.engine.policy_version >= self._latest - self.config.eta:
             return
         t0 = self.clock()
-        while self.engine.policy_version < self._latest - self.config.eta and not self._stopping.is_set():
-            await self._refresh(target=self._latest - self.config.eta)
+        with telemetry.span("admission_wait", track="weights", latest=self._latest):
+            while self.engine.policy_version < self._latest - self.config.eta and not self._stopping.is_set():
+                await self._refresh(target=self._latest - self.config.eta)
         self.stats.swap_pause_s += self.clock() - t0
 
     # -- stopping ----------------------------------------------------------------------------------------
@@ -202,10 +206,15 @@ class Orchestrator:
     async def _episode(self, task: Task, group_id: str, idx: int) -> Trajectory:
         self._in_flight += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, self._in_flight)
+        telemetry.gauge("episodes_in_flight", self._in_flight)
+        slot = self._free_slots.pop() if self._free_slots else self._in_flight
         try:
-            return await self.episode_fn(task, group_id, idx)
+            with telemetry.on_track(f"slot-{slot:03d}"), telemetry.span("episode", group=group_id, sample=idx):
+                return await self.episode_fn(task, group_id, idx)
         finally:
+            self._free_slots.append(slot)
             self._in_flight -= 1
+            telemetry.gauge("episodes_in_flight", self._in_flight)
 
     async def _group(self, task: Task, group_id: str, done: asyncio.Queue) -> None:
         self.stats.versions_started[self.engine.policy_version] += 1
@@ -228,8 +237,11 @@ class Orchestrator:
                 continue
             for t in group:
                 self.stats.statuses[t.status] += 1
+                telemetry.count(f"status.{t.status}")
             self.stats.trajectories += len(group)
-            self._account(await asyncio.to_thread(self.writer.add_group, group))
+            telemetry.gauge("group_queue_depth", done.qsize())
+            with telemetry.span("shard_flush", track="writer", group=group[0].group_id):
+                self._account(await asyncio.to_thread(self.writer.add_group, group))
 
     def _account(self, infos: list[ShardInfo]) -> None:
         for info in infos:

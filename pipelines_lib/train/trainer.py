@@ -34,6 +34,7 @@ import jax
 import numpy as np
 import pyarrow as pa
 
+from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.storage import layout
@@ -161,7 +162,8 @@ class StreamingTrainer:
                     f"{self.store.uri(layout.TRAJECTORIES)}/v{lo:08d}..v{self.version:08d}; have {len(groups)} of "
                     f"{self.tc.batch_groups} (are rollout workers running and on weights >= v{lo}?)")
             t0 = self.clock()
-            self.sleep(self.tc.poll_s)
+            with telemetry.span("data_wait", track="trainer", step=self.step + 1, have=len(groups)):
+                self.sleep(self.tc.poll_s)
             self.idle_s += self.clock() - t0
         return groups, zero_adv, events
 
@@ -169,9 +171,10 @@ class StreamingTrainer:
     def _train_on(self, groups: list[GroupSlice], *, replay: dict | None = None,
                   zero_adv: list | None = None, events: list | None = None) -> dict[str, Any]:
         t0 = self.clock()
-        batch, degenerate, n_tokens = _batch_from_groups(groups, self.config, self.pad_id)
-        metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
-        metrics = {k: float(v) for k, v in metrics.items()}
+        with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
+            batch, degenerate, n_tokens = _batch_from_groups(groups, self.config, self.pad_id)
+            metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
+            metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
         publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
@@ -191,10 +194,16 @@ class StreamingTrainer:
             record = replay
         if publish:
             self.version += 1
-            publish_weights(self.store, self.model, version=self.version, step=self.step)
+            with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
+                publish_weights(self.store, self.model, version=self.version, step=self.step)
         if publish or self.step % self.tc.checkpoint_every == 0:
-            save_checkpoint(self.store, step=self.step, version=self.version, cursor=record["cursor_after"],
-                            rng=self.rng, model=self.model, optimizer=self.optimizer)
+            with telemetry.span("checkpoint", track="trainer", step=self.step):
+                save_checkpoint(self.store, step=self.step, version=self.version, cursor=record["cursor_after"],
+                                rng=self.rng, model=self.model, optimizer=self.optimizer)
+        telemetry.gauge("trainer_version", self.version)
+        telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
+        for g in record["groups"]:
+            telemetry.count(f"staleness.{g['staleness']}")
         self.busy_s += self.clock() - t0
         self.metrics.append({"step": self.step, **metrics, "mean_reward": record["mean_reward"],
                              "staleness_max": max((g["staleness"] for g in record["groups"]), default=0)})
@@ -228,9 +237,10 @@ def train(store: Store, config: CampaignConfig, *, max_steps: int | None = None,
     """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
     if store.exists(layout.TRAIN_DONE):
         return store.read_json(layout.TRAIN_DONE)
-    trainer = StreamingTrainer(store, config, log=log)
-    trainer.restore()
-    return trainer.run(max_steps)
+    with telemetry.recording(store, "trainer"):
+        trainer = StreamingTrainer(store, config, log=log)
+        trainer.restore()
+        return trainer.run(max_steps)
 
 
 __all__ = ["DataTimeoutError", "StreamingTrainer", "train"]

@@ -1,0 +1,115 @@
+"""What every stage task shares: opening the campaign, the retry policy, and the run record.
+
+The run record ties Prefect to the campaign folder. A stage that ran inside a flow run writes
+``runs/<key>-<flow_run_id>.json`` (create-only) with the flow and task run ids, the host, the timings and
+the stage's manifest, so the folder alone says which Prefect run produced which outputs, and the Prefect UI
+(flow run id) leads to the folder. A failed attempt leaves ``runs/<key>-<flow_run_id>-failed-<n>.json``
+with the error, then the exception propagates. Outside a flow run (a REPL, ``.fn`` in tests) nothing is
+recorded: there is no run to link.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prefect import Task
+from prefect.client.schemas.objects import TaskRun
+from prefect.runtime import deployment, flow_run, task_run
+from prefect.states import State
+
+from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+from pipelines_lib.storage.store import Store, is_transient
+from pipelines_lib.trajectory.record import utc_now_iso
+
+IO_RETRIES = 3
+IO_RETRY_DELAYS_S = [10, 30, 90]
+"""Task-level retries come after the store's own (seconds-scale) retries gave up: a longer outage."""
+
+
+def open_store(campaign_url: str, storage_options: dict[str, Any] | None = None) -> Store:
+    """The campaign's ``Store``; for a ``gs://`` emulator also points Orbax's tensorstore at it.
+
+    tensorstore ignores ``STORAGE_EMULATOR_HOST`` and the storage options (pipelines_lib.publish), so the
+    orchestration layer sets its environment here, once per process, from the same options gcsfs gets.
+    """
+    options = storage_options or {}
+    endpoint = options.get("endpoint_url")
+    if campaign_url.startswith(("gs://", "gcs://")) and endpoint:
+        os.environ["TENSORSTORE_GCS_HTTP_URL"] = endpoint
+        if options.get("token") == "anon":
+            os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")
+    return Store(campaign_url, storage_options=options)
+
+
+def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None = None
+                  ) -> tuple[Store, CampaignConfig]:
+    """The store and the config the campaign was started with (``campaign.json``)."""
+    store = open_store(campaign_url, storage_options)
+    return store, load_campaign_config(store)
+
+
+def worth_retrying(exc: BaseException) -> bool:
+    """A storage outage the store gave up on, or a dropped connection; never a missing/duplicate object."""
+    if isinstance(exc, (AlreadyExistsError, NotFoundError)):
+        return False
+    if isinstance(exc, StorageError):
+        return exc.__cause__ is not None and is_transient(exc.__cause__)
+    return isinstance(exc, ConnectionError)
+
+
+def retry_transient(task: Task, run: TaskRun, state: State) -> bool:
+    """Prefect ``retry_condition_fn``: spend retries only on failures that may pass."""
+    exc = state.result(raise_on_failure=False)
+    return isinstance(exc, BaseException) and worth_retrying(exc)
+
+
+def stage_key(stage: str, *, worker_index: int | None = None, version: int | None = None) -> str:
+    """Name of one stage run within a flow run: ``collect-w1``, ``evaluate-v00000004``, ``train``."""
+    if worker_index is not None:
+        return f"{stage}-w{worker_index}"
+    if version is not None:
+        return f"{stage}-v{version:08d}"
+    return stage
+
+
+def run_record_path(key: str, flow_run_id: str) -> str:
+    return f"runs/{key}-{flow_run_id}.json"
+
+
+def stage_run(store: Store, key: str, call: Callable[[], dict[str, Any]],
+              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Run ``call`` (one library function) and record the run in the campaign folder; returns its manifest."""
+    run_id = flow_run.id
+    base = {"key": key, "flow_run_id": run_id, "flow_run_name": flow_run.name, "ui_url": flow_run.ui_url,
+            "deployment_id": deployment.id, "task_run_id": task_run.id,
+            "host": socket.gethostname(), "pid": os.getpid(), "started_at": utc_now_iso()}
+    start = clock()
+    try:
+        manifest = call()
+    except Exception as e:
+        if run_id is not None:
+            attempt = f"{flow_run.run_count}.{task_run.run_count}"
+            _create_once(store, f"runs/{key}-{run_id}-failed-{attempt}.json", {
+                **base, "state": "failed", "error": f"{type(e).__name__}: {e}", "finished_at": utc_now_iso(),
+                "seconds": round(clock() - start, 3)})
+        raise
+    if run_id is not None:
+        _create_once(store, run_record_path(key, run_id), {
+            **base, "state": "completed", "finished_at": utc_now_iso(), "seconds": round(clock() - start, 3),
+            "manifest": manifest})
+    return manifest
+
+
+def _create_once(store: Store, path: str, record: dict[str, Any]) -> None:
+    # A retried flow run keeps its id: its first record of this stage stands (the stages are idempotent,
+    # so a second manifest would say the same).
+    try:
+        store.create_json(path, record)
+    except AlreadyExistsError:
+        pass

@@ -1,0 +1,290 @@
+"""The continuous-batching JAX engine against the plain full forward pass of the same tiny model.
+
+The model's matrices are scaled up (x3) so greedy decoding wanders over the vocabulary instead of
+repeating one token, which would make "same tokens" comparisons weak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pipelines_lib.engine import EngineClosedError, EngineConfig, JaxEngine, SamplingParams
+from pipelines_lib.engine.jax_engine import compilations
+from pipelines_lib.engine.sampling import filtered_logits
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+
+CONFIG = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32))
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+def lively_model(seed: int) -> Decoder:
+    model = Decoder(ModelConfig.tiny(), rngs=nnx.Rngs(seed))
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, params))
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> Decoder:
+    return lively_model(0)
+
+
+def run(model: Decoder, body: Callable[[JaxEngine], Awaitable[Any]], config: EngineConfig = CONFIG) -> Any:
+    async def main() -> Any:
+        async with JaxEngine(model, config) as engine:
+            await engine.warmup()
+            return await body(engine)
+
+    return asyncio.run(main())
+
+
+@nnx.jit
+def _forward(model: Decoder, tokens_bt: jax.Array) -> jax.Array:
+    return model(tokens_bt)
+
+
+def full_forward_logits(model: Decoder, sequence: list[int]) -> np.ndarray:
+    """No-cache logits, right-padded to one fixed length so the reference compiles once."""
+    padded = np.zeros((1, CONFIG.max_seq_len), np.int32)
+    padded[0, : len(sequence)] = sequence
+    return np.asarray(_forward(model, jnp.asarray(padded))[0, : len(sequence)])
+
+
+def prompt(length: int, offset: int = 0) -> list[int]:
+    return [(7 * i + 3 + offset) % 500 + 1 for i in range(length)]
+
+
+@pytest.mark.parametrize("prompt_len", [5, 16, 45])  # one bucket, exactly a bucket, chunked prefill
+def test_greedy_tokens_and_logprobs_equal_full_forward_argmax(model: Decoder, prompt_len: int) -> None:
+    ids = prompt(prompt_len)
+    completion = run(model, lambda e: e.generate(ids, GREEDY))
+    sequence = ids + completion.token_ids
+    logits = full_forward_logits(model, sequence)
+    positions = range(prompt_len - 1, len(sequence) - 1)
+    assert completion.token_ids == [int(np.argmax(logits[p])) for p in positions]
+    expected = [float(jax.nn.log_softmax(logits[p])[t]) for p, t in zip(positions, completion.token_ids, strict=True)]
+    np.testing.assert_allclose(completion.logprobs, expected, rtol=0, atol=1e-4)
+    assert completion.finish_reason == "length" and completion.policy_versions == [0] * 12
+    assert len(set(completion.token_ids)) > 3
+
+
+def test_sampled_logprobs_are_under_the_filtered_distribution(model: Decoder) -> None:
+    ids = prompt(9)
+    sampling = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, max_new_tokens=8, seed=3)
+    completion = run(model, lambda e: e.generate(ids, sampling))
+    logits = full_forward_logits(model, ids + completion.token_ids)
+    for i, (token, logprob) in enumerate(zip(completion.token_ids, completion.logprobs, strict=True)):
+        filtered = filtered_logits(jnp.asarray(logits[None, len(ids) - 1 + i]), *map(jnp.asarray, ([0.7], [20], [0.8])))
+        assert np.isfinite(filtered[0, token])
+        np.testing.assert_allclose(logprob, jax.nn.log_softmax(filtered[0])[token], rtol=0, atol=1e-4)
+
+
+def test_seeded_request_is_independent_of_batch_composition(model: Decoder) -> None:
+    target = (prompt(11), SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=20, seed=42))
+    others = [(prompt(3 + 9 * k, k), SamplingParams(temperature=1.0, max_new_tokens=5 + 7 * k, seed=k)) for k in range(5)]
+
+    async def alone(engine: JaxEngine) -> Any:
+        return await engine.generate(*target)
+
+    async def crowded(engine: JaxEngine) -> Any:
+        early = [asyncio.create_task(engine.generate(*o)) for o in others[:3]]
+        await asyncio.sleep(0.01)  # the target joins a batch already decoding
+        results = await asyncio.gather(engine.generate(*target), *[engine.generate(*o) for o in others[3:]], *early)
+        return results[0]
+
+    a, b = run(model, alone), run(model, crowded)
+    assert a.token_ids == b.token_ids
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    other_seed = run(model, lambda e: e.generate(target[0], SamplingParams(temperature=1.0, max_new_tokens=20, seed=43)))
+    assert other_seed.token_ids != a.token_ids
+
+
+def test_no_compilation_after_warmup(model: Decoder) -> None:
+    async def body(engine: JaxEngine) -> tuple[int, int]:
+        before = compilations()
+        requests = [
+            (prompt(n, n), SamplingParams(temperature=t, top_k=k, max_new_tokens=m, seed=n))
+            for n, t, k, m in [(1, 0.0, 0, 3), (17, 1.0, 5, 9), (40, 0.5, 0, 14), (70, 1.3, 50, 6), (8, 0.0, 0, 20)]
+        ]
+        await asyncio.gather(*[engine.generate(*r) for r in requests])
+        engine.swap_weights(lively_model(1), 1)
+        await engine.generate(prompt(5), GREEDY)
+        return before, engine.stats()["compilations"]
+
+    before, after = run(model, body)
+    assert after == before
+
+
+def test_swap_under_load_keeps_requests_alive_and_stamps_versions(model: Decoder) -> None:
+    new_model = lively_model(1)
+
+    async def body(engine: JaxEngine) -> list[Any]:
+        tasks = [
+            asyncio.create_task(engine.generate(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=40)))
+            for k in range(6)  # more requests than slots: two join after the swap
+        ]
+        while engine.stats()["generated_tokens"] < 20:
+            await asyncio.sleep(0.001)
+        engine.swap_weights(new_model, 7)
+        assert engine.policy_version == 7
+        return await asyncio.gather(*tasks)
+
+    completions = run(model, body)
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 40 for c in completions)
+    for c in completions:  # a run of 0s then a run of 7s
+        assert c.policy_versions == sorted(c.policy_versions)
+        assert set(c.policy_versions) <= {0, 7}
+    assert any(set(c.policy_versions) == {0, 7} for c in completions)
+    late = [c for c in completions if c.policy_versions[0] == 7]
+    assert late, "requests admitted after the swap see only the new weights"
+    # Tokens after the swap come from the new weights: a fully new-weights request matches a plain greedy run.
+    c = late[0]
+    k = completions.index(c)
+    solo = run(new_model, lambda e: e.generate(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=40)))
+    assert solo.token_ids == c.token_ids
+
+
+def test_swap_rejects_mismatched_weights(model: Decoder) -> None:
+    engine = JaxEngine(model, CONFIG)
+    other = Decoder(ModelConfig.from_dict({**ModelConfig.tiny().to_dict(), "d_ff": 256}), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"layers/0/mlp/down_proj/kernel .*\[256, 128\].*\[384, 128\]"):
+        engine.swap_weights(other, 1)
+    assert engine.policy_version == 0
+
+
+def test_stop_id_ends_generation_and_is_included(model: Decoder) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(6), sampling))
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 4 and t not in free.token_ids[:i])
+    cut = free.token_ids.index(stop) + 1
+    stopped = run(model, lambda e: e.generate(prompt(6), SamplingParams(**{**vars(sampling), "stop_ids": (stop, 9999)})))
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[:cut]
+
+
+def test_max_new_tokens_and_context_limits(model: Decoder) -> None:
+    async def body(engine: JaxEngine) -> list[Any]:
+        return await asyncio.gather(
+            engine.generate(prompt(10), SamplingParams(temperature=0.0, max_new_tokens=1)),
+            engine.generate(prompt(90), SamplingParams(temperature=0.0, max_new_tokens=50)),
+            engine.generate(prompt(95), SamplingParams(temperature=0.0, max_new_tokens=50)),
+            engine.generate(prompt(96), SamplingParams(temperature=0.0, max_new_tokens=50)),
+        )
+
+    one, near, last, full = run(model, body)
+    assert (one.finish_reason, len(one.token_ids)) == ("length", 1)
+    assert (near.finish_reason, len(near.token_ids)) == ("context", 6)  # 90 + 6 = max_seq_len 96
+    assert (last.finish_reason, len(last.token_ids)) == ("context", 1)
+    assert (full.finish_reason, full.token_ids, full.policy_version) == ("context", [], -1)
+
+
+def test_static_and_continuous_modes_give_the_same_greedy_tokens(model: Decoder) -> None:
+    requests = [(prompt(3 + 7 * k, k), SamplingParams(temperature=0.0, max_new_tokens=4 + 5 * k)) for k in range(7)]
+
+    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
+        completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
+        return completions, engine.stats()
+
+    static_cfg = EngineConfig(**{**vars(CONFIG), "mode": "static"})
+    cont, cont_stats = run(model, body)
+    static, static_stats = run(model, body, static_cfg)
+    assert [c.token_ids for c in cont] == [c.token_ids for c in static]
+    assert [len(c.token_ids) for c in cont] == [r[1].max_new_tokens for r in requests]
+    # Static waits for each batch's longest request: batches {0..3}, {4..6} -> 19 + 34 steps.
+    assert static_stats["decode_steps"] == (19 - 1) + (34 - 1)
+    assert cont_stats["decode_steps"] < static_stats["decode_steps"]
+    assert cont_stats["generated_tokens"] == static_stats["generated_tokens"] == sum(4 + 5 * k for k in range(7))
+
+
+def test_event_loop_keeps_running_while_engine_computes(model: Decoder) -> None:
+    async def body(engine: JaxEngine) -> tuple[float, float]:
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0.002)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        await asyncio.gather(*[engine.generate(prompt(20, k), SamplingParams(temperature=0.0, max_new_tokens=60)) for k in range(4)])
+        elapsed = time.perf_counter() - start
+        done.set()
+        await tick
+        return max(gaps), elapsed
+
+    max_gap, elapsed = run(model, body)
+    assert max_gap < elapsed / 4, (max_gap, elapsed)
+
+
+def test_close_fails_pending_requests_and_refuses_new_ones(model: Decoder) -> None:
+    async def main() -> None:
+        engine = JaxEngine(model, CONFIG)
+        await engine.warmup()
+        tasks = [asyncio.create_task(engine.generate(prompt(5), SamplingParams(max_new_tokens=60))) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        await engine.close()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert any(isinstance(r, EngineClosedError) for r in results)
+        with pytest.raises(EngineClosedError):
+            await engine.generate(prompt(5), GREEDY)
+
+    asyncio.run(main())
+
+
+def test_cancelled_request_frees_its_slot(model: Decoder) -> None:
+    config = EngineConfig(**{**vars(CONFIG), "num_slots": 1})
+
+    async def body(engine: JaxEngine) -> Any:
+        hog = asyncio.create_task(engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=80)))
+        await asyncio.sleep(0.05)
+        hog.cancel()
+        return await asyncio.wait_for(engine.generate(prompt(7), GREEDY), timeout=30)
+
+    assert len(run(model, body, config).token_ids) == 12
+
+
+def test_stats_count_tokens_and_busy_time(model: Decoder) -> None:
+    async def body(engine: JaxEngine) -> dict[str, float]:
+        engine.reset_stats()
+        await asyncio.gather(*[engine.generate(prompt(8, k), SamplingParams(temperature=0.0, max_new_tokens=10)) for k in range(4)])
+        return engine.stats()
+
+    stats = run(model, body)
+    assert stats["generated_tokens"] == 40 and stats["requests_finished"] == 4
+    assert stats["decode_steps"] == 9 and stats["active_slot_steps"] == 36 and stats["slot_occupancy"] == 1.0
+    assert 0 < stats["busy_s"] <= stats["wall_s"]
+    assert stats["tokens_per_s"] == pytest.approx(40 / stats["wall_s"])
+
+
+def test_invalid_prompts_are_rejected(model: Decoder) -> None:
+    async def body(engine: JaxEngine) -> None:
+        with pytest.raises(ValueError, match="at least one"):
+            await engine.generate([], GREEDY)
+        with pytest.raises(ValueError, match="512"):
+            await engine.generate([1, 512], GREEDY)
+
+    run(model, body)
+
+
+def test_engine_config_names_bad_values() -> None:
+    with pytest.raises(ValueError, match="mode .*'batch'"):
+        EngineConfig(mode="batch")
+    with pytest.raises(ValueError, match=r"prefill_buckets .*\(32, 16\)"):
+        EngineConfig(prefill_buckets=(32, 16))
+    with pytest.raises(ValueError, match="512 > max_seq_len=256"):
+        EngineConfig(prefill_buckets=(512,), max_seq_len=256)
