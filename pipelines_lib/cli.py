@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import RetryPolicy, Store
 
 RunFn = Callable[[argparse.Namespace], int]
 
@@ -73,10 +74,15 @@ def _add_storage_options(p: argparse.ArgumentParser) -> None:
                         "token=anon); STORAGE_EMULATOR_HOST is honoured by gcsfs itself")
 
 
+CLI_RETRY = RetryPolicy(deadline_s=30.0)
+"""A person waits at the terminal: give up on unreachable storage after ~30 s (gcsfs itself already retries
+each request 6 times with backoff, about 30 s, before our retry loop sees the error)."""
+
+
 def open_store(url: str, options: Sequence[tuple[str, Any]] = ()) -> Store:
     """A ``Store`` for ``url``; an unknown protocol or a missing driver becomes a ``CommandError`` naming it."""
     try:
-        return Store(url, storage_options=dict(options))
+        return Store(url, storage_options=dict(options), retry=CLI_RETRY)
     except (ValueError, ImportError) as e:
         raise CommandError(f"{url}: cannot open storage: {e}") from e
 
@@ -175,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # gcsfs logs a traceback for every request it gives up on; the StorageError we print says the same in one line.
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
         return SUBCOMMANDS[args.command].run(args)
     except CommandError as e:

@@ -98,7 +98,9 @@ def build(family: str, out: Path, seed: int) -> None:
     shard = {"max_shard_size": "60KB"} if family == "llama" else {}
     model.save_pretrained(target, **shard)
     (target / "generation_config.json").unlink(missing_ok=True)
-    input_ids = np.random.default_rng(seed).integers(0, COMMON["vocab_size"], (BATCH, SEQ_LEN)).astype(np.int32)
+    input_ids = (
+        np.random.default_rng(seed).integers(0, COMMON["vocab_size"], (BATCH, SEQ_LEN)).astype(np.int32)
+    )
     with torch.no_grad():
         logits = model(torch.from_numpy(input_ids).long()).logits.float().numpy()
     np.savez(target / "reference.npz", input_ids=input_ids, logits=logits)

@@ -10,6 +10,7 @@ recorded: there is no run to link.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -109,7 +110,5 @@ def stage_run(store: Store, key: str, call: Callable[[], dict[str, Any]],
 def _create_once(store: Store, path: str, record: dict[str, Any]) -> None:
     # A retried flow run keeps its id: its first record of this stage stands (the stages are idempotent,
     # so a second manifest would say the same).
-    try:
+    with contextlib.suppress(AlreadyExistsError):
         store.create_json(path, record)
-    except AlreadyExistsError:
-        pass

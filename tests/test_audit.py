@@ -209,7 +209,8 @@ def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: St
     assert report.turns.count == 16 and report.turns.max == 4.0
     assert report.generated_tokens.max <= report.tokens.max
     assert report.campaign == {"eta": 1} and report.evals == ("eval/v00000002.json",)
-    assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == ["3/4 shards read", "4/4 shards read"]
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [
+        f"{report.files} objects listed", "3/4 shards read", "4/4 shards read"]
 
     lin = report.lineage
     assert lin is not None and (lin.consumption_logs, lin.last_step) == (3, 3)

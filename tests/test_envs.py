@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from typing import Any
 
@@ -14,6 +15,7 @@ from pipelines_lib.envs import (
     ENV_REGISTRY,
     TOOL_REGISTRY,
     BaseTaskEnv,
+    LatencyProfile,
     Message,
     Task,
     all_text_for_tokenizer,
@@ -25,6 +27,7 @@ from pipelines_lib.envs import (
 from pipelines_lib.envs.arithmetic import ArithmeticConfig
 from pipelines_lib.envs.coding import CodeConfig, CodeEnv
 from pipelines_lib.envs.multihop import MultihopConfig
+from pipelines_lib.envs.tools.latency import LatencyTool
 from pipelines_lib.envs.tools.sandbox import SandboxConfig
 
 ENVS = ["arithmetic", "multihop", "code"]
@@ -156,6 +159,29 @@ def test_used_tool_counts_calls_through_the_env_tools() -> None:
     assert without["correct"] == with_tool["correct"] == 1.0
 
 
+def test_wrap_tools_adds_latency_and_keeps_counting_calls() -> None:
+    slept: list[float] = []
+
+    async def record(seconds: float) -> None:
+        slept.append(seconds)
+
+    async def main() -> dict[str, float]:
+        env = make_env("arithmetic")
+        env.wrap_tools(
+            lambda t: LatencyTool(t, LatencyProfile.fixed(0.25), rng=random.Random(0), sleep=record)
+        )
+        task = env_class("arithmetic").generate_tasks(seed=0, n=1, split="train")[0]
+        await env.reset(task)
+        text, kind, _ = await run_tool(
+            env.tools()["calculator"], {"expression": task.meta["expression"]}, 1.0
+        )
+        assert (text, kind) == (task.answer, None)
+        return (await env.step(f"<answer>{text}</answer>")).reward_parts
+
+    assert asyncio.run(main())["used_tool"] == 1.0
+    assert slept == [0.25]
+
+
 def test_max_turns_knob_and_validation() -> None:
     assert make_env("arithmetic", config=ArithmeticConfig(max_turns=7)).max_turns == 7
     assert make_env("multihop", config=MultihopConfig(max_turns=9)).max_turns == 9
@@ -241,12 +267,15 @@ def test_multihop_questions_need_two_or_three_lookups() -> None:
     assert hops == {"born_country": 2, "work_country": 2, "born_capital": 3, "work_currency": 3}
 
 
-def test_multihop_tiny_world() -> None:
+def test_a_default_multihop_env_serves_tasks_of_another_world() -> None:
     cfg = MultihopConfig.tiny()
-    env = make_env("multihop", config=cfg)
-    tasks = env_class("multihop").generate_tasks(seed=0, n=10, split="train", config=cfg)
-    assert all(t.meta["person"] in env.kb.people for t in tasks)
-    assert asyncio.run(replay(env, tasks[0], env.demonstration(tasks[0])))[0] == 1.0
+    tiny_task = env_class("multihop").generate_tasks(seed=0, n=1, split="train", config=cfg)[0]
+    default_task = env_class("multihop").generate_tasks(seed=0, n=1, split="train")[0]
+    env = make_env("multihop")
+    for task in (tiny_task, default_task, tiny_task):
+        assert asyncio.run(replay(env, task, env.demonstration(task)))[0] == 1.0
+        assert task.meta["person"] in env.kb.people
+    assert len(env.kb.people) == cfg.knowledge.n_people
 
 
 def code_task() -> Task:
@@ -285,6 +314,14 @@ def test_code_reward_is_the_fraction_of_hidden_tests_passed(response: str, passe
     reward, parts = env.reward(code_task(), response)
     assert reward == passed / 4
     assert parts["correct"] == float(passed == 4)
+
+
+def test_code_answer_too_long_for_the_sandbox_scores_zero() -> None:
+    env = CodeEnv(config=CodeConfig(sandbox=SandboxConfig(max_code_chars=2000)))
+    response = (
+        "<answer>\ndef f(xs):\n    return sum(x for x in xs if x % 3 == 0)\n" + "#" * 2000 + "\n</answer>"
+    )
+    assert env.reward(code_task(), response) == (0.0, {"correct": 0.0, "tests_passed": 0.0, "format": 1.0})
 
 
 def test_code_retries_with_feedback_when_attempts_remain() -> None:

@@ -12,7 +12,16 @@ import pytest
 from pipelines_lib.agents import AgentConfig, make_agent, run_episode
 from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.scripted import ScriptedEngine, fake_logprob
-from pipelines_lib.envs import BaseTaskEnv, StepResult, Task, Tool, ToolError, hermes_tool_call, make_env
+from pipelines_lib.envs import (
+    ENV_REGISTRY,
+    BaseTaskEnv,
+    StepResult,
+    Task,
+    Tool,
+    ToolError,
+    hermes_tool_call,
+    make_env,
+)
 from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
 from pipelines_lib.trajectory.record import Trajectory, to_table
 from pipelines_lib.trajectory.validate import validate_table
@@ -49,11 +58,12 @@ class ProbeEnv(BaseTaskEnv):
     system_prompt = "Answer ok."
 
     def __init__(self, *, max_turns: int = 4, tools: tuple[Tool, ...] = (), feedback_turns: int = 0,
-                 fail_in: str | None = None) -> None:
+                 fail_in: str | None = None, feedback: str = "Try again.") -> None:
         super().__init__(max_turns=max_turns)
         self._set_tools(list(tools))
         self.feedback_left = feedback_turns
         self.fail_in = fail_in
+        self.feedback = feedback
 
     async def reset(self, task: Task) -> list[dict[str, Any]]:
         if self.fail_in == "reset":
@@ -66,7 +76,7 @@ class ProbeEnv(BaseTaskEnv):
         if self.feedback_left > 0:
             self.feedback_left -= 1
             return StepResult(reward=0.25, done=False, reward_parts={"partial": 0.25},
-                              messages=[{"role": "user", "content": "Try again."}])
+                              messages=[{"role": "user", "content": self.feedback}] if self.feedback else [])
         return await super().step(response)
 
     def reward(self, task: Task, response: str) -> tuple[float, dict[str, float]]:
@@ -198,6 +208,12 @@ def test_env_step_raising_is_env_error(tok: ChatTokenizer) -> None:
     assert traj.turns[-1].role == "assistant"
 
 
+def test_env_continuing_without_a_message_is_env_error(tok: ChatTokenizer) -> None:
+    engine = ScriptedEngine(["<answer>no</answer>"], tokenizer=tok)
+    traj = episode(ProbeEnv(feedback_turns=1, feedback=""), PROBE_TASK, engine, tok, agent="model")
+    assert traj.status == "env_error" and traj.reward == -1.0 and len(engine.prompts) == 1
+
+
 def test_env_reset_raising_records_the_bare_task_prompt(tok: ChatTokenizer) -> None:
     engine = ScriptedEngine([], tokenizer=tok)
     traj = episode(ProbeEnv(fail_in="reset"), PROBE_TASK, engine, tok)
@@ -279,3 +295,18 @@ def test_trajectory_provenance_and_timings(tok: ChatTokenizer) -> None:
     assert info["sampling"]["stop_ids"] == list(tok.stop_ids)  # defaulted from the tokenizer
     assert traj.timings.started_at <= traj.timings.finished_at
     assert traj.timings.reward_s > 0 and traj.timings.generate_s > 0
+
+
+@pytest.mark.parametrize("env_name", sorted(ENV_REGISTRY))
+def test_replaying_a_demonstration_scores_it_and_lays_tokens_out_as_sft_does(tok: ChatTokenizer, env_name: str) -> None:
+    """Every env's perfect demonstration, replayed through the tool agent, gets the env's full reward, and the
+    episode's tokens and loss mask equal ``encode_conversation`` of the demonstration (the SFT warm start's
+    layout), so warm start and RL train on the same token layout."""
+    env = make_env(env_name)
+    task = type(env).generate_tasks(seed=3, n=1, split="train")[0]
+    demo = env.demonstration(task)
+    script = [m["content"] for m in demo if m["role"] == "assistant"]
+    traj = episode(env, task, ScriptedEngine(script, tokenizer=tok), tok, max_tokens=2048)
+    assert traj.status == "ok" and traj.reward == 1.0, traj.reward_parts
+    ids, mask = tok.encode_conversation(demo, [t.schema() for t in env.tools().values()])
+    assert list(traj.tokens) == ids and list(traj.loss_mask) == mask

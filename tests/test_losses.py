@@ -37,7 +37,9 @@ def make_inputs(
         logp_bt=logp_bt,
         prox_logp_bt=prox_logp_bt,
         behav_logp_bt=prox_logp_bt if behav_logp_bt is None else jnp.asarray(behav_logp_bt, jnp.float32),
-        advantages_bt=jnp.ones_like(logp_bt) if advantages_bt is None else jnp.asarray(advantages_bt, jnp.float32),
+        advantages_bt=jnp.ones_like(logp_bt)
+        if advantages_bt is None
+        else jnp.asarray(advantages_bt, jnp.float32),
         loss_mask_bt=loss_mask_bt,
         weight_bt=token_weights_bt(loss_mask_bt, aggregation),
         metric_weight_bt=token_weights_bt(loss_mask_bt, "token_mean"),
@@ -145,23 +147,35 @@ def test_padding_is_masked_out_even_with_extreme_values(loss_name: str, aggregat
     cfg = LossConfig(name=loss_name, aggregation=aggregation, kl_coef=0.05)
     logp_bt = jnp.array([[-1.0, -0.5, -2.0]])
     base = make_inputs(
-        logp_bt, prox_logp_bt=logp_bt - 0.3, advantages_bt=[[0.7] * 3], ref_logp_bt=logp_bt - 0.1,
+        logp_bt,
+        prox_logp_bt=logp_bt - 0.3,
+        advantages_bt=[[0.7] * 3],
+        ref_logp_bt=logp_bt - 0.1,
         aggregation=aggregation,
     )
+
     # Append 2 padded columns and 1 padded row full of values that would overflow exp() if used.
     def pad(a_bt: jax.Array, value: float) -> jax.Array:
-        return jnp.pad(jnp.pad(a_bt, ((0, 0), (0, 2)), constant_values=value), ((0, 1), (0, 0)), constant_values=value)
+        return jnp.pad(
+            jnp.pad(a_bt, ((0, 0), (0, 2)), constant_values=value), ((0, 1), (0, 0)), constant_values=value
+        )
 
     mask_bt = pad(jnp.ones((1, 3)), 0.0)
     padded = make_inputs(
-        pad(logp_bt, -500.0), prox_logp_bt=pad(base.prox_logp_bt, 300.0), behav_logp_bt=pad(base.behav_logp_bt, -400.0),
-        advantages_bt=pad(base.advantages_bt, 1e6), loss_mask_bt=mask_bt, ref_logp_bt=pad(base.ref_logp_bt, 200.0),
+        pad(logp_bt, -500.0),
+        prox_logp_bt=pad(base.prox_logp_bt, 300.0),
+        behav_logp_bt=pad(base.behav_logp_bt, -400.0),
+        advantages_bt=pad(base.advantages_bt, 1e6),
+        loss_mask_bt=mask_bt,
+        ref_logp_bt=pad(base.ref_logp_bt, 200.0),
         aggregation=aggregation,
     )
 
     @jax.jit
     def value_and_grad(x: LossInputs):
-        return jax.value_and_grad(lambda lp: get_loss(loss_name)(x._replace(logp_bt=lp), cfg), has_aux=True)(x.logp_bt)
+        return jax.value_and_grad(lambda lp: get_loss(loss_name)(x._replace(logp_bt=lp), cfg), has_aux=True)(
+            x.logp_bt
+        )
 
     (loss, metrics), grad_bt = value_and_grad(base)
     (padded_loss, padded_metrics), padded_grad_bt = value_and_grad(padded)

@@ -21,13 +21,15 @@ LOSS_RTOL = 1e-5
 """Sharded reductions sum in a different order: float32 leaves ~1e-7 relative noise (measured 4e-7)."""
 UPDATE_RTOL = 1e-4
 """On ‖Δθ_sharded − Δθ_single‖ / ‖Δθ_single‖ after two AdamW steps: Adam divides by √v, which
-amplifies the rounding noise of tiny gradient entries (measured 9e-6; SGD gives 1e-6)."""
+amplifies the rounding noise of tiny gradient entries (measured 1e-6 to 1e-5)."""
 
 
 def run_on_fake_devices() -> dict:
     import jax
     import numpy as np
     from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
@@ -39,7 +41,14 @@ def run_on_fake_devices() -> dict:
 
     assert jax.device_count() == N_DEVICES, jax.devices()
     small = dataclasses.replace(
-        ModelConfig.tiny(), vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64
+        ModelConfig.tiny(),
+        vocab_size=64,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        d_ff=64,
     )
     rng = np.random.default_rng(0)
     tokens = [rng.integers(1, 64, size=int(n)).tolist() for n in rng.integers(5, 15, size=16)]
@@ -57,7 +66,9 @@ def run_on_fake_devices() -> dict:
     def two_steps(model: Decoder, batch, mesh=None) -> tuple[list[float], nnx.Optimizer]:
         optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2))
         if mesh is not None:
-            shard_node(optimizer, mesh)  # else the step counter enters on one device, leaves replicated: a recompile
+            shard_node(
+                optimizer, mesh
+            )  # else the step counter enters on one device, leaves replicated: a recompile
         return [float(train_step(model, optimizer, batch, cfg=cfg)["loss"]) for _ in range(2)], optimizer
 
     single = factory()
@@ -66,17 +77,23 @@ def run_on_fake_devices() -> dict:
 
     mesh = make_mesh(MeshConfig(data=2, fsdp=4))
     sharded = create_sharded(factory, mesh)
-    created_diff = max(float(np.abs(a - b).max()) for a, b in zip(params_of(sharded), init_params, strict=True))
+    created_diff = max(
+        float(np.abs(a - b).max()) for a, b in zip(params_of(sharded), init_params, strict=True)
+    )
     sharded_batch = shard_batch(batch, mesh)
     sharded_losses, optimizer = two_steps(sharded, sharded_batch, mesh)
 
     def relative_update_error(params: list) -> float:
-        delta_single = np.concatenate([(p - p0).ravel() for p, p0 in zip(params_of(single), init_params, strict=True)])
+        delta_single = np.concatenate(
+            [(p - p0).ravel() for p, p0 in zip(params_of(single), init_params, strict=True)]
+        )
         delta = np.concatenate([(p - p0).ravel() for p, p0 in zip(params, init_params, strict=True)])
         return float(np.linalg.norm(delta - delta_single) / np.linalg.norm(delta_single))
 
     expected_layout = state_shardings(nnx.state(sharded, nnx.Param), mesh)
-    layout_kept = jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), nnx.state(sharded, nnx.Param), expected_layout)
+    layout_kept = jax.tree.map(
+        lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), nnx.state(sharded, nnx.Param), expected_layout
+    )
     embedding = sharded.embed.embedding
     return {
         "single_losses": single_losses,
@@ -85,8 +102,12 @@ def run_on_fake_devices() -> dict:
         "created_sharded_max_abs_diff": created_diff,
         "layout_kept": all(jax.tree.leaves(layout_kept)),
         "batch_spec": list(sharded_batch.tokens_bt.sharding.spec),
-        "embedding_spec": list(embedding.sharding.spec),
-        "embedding_mu_spec": list(optimizer.opt_state[1][0].mu["embed"]["embedding"].sharding.spec),
+        "embedding_split_over_fsdp": embedding.sharding.is_equivalent_to(
+            NamedSharding(mesh, P("fsdp", None)), 2
+        ),
+        "embedding_mu_like_param": optimizer.opt_state[1][0]
+        .mu["embed"]["embedding"]
+        .sharding.is_equivalent_to(embedding.sharding, 2),
         "embedding_shard_shapes": [list(shard.data.shape) for shard in embedding.addressable_shards],
     }
 
@@ -94,7 +115,9 @@ def run_on_fake_devices() -> dict:
 def test_fake_8_device_mesh_matches_one_device() -> None:
     env = os.environ | {
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={N_DEVICES}",
+        # Optimisation level 0 roughly halves XLA's CPU compile time; both sides of the comparison use it.
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={N_DEVICES}"
+        " --xla_backend_optimization_level=0",
     }
     proc = subprocess.run(
         [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300, cwd=os.getcwd()
@@ -112,14 +135,20 @@ def test_fake_8_device_mesh_matches_one_device() -> None:
     assert result["batch_spec"] == [["data", "fsdp"], None]
     # embed [64, 32]: the largest dim (vocab, 64) splits over fsdp=4 and is replicated over data=2;
     # Adam's first moment follows the same shape rule.
-    assert result["embedding_spec"] == ["fsdp", None]
-    assert result["embedding_mu_spec"] == ["fsdp", None]
+    assert result["embedding_split_over_fsdp"]
+    assert result["embedding_mu_like_param"]
     assert result["embedding_shard_shapes"] == [[16, 32]] * N_DEVICES
 
 
 @pytest.mark.parametrize(
     ("shape", "fsdp", "expected"),
-    [((64, 32), 4, ("fsdp", None)), ((30, 32), 4, (None, "fsdp")), ((6,), 4, ()), ((), 4, ()), ((64, 32), 1, ())],
+    [
+        ((64, 32), 4, ("fsdp", None)),
+        ((30, 32), 4, (None, "fsdp")),
+        ((6,), 4, ()),
+        ((), 4, ()),
+        ((64, 32), 1, ()),
+    ],
 )
 def test_param_spec_shards_the_largest_divisible_dim(shape: tuple, fsdp: int, expected: tuple) -> None:
     mesh = AbstractMesh((1, fsdp), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)

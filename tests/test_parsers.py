@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines_lib.agents.parsers import (
     PARSER_REGISTRY,
@@ -81,6 +83,19 @@ def test_gemma_golden_tool_code_block() -> None:
     assert result.text == "I will search."
 
 
+def test_gemma_print_wrapper_and_bracketed_list_form() -> None:
+    parser = make_parser("gemma")
+    wrapped = parser.parse('```tool_code\nprint(calculator(expression="1+1"))\n```', TOOLS)
+    assert wrapped.tool_calls == [ToolCall(name="calculator", arguments={"expression": "1+1"})]
+    listed = parser.parse('[calculator(expression="3"), search(query="q")]', TOOLS)
+    assert listed.tool_calls == [
+        ToolCall(name="calculator", arguments={"expression": "3"}),
+        ToolCall(name="search", arguments={"query": "q"}),
+    ]
+    answer = parser.parse("[1, 2]", TOOLS)  # a bracketed answer is not a call
+    assert not answer.has_calls and answer.text == "[1, 2]"
+
+
 MALFORMED = [
     ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"</tool_call>', "bad_json"),
     ("hermes", '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}', "bad_format"),
@@ -103,6 +118,9 @@ MALFORMED = [
     ("gemma", "```tool_code\ncalculator(expression=__import__('os').system('x'))\n```", "bad_arguments"),
     ("gemma", '```tool_code\nos.system(cmd="ls")\n```', "bad_format"),
     ("gemma", '```tool_code\ncalculator(expression="1")', "bad_format"),
+    ("gemma", '```tool_code\ncalculator(expression="\x00")\n```', "bad_format"),
+    ("gemma", "```tool_code\ncalculator(expression=" + "9" * 5000 + ")\n```", "bad_format"),
+    ("gemma", '[calculator(expression=1)]', "bad_arguments"),
 ]
 
 
@@ -141,3 +159,16 @@ def test_valid_and_broken_calls_in_one_response_are_separated() -> None:
 def test_unknown_parser_name_lists_the_choices() -> None:
     with pytest.raises(ValueError, match=r"\['gemma', 'hermes', 'llama3', 'qwen'\]"):
         make_parser("mistral")
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", '{"name": "calculator", "arguments": {', '"expression": "1"}}', "}", "]",
+             "<|python_tag|>", "```tool_code\n", "calculator(expression='2')", "\n```", "[", "(", "print(", "\x00"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=12)), max_size=12))
+def test_no_input_makes_any_parser_raise(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    for name in PARSER_REGISTRY:
+        result = make_parser(name).parse(text, TOOLS)
+        assert all(call.name in TOOLS for call in result.tool_calls)

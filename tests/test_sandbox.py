@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -156,8 +157,9 @@ def test_standard_library_works_but_site_packages_do_not() -> None:
         "import _posixsubprocess\n_posixsubprocess.fork_exec()",
         "import multiprocessing\nmultiprocessing.Process(target=print).start()",
         "import ctypes\nctypes.CDLL(None).fork()",
+        "import sys\ndel sys.modules['_posixsubprocess']\nimport _posixsubprocess\n_posixsubprocess.fork_exec()",
     ],
-    ids=["fork_bomb", "subprocess", "system", "fork_exec", "multiprocessing", "ctypes"],
+    ids=["fork_bomb", "subprocess", "system", "fork_exec", "multiprocessing", "ctypes", "fresh_fork_exec"],
 )
 def test_no_new_processes(code: str) -> None:
     result = run(code)
@@ -226,6 +228,20 @@ def test_python_tool_reports_results_and_refuses_bad_arguments() -> None:
     text, kind, _ = asyncio.run(run_tool(tool, {"code": "1/0"}, timeout_s=5.0))
     assert kind is None  # a failing program is a result, not a tool failure
     assert text.endswith("ZeroDivisionError: division by zero\n[exit code 1]")
+
+
+def test_cancelled_run_kills_the_child_and_removes_its_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    """run_tool's deadline shorter than the sandbox's: cancellation must clean up like a timeout."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the sandbox's folder goes here
+    tool = make_tool("python", config=SandboxConfig(timeout_s=30.0, cpu_s=30))
+    assert asyncio.run(tool({"code": "import os; print(os.getcwd())"})).startswith(str(tmp_path))
+    code = "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass"
+    text, kind, latency = asyncio.run(run_tool(tool, {"code": code}, timeout_s=0.5))
+    assert kind == "timeout" and latency < 5.0
+    assert descendants() == []
+    assert os.listdir(tmp_path) == []
 
 
 def test_config_validation_names_the_bad_value() -> None:

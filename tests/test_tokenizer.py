@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from pipelines_lib.envs import ENV_REGISTRY, make_env
+from pipelines_lib.envs import make_env
 from pipelines_lib.envs.corpus import all_text_for_tokenizer
 from pipelines_lib.model.tokenizer import (
     DEFAULT_VOCAB_SIZE,
@@ -16,6 +18,7 @@ from pipelines_lib.model.tokenizer import (
     PAD,
     ChatTokenizer,
     build_tokenizer,
+    default_training_texts,
     ensure_default_tokenizer,
     load_tokenizer,
     tokenizer_files_hash,
@@ -46,8 +49,9 @@ def tok() -> ChatTokenizer:
 def test_build_is_deterministic_and_loads_offline_with_autotokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 
-    a = build_tokenizer(tmp_path / "a")
-    b = build_tokenizer(tmp_path / "b")
+    texts = list(default_training_texts())
+    a = build_tokenizer(tmp_path / "a", texts=texts)
+    b = build_tokenizer(tmp_path / "b", texts=texts)
     assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
     for f in a.iterdir():
         assert f.read_bytes() == (b / f.name).read_bytes(), f.name
@@ -95,6 +99,12 @@ def test_round_trips_the_text_of_every_env(tok: ChatTokenizer) -> None:
         assert tok.decode(tok.encode(text)) == text
     odd = "naïve café — 東京 \t\r\n  emoji 🙂 <|im_end|>"
     assert tok.decode(tok.encode(odd)) == odd  # byte-level: no unknown characters, ever
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40))
+def test_any_text_round_trips(tok: ChatTokenizer, text: str) -> None:
+    assert tok.decode(tok.encode(text)) == text
 
 
 def test_chat_template_golden(tok: ChatTokenizer) -> None:
@@ -162,12 +172,14 @@ def test_incremental_rendering_handles_a_template_that_prefixes_every_conversati
     assert header_tok.decode(ids) == "<|im_start|>tool\n5<|im_end|><|im_start|>assistant\n"
 
 
-@pytest.mark.parametrize("env_name", sorted(ENV_REGISTRY))
-def test_demonstration_lengths_are_reported_against_the_tiny_context(tok: ChatTokenizer, env_name: str) -> None:
-    """Pins how many tokens one demonstration episode takes (the tiny model's context is 256)."""
-    env = make_env(env_name)
-    task = type(env).generate_tasks(seed=0, n=1, split="heldout")[0]
-    ids, mask = tok.encode_conversation(env.demonstration(task), [t.schema() for t in env.tools().values()])
-    assert 0 < sum(mask) < len(ids)
-    if env_name == "arithmetic":  # the embedded demo must fit the tiny model with room to spare
-        assert len(ids) <= 220
+def test_the_embedded_demo_episode_fits_the_tiny_campaign_with_room_to_spare(tok: ChatTokenizer) -> None:
+    """A perfect arithmetic episode (tool call, result, answer) leaves at least 32 tokens of the tiny campaign's
+    sequence budget for a policy that writes longer answers; template or env text growth shows up here."""
+    from pipelines_lib.config import CampaignConfig
+
+    cfg = CampaignConfig.tiny()
+    env = make_env(cfg.env.name)
+    budget = min(cfg.rollout.max_tokens, cfg.engine.max_seq_len)
+    for task in type(env).generate_tasks(seed=0, n=20, split="heldout"):
+        ids, mask = tok.encode_conversation(env.demonstration(task), [t.schema() for t in env.tools().values()])
+        assert 0 < sum(mask) < len(ids) <= budget - 32

@@ -43,8 +43,9 @@ def small_config(**trainer) -> CampaignConfig:
     return dataclasses.replace(
         base, model=model,
         rollout=dataclasses.replace(base.rollout, eta=100),
-        trainer=dataclasses.replace(base.trainer, batch_groups=2, max_steps=6, publish_every=2, checkpoint_every=3,
-                                    skip_zero_advantage=False, poll_s=0.05, data_timeout_s=5, **trainer),
+        trainer=dataclasses.replace(base.trainer, **{
+            "batch_groups": 2, "max_steps": 6, "publish_every": 2, "checkpoint_every": 3,
+            "skip_zero_advantage": False, "poll_s": 0.05, "data_timeout_s": 5, **trainer}),
     )
 
 
@@ -97,7 +98,7 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     config = small_config(data_timeout_s=0.2)
     store = seed_campaign(str(tmp_path / "c"), config, n_groups=1)
     trainer = StreamingTrainer(store, config, log=lambda s: None)
-    with pytest.raises(DataTimeoutError, match=r"have 1 of 2 .*v00000000\.\.v00000000"):
+    with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
         trainer.run()
     assert trainer.idle_s > 0
 
@@ -112,7 +113,8 @@ train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
 
 
-def test_sigkilled_trainer_resumes_bit_identically(tmp_path) -> None:
+@pytest.mark.parametrize("n_kills", [1, pytest.param(3, marks=pytest.mark.slow)])
+def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> None:
     config = small_config()
     reference = seed_campaign(str(tmp_path / "ref"), config)
     train(reference, config, log=lambda s: None)
@@ -125,7 +127,7 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path) -> None:
     while not store.exists(layout.TRAIN_DONE):
         proc = subprocess.Popen([sys.executable, "-c", _TRAIN_SCRIPT, store.url], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if kills < 3:
+        if kills < n_kills:
             # Let it make progress (past start-up and compilation), then kill at a random moment.
             for line in proc.stdout:
                 if line.startswith("trainer: step"):
@@ -136,7 +138,7 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path) -> None:
         out = proc.communicate(timeout=300)[0]
         if proc.returncode not in (0, -signal.SIGKILL):
             pytest.fail(f"trainer failed:\n{out}")
-    assert kills == 3
+    assert kills == n_kills
     groups = consumed_groups(store)
     assert len(groups) == len(set(groups)) == 12, "a group was trained twice or skipped"
     assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps([g.tolist() for g in expected])

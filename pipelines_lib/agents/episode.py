@@ -20,7 +20,8 @@ Statuses (``pipelines_lib/trajectory/schema.py: STATUSES``):
   generation was cut by that budget, or the engine ran out of context. A prompt longer than the budget is cut to it.
 - ``tool_error``: a tool call failed and ``AgentConfig.tool_failure_ends_episode`` is set (otherwise the failure
   is a tool message the model sees and the episode goes on).
-- ``env_error``: ``env.reset`` or ``env.step`` raised (a reset failure records the bare task prompt).
+- ``env_error``: ``env.reset`` or ``env.step`` raised (a reset failure records the bare task prompt), or
+  ``env.step`` continued the episode without a message for the model.
 - ``timeout``: ``episode_timeout_s`` passed; the trajectory holds what was done before the deadline.
 
 Rewards: ``ok`` gets the env's final reward; ``max_turns``/``max_tokens`` the last ``env.step`` reward (the env's
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ from pipelines_lib.engine.api import Engine, SamplingParams
 from pipelines_lib.envs.base import BaseTaskEnv, Message, StepResult, Task
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -77,6 +81,7 @@ async def _loop(
     try:
         messages = await env.reset(task)
     except Exception:  # the runner records the bare task prompt
+        log.warning("env %s: reset(%s) failed", env.name, task.task_id, exc_info=True)
         out.env_s += clock() - t
         out.status = "env_error"
         return
@@ -108,6 +113,7 @@ async def _loop(
             try:
                 result = await env.step(action.text)
             except Exception:
+                log.warning("env %s: step failed on task %s", env.name, task.task_id, exc_info=True)
                 out.env_s += clock() - t
                 out.status = "env_error"
                 return
@@ -116,6 +122,9 @@ async def _loop(
                 out.reward_s += clock() - t
                 return
             out.env_s += clock() - t
+            if not result.messages:  # the env broke its contract: nothing for the model to answer
+                out.status = "env_error"
+                return
             new_messages: list[Message] = list(result.messages)
             infos = [MessageInfo(role="env") for _ in new_messages]
         else:

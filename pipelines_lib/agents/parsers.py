@@ -13,8 +13,9 @@ Formats:
   {...}}</tool_call>``, any number, anywhere in the text.
 - ``llama3``: the Llama 3.1 JSON form, the whole response being ``{"name": ..., "parameters": {...}}``,
   optionally after ``<|python_tag|>``; several calls may be separated by ``;`` or newlines.
-- ``gemma``: Gemma's documented Python-call form, a fenced block ``` ```tool_code\\nname(arg=1, b="x")\\n``` ```
-  with one call per line, keyword arguments only, literal values (parsed with ``ast``, never evaluated).
+- ``gemma``: Gemma's Python-call forms (parsed with ``ast``, never evaluated; keyword arguments, literal values):
+  primarily a fenced block ``` ```tool_code\\nname(arg=1, b="x")\\n``` ``` with one call per line (``print(...)``
+  around a call is accepted), and also a whole response ``[name(arg=1), other(b="x")]``.
 """
 
 from __future__ import annotations
@@ -177,7 +178,9 @@ def _finish(raw_calls: list[RawCall], text: str, tools: ToolSchemas, limits: Par
 
 
 def _why(e: Exception) -> str:
-    return e.msg if isinstance(e, json.JSONDecodeError | SyntaxError) else "nested too deeply"
+    if isinstance(e, json.JSONDecodeError | SyntaxError):
+        return e.msg
+    return "nested too deeply" if isinstance(e, RecursionError | MemoryError) else str(e)
 
 
 def _json_call(payload: str, args_key: str) -> tuple[str, Any] | ToolCallError:
@@ -253,41 +256,60 @@ class Llama3Parser:
 
 
 class GemmaParser:
-    """Gemma's Python-call form in a ```` ```tool_code ```` fence, one keyword-argument call per line."""
+    """Gemma's Python-call forms, parsed with ``ast`` and never evaluated; keyword arguments, literal values.
+
+    - a fenced block ```` ```tool_code\nname(a=1)\n``` ````, one call per line, optionally wrapped in
+      ``print(...)`` as Google's cookbook writes it (the form our tests pin as the primary one);
+    - a whole response that is a list of calls, ``[name(a=1), other(b="x")]`` (Gemma 3's function-calling
+      prompt format). A bracketed response that is not entirely calls is plain text (``[1, 2]`` is an answer).
+    """
 
     _BLOCK = re.compile(r"```tool_code\s*\n(.*?)```", re.DOTALL)
 
     @staticmethod
-    def _call(line: str) -> tuple[str, Any] | ToolCallError:
-        try:
-            node = ast.parse(line, mode="eval").body
-        except (SyntaxError, RecursionError, MemoryError) as e:
-            return ToolCallError(kind="bad_format", raw=line[:200], message=f"tool call is not a Python call ({_why(e)})")
+    def _call(node: ast.expr, raw: str) -> tuple[str, Any] | ToolCallError:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+                and len(node.args) == 1 and not node.keywords):
+            node = node.args[0]
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-            return ToolCallError(kind="bad_format", raw=line[:200], message="expected a call like name(arg=value)")
+            return ToolCallError(kind="bad_format", raw=raw[:200], message="expected a call like name(arg=value)")
         name = node.func.id
         if node.args:
-            return ToolCallError(kind="bad_arguments", name=name, raw=line[:200],
+            return ToolCallError(kind="bad_arguments", name=name, raw=raw[:200],
                                  message=f"{name}: pass arguments by keyword, e.g. {name}(x=1)")
         arguments: dict[str, Any] = {}
         for kw in node.keywords:
             if kw.arg is None:
-                return ToolCallError(kind="bad_arguments", name=name, raw=line[:200], message=f"{name}: no **kwargs")
+                return ToolCallError(kind="bad_arguments", name=name, raw=raw[:200], message=f"{name}: no **kwargs")
             try:
                 arguments[kw.arg] = ast.literal_eval(kw.value)
             except (ValueError, TypeError, SyntaxError, RecursionError):
-                return ToolCallError(kind="bad_arguments", name=name, raw=line[:200],
+                return ToolCallError(kind="bad_arguments", name=name, raw=raw[:200],
                                      message=f"{name}: argument {kw.arg!r} must be a literal value")
         return name, arguments
 
+    @staticmethod
+    def _expr(source: str) -> ast.expr | ToolCallError:
+        try:
+            return ast.parse(source, mode="eval").body
+        except (SyntaxError, RecursionError, MemoryError, ValueError) as e:
+            return ToolCallError(kind="bad_format", raw=source[:200], message=f"tool call is not a Python call ({_why(e)})")
+
     def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        stripped = text.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            node = self._expr(stripped)
+            if isinstance(node, ast.List) and node.elts and all(isinstance(e, ast.Call) for e in node.elts):
+                raws = [ast.get_source_segment(stripped, e) or stripped for e in node.elts]
+                return _finish([self._call(e, r) for e, r in zip(node.elts, raws, strict=True)], "", tools, limits, raws)
         raw_calls: list[RawCall] = []
-        raws: list[str] = []
+        raws = []
         for m in self._BLOCK.finditer(text):
             for line in m.group(1).splitlines():
                 if line.strip():
                     raws.append(line)
-                    raw_calls.append(self._call(line.strip()))
+                    parsed = self._expr(line.strip())
+                    raw_calls.append(parsed if isinstance(parsed, ToolCallError) else self._call(parsed, line))
         rest = self._BLOCK.sub("", text)
         if "```tool_code" in rest:
             tail = rest[rest.index("```tool_code"):]

@@ -179,6 +179,8 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     files = store.walk("")
     if not files:
         raise NotFoundError("audit", store.url, "no campaign here (the folder is empty or missing)")
+    if progress is not None:
+        progress(f"audit {store.url}: {len(files)} objects listed ({clock() - start:.1f} s)")
     temporaries = [f for f in files if TEMP_MARKER in f.rsplit("/", 1)[-1]]
     visible = [f for f in files if TEMP_MARKER not in f.rsplit("/", 1)[-1]]
     under_traj = [f for f in visible if f.startswith(layout.TRAJECTORIES + "/")]
@@ -188,8 +190,9 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
                               "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
                       for f in under_traj if layout.parse_shard_path(f) is None]
-    for i, (path, data) in enumerate(_prefetch(store, [f for _, f in shards], read_ahead), 1):
-        acc.add_shard_object(store, path, shards[i - 1][0], data)
+    fetched = _prefetch(store, [f for _, f in shards], read_ahead)
+    for i, ((sid, _), (path, data)) in enumerate(zip(shards, fetched, strict=True), 1):
+        acc.add_shard_object(store, path, sid, data)
         if progress is not None and (i % progress_every == 0 or i == len(shards)):
             progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
 
@@ -203,11 +206,11 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     entries = []
     for path, raw in _json_objects(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
                                    "bad_pointer_entry", findings):
-        if isinstance(raw, dict) and isinstance(raw.get("version"), int):
+        if isinstance(raw, dict) and isinstance(raw.get("version"), int) and isinstance(raw.get("step"), int | None):
             entries.append(raw)
         else:
             findings.append(Finding(kind="bad_pointer_entry", path=path, row=None, trajectory_id=None,
-                                    message="a weights pointer entry needs an integer 'version'"))
+                                    message="a weights pointer entry needs an integer 'version' and 'step'"))
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
@@ -41,6 +41,10 @@ class ExportedVersion:
     """Shards whose rows are in the file (``written`` only)."""
     skipped: tuple[tuple[str, str], ...]
     """(shard, reason) of shards left out because they do not read or validate."""
+
+    def __post_init__(self) -> None:
+        if self.status not in EXPORT_STATUSES:
+            raise ValueError(f"ExportedVersion.status must be one of {EXPORT_STATUSES}, got {self.status!r}")
 
 
 def parquet_name(version: int) -> str:
@@ -71,7 +75,7 @@ def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
         for path in listed:
             try:
                 table, _ = read_shard(store, path)
-            except (ShardError, StorageError) as e:
+            except (ShardError, NotFoundError) as e:
                 skipped.append((path, str(e)))
                 continue
             writer.write_table(table.replace_schema_metadata(TRAJECTORY_SCHEMA.metadata))

@@ -44,6 +44,10 @@ class BadFile:
     """One of ``FILE_PROBLEMS``."""
     reason: str
 
+    def __post_init__(self) -> None:
+        if self.kind not in FILE_PROBLEMS:
+            raise ValueError(f"BadFile.kind must be one of {FILE_PROBLEMS}, got {self.kind!r}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Counts:

@@ -36,12 +36,16 @@ from pipelines_lib.trajectory.synthetic import synthetic_group
 
 QUICK = {"groups": 32, "group_size": 8, "max_len": 2048, "repeats": 3}
 FULL = {"groups": 128, "group_size": 8, "max_len": 2048, "repeats": 5}
+READ_CALLS = 5
 
 
-def _timed(fn: Callable[[], object]) -> float:
+def _timed(fn: Callable[[], object], calls: int = 1) -> float:
+    """Seconds per call, over ``calls`` back-to-back calls (reads are quick: several calls average out
+    scheduler noise on a shared machine; writes need a fresh name per call, so they run once)."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
 
 
 def _pyarrow_write(path: Path, table: pa.Table) -> None:
@@ -94,7 +98,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
              "IPC write/read of the same table on the same local folder. `write_over_pyarrow` and "
              "`read_over_pyarrow` are store throughput / raw throughput.",
     method="Synthetic groups (`synthetic_group`, 4 turns per trajectory). Each repetition runs every variant once, "
-           "side by side, into a fresh folder; figures are medians. `store write` is `ShardWriter.add_group` + "
+           "side by side, into a fresh folder; figures are medians (each unvalidated read sample averages 5 back-to-back reads). `store write` is `ShardWriter.add_group` + "
            "`flush` from trajectory records (conversion, zstd encoding, create-only commit with fsync); "
            "`store encode+create` starts from the built table; `pyarrow write` writes the same table with the same "
            "zstd compression and fsyncs. `store read` is `read_shard(validate=False)` (the headline read ratio), "
@@ -121,9 +125,9 @@ def bench_store(ctx: BenchContext) -> BenchResult:
         times["store encode+create"].append(_timed(partial(_encode_create, byte_store, table)))
         times["pyarrow write"].append(_timed(partial(_pyarrow_write, raw_path, table)))
         [shard] = store.walk("trajectories")
-        times["store read"].append(_timed(partial(read_shard, store, shard, validate=False)))
+        times["store read"].append(_timed(partial(read_shard, store, shard, validate=False), READ_CALLS))
         times["store read+validate"].append(_timed(partial(read_shard, store, shard)))
-        times["pyarrow read"].append(_timed(partial(_pyarrow_read, raw_path)))
+        times["pyarrow read"].append(_timed(partial(_pyarrow_read, raw_path), READ_CALLS))
         shard_bytes, raw_bytes = store.size(shard), raw_path.stat().st_size
         ctx.progress(f"bench store: repetition {rep + 1}/{size['repeats']} done")
 

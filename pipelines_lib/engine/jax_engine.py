@@ -48,7 +48,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -84,15 +84,21 @@ class _Request:
 
     def sampling_row(self) -> tuple[np.float32, np.int32, np.float32, np.uint32]:
         s = self.sampling
-        return np.float32(s.temperature), np.int32(s.top_k), np.float32(s.top_p), np.uint32(s.seed & 0xFFFFFFFF)
+        return (
+            np.float32(s.temperature),
+            np.int32(s.top_k),
+            np.float32(s.top_p),
+            np.uint32(s.seed & 0xFFFFFFFF),
+        )
 
 
 @dataclass
 class _Plan:
-    """Host inputs of one compute call: prefill chunks per admitted slot, then one decode step."""
+    """Host inputs of one compute call: prefill chunks (slot, padded tokens, start) of the admitted
+    prompts, then one decode step over all slots."""
 
-    prefills: list[tuple[int, list[tuple[np.ndarray, int, int]], tuple[Any, ...]]]
-    decode: tuple[np.ndarray, ...] | None
+    prefills: list[tuple[int, np.ndarray, int]]
+    decode: tuple[np.ndarray, ...]
 
 
 @dataclass
@@ -114,9 +120,6 @@ def _pure_params(params: Any) -> dict[Any, Any]:
     return params
 
 
-# The steps are module-level jitted functions with the graph definition as a static argument, so
-# engines over equally shaped models (tests, benchmarks, restarted workers) share compilations.
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def _prefill_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
@@ -124,26 +127,21 @@ def _prefill_step(
     slot: jax.Array,
     tokens_1t: jax.Array,
     start: jax.Array,
-    last: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    seed: jax.Array,
-) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Prefill one chunk of one slot's prompt at positions ``start + [0, T)`` and sample the token
-    after the chunk's ``last`` real token (completion token index 0)."""
+) -> KVCache:
+    """Write the keys/values of one prompt chunk of one slot at positions ``start + [0, T)``.
+
+    Prefill covers the prompt minus its last token; the decode step feeds that token and samples the
+    first completion token, so sampling has one code path.
+    """
     model = nnx.merge(graphdef, params)
     slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
     positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
-    h_1td, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
-    cache = jax.tree.map(lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache)
-    logits_1v = model.unembed(jax.lax.dynamic_index_in_dim(h_1td, last, axis=1, keepdims=True)[:, 0])
-    keys = request_keys(seed[None], jnp.zeros((1,), jnp.int32))
-    token_1, logprob_1 = sample(logits_1v, temperature[None], top_k[None], top_p[None], keys)
-    return cache, token_1[0], logprob_1[0]
+    _, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
+    return jax.tree.map(
+        lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache
+    )
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def _decode_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
@@ -164,9 +162,24 @@ def _decode_step(
     return cache, token_b, logprob_b
 
 
-def compilations() -> int:
-    """Compiled variants of the engine steps in this process (shared by all engines)."""
-    return _prefill_step._cache_size() + _decode_step._cache_size()
+class _Steps(NamedTuple):
+    prefill: Any
+    decode: Any
+
+    def compilations(self) -> int:
+        """Compiled variants so far (one per prefill bucket, one for decode, per cache shape)."""
+        return self.prefill._cache_size() + self.decode._cache_size()
+
+
+@functools.cache
+def steps_for(graphdef: nnx.GraphDef[Decoder]) -> _Steps:
+    """Jitted steps with the graph definition closed over (cache donated), memoised per model structure
+    so engines over equally shaped models (tests, benchmarks, restarted workers) share compilations.
+    Closing over the graphdef instead of passing it as a static argument avoids hashing it per call."""
+    return _Steps(
+        prefill=jax.jit(functools.partial(_prefill_step, graphdef), donate_argnums=1),
+        decode=jax.jit(functools.partial(_decode_step, graphdef), donate_argnums=1),
+    )
 
 
 class JaxEngine:
@@ -199,6 +212,7 @@ class JaxEngine:
         self._latest_version = policy_version
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
+        self._steps = steps_for(self._graphdef)
         self._cache: KVCache = init_cache(model.cfg, config.num_slots, config.max_seq_len)
         self._slots: list[_Request | None] = [None] * config.num_slots
         self._queue: deque[_Request] = deque()
@@ -235,7 +249,11 @@ class JaxEngine:
         now = self._clock()
         if len(prompt) >= self.config.max_seq_len:
             return Completion(
-                token_ids=[], logprobs=[], policy_versions=[], finish_reason="context", timings={"total_s": 0.0}
+                token_ids=[],
+                logprobs=[],
+                policy_versions=[],
+                finish_reason="context",
+                timings={"total_s": 0.0},
             )
         assert self._loop is not None and self._wake is not None
         request = _Request(prompt, sampling, self._loop.create_future(), submitted_at=now)
@@ -260,7 +278,8 @@ class JaxEngine:
         extra = sorted(set(flat) - set(self._param_specs), key=str)
         if extra:
             raise ValueError(f"swap_weights: unexpected parameter {'/'.join(map(str, extra[0]))}")
-        pure = jax.device_put(pure)
+        # Rebuilt in the engine's own structure so the compiled steps accept it as is.
+        pure = jax.device_put(traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}))
         with self._swap_lock:
             self._pending_swap = (pure, version)
             self._latest_version = version
@@ -275,12 +294,16 @@ class JaxEngine:
         await self._loop.run_in_executor(self._executor, self._warmup_sync)
 
     async def close(self) -> None:
-        """Stop the scheduler; requests still queued or running fail with ``EngineClosedError``."""
+        """Stop the scheduler after the compute step in flight (waiting at most ``close_timeout_s``);
+        requests still queued or running fail with ``EngineClosedError``. A scheduler failure has
+        already been delivered to the requests, so it is not raised again here."""
         self._closed = True
         if self._task is not None and self._loop is asyncio.get_running_loop():
             assert self._wake is not None
             self._wake.set()
-            await asyncio.wait_for(asyncio.shield(self._task), self.config.close_timeout_s)
+            _, pending = await asyncio.wait([self._task], timeout=self.config.close_timeout_s)
+            for task in pending:
+                task.cancel()
         self._fail_all(EngineClosedError("engine closed"))
         if self._executor is not None:
             self._executor.shutdown(wait=False)
@@ -299,8 +322,9 @@ class JaxEngine:
         busy_s: time inside compute calls (prefill + decode, until results are on the host);
         wall_s: time since the window started; active_slot_steps: sum over decode steps of the slots
         that were generating; slot_occupancy = active_slot_steps / (decode_steps * num_slots);
-        tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of the step functions
-        in this process (shared by all engines, never reset; constant after ``warmup()``).
+        tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
+        structure's step functions (shared by engines over equal structures, never reset; constant
+        after ``warmup()``).
         """
         c = self._counters
         wall = self._clock() - self._window_start
@@ -310,13 +334,15 @@ class JaxEngine:
             "busy_fraction": c.busy_s / wall if wall > 0 else 0.0,
             "decode_steps": c.decode_steps,
             "active_slot_steps": c.active_slot_steps,
-            "slot_occupancy": c.active_slot_steps / (c.decode_steps * self.config.num_slots) if c.decode_steps else 0.0,
+            "slot_occupancy": c.active_slot_steps / (c.decode_steps * self.config.num_slots)
+            if c.decode_steps
+            else 0.0,
             "prefill_calls": c.prefill_calls,
             "prefill_tokens": c.prefill_tokens,
             "generated_tokens": c.generated_tokens,
             "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
             "requests_finished": c.requests_finished,
-            "compilations": compilations(),
+            "compilations": self._steps.compilations(),
         }
 
     def reset_stats(self) -> None:
@@ -325,42 +351,26 @@ class JaxEngine:
 
     # ---- worker thread ---------------------------------------------------------------------------
 
-    def _compute(
-        self, params: dict[Any, Any], plan: _Plan
-    ) -> tuple[list[tuple[int, int, float]], tuple[np.ndarray, np.ndarray] | None, float]:
-        """Run one plan; returns host values and the busy seconds. Runs in the worker thread only."""
+    def _compute(self, params: dict[Any, Any], plan: _Plan) -> tuple[np.ndarray, np.ndarray, float]:
+        """Run one plan; returns sampled tokens and logprobs per slot, and the busy seconds.
+
+        Runs in the worker thread only (it alone touches the cache)."""
         started = time.perf_counter()
-        first_tokens = []
-        for slot, chunks, row in plan.prefills:
-            for tokens, start, last in chunks:
-                self._cache, token, logprob = _prefill_step(
-                    self._graphdef,
-                    params, self._cache, np.int32(slot), tokens[None, :], np.int32(start), np.int32(last), *row
-                )
-            first_tokens.append((slot, token, logprob))
-        decoded = None
-        if plan.decode is not None:
-            self._cache, token_b, logprob_b = _decode_step(self._graphdef, params, self._cache, *plan.decode)
-            decoded = (np.asarray(token_b), np.asarray(logprob_b))
-        first = [(slot, int(token), float(logprob)) for slot, token, logprob in first_tokens]
-        return first, decoded, time.perf_counter() - started
+        for slot, tokens, start in plan.prefills:
+            self._cache = self._steps.prefill(
+                params, self._cache, np.int32(slot), tokens[None, :], np.int32(start)
+            )
+        self._cache, token_b, logprob_b = self._steps.decode(params, self._cache, *plan.decode)
+        token_b, logprob_b = np.asarray(token_b), np.asarray(logprob_b)
+        return token_b, logprob_b, time.perf_counter() - started
 
     def _warmup_sync(self) -> None:
-        n = self.config.num_slots
-        scratch = init_cache(self.model_cfg, n, self.config.max_seq_len)
-        row = (np.float32(1.0), np.int32(0), np.float32(1.0), np.uint32(0))
+        scratch = init_cache(self.model_cfg, self.config.num_slots, self.config.max_seq_len)
         for bucket in self.config.prefill_buckets:
-            tokens = np.zeros((1, bucket), np.int32)
-            scratch, token, _ = _prefill_step(
-                self._graphdef,
-                self._params, scratch, np.int32(0), tokens, np.int32(0), np.int32(0), *row
+            scratch = self._steps.prefill(
+                self._params, scratch, np.int32(0), np.zeros((1, bucket), np.int32), np.int32(0)
             )
-        zeros_i, zeros_f = np.zeros(n, np.int32), np.zeros(n, np.float32)
-        scratch, token, _ = _decode_step(
-            self._graphdef,
-            self._params, scratch, zeros_i, zeros_i, zeros_f, zeros_i, zeros_f + 1, np.zeros(n, np.uint32), zeros_i
-        )
-        token.block_until_ready()
+        jax.block_until_ready(self._steps.decode(self._params, scratch, *self._decode_rows([])))
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
@@ -387,18 +397,18 @@ class JaxEngine:
             while not self._closed:
                 self._drop_cancelled()
                 admitted = self._admit()
-                decoding = [i for i, r in enumerate(self._slots) if r is not None and r.tokens and not r.finish_reason]
-                if not admitted and not decoding:
+                decoding = [i for i, r in enumerate(self._slots) if r is not None and not r.finish_reason]
+                if not decoding:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 params, version = self._install_pending_weights()
                 plan = self._plan(admitted, decoding)
-                first, decoded, busy_s = await self._loop.run_in_executor(
+                token_b, logprob_b, busy_s = await self._loop.run_in_executor(
                     self._executor, self._compute, params, plan
                 )
                 self._counters.busy_s += busy_s
-                self._record(first, decoded, decoding, version)
+                self._record(token_b, logprob_b, decoding, version)
         except BaseException as err:
             self._error = err
             self._fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
@@ -437,58 +447,51 @@ class JaxEngine:
         for slot in admitted:
             request = self._slots[slot]
             assert request is not None
-            prefills.append((slot, self._chunks(request.prompt), request.sampling_row()))
+            prefills += [(slot, tokens, start) for tokens, start in self._chunks(request.prompt[:-1])]
             self._counters.prefill_calls += 1
             self._counters.prefill_tokens += len(request.prompt)
-        decode = None
-        if decoding:
-            n = self.config.num_slots
-            # Idle rows write at max_seq_len, past the cache end: the write is dropped.
-            tokens, positions = np.zeros(n, np.int32), np.full(n, self.config.max_seq_len, np.int32)
-            temperature, top_k = np.zeros(n, np.float32), np.zeros(n, np.int32)
-            top_p, seed, index = np.ones(n, np.float32), np.zeros(n, np.uint32), np.zeros(n, np.int32)
-            for i in decoding:
-                request = self._slots[i]
-                assert request is not None
-                tokens[i], positions[i], index[i] = request.tokens[-1], request.length - 1, len(request.tokens)
-                temperature[i], top_k[i], top_p[i], seed[i] = request.sampling_row()
-            decode = (tokens, positions, temperature, top_k, top_p, seed, index)
-            self._counters.decode_steps += 1
-            self._counters.active_slot_steps += len(decoding)
-        return _Plan(prefills, decode)
+        self._counters.decode_steps += 1
+        self._counters.active_slot_steps += len(decoding)
+        return _Plan(prefills, self._decode_rows(decoding))
 
-    def _chunks(self, prompt: list[int]) -> list[tuple[np.ndarray, int, int]]:
-        """(padded tokens, start position, index of the last real token) per prefill call."""
+    def _decode_rows(self, decoding: list[int]) -> tuple[np.ndarray, ...]:
+        """Each decoding slot feeds its newest token (the last prompt token right after admission) at
+        its position and samples completion token ``index``. Idle rows write at ``max_seq_len``, past
+        the cache end, so their write is dropped."""
+        n = self.config.num_slots
+        tokens, positions = np.zeros(n, np.int32), np.full(n, self.config.max_seq_len, np.int32)
+        temperature, top_k = np.zeros(n, np.float32), np.zeros(n, np.int32)
+        top_p, seed, index = np.ones(n, np.float32), np.zeros(n, np.uint32), np.zeros(n, np.int32)
+        for i in decoding:
+            request = self._slots[i]
+            assert request is not None
+            newest = request.tokens[-1] if request.tokens else request.prompt[-1]
+            tokens[i], positions[i], index[i] = newest, request.length - 1, len(request.tokens)
+            temperature[i], top_k[i], top_p[i], seed[i] = request.sampling_row()
+        return tokens, positions, temperature, top_k, top_p, seed, index
+
+    def _chunks(self, ids: list[int]) -> list[tuple[np.ndarray, int]]:
+        """(tokens padded to a bucket, start position) per prefill call; none for an empty list."""
         largest = self.config.prefill_buckets[-1]
-        chunks, start = [], 0
-        while len(prompt) - start > largest:
-            chunks.append((np.asarray(prompt[start : start + largest], np.int32), start, largest - 1))
-            start += largest
-        rest = prompt[start:]
-        padded = np.zeros(self.config.bucket_for(len(rest)), np.int32)
-        padded[: len(rest)] = rest
-        chunks.append((padded, start, len(rest) - 1))
+        chunks = []
+        for start in range(0, len(ids), largest):
+            piece = ids[start : start + largest]
+            padded = np.zeros(self.config.bucket_for(len(piece)), np.int32)
+            padded[: len(piece)] = piece
+            chunks.append((padded, start))
         return chunks
 
-    def _record(
-        self,
-        first: list[tuple[int, int, float]],
-        decoded: tuple[np.ndarray, np.ndarray] | None,
-        decoding: list[int],
-        version: int,
-    ) -> None:
+    def _record(self, token_b: np.ndarray, logprob_b: np.ndarray, decoding: list[int], version: int) -> None:
         now = self._clock()
-        produced = [(slot, token, logprob) for slot, token, logprob in first]
-        if decoded is not None:
-            produced += [(i, int(decoded[0][i]), float(decoded[1][i])) for i in decoding]
-        for slot, token, logprob in produced:
+        for slot in decoding:
             request = self._slots[slot]
             if request is None:  # cancelled while computing
                 continue
             if not request.tokens:
                 request.first_token_at = now
+            token = int(token_b[slot])
             request.tokens.append(token)
-            request.logprobs.append(logprob)
+            request.logprobs.append(float(logprob_b[slot]))
             request.versions.append(version)
             self._counters.generated_tokens += 1
             if token in request.sampling.stop_ids:

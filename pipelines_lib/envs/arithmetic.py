@@ -13,6 +13,7 @@ result, or a guess without calling the tool. Each scores 0.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipelines_lib.envs.base import (
@@ -30,10 +31,8 @@ from pipelines_lib.envs.tools.calculator import Calculator, evaluate, format_num
 
 PROMPTS: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.")
 
-SYSTEM_PROMPT = (
-    "You are a careful assistant. Use the calculator tool for arithmetic. "
-    "Give the final answer as <answer>NUMBER</answer>."
-)
+# Short on purpose: the tiny demo model's context is 256 tokens (tool schemas included).
+SYSTEM_PROMPT = "Use the calculator tool. Give the final answer as <answer>NUMBER</answer>."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,20 +82,18 @@ class ArithmeticEnv(BaseTaskEnv):
         cfg = config or ArithmeticConfig()
         lo, hi = 10 ** (cfg.operand_digits - 1), 10**cfg.operand_digits - 1
 
-        def draw(rng: random.Random) -> tuple[str, Task]:
+        def draw(rng: random.Random) -> tuple[str, Callable[[], Task]]:
             expr = str(rng.randint(lo, hi))
             for _ in range(cfg.n_ops):
                 expr += rng.choice(cfg.operators) + str(rng.randint(lo, hi))
             prompt = rng.choice(PROMPTS).format(expr=expr)
-            answer = format_number(evaluate(expr))
-            task = Task(
+            return expr, lambda: Task(
                 task_id=task_id_for(cls.name, expr),
                 env_name=cls.name,
                 prompt=prompt,
-                answer=answer,
+                answer=format_number(evaluate(expr)),
                 meta={"expression": expr},
             )
-            return expr, task
 
         return draw_unique_tasks(
             env_name=cls.name, seed=seed, n=n, split=split, heldout_fraction=cfg.heldout_fraction, draw=draw

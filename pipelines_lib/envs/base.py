@@ -284,13 +284,15 @@ def draw_unique_tasks(
     n: int,
     split: str,
     heldout_fraction: float,
-    draw: Callable[[random.Random], tuple[str, Task]],
+    draw: Callable[[random.Random], tuple[str, Callable[[], Task]]],
     max_draws: int | None = None,
 ) -> list[Task]:
-    """Draw ``(key, task)`` candidates until ``n`` distinct keys of ``split`` are found.
+    """Draw ``(key, build)`` candidates until ``n`` distinct keys of ``split`` are found.
 
-    ``draw`` must return a task whose ``task_id`` is ``task_id_for(env_name, key)``.
-    Raises when the task space of the split looks exhausted (too many fruitless draws).
+    ``build()`` makes the task (only for accepted keys: building may be costly) and must give it
+    ``task_id_for(env_name, key)``; it must not use the draw's RNG, so rejected candidates and
+    accepted ones consume the same random numbers. Raises when the split's task space looks
+    exhausted (too many fruitless draws).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -303,11 +305,11 @@ def draw_unique_tasks(
     for _ in range(budget):
         if len(tasks) == n:
             break
-        key, task = draw(rng)
+        key, build = draw(rng)
         if key in seen or split_of(key, heldout_fraction=heldout_fraction) != split:
             continue
         seen.add(key)
-        tasks.append(task)
+        tasks.append(build())
     if len(tasks) < n:
         raise ValueError(
             f"{env_name}: found only {len(tasks)} distinct {split} tasks of {n} requested; "

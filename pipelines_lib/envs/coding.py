@@ -4,13 +4,17 @@ Problems come from parameterised families ("... the sum of the numbers in xs tha
 7"); each family has a reference solution template, and a task's tests are inputs drawn from the
 task's key with expected outputs computed by running that (trusted, in-repo) reference in-process.
 
-Scoring runs the model's code plus a harness in :class:`PythonSandbox`. The harness swallows the
-code's own output and prints one result line tagged with a fresh random nonce, so printed text can
-neither hide nor forge the result. The reward is the fraction of tests passed (``correct`` is 1 only
-when all pass). With ``max_attempts > 1`` a failed answer gets a feedback message and another try.
+Scoring runs the model's code plus a harness in :class:`PythonSandbox`. Only the test *inputs*
+enter the sandbox; the harness swallows the code's own output and prints the function's outputs on
+one line tagged with a fresh random nonce, and the comparison with the expected outputs happens
+here. So printing cannot hide the result line, and tampering with the harness (it shares the
+code's process) cannot pass a test without computing its answer. The reward is the fraction of
+tests passed (``correct`` is 1 only when all pass). With ``max_attempts > 1`` a failed answer gets
+a feedback message and another try.
 
 The model may use the ``python`` tool (same sandbox) to try its code first; demonstrations do that
-once, on the first test input, then answer with the function in ``<answer>...</answer>``.
+once, printing the function's result on one test input, then answer with the function in
+``<answer>...</answer>``. Flawed demonstrations use the family's template with other parameters.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import random
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,10 +100,7 @@ FAMILIES: dict[str, Family] = {
                      _ab((a, b) for a in range(2, 21) for b in range(1, 31))),
 }  # fmt: skip
 
-SYSTEM_PROMPT = (
-    "You write Python functions. You can run code with the python tool. "
-    "Give the final answer as <answer>CODE</answer> with the complete function."
-)
+SYSTEM_PROMPT = "You can test code with the python tool. Give the final answer as <answer>CODE</answer>."
 
 FENCE_RE = re.compile(r"^```(?:python)?\n(.*?)\n?```$", re.DOTALL)
 
@@ -141,9 +143,9 @@ def _reference(source: str) -> Any:
     return namespace["f"]
 
 
-def _expected(source: str, args: list[Any]) -> Any:
-    """The reference's result as the harness compares it (after a JSON round trip)."""
-    return json.loads(json.dumps(_reference(source)(*args)))
+def _expected(fn: Callable[..., Any], args: list[Any]) -> Any:
+    """A reference function's result as the harness compares it (after a JSON round trip)."""
+    return json.loads(json.dumps(fn(*args)))
 
 
 def _draw_input(arg: str, rng: random.Random) -> Any:
@@ -216,23 +218,30 @@ class CodeEnv(BaseTaskEnv):
         cfg = config or CodeConfig()
         names = sorted(FAMILIES)
 
-        def draw(rng: random.Random) -> tuple[str, Task]:
+        def draw(rng: random.Random) -> tuple[str, Callable[[], Task]]:
             family = rng.choice(names)
             fam = FAMILIES[family]
             params = rng.choice(fam.params)
             prompt = f"Write a Python function f({fam.arg}) that {fam.prompt.format(**params)}."
-            source = reference_solution(family, params)
-            test_rng = random.Random(f"tests/{prompt}")
-            inputs = [[_draw_input(fam.arg, test_rng)] for _ in range(cfg.n_tests)]
-            tests = [[args, _expected(source, args)] for args in inputs]
-            meta = {"family": family, "params": params, "tests": tests}
-            return prompt, Task(
-                task_id=task_id_for(cls.name, prompt),
-                env_name=cls.name,
-                prompt=prompt,
-                answer=source,
-                meta=meta,
-            )
+
+            def build() -> Task:
+                source = reference_solution(family, params)
+                fn = _reference(source)
+                test_rng = random.Random(f"tests/{prompt}")  # the tests depend on the task only
+                inputs = [[_draw_input(fam.arg, test_rng)] for _ in range(cfg.n_tests)]
+                return Task(
+                    task_id=task_id_for(cls.name, prompt),
+                    env_name=cls.name,
+                    prompt=prompt,
+                    answer=source,
+                    meta={
+                        "family": family,
+                        "params": params,
+                        "tests": [[a, _expected(fn, a)] for a in inputs],
+                    },
+                )
+
+            return prompt, build
 
         return draw_unique_tasks(
             env_name=cls.name, seed=seed, n=n, split=split, heldout_fraction=cfg.heldout_fraction, draw=draw
@@ -286,6 +295,8 @@ class CodeEnv(BaseTaskEnv):
         program = _HARNESS.format(
             code=json.dumps(json.dumps(code)), inputs=json.dumps(json.dumps(inputs)), nonce=json.dumps(nonce)
         )
+        if len(program) > self.sandbox.config.max_code_chars:
+            return [False] * len(tests)  # an over-long answer fails its tests; it is not an env error
         result = await self.sandbox.run(program)
         outputs: list[Any] = []
         for line in reversed(result.stdout.splitlines()):
@@ -315,12 +326,13 @@ class CodeEnv(BaseTaskEnv):
         ]
 
     def _wrong_solution(self, task: Task, rng: random.Random) -> str:
-        """A plausible solution (a neighbouring parameter) that fails at least one hidden test."""
+        """A plausible solution (the family's template, other parameters) that fails a hidden test."""
         fam = FAMILIES[task.meta["family"]]
         candidates = [p for p in fam.params if p != task.meta["params"]]
         rng.shuffle(candidates)
         for params in candidates:
             source = reference_solution(task.meta["family"], params)
-            if any(_expected(source, args) != expected for args, expected in task.meta["tests"]):
+            fn = _reference(source)
+            if any(_expected(fn, args) != expected for args, expected in task.meta["tests"]):
                 return source
         return f"def f({fam.arg}):\n    return None\n"

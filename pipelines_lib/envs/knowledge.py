@@ -6,9 +6,9 @@ question like "What is the capital of the country where Tomaki was born?" needs 
 person -> city -> country. Names are built from a few syllables to keep the tokenizer's vocabulary
 small. One entry per entity, as one line of ``key value`` facts::
 
-    Tomaki: person; born in Velora; works in Sarun; job baker
-    Velora: city; in Kenatu
-    Kenatu: country; capital Rimado; currency lira
+    Tomaki: born in Velora; works in Sarun
+    Velora: city in Kenatu
+    Kenatu: capital Rimado; currency lira
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 SYLLABLES: tuple[str, ...] = (
     "ka", "lo", "mi", "ra", "te", "su", "no", "vi", "da", "re", "pa", "zo", "ki", "ma", "lu", "be",
 )  # fmt: skip
-JOBS: tuple[str, ...] = ("baker", "doctor", "farmer", "painter", "pilot", "teacher", "singer", "miner")
 CURRENCIES: tuple[str, ...] = ("lira", "mark", "crown", "dinar", "peso", "franc", "rand", "yen")
 
 
@@ -51,7 +50,7 @@ class Country:
     currency: str
 
     def entry(self) -> str:
-        return f"{self.name}: country; capital {self.capital}; currency {self.currency}"
+        return f"{self.name}: capital {self.capital}; currency {self.currency}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +59,7 @@ class City:
     country: str
 
     def entry(self) -> str:
-        return f"{self.name}: city; in {self.country}"
+        return f"{self.name}: city in {self.country}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,10 +67,9 @@ class Person:
     name: str
     born_in: str
     works_in: str
-    job: str
 
     def entry(self) -> str:
-        return f"{self.name}: person; born in {self.born_in}; works in {self.works_in}; job {self.job}"
+        return f"{self.name}: born in {self.born_in}; works in {self.works_in}"
 
 
 @dataclass(frozen=True)
@@ -111,7 +109,6 @@ class KnowledgeBase:
                 name=name,
                 born_in=rng.choice(city_names),
                 works_in=rng.choice(city_names),
-                job=rng.choice(JOBS),
             )
         return cls(countries=countries, cities=cities, people=people)
 

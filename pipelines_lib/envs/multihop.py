@@ -9,7 +9,9 @@ wrong attribute, or copy the wrong name; each scores 0.
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipelines_lib.envs.base import (
@@ -34,10 +36,7 @@ QUESTIONS: dict[str, tuple[str, str, str]] = {
     "work_currency": ("What is the currency of the country where {person} works?", "works_in", "currency"),
 }
 
-SYSTEM_PROMPT = (
-    "You answer questions about people and places. Use the search tool to look up each name. "
-    "Give the final answer as <answer>NAME</answer>."
-)
+SYSTEM_PROMPT = "Use the search tool to look up each name. Give the final answer as <answer>NAME</answer>."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,11 +77,28 @@ class MultihopEnv(BaseTaskEnv):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, *, config: MultihopConfig = MultihopConfig(), kb: KnowledgeBase | None = None) -> None:
-        """``kb``: the world of ``config.knowledge``, pre-built to share between episodes."""
+        """``kb``: the world of ``config.knowledge``, pre-built to share between episodes.
+
+        Tasks carry their world's config, so an env switches to a task's world on :meth:`reset`
+        (and in :meth:`demonstration`): ``make_env("multihop")`` serves tasks of any world.
+        """
         super().__init__(max_turns=config.max_turns)
         self.config = config
+        self._world = config.knowledge
         self.kb = kb if kb is not None else KnowledgeBase.generate(config.knowledge)
-        self._set_tools([SearchTool(kb=self.kb)])
+        self._search = SearchTool(kb=self.kb)
+        self._set_tools([self._search])
+
+    def _use_world_of(self, task: Task) -> None:
+        world = KnowledgeConfig(**task.meta["knowledge"])
+        if world != self._world:
+            # Swap the knowledge inside the existing tool so wrappers (latency, counting) stay.
+            self._world, self.kb = world, KnowledgeBase.generate(world)
+            self._search.kb = self.kb
+
+    async def reset(self, task: Task) -> list[Message]:
+        self._use_world_of(task)
+        return await super().reset(task)
 
     @classmethod
     def generate_tasks(
@@ -92,18 +108,16 @@ class MultihopEnv(BaseTaskEnv):
         kb = KnowledgeBase.generate(cfg.knowledge)
         people = sorted(kb.people)
 
-        def draw(rng: random.Random) -> tuple[str, Task]:
+        def draw(rng: random.Random) -> tuple[str, Callable[[], Task]]:
             kind, person = rng.choice(cfg.kinds), rng.choice(people)
             template, start_attr, last = QUESTIONS[kind]
             prompt = template.format(person=person)
-            _, answer = _chain(kb, person, start_attr, last)
-            meta = {"kind": kind, "person": person, "knowledge_seed": cfg.knowledge.seed}
-            return prompt, Task(
+            return prompt, lambda: Task(
                 task_id=task_id_for(cls.name, prompt),
                 env_name=cls.name,
                 prompt=prompt,
-                answer=answer,
-                meta=meta,
+                answer=_chain(kb, person, start_attr, last)[1],
+                meta={"kind": kind, "person": person, "knowledge": dataclasses.asdict(cfg.knowledge)},
             )
 
         return draw_unique_tasks(
@@ -116,8 +130,7 @@ class MultihopEnv(BaseTaskEnv):
         return correct, {"correct": correct, "format": float(len(answers) == 1)}
 
     def _demonstration(self, task: Task, *, corrupt: bool, rng: random.Random) -> list[Message]:
-        if task.meta["knowledge_seed"] != self.config.knowledge.seed:
-            raise ValueError(f"task {task.task_id} is about knowledge seed {task.meta['knowledge_seed']}")
+        self._use_world_of(task)
         _, start_attr, last = QUESTIONS[task.meta["kind"]]
         queries, answer = _chain(self.kb, task.meta["person"], start_attr, last)
         if corrupt:

@@ -59,7 +59,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> n
         old = scaling.original_max_position_embeddings
         wavelen = 2 * math.pi / inv
         scaled = np.where(wavelen > old / scaling.low_freq_factor, inv / scaling.factor, inv)
-        smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smooth = (old / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
         blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         medium = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
         inv = np.where(medium, blended, scaled)
@@ -168,7 +170,14 @@ class Attention(nnx.Module):
             k_pos_bs = jnp.broadcast_to(jnp.arange(keys.shape[1]), (b, keys.shape[1]))
             cache = LayerCache(keys, values)
         o = attention(
-            q, keys, values, positions_bt, k_pos_bs, scale=self.scale, softcap=self.softcap, window=self.window
+            q,
+            keys,
+            values,
+            positions_bt,
+            k_pos_bs,
+            scale=self.scale,
+            softcap=self.softcap,
+            window=self.window,
         )
         return self.o_proj(o.reshape(b, t, -1)), cache
 

@@ -49,7 +49,9 @@ def load_hf_checkpoint(
     for path, leaf in expected.items():
         name, transpose = hf_name(path, cfg)
         if name not in tensors:
-            raise CheckpointError(f"{folder}: missing tensor {name!r} (for parameter {'/'.join(map(str, path))})")
+            raise CheckpointError(
+                f"{folder}: missing tensor {name!r} (for parameter {'/'.join(map(str, path))})"
+            )
         file = tensors[name]
         with safe_open(file, framework="flax") as f:
             array = f.get_tensor(name)

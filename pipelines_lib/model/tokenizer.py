@@ -17,8 +17,10 @@ The chat template is Qwen/Hermes ChatML: ``<|im_start|>role\\n...<|im_end|>\\n``
 assistant and tool; tool schemas in the system turn inside ``<tools>``; assistant tool calls inline as
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the text the model generates, kept verbatim in the
 message content); tool results as ``<|im_start|>tool\\n<tool_response>...</tool_response><|im_end|>\\n``, one
-block per result so each can be rendered alone. The template is kept terse because the tiny model's context is
-256 tokens.
+block per result so each can be rendered alone. The template is kept terse (compact tool JSON, no instructions)
+because the tiny campaign's whole episode must fit 192 tokens; a perfect arithmetic episode takes about 150.
+Control tokens inside message content (a tool printing ``<|im_end|>``) are encoded as plain text, so only the
+template writes turn boundaries and markup.
 
 The turn separator: the template closes every turn with ``<|im_end|>\\n`` but generation stops at
 ``<|im_end|>``, so the ``\\n`` after a generated turn is never sampled. ``render_message_ids`` therefore starts
@@ -38,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 BUILD_VERSION = "1"
-"""Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused."""
+"""Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused.
+The key does not cover the env texts: after changing them, bump it (or delete the cache) to retrain."""
 
 DEFAULT_VOCAB_SIZE = 512
 """``ModelConfig.tiny().vocab_size``: every id, special tokens included, is below it."""
@@ -82,6 +85,8 @@ CHAT_TEMPLATE = (
 
 Message = Mapping[str, Any]
 ToolSchema = Mapping[str, Any]
+
+_DUMMY_EXCHANGE = ({"role": "user", "content": "?"}, {"role": "assistant", "content": "!"})
 
 
 def default_tokenizer_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
@@ -216,6 +221,13 @@ class ChatTokenizer:
         if not self.stop_ids:
             raise ValueError("tokenizer has neither <|im_end|> nor an eos token; cannot end assistant turns")
         self.pad_id: int = hf.pad_token_id if hf.pad_token_id is not None else self.stop_ids[0]
+        # render_message_ids cuts one message out of a dummy exchange; its ids and where the assistant's turn is
+        # closed are fixed, so they are computed once.
+        self._exchange_ids = self.render_ids(_DUMMY_EXCHANGE)
+        closed = [i for i, t in enumerate(self._exchange_ids) if t in self.stop_ids]
+        if not closed:
+            raise ValueError("chat template does not close an assistant turn with a stop id")
+        self._exchange_closed = closed[-1]
 
     @property
     def vocab_size(self) -> int:
@@ -272,15 +284,10 @@ class ChatTokenizer:
         generation prompt. Several messages in a row: only the first follows the assistant, only the last adds
         the generation prompt.
         """
-        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
-        prefix = self.render_ids(head)
-        full = self.render_ids([*head, dict(message)], add_generation_prompt=add_generation_prompt)
-        if full[: len(prefix)] != prefix:
+        full = self.render_ids([*_DUMMY_EXCHANGE, dict(message)], add_generation_prompt=add_generation_prompt)
+        if full[: len(self._exchange_ids)] != self._exchange_ids:
             raise ValueError("chat template re-renders earlier turns when a message is added; cannot render incrementally")
-        closed = max((i for i, t in enumerate(prefix) if t in self.stop_ids), default=None)
-        if closed is None:
-            raise ValueError("chat template does not close an assistant turn with a stop id")
-        return full[closed + 1 if follows_assistant else len(prefix):]
+        return full[self._exchange_closed + 1 if follows_assistant else len(self._exchange_ids):]
 
     def encode_conversation(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None = None
@@ -310,9 +317,14 @@ class ChatTokenizer:
 
 def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
     """Load a transformers-format tokenizer directory (ours or a model's) offline."""
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    config_file = Path(path) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    if config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        # A generic tokenizer.json: load it directly; AutoTokenizer would import torch (seconds) to find the class.
+        from transformers import PreTrainedTokenizerFast as Loader
+    else:
+        from transformers import AutoTokenizer as Loader
+    hf = Loader.from_pretrained(str(path), local_files_only=True)
     if not getattr(hf, "chat_template", None):
         raise ValueError(f"tokenizer at {path} has no chat_template")
     return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))

@@ -41,8 +41,16 @@ def _items(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
     return {"params": nnx.state(model, nnx.Param), "opt": nnx.state(optimizer)}
 
 
-def save_checkpoint(store: Store, *, step: int, version: int, cursor: str, rng: jax.Array,
-                    model: nnx.Module, optimizer: nnx.Optimizer) -> str:
+def save_checkpoint(
+    store: Store,
+    *,
+    step: int,
+    version: int,
+    cursor: str,
+    rng: jax.Array,
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+) -> str:
     """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
     base = layout.checkpoint_dir(step)
     attempt = 0
@@ -54,10 +62,15 @@ def save_checkpoint(store: Store, *, step: int, version: int, cursor: str, rng: 
         folder = f"{base}.{attempt}"
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
-    store.create_json(f"{folder}/meta.json", {
-        "step": step, "version": version, "cursor": cursor,
-        "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
-    })
+    store.create_json(
+        f"{folder}/meta.json",
+        {
+            "step": step,
+            "version": version,
+            "cursor": cursor,
+            "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
+        },
+    )
     store.create(f"{folder}/{COMMITTED}", b"")
     return folder
 
@@ -83,8 +96,13 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
     meta = store.read_json(f"{folder}/meta.json")
-    return CheckpointMeta(step=int(meta["step"]), version=int(meta["version"]), cursor=meta["cursor"],
-                          rng=list(meta["rng"]), folder=folder)
+    return CheckpointMeta(
+        step=int(meta["step"]),
+        version=int(meta["version"]),
+        cursor=meta["cursor"],
+        rng=list(meta["rng"]),
+        folder=folder,
+    )
 
 
 __all__ = ["CheckpointMeta", "committed_checkpoints", "restore_latest", "save_checkpoint"]

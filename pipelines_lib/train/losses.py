@@ -192,7 +192,9 @@ def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
     log_ratio_bt = jnp.where(mask_bt > 0, x.logp_bt - jax.lax.stop_gradient(x.prox_logp_bt), 0.0)
     log_behav_bt = jnp.where(mask_bt > 0, x.prox_logp_bt - x.behav_logp_bt, 0.0)
     ratio_bt = jnp.exp(log_ratio_bt)
-    behav_weight_bt = jax.lax.stop_gradient(jnp.exp(jnp.minimum(log_behav_bt, math.log(cfg.behav_weight_cap))))
+    behav_weight_bt = jax.lax.stop_gradient(
+        jnp.exp(jnp.minimum(log_behav_bt, math.log(cfg.behav_weight_cap)))
+    )
     advantages_bt = x.advantages_bt
     clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     surrogate_bt = behav_weight_bt * jnp.minimum(ratio_bt * advantages_bt, clipped_ratio_bt * advantages_bt)

@@ -90,7 +90,9 @@ def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
     """A ``(data, fsdp)`` mesh with ``Auto`` axis types over ``devices`` (default: all of them)."""
     devices = jax.devices() if devices is None else devices
     if len(devices) < cfg.n_devices:
-        raise ValueError(f"MeshConfig data={cfg.data} × fsdp={cfg.fsdp} needs {cfg.n_devices} devices, have {len(devices)}")
+        raise ValueError(
+            f"MeshConfig data={cfg.data} × fsdp={cfg.fsdp} needs {cfg.n_devices} devices, have {len(devices)}"
+        )
     return jax.make_mesh(
         (cfg.data, cfg.fsdp),
         AXES,

@@ -125,4 +125,8 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig) -> nnx.Optimizer:
     """The ``nnx.Optimizer`` over ``model``'s ``nnx.Param``s that ``step.train_step`` updates."""
-    return nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+    # optax creates its step counters uncommitted; the train step returns them committed, and jit keys its
+    # cache on committedness: commit them now or the step compiles twice (about 10 s each on CPU).
+    nnx.update(optimizer, jax.device_put(nnx.state(optimizer), jax.devices()[0]))
+    return optimizer

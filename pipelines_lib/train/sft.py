@@ -50,15 +50,18 @@ Rows = tuple[list[list[int]], list[list[int]]]
 """``(tokens, loss_masks)``: one list per demonstration."""
 
 
-def demonstration_rows(env_name: str, tokenizer: ChatTokenizer, *, n: int, error_rate: float, seed: int,
-                       with_tools: bool) -> Rows:
+def demonstration_rows(
+    env_name: str, tokenizer: ChatTokenizer, *, n: int, error_rate: float, seed: int, with_tools: bool
+) -> Rows:
     """Token ids and assistant-only loss masks of ``n`` demonstrations on the env's train split."""
     tasks = env_class(env_name).generate_tasks(seed=seed, n=n, split="train")
     tokens, masks = [], []
     for task in tasks:
         env = make_env(task.env_name)
         schemas = [t.schema() for t in env.tools().values()] if with_tools else None
-        ids, mask = tokenizer.encode_conversation(env.demonstration(task, error_rate=error_rate, seed=seed), schemas)
+        ids, mask = tokenizer.encode_conversation(
+            env.demonstration(task, error_rate=error_rate, seed=seed), schemas
+        )
         tokens.append(ids)
         masks.append(mask)
     return tokens, masks
@@ -74,7 +77,7 @@ def mean_nll(model: Decoder, rows: Rows, *, pad_id: int, batch_size: int = 32) -
     seq_len = _seq_len(rows, model.cfg.max_seq_len)
     total, count = 0.0, 0.0
     for start in range(0, len(rows[0]), batch_size):
-        part = rows[0][start:start + batch_size], rows[1][start:start + batch_size]
+        part = rows[0][start : start + batch_size], rows[1][start : start + batch_size]
         batch = build_train_batch(*part, seq_buckets=(seq_len,), batch_size=batch_size, pad_id=pad_id)
         logp_bt = logprobs_fn(model, jnp.asarray(batch.tokens_bt), jnp.asarray(batch.positions_bt))
         total += float(-(logp_bt * batch.loss_mask_bt).sum())
@@ -82,8 +85,16 @@ def mean_nll(model: Decoder, rows: Rows, *, pad_id: int, batch_size: int = 32) -
     return total / count
 
 
-def sft_train(model: Decoder, rows: Rows, cfg: SFTConfig, *, pad_id: int, log: Callable[[str], None] = print,
-              log_every: int = 25, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+def sft_train(
+    model: Decoder,
+    rows: Rows,
+    cfg: SFTConfig,
+    *,
+    pad_id: int,
+    log: Callable[[str], None] = print,
+    log_every: int = 25,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
     """``cfg.steps`` nll steps on ``rows`` (batches of ``cfg.batch_size``, epochs shuffled by ``cfg.seed``)."""
     tokens, masks = rows
     if not tokens:
@@ -97,20 +108,27 @@ def sft_train(model: Decoder, rows: Rows, cfg: SFTConfig, *, pad_id: int, log: C
     for step in range(cfg.steps):
         if len(order) < cfg.batch_size:
             order += rng.permutation(len(tokens)).tolist()
-        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
-        batch = build_train_batch([tokens[i] for i in idx], [masks[i] for i in idx], seq_buckets=(seq_len,),
-                                  batch_size=cfg.batch_size, pad_id=pad_id)
+        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = build_train_batch(
+            [tokens[i] for i in idx],
+            [masks[i] for i in idx],
+            seq_buckets=(seq_len,),
+            batch_size=cfg.batch_size,
+            pad_id=pad_id,
+        )
         metrics = train_step(model, optimizer, batch, cfg=SFT_STEP)
         losses.append(float(metrics["nll"]))
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             window = losses[-log_every:]
-            log(f"sft step {step + 1}/{cfg.steps}: nll {np.mean(window):.4f} "
-                f"({clock() - started:.1f}s, grad_norm {float(metrics['grad_norm']):.3f})")
+            log(
+                f"sft step {step + 1}/{cfg.steps}: nll {np.mean(window):.4f} "
+                f"({clock() - started:.1f}s, grad_norm {float(metrics['grad_norm']):.3f})"
+            )
     return {
         "steps": cfg.steps,
         "seq_len": seq_len,
         "first_nll": losses[0] if losses else None,
-        "final_nll": float(np.mean(losses[-min(10, len(losses)):])) if losses else None,
+        "final_nll": float(np.mean(losses[-min(10, len(losses)) :])) if losses else None,
         "train_s": clock() - started,
     }
 
@@ -134,19 +152,33 @@ def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], Non
     else:
         tokenizer = load_tokenizer(config.tokenizer or ensure_default_tokenizer())
         if tokenizer.vocab_size > config.model.vocab_size:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is "
-                             f"{config.model.vocab_size}")
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
+            )
         sft = config.sft
-        tokens, masks = demonstration_rows(config.env.name, tokenizer, n=sft.n_demos, error_rate=sft.error_rate,
-                                           seed=sft.seed, with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools)
+        tokens, masks = demonstration_rows(
+            config.env.name,
+            tokenizer,
+            n=sft.n_demos,
+            error_rate=sft.error_rate,
+            seed=sft.seed,
+            with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools,
+        )
         keep = [i for i, row in enumerate(tokens) if len(row) <= config.model.max_seq_len]
         rows = [tokens[i] for i in keep], [masks[i] for i in keep]
         model = Decoder(config.model, rngs=nnx.Rngs(sft.seed))
-        log(f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
-            f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}")
-        info = {"source": "sft", "demos": len(keep), "demos_too_long": len(tokens) - len(keep),
-                **sft_train(model, rows, sft, pad_id=tokenizer.pad_id, log=log,
-                            log_every=max(1, min(25, sft.steps // 6)))}
+        log(
+            f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
+            f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}"
+        )
+        info = {
+            "source": "sft",
+            "demos": len(keep),
+            "demos_too_long": len(tokens) - len(keep),
+            **sft_train(
+                model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
+            ),
+        }
     manifest = publish_weights(store, model, version=0, step=0)
     return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
 

@@ -25,7 +25,6 @@ state it came from.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,10 +52,10 @@ class DataTimeoutError(TimeoutError):
     """The trainer waited longer than ``data_timeout_s`` for enough groups."""
 
 
-@dataclasses.dataclass
-
 def _rows(table: pa.Table) -> dict[str, list]:
-    return {c: table.column(c).to_pylist() for c in ("tokens", "loss_mask", "logprobs", "reward", "sample_idx")}
+    return {
+        c: table.column(c).to_pylist() for c in ("tokens", "loss_mask", "logprobs", "reward", "sample_idx")
+    }
 
 
 def _batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: int):
@@ -67,26 +66,42 @@ def _batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id:
         rows = _rows(g.table)
         order = np.argsort(rows["sample_idx"])
         if len(order) != g_size:
-            raise ValueError(f"{g.shard} rows [{g.row_start}, {g.row_end}): group {g.group_id} has "
-                             f"{len(order)} samples, the campaign's group_size is {g_size}")
+            raise ValueError(
+                f"{g.shard} rows [{g.row_start}, {g.row_end}): group {g.group_id} has "
+                f"{len(order)} samples, the campaign's group_size is {g_size}"
+            )
         for i in order:
             tokens.append(rows["tokens"][i])
             masks.append(rows["loss_mask"][i])
             logps.append(rows["logprobs"][i])
         rewards.append([rows["reward"][i] for i in order])
-    adv_gk, degenerate_g = compute_advantages(np.asarray(rewards, np.float32),
-                                              estimator=config.trainer.advantage)
-    batch = build_train_batch(tokens, masks, logps, np.asarray(adv_gk).reshape(-1).tolist(),
-                              seq_buckets=config.trainer.seq_buckets,
-                              batch_size=config.trainer.batch_groups * g_size, pad_id=pad_id)
+    adv_gk, degenerate_g = compute_advantages(
+        np.asarray(rewards, np.float32), estimator=config.trainer.advantage
+    )
+    batch = build_train_batch(
+        tokens,
+        masks,
+        logps,
+        np.asarray(adv_gk).reshape(-1).tolist(),
+        seq_buckets=config.trainer.seq_buckets,
+        batch_size=config.trainer.batch_groups * g_size,
+        pad_id=pad_id,
+    )
     return batch, np.asarray(degenerate_g), int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
     """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected."""
 
-    def __init__(self, store: Store, config: CampaignConfig, *, log: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: CampaignConfig,
+        *,
+        log: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store = store
         self.config = config
         self.tc = config.trainer
@@ -124,13 +139,21 @@ class StreamingTrainer:
             self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]))
             replayed += 1
         if replayed:
-            self.log(f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}")
+            self.log(
+                f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
+            )
 
     def _reload(self, g: dict[str, Any]) -> GroupSlice:
         table, _ = read_shard(self.store, g["shard"])
         part = table.slice(g["row_start"], g["row_end"] - g["row_start"])
-        return GroupSlice(shard=g["shard"], version=g["version"], row_start=g["row_start"], row_end=g["row_end"],
-                          group_id=g["group_id"], table=part)
+        return GroupSlice(
+            shard=g["shard"],
+            version=g["version"],
+            row_start=g["row_start"],
+            row_end=g["row_end"],
+            group_id=g["group_id"],
+            table=part,
+        )
 
     # -- data --------------------------------------------------------------------------------------------
     def _gather(self) -> tuple[list[GroupSlice], list[dict], list[dict]]:
@@ -141,9 +164,13 @@ class StreamingTrainer:
         waited_since = None
         while len(groups) < self.tc.batch_groups:
             lo = max(0, self.version - self.eta)
-            got = self.tailer.next_groups(self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version)
+            got = self.tailer.next_groups(
+                self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version
+            )
             for e in self.tailer.drain_events():
-                events.append({"kind": e.kind, "shard": e.shard, "reason": e.reason, "groups": list(e.groups)})
+                events.append(
+                    {"kind": e.kind, "shard": e.shard, "reason": e.reason, "groups": list(e.groups)}
+                )
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
                 if self.tc.skip_zero_advantage and len(set(rewards)) == 1:
@@ -158,9 +185,10 @@ class StreamingTrainer:
                 waited_since = now
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
-                    f"trainer step {self.step + 1}: waited {now - waited_since:.0f}s for groups in "
+                    f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
                     f"{self.store.uri(layout.TRAJECTORIES)}/v{lo:08d}..v{self.version:08d}; have {len(groups)} of "
-                    f"{self.tc.batch_groups} (are rollout workers running and on weights >= v{lo}?)")
+                    f"{self.tc.batch_groups} (are rollout workers running and on weights >= v{lo}?)"
+                )
             t0 = self.clock()
             with telemetry.span("data_wait", track="trainer", step=self.step + 1, have=len(groups)):
                 self.sleep(self.tc.poll_s)
@@ -168,8 +196,14 @@ class StreamingTrainer:
         return groups, zero_adv, events
 
     # -- one step ----------------------------------------------------------------------------------------
-    def _train_on(self, groups: list[GroupSlice], *, replay: dict | None = None,
-                  zero_adv: list | None = None, events: list | None = None) -> dict[str, Any]:
+    def _train_on(
+        self,
+        groups: list[GroupSlice],
+        *,
+        replay: dict | None = None,
+        zero_adv: list | None = None,
+        events: list | None = None,
+    ) -> dict[str, Any]:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, degenerate, n_tokens = _batch_from_groups(groups, self.config, self.pad_id)
@@ -179,13 +213,26 @@ class StreamingTrainer:
         self.tokens_trained += n_tokens
         publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
         record = {
-            "step": self.step, "trainer_version": self.version, "created_at": utc_now_iso(),
-            "groups": [{"group_id": g.group_id, "shard": g.shard, "row_start": g.row_start, "row_end": g.row_end,
-                        "version": g.version, "staleness": self.version - g.version} for g in groups],
-            "skipped_zero_advantage": zero_adv or [], "dropped_stale": [e for e in events or [] if e["kind"] == "dropped_stale"],
+            "step": self.step,
+            "trainer_version": self.version,
+            "created_at": utc_now_iso(),
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "shard": g.shard,
+                    "row_start": g.row_start,
+                    "row_end": g.row_end,
+                    "version": g.version,
+                    "staleness": self.version - g.version,
+                }
+                for g in groups
+            ],
+            "skipped_zero_advantage": zero_adv or [],
+            "dropped_stale": [e for e in events or [] if e["kind"] == "dropped_stale"],
             "skipped": [e for e in events or [] if e["kind"] == "skipped"],
             "published_version": self.version + 1 if publish else None,
-            "cursor_after": self.tailer.cursor.to_json(), "metrics": metrics,
+            "cursor_after": self.tailer.cursor.to_json(),
+            "metrics": metrics,
             "mean_reward": float(np.mean([r for g in groups for r in g.table.column("reward").to_pylist()])),
         }
         if replay is None:
@@ -198,15 +245,28 @@ class StreamingTrainer:
                 publish_weights(self.store, self.model, version=self.version, step=self.step)
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
-                save_checkpoint(self.store, step=self.step, version=self.version, cursor=record["cursor_after"],
-                                rng=self.rng, model=self.model, optimizer=self.optimizer)
+                save_checkpoint(
+                    self.store,
+                    step=self.step,
+                    version=self.version,
+                    cursor=record["cursor_after"],
+                    rng=self.rng,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                )
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
         for g in record["groups"]:
             telemetry.count(f"staleness.{g['staleness']}")
         self.busy_s += self.clock() - t0
-        self.metrics.append({"step": self.step, **metrics, "mean_reward": record["mean_reward"],
-                             "staleness_max": max((g["staleness"] for g in record["groups"]), default=0)})
+        self.metrics.append(
+            {
+                "step": self.step,
+                **metrics,
+                "mean_reward": record["mean_reward"],
+                "staleness_max": max((g["staleness"] for g in record["groups"]), default=0),
+            }
+        )
         return record
 
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
@@ -216,24 +276,32 @@ class StreamingTrainer:
             groups, zero_adv, events = self._gather()
             record = self._train_on(groups, zero_adv=zero_adv, events=events)
             m = record["metrics"]
-            self.log(f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {m['loss']:+.4f} "
-                     f"reward {record['mean_reward']:.3f} staleness<= "
-                     f"{max((g['staleness'] for g in record['groups']), default=0)} "
-                     f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s")
+            self.log(
+                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {m['loss']:+.4f} "
+                f"reward {record['mean_reward']:.3f} staleness<= "
+                f"{max((g['staleness'] for g in record['groups']), default=0)} "
+                f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s"
+            )
         wall = self.clock() - t_start
         summary = {
-            "steps": self.step, "version": self.version, "groups_consumed": self.tailer.cursor.groups_consumed,
+            "steps": self.step,
+            "version": self.version,
+            "groups_consumed": self.tailer.cursor.groups_consumed,
             "groups_dropped_stale": self.tailer.cursor.groups_dropped_stale,
-            "shards_skipped": self.tailer.cursor.shards_skipped, "idle_s": round(self.idle_s, 3),
-            "busy_s": round(self.busy_s, 3), "wall_s": round(wall, 3), "tokens_trained": self.tokens_trained,
+            "shards_skipped": self.tailer.cursor.shards_skipped,
+            "idle_s": round(self.idle_s, 3),
+            "busy_s": round(self.busy_s, 3),
+            "wall_s": round(wall, 3),
+            "tokens_trained": self.tokens_trained,
         }
         if self.step >= self.tc.max_steps and not self.store.exists(layout.TRAIN_DONE):
             self.store.create_json(layout.TRAIN_DONE, {**summary, "finished_at": utc_now_iso()})
         return summary
 
 
-def train(store: Store, config: CampaignConfig, *, max_steps: int | None = None,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+def train(
+    store: Store, config: CampaignConfig, *, max_steps: int | None = None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
     if store.exists(layout.TRAIN_DONE):
         return store.read_json(layout.TRAIN_DONE)

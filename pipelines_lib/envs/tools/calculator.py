@@ -147,10 +147,11 @@ def _eval(node: ast.AST, limits: CalculatorLimits, *, depth: int) -> int | float
 class Calculator(Tool):
     """Evaluates an arithmetic expression; see the module docstring for what is accepted."""
 
-    description = "Evaluate an arithmetic expression with + - * / // % ** and parentheses."
+    # Terse: the schema is rendered into every prompt of the tiny demo model (256-token context).
+    description = "Evaluate an arithmetic expression."
     parameters = {
         "type": "object",
-        "properties": {"expression": {"type": "string", "description": "e.g. 37*48+129"}},
+        "properties": {"expression": {"type": "string"}},
         "required": ["expression"],
     }
 

@@ -17,10 +17,16 @@ hostile code):
    down loopback, so no connection can leave. Where neither works (some containers) it falls back
    to layer 4 alone; :attr:`PythonSandbox.network_isolation` reports which one is in effect.
 4. **Audit hook** (PEP 578) installed before the code runs: refuses socket creation, process
-   creation (fork/exec/spawn/subprocess/system; ``_posixsubprocess.fork_exec`` is stubbed), signals to other processes, ``ctypes``, links,
-   and any file access outside the working directory (reads of the standard library excepted).
-   Audit hooks are defence in depth, not a security boundary against an adversary who can reach
-   interpreter internals; the kernel-backed layers above are what bound the damage.
+   creation (fork/exec/spawn/subprocess/system; ``_posixsubprocess.fork_exec`` is stubbed),
+   signals to other processes, ``ctypes``, links, and any file access outside the working
+   directory (reads of the standard library excepted). Audit hooks are defence in depth, not a
+   security boundary against an adversary who can reach interpreter internals.
+
+The child keeps the parent's user: file containment beyond the audit hook comes from file
+permissions, so run rollout workers as an unprivileged user in production (dropping to ``nobody``
+inside the sandbox would need an interpreter that user can read; pyenv installs under ``/root``
+cannot be). CPU, memory, output, time, network (with a namespace) and the environment are bounded
+by the kernel and the parent whatever the code does.
 
 The parent reads at most ``max_output_bytes`` per stream; past that it stops the child (a print
 loop has nothing more to say) and marks the result truncated. Every wait has a deadline.
@@ -118,8 +124,8 @@ class SandboxResult:
 
 
 # Runs in the child as `python -I -S -B -c _BOOTSTRAP <limits json>` from inside the working
-# directory. Limits first, then the audit hook, then the program. Kept free of imports beyond the
-# few builtin-backed modules it needs, so nothing outside the standard library is touched.
+# directory: limits first, then the audit hook, then the program in a fresh namespace (so the
+# bootstrap's names are not in its globals) with the bootstrap's own traceback frame hidden.
 _BOOTSTRAP = r"""
 import json, os, resource, sys, traceback
 cfg = json.loads(sys.argv[1])
@@ -174,7 +180,7 @@ _install(
     frozenset({"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                "subprocess.Popen", "os.kill", "os.killpg", "os.symlink", "os.link", "os.chown",
                "os.setxattr", "os.removexattr", "pty.spawn", "sys.addaudithook"}),
-    frozenset({"ctypes", "_ctypes"}),
+    frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),  # re-imports would undo the stub
     # event -> (how many leading arguments are paths, whether it writes)
     {"os.listdir": (1, False), "os.scandir": (1, False), "os.chdir": (1, False),
      "os.remove": (1, True), "os.rmdir": (1, True), "os.mkdir": (1, True), "os.chmod": (1, True),
@@ -312,12 +318,8 @@ def _kill_group(pgid: int) -> None:
 class PythonTool(Tool):
     """Runs a Python program in :class:`PythonSandbox`; its output (or failure) is the tool result."""
 
-    description = "Run a Python program (standard library only, no network, no files outside its folder) and return what it prints."
-    parameters = {
-        "type": "object",
-        "properties": {"code": {"type": "string", "description": "a complete Python program"}},
-        "required": ["code"],
-    }
+    description = "Run a Python program and return what it prints."
+    parameters = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
 
     def __init__(self, *, sandbox: PythonSandbox | None = None, config: SandboxConfig | None = None) -> None:
         if sandbox is not None and config is not None:

@@ -15,12 +15,8 @@ from pipelines_lib.envs.registry import register_tool
 
 @register_tool("search")
 class SearchTool(Tool):
-    description = "Look up a person, city or country by name and return the facts about it."
-    parameters = {
-        "type": "object",
-        "properties": {"query": {"type": "string", "description": "a name, e.g. Tomaki"}},
-        "required": ["query"],
-    }
+    description = "Look up a person, city or country by name."
+    parameters = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
 
     def __init__(self, *, kb: KnowledgeBase | None = None, config: KnowledgeConfig | None = None) -> None:
         if kb is not None and config is not None:

@@ -1,0 +1,193 @@
+"""The campaign flow: one experiment from an empty folder to an audited, evaluated policy.
+
+```
+ init (campaign.json) -> prep -> warm start (publishes v0)
+      -> rollout workers 0..N-1  ||  streaming trainer       (concurrent; workers stop on train/DONE.json)
+         TrainProgress polls the folder: terminal line + progress artifact per trainer step
+      -> evaluate published versions (all, or v0 and the last) -> eval table artifact per version
+      -> learning curve artifact -> audit (+ markdown artifact)
+```
+
+``run_stages`` is the part after init, for any subset of stages in that order: the campaign flow runs
+them all (each is a no-op where its marker exists), ``flows.recover`` runs those ``campaign_status`` lists.
+Stages start in-process (threads of this flow run: one process, one shared XLA runtime) or, with
+``use_deployments``, as deployment runs on work pools (``flows.launch``).
+
+Entry point: ``python -m flows.campaign --campaign-url URL [--config FILE] [--set key=value ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any, Literal
+
+import yaml
+from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture
+from prefect.runtime import flow_run
+from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+
+from flows import artifacts
+from flows.launch import Launcher
+from flows.monitor import TrainProgress
+from pipelines_lib.campaign import published_versions
+from pipelines_lib.config import CampaignConfig
+from tasks.common import open_store
+from tasks.init import init_campaign
+
+STAGE_ORDER = ("prep", "warm_start", "collect", "train", "evaluate", "audit")
+EvalChoice = Literal["all", "ends"]
+
+
+def build_config(config_path: str | None = None, overrides: dict[str, Any] | None = None,
+                 workers: int | None = None) -> CampaignConfig:
+    """YAML file (over ``tiny()``), then dotted ``overrides`` (``{"trainer.max_steps": 4}``), then ``workers``."""
+    config = CampaignConfig.from_yaml(config_path) if config_path else CampaignConfig.tiny()
+    if overrides:
+        config = config.with_overrides(overrides)
+    return config if workers is None else dataclasses.replace(config, workers=workers)
+
+
+def expand_campaign_url(url: str, when: dt.datetime) -> str:
+    """``{date}`` / ``{datetime}`` in a URL become the run's scheduled UTC time (``20261202`` / ``20261202T0200``).
+
+    A scheduled deployment gets a fresh folder per run, and a retry of the same run (same scheduled time)
+    lands in the same folder and continues it.
+    """
+    when = when.astimezone(dt.UTC)
+    return url.replace("{date}", when.strftime("%Y%m%d")).replace("{datetime}", when.strftime("%Y%m%dT%H%M"))
+
+
+def versions_to_evaluate(published: list[int], choice: EvalChoice) -> list[int]:
+    if choice == "all" or len(published) <= 2:
+        return published
+    return [published[0], published[-1]]
+
+
+def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], progress: TrainProgress,
+                   poll_s: float) -> dict[str, Any]:
+    log = get_run_logger()
+    warned = False
+    while True:
+        trainer.wait(timeout=poll_s)
+        progress.poll()
+        if trainer.state.is_final():
+            return trainer.result()
+        if not warned and collectors and all(c.state.is_final() for c in collectors):
+            log.warning("all rollout workers have stopped before the trainer finished; it will wait for data "
+                        "up to trainer.data_timeout_s, then fail (recover with `python -m flows.recover`)")
+            warned = True
+
+
+def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = "all",
+               poll_s: float = 5.0) -> dict[str, Any]:
+    """Run ``stages`` (a subset of ``STAGE_ORDER``, kept in that order); returns their manifests."""
+    unknown = set(stages) - set(STAGE_ORDER)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; valid: {STAGE_ORDER}")
+    log = get_run_logger()
+    url, config = launcher.campaign_url, launcher.config
+    store = open_store(url, launcher.storage_options)
+    out: dict[str, Any] = {}
+    for stage in ("prep", "warm_start"):
+        if stage in stages:
+            out[stage] = launcher.submit(stage).result()
+            log.info("%s done", stage)
+    if "collect" in stages or "train" in stages:
+        collectors = [launcher.submit("collect", worker_index=i, num_workers=config.workers)
+                      for i in range(config.workers)] if "collect" in stages else []
+        if "train" in stages:
+            progress = TrainProgress(store, max_steps=config.trainer.max_steps, log=log.info,
+                                     key=f"progress-{artifacts.campaign_slug(url)}-train")
+            out["train"] = _wait_training(launcher.submit("train"), collectors, progress, poll_s)
+            log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
+        out["collect"] = [c.result() for c in collectors]
+    if "evaluate" in stages:
+        evaluated = set(store.list("eval"))
+        todo = [v for v in versions_to_evaluate(published_versions(store), evaluate)
+                if f"v{v:08d}.json" not in evaluated]
+        futures = {v: launcher.submit("evaluate", version=v) for v in todo}
+        out["evaluate"] = {v: f.result() for v, f in futures.items()}
+        if not launcher.use_deployments:  # a deployment's stage flow publishes its own table
+            for v, result in out["evaluate"].items():
+                artifacts.publish_eval_table(url, v, result)
+        log.info("evaluated versions %s", sorted(out["evaluate"]))
+    artifacts.publish_learning_curve(url, store, config.trainer.max_steps)
+    if "audit" in stages:
+        out["audit"] = launcher.submit("audit").result()
+        if not launcher.use_deployments:
+            artifacts.publish_audit(url, store, out["audit"])
+        log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
+    return out
+
+
+@flow(name="rollstream-campaign", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def campaign(campaign_url: str, config_path: str | None = None, overrides: dict[str, Any] | None = None,
+             workers: int | None = None, storage_options: dict[str, Any] | None = None,
+             use_deployments: bool = False, evaluate: EvalChoice = "all", poll_s: float = 5.0) -> dict[str, Any]:
+    """Run (or continue: every stage is idempotent) the campaign at ``campaign_url``.
+
+    Args:
+        campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
+            the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
+        config_path: YAML over the ``tiny()`` preset; None runs the preset.
+        overrides: dotted keys over the YAML, e.g. ``{"trainer.max_steps": 4}``.
+        workers: rollout workers (overrides ``config.workers``).
+        storage_options: fsspec options of the campaign's filesystem (never credentials: use workload identity).
+        use_deployments: start each stage as a deployment run (``infra/prefect.yaml``) instead of in-process.
+        evaluate: ``all`` published versions, or ``ends`` (v0 and the last).
+        poll_s: seconds between progress polls of the campaign folder.
+    """
+    campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
+    config = build_config(config_path, overrides, workers)
+    init = init_campaign(campaign_url, config.to_dict(), storage_options)
+    get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
+    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+                        use_deployments=use_deployments)
+    return {"init": init, **run_stages(launcher, list(STAGE_ORDER), evaluate=evaluate, poll_s=poll_s)}
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flows.campaign", description=__doc__.split("\n\n")[0])
+    p.add_argument("--campaign-url", required=True)
+    p.add_argument("--config", help="YAML config file (over the tiny preset)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
+    p.add_argument("--workers", type=int)
+    p.add_argument("--storage-options", type=json.loads, help="JSON object of fsspec options")
+    p.add_argument("--use-deployments", action="store_true")
+    p.add_argument("--evaluate", choices=["all", "ends"], default="all")
+    p.add_argument("--runner", choices=["threads", "processes"], default="threads",
+                   help="in-process stages as threads (default) or in a process pool")
+    args = p.parse_args(argv)
+    overrides = _parse_set(args.set)
+    # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
+    processes = build_config(args.config, overrides, args.workers).workers + 1
+    run = campaign if args.runner == "threads" else campaign.with_options(
+        task_runner=ProcessPoolTaskRunner(max_workers=processes))
+    t0 = time.monotonic()
+    result = run(campaign_url=args.campaign_url, config_path=args.config, overrides=overrides,
+                 workers=args.workers, storage_options=args.storage_options, use_deployments=args.use_deployments,
+                 evaluate=args.evaluate)
+    audit = result.get("audit", {})
+    print(f"campaign {args.campaign_url}: done in {time.monotonic() - t0:.0f}s; audit "
+          f"{'OK' if audit.get('ok') else 'FAILED'} ({audit.get('report')})")
+    return 0 if audit.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

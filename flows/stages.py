@@ -1,0 +1,80 @@
+"""One flow per stage, each deployable and runnable alone (``infra/prefect.yaml`` deploys them).
+
+Every stage flow reads the campaign's config from ``campaign.json``, so its parameters are only where the
+campaign is and which part of the stage to run. The accelerator stages (warm start, collect, train) hold a
+``gpu:<worker>`` global concurrency slot while they run (``flows.resources``); a missing limit does not
+block (laptops have none), a limit of 1 per slot makes a second holder wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.concurrency.sync import concurrency
+
+from flows import artifacts
+from flows.resources import resources_for
+from pipelines_lib.publish import CampaignWeights
+from tasks.audit import audit
+from tasks.collect_rollouts import collect_rollouts
+from tasks.common import open_campaign, open_store
+from tasks.evaluate import evaluate_version
+from tasks.prep import prep_dataset
+from tasks.train import train
+from tasks.warm_start import warm_start
+
+
+def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, worker_index: int = 0) -> str:
+    _, config = open_campaign(campaign_url, storage_options)
+    key = resources_for(stage, config, worker_index=worker_index).concurrency_key
+    assert key is not None, f"{stage} is not an accelerator stage"
+    return key
+
+
+@flow(name="rollstream-prep")
+def prep_flow(campaign_url: str, storage_options: dict[str, Any] | None = None,
+              source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    return prep_dataset(campaign_url, storage_options, source_storage_options)
+
+
+@flow(name="rollstream-warm-start")
+def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    with concurrency(_slot("warm_start", campaign_url, storage_options), occupy=1):
+        return warm_start(campaign_url, storage_options)
+
+
+@flow(name="rollstream-collect")
+def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1, target_groups: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    with concurrency(_slot("collect", campaign_url, storage_options, worker_index), occupy=1):
+        return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options)
+
+
+@flow(name="rollstream-train")
+def train_flow(campaign_url: str, max_steps: int | None = None, storage_options: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    with concurrency(_slot("train", campaign_url, storage_options), occupy=1):
+        return train(campaign_url, max_steps, storage_options)
+
+
+@flow(name="rollstream-evaluate")
+def evaluate_flow(campaign_url: str, version: int | None = None, storage_options: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """``version`` defaults to the latest published one."""
+    if version is None:
+        version = CampaignWeights(open_store(campaign_url, storage_options)).latest()
+        if version is None:
+            raise ValueError(f"{campaign_url}: nothing published yet to evaluate")
+    result = evaluate_version(campaign_url, version, storage_options)
+    artifacts.publish_eval_table(campaign_url, version, result)
+    return result
+
+
+@flow(name="rollstream-audit")
+def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    summary = audit(campaign_url, storage_options)
+    artifacts.publish_audit(campaign_url, open_store(campaign_url, storage_options), summary)
+    get_run_logger().info("audit %s: %s shards, %s violations (%s)", "OK" if summary["ok"] else "FAILED",
+                          summary["shards"], summary["violations"], summary["report"])
+    return summary

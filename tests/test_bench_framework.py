@@ -1,0 +1,91 @@
+"""Benchmark framework: registry, results merge, BENCHMARKS.md regeneration, and the quick ``store`` benchmark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines_lib import cli
+from pipelines_lib.bench import registry
+from pipelines_lib.bench.registry import Bench, BenchContext, BenchResult, Goal, load_benches, register_bench
+from pipelines_lib.bench.runner import merge_results, render_markdown, run_benchmarks
+
+
+def _toy(figures: dict[str, float]) -> Bench:
+    def fn(ctx: BenchContext) -> BenchResult:
+        (ctx.plot_dir / "toy.png").write_bytes(b"png")
+        return BenchResult(figures=figures, rows=[{"variant": "a", "MB/s": 2.5}, {"variant": "b", "MB/s": 5.0}],
+                           plots=["toy.png"], notes=f"quick={ctx.quick}")
+    return Bench(name="toy", title="Toy", measures="nothing real", method="returns constants",
+                 goals=(Goal(key="toy.ratio", op=">=", value=0.9, why="close to raw"),), fn=fn)
+
+
+@pytest.fixture
+def toy(monkeypatch) -> None:
+    load_benches()
+    monkeypatch.setitem(registry.BENCHES, "toy", _toy({"toy.ratio": 0.5, "toy.mb_s": 2.5}))
+
+
+def test_a_run_replaces_its_own_figures_and_keeps_other_benchmarks(toy, tmp_path: Path) -> None:
+    results_path = tmp_path / "bench" / "results.json"
+    results_path.parent.mkdir()
+    results_path.write_text(json.dumps({
+        "figures": {"other.speed": 7.0, "toy.renamed_away": 1.0},
+        "runs": {"other": {"date": "2026-01-01", "quick": False, "rows": [], "plots": [], "notes": ""}}}))
+    figures = run_benchmarks(names=["toy"], quick=True, out_dir=tmp_path, progress=lambda line: None)
+    assert figures == {"toy.ratio": 0.5, "toy.mb_s": 2.5}
+    saved = json.loads(results_path.read_text())
+    assert saved["figures"] == {"other.speed": 7.0, "toy.mb_s": 2.5, "toy.ratio": 0.5}
+    assert saved["runs"]["other"]["date"] == "2026-01-01"
+    toy_run = saved["runs"]["toy"]
+    assert toy_run["quick"] is True and toy_run["plots"] == ["toy.png"] and toy_run["machine"]["cpus"] >= 1
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "## `toy`: Toy" in md and "## `other`: (benchmark no longer registered)" in md
+    assert "| `toy.ratio` | 0.5 | ≥ 0.9 (NOT met) |" in md
+    assert "| a | 2.5 |" in md and "![toy.png](bench/toy.png)" in md and "quick=True" in md
+
+
+def test_markdown_is_regenerated_from_results_alone() -> None:
+    bench = _toy({})
+    results = {"figures": {"toy.ratio": 0.95}, "runs": {}}
+    md = render_markdown(results, {"toy": bench})
+    assert "| `toy.ratio` | 0.95 | ≥ 0.9 (met) | close to raw |" in md  # the goals summary
+    assert "**What.** nothing real" in md and "**How.** returns constants" in md
+
+
+def test_merge_is_pure_and_drops_stale_keys_of_the_benchmark_that_ran() -> None:
+    previous = {"figures": {"a.x": 1.0, "b.y": 2.0}, "runs": {}}
+    merged = merge_results(previous, "a", BenchResult(figures={"a.z": 3.0}), {"quick": True})
+    assert merged["figures"] == {"a.z": 3.0, "b.y": 2.0}
+    assert previous["figures"] == {"a.x": 1.0, "b.y": 2.0}
+
+
+def test_unknown_benchmark_names_list_the_registered_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown benchmark\(s\) \['nope'\]; registered: \[.*'store'"):
+        run_benchmarks(names=["nope"], out_dir=tmp_path)
+
+
+def test_figures_must_carry_the_benchmark_prefix(monkeypatch, tmp_path: Path) -> None:
+    load_benches()
+    monkeypatch.setitem(registry.BENCHES, "toy", _toy({"ratio": 1.0}))
+    with pytest.raises(ValueError, match="figure 'ratio': keys must start with 'toy.'"):
+        run_benchmarks(names=["toy"], out_dir=tmp_path, progress=lambda line: None)
+
+
+def test_registration_checks_names_and_goal_keys() -> None:
+    with pytest.raises(ValueError, match="goal key 'other.x' must start with 'x.'"):
+        register_bench("x", title="", measures="", method="", goals=(Goal(key="other.x", op=">=", value=1),))
+    with pytest.raises(ValueError, match="registered twice"):
+        register_bench("store", title="", measures="", method="")(lambda ctx: BenchResult(figures={}))
+    assert "store" in load_benches()  # registered by a module listed in BENCH_MODULES
+
+
+def test_store_benchmark_quick_via_the_cli(tmp_path: Path, capsys) -> None:
+    assert cli.main(["bench", "--quick", "--only", "store", "--out", str(tmp_path)]) == 0
+    figures = json.loads((tmp_path / "bench" / "results.json").read_text())["figures"]
+    assert figures["store.write_over_pyarrow"] > 0 and figures["store.read_over_pyarrow"] > 0
+    assert figures["store.shard_mb"] < figures["store.table_mb"]  # zstd shrinks token lists
+    assert (tmp_path / "bench" / "store_throughput.png").stat().st_size > 1000
+    assert "store.read_over_pyarrow = " in capsys.readouterr().out

@@ -1,0 +1,148 @@
+"""Flows against a real (ephemeral, temporary-database) Prefect API, shared by the whole module.
+
+The fast tests pin the pure pieces and the Prefect wiring (run records, artifacts, progress); the slow
+ones run a whole tiny campaign and a recovery with the real stages.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+from collections.abc import Iterator
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.testing.utilities import prefect_test_harness
+
+from flows import artifacts
+from flows.campaign import build_config, expand_campaign_url, versions_to_evaluate
+from flows.monitor import TrainProgress
+from flows.recover import recovery_plan
+from flows.stages import audit_flow, prep_flow
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.store import Store
+from tasks.common import run_record_path
+from tasks.init import init_campaign
+
+SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[None]:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def campaign(tmp_path) -> Store:
+    store = Store(str(tmp_path / "my_campaign"))
+    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL).to_dict())
+    return store
+
+
+def _artifacts(key: str) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+# -- pure pieces ------------------------------------------------------------------------------------------
+def test_config_is_yaml_then_overrides_then_workers(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("workers: 3\ntrainer:\n  max_steps: 9\n  publish_every: 3\n")
+    config = build_config(str(path), {"trainer.max_steps": 4}, workers=1)
+    assert (config.workers, config.trainer.max_steps, config.trainer.publish_every) == (1, 4, 3)
+    assert build_config() == CampaignConfig.tiny()
+
+
+def test_scheduled_urls_get_the_scheduled_utc_date() -> None:
+    when = dt.datetime(2026, 12, 2, 3, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert expand_campaign_url("gs://b/nightly-{date}", when) == "gs://b/nightly-20261202"
+    assert expand_campaign_url("gs://b/{datetime}", when) == "gs://b/20261202T0130"
+    assert expand_campaign_url("gs://b/fixed", when) == "gs://b/fixed"
+
+
+def test_ends_evaluates_the_first_and_last_published_versions() -> None:
+    assert versions_to_evaluate([0, 1, 2, 3], "ends") == [0, 3]
+    assert versions_to_evaluate([0, 1, 2, 3], "all") == [0, 1, 2, 3]
+    assert versions_to_evaluate([0], "ends") == [0]
+
+
+def test_recovery_runs_the_listed_stages_in_campaign_order() -> None:
+    status = {"todo": ["collect", "train", "evaluate", "audit"]}
+    assert recovery_plan(status) == ["collect", "train", "evaluate", "audit"]
+    with pytest.raises(ValueError, match="no campaign.json"):
+        recovery_plan({"todo": ["init", "prep", "audit"]})
+
+
+def test_artifact_keys_and_eval_rows() -> None:
+    assert artifacts.campaign_slug("gs://bucket/campaigns/Nightly_20261202/") == "nightly-20261202"
+    rows = artifacts.eval_rows({"version": 2, "accuracy": 0.5, "by_env": {"arith": {"n": 8}}, "ok": True})
+    assert rows == [{"metric": "version", "value": 2.0}, {"metric": "accuracy", "value": 0.5},
+                    {"metric": "by_env.arith.n", "value": 8.0}]
+    assert artifacts.curve_metric([{"greedy": {"mean_reward": 0.1}, "greedy_success_rate": 0.4}]) == "greedy_success_rate"
+
+
+def test_learning_curve_is_a_png() -> None:
+    png = artifacts.learning_curve_png([(1, 0.1), (2, 0.3)], [(0, 0.2), (2, 0.4)], "accuracy")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- Prefect wiring ---------------------------------------------------------------------------------------
+def test_a_stage_flow_links_its_run_to_its_outputs(prefect_api, campaign: Store) -> None:
+    state = prep_flow(campaign.url, return_state=True)
+    manifest = state.result()
+    record = campaign.read_json(run_record_path("prep", str(state.state_details.flow_run_id)))
+    assert record["state"] == "completed" and record["manifest"] == manifest
+    assert record["flow_run_name"] and record["task_run_id"]
+    dataset = [p for p in campaign.walk() if p.startswith("dataset/")]
+    again = prep_flow(campaign.url, return_state=True)
+    assert again.result() == manifest
+    assert [p for p in campaign.walk() if p.startswith("dataset/")] == dataset  # a no-op rerun
+    assert len([p for p in campaign.walk() if p.startswith("runs/prep-")]) == 2  # ... that is still on record
+
+
+def test_train_progress_follows_the_consumption_logs(prefect_api, campaign: Store) -> None:
+    lines: list[str] = []
+
+    @flow
+    def watch() -> float:
+        progress = TrainProgress(campaign, max_steps=4, log=lines.append, key="progress-test-train")
+        assert progress.poll() == 0
+        for step in (1, 2, 3):
+            campaign.create_json(layout.consumed_log(step), {
+                "step": step, "mean_reward": 0.25 * step, "groups": [{"staleness": step % 2}],
+                "published_version": 1 if step == 2 else None})
+        assert progress.poll() == 3
+        return progress.percent
+
+    assert watch() == 75.0
+    assert lines == ["progress: step 3/4 (75%), batch reward 0.750, staleness <= 1"]
+    (artifact,) = _artifacts("progress-test-train")
+    assert artifact.type == "progress" and float(artifact.data) == 75.0
+
+
+def test_audit_flow_publishes_its_summary(prefect_api, campaign: Store) -> None:
+    prep_flow(campaign.url)
+    summary = audit_flow(campaign.url)
+    assert summary["ok"]
+    (artifact,) = _artifacts("audit-my-campaign")
+    assert artifact.type == "markdown" and "# Audit: OK" in artifact.data and "verdict: OK" in artifact.data
+
+
+def test_learning_curve_artifact_embeds_the_png(prefect_api, campaign: Store) -> None:
+    for step in (1, 2):
+        campaign.create_json(layout.consumed_log(step), {"step": step, "mean_reward": 0.5, "groups": []})
+
+    @flow
+    def curve() -> str:
+        return artifacts.publish_learning_curve(campaign.url, campaign, steps=4)
+
+    markdown = curve()
+    data = markdown.split("(data:image/png;base64,", 1)[1].split(")", 1)[0]
+    assert base64.b64decode(data)[:4] == b"\x89PNG"
+    assert _artifacts("curve-my-campaign")[0].data == markdown

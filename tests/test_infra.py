@@ -1,0 +1,88 @@
+"""Infrastructure as data: resource sizing (pure) and the deployment / work-pool files parse and agree."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.resources import ACCEL_POOL, CPU_POOL, STAGES, kv_cache_bytes, param_count, resources_for
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.model.config import ModelConfig
+
+INFRA = Path(__file__).resolve().parents[1] / "infra"
+TINY = CampaignConfig.tiny()
+
+
+def test_param_count_of_the_tiny_model_by_hand() -> None:
+    # tied embedding 512*128; per layer: q,o 2*128*4*32, k,v 2*128*2*32, gated MLP 3*128*384, 2 norms of 128
+    per_layer = 2 * 128 * 4 * 32 + 2 * 128 * 2 * 32 + 3 * 128 * 384 + 2 * 128
+    assert param_count(ModelConfig.tiny()) == 512 * 128 + 4 * per_layer + 128 == 853_120
+
+
+def test_kv_cache_of_the_tiny_engine_by_hand() -> None:
+    # 16 slots x 128 positions x 4 layers x (K and V) x 2 kv heads x 32 dims x 4 bytes = 4 MiB
+    assert kv_cache_bytes(ModelConfig.tiny(), sequences=16, seq_len=128) == 16 * 128 * 4 * 2 * 2 * 32 * 4 == 4 * 2**20
+
+
+@pytest.mark.parametrize("stage", ["prep", "evaluate", "audit"])
+def test_cpu_stages_go_to_the_cpu_pool_without_a_device_slot(stage: str) -> None:
+    r = resources_for(stage, TINY)
+    assert (r.pool, r.accelerators, r.accelerator, r.concurrency_key) == (CPU_POOL, 0, None, None)
+
+
+def test_accelerator_stages_hold_one_slot_per_worker() -> None:
+    assert resources_for("collect", TINY, worker_index=1).concurrency_key == "gpu:rollout1"
+    assert resources_for("train", TINY).concurrency_key == "gpu:trainer"
+    assert resources_for("warm_start", TINY).concurrency_key == "gpu:trainer"
+    assert {resources_for(s, TINY).pool for s in ("warm_start", "collect", "train")} == {ACCEL_POOL}
+
+
+def test_an_8b_model_needs_more_chips_to_train_than_to_sample() -> None:
+    llama8b = ModelConfig(vocab_size=128_256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                          d_ff=14_336, max_seq_len=8192, dtype="bfloat16")
+    config = CampaignConfig.from_mapping({"model": llama8b.to_dict()}, base=TINY)
+    assert 8.0e9 < param_count(llama8b) < 8.1e9
+    train, collect = resources_for("train", config), resources_for("collect", config)
+    # 8.03e9 params x (2 weights + 4 grads + 8 Adam) bytes = 112 GB before activations: two 80 GiB chips
+    assert train.accelerators >= 2 > collect.accelerators == 1
+    assert resources_for("train", config, device_memory_gib=16).accelerators > train.accelerators
+
+
+def test_resources_name_the_valid_stages_for_an_unknown_one() -> None:
+    with pytest.raises(ValueError, match="valid: .*prep"):
+        resources_for("publish", TINY)
+
+
+def test_prefect_yaml_has_one_deployment_per_stage_and_a_nightly_campaign() -> None:
+    from flows.launch import DEPLOYMENTS
+
+    spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    for stage, full_name in DEPLOYMENTS.items():
+        flow_name, deployment_name = full_name.split("/")
+        d = deployments[deployment_name]
+        module, attr = d["entrypoint"].removesuffix(".py").replace("/", ".").split(":")
+        assert getattr(importlib.import_module(module), attr).name == flow_name
+        assert d["work_pool"]["name"] == resources_for(stage, TINY).pool
+    nightly = deployments["nightly"]
+    assert nightly["entrypoint"] == "flows/campaign.py:campaign"
+    assert nightly["schedules"][0]["cron"] == "0 2 * * *" and nightly["parameters"]["use_deployments"] is True
+    assert "{date}" in nightly["parameters"]["campaign_url"]
+    assert set(deployments) == {n.split("/")[1] for n in DEPLOYMENTS.values()} | {"nightly", "recover"}
+    CampaignConfig.from_yaml(INFRA.parent / nightly["parameters"]["config_path"])
+
+
+@pytest.mark.parametrize("template", ["process-job-template.json", "kubernetes-cpu-job-template.json",
+                                      "kubernetes-accel-job-template.json"])
+def test_every_work_pool_template_declares_the_resource_variables(template: str) -> None:
+    spec = json.loads((INFRA / template).read_text())
+    assert set(resources_for("train", TINY).job_variables()) <= set(spec["variables"]["properties"])
+    assert "job_configuration" in spec
+
+
+def test_all_stages_are_sized() -> None:
+    assert all(resources_for(s, TINY).memory_gib >= 2 for s in STAGES)

@@ -1,0 +1,130 @@
+"""ModelConfig validation and round-trips, the decoder's cached path against its plain forward, and
+Orbax weight folders."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
+from pipelines_lib.model.decoder import Decoder, KVCache, attention, init_cache, rope_inv_freq
+from pipelines_lib.model.weights import load_weights, save_weights
+
+TINY = ModelConfig.tiny()
+
+
+@nnx.jit
+def forward(model: Decoder, tokens_bt: jax.Array) -> jax.Array:
+    return model(tokens_bt)
+
+
+@nnx.jit
+def cached_hidden(model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache):
+    return model.hidden(tokens_bt, positions_bt, cache)
+
+
+@pytest.fixture(scope="module")
+def model() -> Decoder:
+    return Decoder(TINY, rngs=nnx.Rngs(0))
+
+
+def test_config_names_bad_values() -> None:
+    base = TINY.to_dict()
+    with pytest.raises(ValueError, match=r"n_heads \(4\) must be a multiple of n_kv_heads \(3\)"):
+        ModelConfig.from_dict({**base, "n_kv_heads": 3})
+    with pytest.raises(ValueError, match="norm must be one of .*'layer'"):
+        ModelConfig.from_dict({**base, "norm": "layer"})
+    with pytest.raises(ValueError, match="activation .*'relu'"):
+        ModelConfig.from_dict({**base, "activation": "relu"})
+    with pytest.raises(ValueError, match="layer_types has 2 entries for n_layers=4"):
+        ModelConfig.from_dict({**base, "layer_types": ["full", "sliding"]})
+    with pytest.raises(ValueError, match="sliding_window must be >= 1 with sliding layers, got None"):
+        ModelConfig.from_dict({**base, "layer_types": ["full", "sliding"] * 2})
+    with pytest.raises(ValueError, match="unknown keys \\['n_experts'\\]"):
+        ModelConfig.from_dict({**base, "n_experts": 8})
+    with pytest.raises(ValueError, match="RopeScaling.kind .*'yarn'"):
+        RopeScaling(kind="yarn", factor=2.0)
+
+
+def test_config_json_round_trip_is_exact() -> None:
+    cfg = ModelConfig.from_dict(
+        {
+            **TINY.to_dict(),
+            "rope_scaling": {"kind": "llama3", "factor": 8.0, "original_max_position_embeddings": 64},
+            "layer_types": ["sliding", "full"] * 2,
+            "sliding_window": 8,
+            "attn_logit_softcap": 50.0,
+        }
+    )
+    assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert ModelConfig.from_dict(json.loads(json.dumps(TINY.to_dict()))) == TINY
+
+
+def test_tiny_is_small_and_param_count_matches(model: Decoder) -> None:
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert sum(x.size for x in leaves) == param_count(TINY) == 853_120  # 4·(98304+49152+256)+65536+128
+
+
+def test_forward_is_causal_and_float32(model: Decoder) -> None:
+    tokens = jnp.asarray([[5, 6, 7, 8, 9, 10]], jnp.int32)
+    changed_tail = tokens.at[0, 4:].set(0)
+    logits, logits_changed = forward(model, tokens), forward(model, changed_tail)
+    assert logits.shape == (1, 6, 512) and logits.dtype == jnp.float32
+    np.testing.assert_array_equal(logits[0, :4], logits_changed[0, :4])
+    assert not np.allclose(logits[0, 4:], logits_changed[0, 4:])
+
+
+def test_chunked_cache_path_equals_plain_forward(model: Decoder) -> None:
+    tokens = jnp.asarray(
+        [[(11 * i) % 512 for i in range(20)], [(5 * i + 1) % 512 for i in range(20)]], jnp.int32
+    )
+    expected = np.asarray(forward(model, tokens))
+    cache = init_cache(TINY, 2, 32)
+    positions = jnp.broadcast_to(jnp.arange(20), (2, 20))
+    h_first, cache = cached_hidden(model, tokens[:, :13], positions[:, :13], cache)  # prefill
+    steps = [h_first]
+    for t in range(13, 20):  # then one token at a time
+        h, cache = cached_hidden(model, tokens[:, t : t + 1], positions[:, t : t + 1], cache)
+        steps.append(h)
+    got = np.asarray(nnx.jit(lambda m, h: m.unembed(h))(model, jnp.concatenate(steps, axis=1)))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_sliding_window_attention_equals_attention_over_the_window_only() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 9, h, 8)), jnp.float32) for h in (4, 2, 2))
+    pos = jnp.arange(9)[None]
+    attend = jax.jit(attention, static_argnames=("scale", "softcap", "window"))
+    windowed = attend(q, k, v, pos, pos, scale=0.3, softcap=None, window=3)
+    # The last query sees keys 6, 7, 8 only.
+    last = attend(q[:, 8:], k[:, 6:], v[:, 6:], pos[:, 8:], pos[:, 6:], scale=0.3, softcap=None, window=None)
+    np.testing.assert_allclose(windowed[:, 8:], last, rtol=0, atol=1e-6)
+
+
+def test_llama3_rope_scaling_keeps_short_and_scales_long_wavelengths() -> None:
+    scaling = RopeScaling(kind="llama3", factor=8.0, original_max_position_embeddings=64)
+    plain, scaled = rope_inv_freq(8, 10000.0, None), rope_inv_freq(8, 10000.0, scaling)
+    # inverse frequencies 1, 0.1, 0.01, 0.001: wavelengths 6.3 (< 64/4: kept), 63 (blended), 628 and 6283
+    # (> 64/1: divided by 8). Blend at 63: smooth = (64/62.8 - 1)/3 = 0.0063.
+    np.testing.assert_allclose(scaled[[0, 2, 3]], [1.0, 0.01 / 8, 0.001 / 8], rtol=1e-6)
+    smooth = (64 / (2 * np.pi / 0.1) - 1) / 3
+    np.testing.assert_allclose(scaled[1], (1 - smooth) * 0.1 / 8 + smooth * 0.1, rtol=1e-6)
+    np.testing.assert_allclose(plain, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
+
+
+def test_weights_round_trip_through_orbax(model: Decoder, tmp_path) -> None:
+    save_weights(model, str(tmp_path / "w"))
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["model_config.json", "state"]
+    restored = load_weights(f"file://{tmp_path / 'w'}")
+    assert restored.cfg == model.cfg
+    tokens = jnp.asarray([[1, 2, 3]], jnp.int32)
+    np.testing.assert_array_equal(forward(restored, tokens), forward(model, tokens))
+    with pytest.raises(ValueError, match="already exists"):
+        save_weights(model, str(tmp_path / "w"))
+    with pytest.raises(FileNotFoundError, match="no model config"):
+        load_weights(str(tmp_path))

@@ -1,0 +1,144 @@
+"""The warm-start stage: no-op when version 0 exists, imports (HF folder, another campaign), and SFT on
+demonstrations with the real decoder, tokenizer, env generator and train step (shrunk for CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from pipelines_lib.config import CampaignConfig, SFTConfig
+from pipelines_lib.envs import env_class
+from pipelines_lib.evaluate import evaluate_model
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.hf_import import load_hf_checkpoint
+from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.publish import CampaignWeights, load_published, publish_weights
+from pipelines_lib.storage.store import Store
+from pipelines_lib.train.optim import OptimConfig
+from pipelines_lib.train.sft import demonstration_rows, mean_nll, sft_train, warm_start
+
+LLAMA_FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "llama"
+# The tiny model's vocabulary (the default tokenizer's) with every other dimension shrunk for compile speed.
+SMALL = dataclasses.replace(ModelConfig.tiny(), d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+
+
+@functools.cache
+def tokenizer() -> ChatTokenizer:
+    return load_tokenizer(ensure_default_tokenizer())
+
+
+def small_config(**sft: object) -> CampaignConfig:
+    base = CampaignConfig.tiny()
+    return dataclasses.replace(base, model=SMALL, sft=dataclasses.replace(base.sft, **sft))
+
+
+def params(model_or_state: object) -> list[np.ndarray]:
+    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
+    return [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def assert_same(a: object, b: object) -> None:
+    for x, y in zip(params(a), params(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_demonstrations_train_only_the_assistant_tokens() -> None:
+    tokens, masks = demonstration_rows("arithmetic", tokenizer(), n=4, error_rate=0.0, seed=0, with_tools=True)
+    assert len(tokens) == 4
+    tok = tokenizer()
+    for ids, mask in zip(tokens, masks, strict=True):
+        assert len(ids) == len(mask) and mask[0] == 0
+        trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        # One tool call, then the answer; each assistant turn ends with its stop id. Prompt and tool result
+        # (the calculator's output inside <tool_response>) are never trained on.
+        assert trained.startswith("<tool_call>") and trained.endswith("</answer><|im_end|>")
+        assert trained.count("<|im_end|>") == 2
+        assert "<tool_response>" not in trained and "system" not in trained
+        assert "<tools>" in tok.decode(ids)
+
+
+def test_flawed_demonstrations_follow_the_error_rate_deterministically() -> None:
+    tok = tokenizer()
+    clean = demonstration_rows("arithmetic", tok, n=40, error_rate=0.0, seed=3, with_tools=False)
+    flawed = demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
+    assert flawed == demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
+    differ = sum(a != b for a, b in zip(clean[0], flawed[0], strict=True))
+    assert 10 <= differ <= 30  # about half of 40
+
+
+def test_a_short_sft_lowers_the_nll_on_demonstrations() -> None:
+    tok = tokenizer()
+    rows = demonstration_rows("arithmetic", tok, n=16, error_rate=0.0, seed=0, with_tools=True)
+    model = Decoder(SMALL, rngs=nnx.Rngs(0))
+    before = mean_nll(model, rows, pad_id=tok.pad_id)
+    logs: list[str] = []
+    cfg = SFTConfig(n_demos=16, steps=8, batch_size=4, optim=OptimConfig(lr=1e-2, total_steps=8))
+    info = sft_train(model, rows, cfg, pad_id=tok.pad_id, log=logs.append, log_every=4)
+    after = mean_nll(model, rows, pad_id=tok.pad_id)
+    assert after < before - 1.0, (before, after)
+    assert [line.split(":")[0] for line in logs] == ["sft step 4/8", "sft step 8/8"]
+    assert info["steps"] == 8 and info["final_nll"] < info["first_nll"]
+
+
+def test_warm_start_trains_and_publishes_version_0_deterministically(tmp_path: Path) -> None:
+    config = small_config(n_demos=8, steps=2, batch_size=4)
+    manifests = [warm_start(Store(str(tmp_path / name)), config, log=lambda _: None) for name in ("a", "b")]
+    for m in manifests:
+        assert (m["version"], m["step"], m["source"], m["demos"], m["skipped"]) == (0, 0, "sft", 8, False)
+    a, _ = load_published(Store(str(tmp_path / "a")), 0)
+    b, _ = load_published(Store(str(tmp_path / "b")), 0)
+    assert_same(a, b)
+    assert not np.array_equal(params(a)[0], params(Decoder(SMALL, rngs=nnx.Rngs(0)))[0])  # it trained
+
+
+def test_warm_start_is_a_no_op_when_version_0_exists(local_store: Store) -> None:
+    published = Decoder(SMALL, rngs=nnx.Rngs(7))
+    publish_weights(local_store, published, version=0, step=0)
+    logs: list[str] = []
+    manifest = warm_start(local_store, small_config(), log=logs.append)
+    assert manifest["skipped"] and manifest["version"] == 0
+    assert logs == []
+    assert_same(CampaignWeights(local_store).load(0), published)
+
+
+def test_warm_start_imports_another_campaigns_latest_weights(tmp_path: Path) -> None:
+    source = Store(str(tmp_path / "source"))
+    publish_weights(source, Decoder(SMALL, rngs=nnx.Rngs(1)), version=0, step=0)
+    newest = Decoder(SMALL, rngs=nnx.Rngs(2))
+    publish_weights(source, newest, version=3, step=6)
+    target = Store(str(tmp_path / "target"))
+    manifest = warm_start(target, dataclasses.replace(small_config(), init_from=source.url))
+    assert (manifest["source"], manifest["from_version"], manifest["version"]) == ("campaign", 3, 0)
+    assert_same(CampaignWeights(target).load(0), newest)
+
+
+def test_warm_start_imports_a_hugging_face_folder(local_store: Store) -> None:
+    manifest = warm_start(local_store, dataclasses.replace(small_config(), init_from=str(LLAMA_FIXTURE)))
+    assert manifest["source"] == "hf"
+    loaded, version = load_published(local_store)
+    assert version == 0
+    assert_same(loaded, load_hf_checkpoint(LLAMA_FIXTURE))
+
+
+@pytest.mark.slow
+def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
+    """The tiny model, warm-started as the stage does it, solves held-out problems greedily (figure in the log)."""
+    config = CampaignConfig.tiny().with_overrides({
+        "engine.max_seq_len": 256, "engine.prefill_buckets": [64, 128, 256], "rollout.max_tokens": 256,
+        "trainer.seq_buckets": [256], "eval.samples": 1})
+    tok = tokenizer()
+    rows = demonstration_rows("arithmetic", tok, n=config.sft.n_demos, error_rate=config.sft.error_rate,
+                              seed=config.sft.seed, with_tools=True)
+    model = Decoder(config.model, rngs=nnx.Rngs(config.sft.seed))
+    sft_train(model, rows, config.sft, pad_id=tok.pad_id)
+    tasks = env_class("arithmetic").generate_tasks(seed=0, n=32, split="heldout")
+    results = evaluate_model(model, tok, tasks, config)
+    print(f"held-out greedy success after SFT: {results['greedy_success_rate']:.3f}")
+    assert results["greedy_success_rate"] >= 0.2
