@@ -87,7 +87,7 @@ def stage_run(store: Store, key: str, call: Callable[[], dict[str, Any]],
               clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Run ``call`` (one library function) and record the run in the campaign folder; returns its manifest."""
     run_id = flow_run.id
-    base = {"key": key, "flow_run_id": run_id, "flow_run_name": flow_run.name, "ui_url": flow_run.ui_url,
+    base = {"key": key, "flow_run_id": run_id, "flow_run_name": flow_run.name,
             "deployment_id": deployment.id, "task_run_id": task_run.id,
             "host": socket.gethostname(), "pid": os.getpid(), "started_at": utc_now_iso()}
     start = clock()

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 from flax import nnx
 
-from pipelines_lib.config import CampaignConfig
+from pipelines_lib.agents import AgentConfig
+from pipelines_lib.config import CampaignConfig, EvalConfig
 from pipelines_lib.dataset import DatasetConfig, prep
 from pipelines_lib.engine import EngineConfig
 from pipelines_lib.evaluate import evaluate, pass_at_k, summarize
@@ -81,11 +82,14 @@ SMALL = dataclasses.replace(ModelConfig.tiny(), d_model=32, n_layers=2, n_heads=
 
 
 def test_evaluate_writes_the_results_once(local_store: Store) -> None:
+    # The plain-answer agent keeps prompts short (no tool schemas): one small prefill bucket to compile.
     base = CampaignConfig.tiny()
     config = dataclasses.replace(
-        base.with_overrides({"rollout.max_new_tokens": 6, "rollout.max_tokens": 256, "trainer.seq_buckets": [256],
-                             "eval.n_tasks": 3, "eval.samples": 2, "eval.max_concurrency": 4}),
-        model=SMALL, engine=EngineConfig(num_slots=4, max_seq_len=256, prefill_buckets=(256,)),
+        base, model=SMALL, agent=AgentConfig(kind="model"),
+        engine=EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(96,)),
+        rollout=dataclasses.replace(base.rollout, max_new_tokens=6, max_tokens=96),
+        trainer=dataclasses.replace(base.trainer, seq_buckets=(96,)),
+        eval=EvalConfig(n_tasks=3, samples=2, max_concurrency=4),
     )
     prep(local_store, DatasetConfig(n_train=4, n_heldout=5))
     publish_weights(local_store, Decoder(SMALL, rngs=nnx.Rngs(0)), version=0, step=0)

@@ -60,6 +60,20 @@ def test_transformers_v4_config_spelling_maps_the_same() -> None:
     assert ModelConfig.from_hf_config(v4) == ModelConfig.from_hf_config(v5)
 
 
+def test_v4_qwen_sliding_window_layers_and_unsupported_biases() -> None:
+    qwen2 = json.loads((FIXTURES / "qwen2" / "config.json").read_text())
+    del qwen2["layer_types"]
+    cfg = ModelConfig.from_hf_config(
+        {**qwen2, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+    )
+    assert (cfg.layer_types, cfg.sliding_window) == (("full", "sliding"), 8)
+    llama = json.loads((FIXTURES / "llama" / "config.json").read_text())
+    with pytest.raises(ValueError, match="attention_bias=True is not supported for llama"):
+        ModelConfig.from_hf_config({**llama, "attention_bias": True})
+    with pytest.raises(ValueError, match="mlp_bias=True"):
+        ModelConfig.from_hf_config({**llama, "mlp_bias": True})
+
+
 def copy_fixture(family: str, tmp_path: Path) -> Path:
     folder = tmp_path / family
     shutil.copytree(FIXTURES / family, folder)

@@ -128,3 +128,14 @@ def test_weights_round_trip_through_orbax(model: Decoder, tmp_path) -> None:
         save_weights(model, str(tmp_path / "w"))
     with pytest.raises(FileNotFoundError, match="no model config"):
         load_weights(str(tmp_path))
+
+
+def test_bfloat16_model_tracks_float32(model: Decoder) -> None:
+    bf16_cfg = ModelConfig.from_dict({**TINY.to_dict(), "dtype": "bfloat16"})
+    bf16 = nnx.eval_shape(lambda: Decoder(bf16_cfg, rngs=nnx.Rngs(0)))
+    nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model, nnx.Param)))
+    tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6]], jnp.int32)
+    low, high = forward(bf16, tokens), forward(model, tokens)
+    assert low.dtype == jnp.float32 and bf16.embed.embedding[...].dtype == jnp.bfloat16
+    # bf16 keeps ~3 significant digits; the logits are O(1).
+    np.testing.assert_allclose(low, high, rtol=0, atol=0.1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from pipelines_lib.agents import AgentConfig
 from pipelines_lib.config import CampaignConfig, SFTConfig
 from pipelines_lib.envs import env_class
 from pipelines_lib.evaluate import evaluate_model
@@ -35,8 +36,10 @@ def tokenizer() -> ChatTokenizer:
 
 
 def small_config(**sft: object) -> CampaignConfig:
+    """The plain-answer agent (no tool schemas in the prompt) keeps demonstrations short, so steps compile fast."""
     base = CampaignConfig.tiny()
-    return dataclasses.replace(base, model=SMALL, sft=dataclasses.replace(base.sft, **sft))
+    return dataclasses.replace(base, model=SMALL, agent=AgentConfig(kind="model"),
+                               sft=dataclasses.replace(base.sft, **sft))
 
 
 def params(model_or_state: object) -> list[np.ndarray]:
@@ -75,7 +78,7 @@ def test_flawed_demonstrations_follow_the_error_rate_deterministically() -> None
 
 def test_a_short_sft_lowers_the_nll_on_demonstrations() -> None:
     tok = tokenizer()
-    rows = demonstration_rows("arithmetic", tok, n=16, error_rate=0.0, seed=0, with_tools=True)
+    rows = demonstration_rows("arithmetic", tok, n=16, error_rate=0.0, seed=0, with_tools=False)
     model = Decoder(SMALL, rngs=nnx.Rngs(0))
     before = mean_nll(model, rows, pad_id=tok.pad_id)
     logs: list[str] = []

@@ -62,20 +62,20 @@ def ragged_rows(n_rows: int = 8, seed: int = 0):
 
 def test_logprobs_fn_scores_each_token_given_only_its_prefix() -> None:
     model = make_model()
-    tokens_bt = jnp.array(np.random.default_rng(0).integers(0, SMALL.vocab_size, size=(2, 10)), jnp.int32)
-    positions_bt = jnp.broadcast_to(jnp.arange(10), (2, 10))
-    logp_bt = logprobs_fn(model, tokens_bt, positions_bt)
+    tokens_bt = np.random.default_rng(0).integers(0, SMALL.vocab_size, size=(8, 16)).astype(np.int32)
+    positions_bt = np.broadcast_to(np.arange(16, dtype=np.int32), (8, 16))
+    logp_bt = np.asarray(logprobs_fn(model, tokens_bt, positions_bt))
 
-    logits_btv = nnx.jit(lambda m, t, p: m(t, p))(model, tokens_bt, positions_bt)
-    expected_bt = jnp.take_along_axis(jax.nn.log_softmax(logits_btv[:, :-1]), tokens_bt[:, 1:, None], -1)[
-        ..., 0
-    ]
+    logits_btv = np.asarray(nnx.jit(lambda m, t, p: m(t, p))(model, tokens_bt, positions_bt), np.float64)
+    logp_all_btv = logits_btv - np.log(np.exp(logits_btv).sum(-1, keepdims=True))
+    expected_bt = np.take_along_axis(logp_all_btv[:, :-1], tokens_bt[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(logp_bt[:, 1:], expected_bt, rtol=1e-5, atol=1e-5)
     assert (logp_bt[:, 0] == 0).all()
 
     # Changing token 6 changes its own score (t = 6) onwards, never the scores before it.
-    changed_bt = tokens_bt.at[:, 6].set((tokens_bt[:, 6] + 1) % SMALL.vocab_size)
-    changed_logp_bt = logprobs_fn(model, changed_bt, positions_bt)
+    changed_bt = tokens_bt.copy()
+    changed_bt[:, 6] = (changed_bt[:, 6] + 1) % SMALL.vocab_size
+    changed_logp_bt = np.asarray(logprobs_fn(model, changed_bt, positions_bt))
     np.testing.assert_allclose(changed_logp_bt[:, :6], logp_bt[:, :6], rtol=1e-5, atol=1e-6)
     assert not np.allclose(changed_logp_bt[:, 6], logp_bt[:, 6])
 
@@ -147,7 +147,7 @@ def test_behaviour_logprobs_from_the_same_weights_give_unit_importance_weights()
     model = make_model()
     tokens, masks, _, advantages = ragged_rows()
     draft = build_train_batch(tokens, masks, None, advantages, seq_buckets=BUCKETS)
-    behav_logp_bt = logprobs_fn(model, draft.tokens_bt, draft.positions_bt)
+    behav_logp_bt = np.asarray(logprobs_fn(model, draft.tokens_bt, draft.positions_bt))
     batch = draft.replace(behav_logp_bt=behav_logp_bt * draft.loss_mask_bt)
     metrics = train_step(model, sgd(model), batch, cfg=SEQ_MEAN)
     assert float(metrics["prox_behav_logp_abs_diff"]) < 1e-5
@@ -172,8 +172,8 @@ def test_padding_rows_and_longer_buckets_leave_the_update_unchanged() -> None:
 
 
 def sequence_logp(model: Decoder, batch: TrainBatch) -> np.ndarray:
-    return np.asarray(
-        (logprobs_fn(model, batch.tokens_bt, batch.positions_bt) * batch.loss_mask_bt).sum(axis=1)
+    return (np.asarray(logprobs_fn(model, batch.tokens_bt, batch.positions_bt)) * batch.loss_mask_bt).sum(
+        axis=1
     )
 
 
@@ -183,9 +183,9 @@ def test_grpo_steps_make_positive_advantage_completions_likelier() -> None:
     tokens = [prompt + [10, 11, 12, 13], prompt + [20, 21, 22, 23]]
     masks = [[0, 0, 0, 1, 1, 1, 1]] * 2
     model = make_model()
-    draft = build_train_batch(tokens, masks, None, [1.0, -1.0], seq_buckets=BUCKETS)
+    draft = build_train_batch(tokens, masks, None, [1.0, -1.0], seq_buckets=BUCKETS, batch_size=8)
     batch = draft.replace(
-        behav_logp_bt=logprobs_fn(model, draft.tokens_bt, draft.positions_bt) * draft.loss_mask_bt
+        behav_logp_bt=np.asarray(logprobs_fn(model, draft.tokens_bt, draft.positions_bt)) * draft.loss_mask_bt
     )
     before = sequence_logp(model, batch)
     optimizer = make_nnx_optimizer(model, OptimConfig(lr=3e-3))

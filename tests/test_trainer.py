@@ -132,7 +132,7 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
             for line in proc.stdout:
                 if line.startswith("trainer: step"):
                     break
-            time.sleep(rng.uniform(0.0, 1.5))
+            time.sleep(rng.uniform(0.0, 0.8))
             proc.send_signal(signal.SIGKILL)
             kills += 1
         out = proc.communicate(timeout=300)[0]

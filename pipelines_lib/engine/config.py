@@ -22,6 +22,12 @@ class EngineConfig:
     """``continuous``: requests join free slots between decode steps and leave the moment they finish.
     ``static``: a batch is admitted only when every slot is free, decodes until its longest request
     finishes, and all its completions are returned together (the baseline to compare against)."""
+    prefix_reuse: bool = False
+    """Keep a finished request's keys/values in its slot; a later prompt that extends them (the next
+    turn of a conversation) is admitted to that slot and prefills only the new tokens. Weight swaps
+    discard retained prefixes. Off by default: the reused rows were computed in different prefill
+    chunks, so logits can differ from a fresh prefill by float rounding, which weakens "the same seed
+    gives the same tokens whatever else ran before" to "the same up to rounding"."""
     close_timeout_s: float = 60.0
     """How long ``close()`` waits for the compute step in flight before giving up."""
 

@@ -31,6 +31,9 @@ How the pieces fit::
   the next decode-step boundary. In-flight requests continue with the new weights and every token is
   stamped with the version that produced it (``Completion.policy_versions``); note that the KV cache
   of their earlier tokens was computed by the older weights.
+* **Prefix reuse** (``EngineConfig.prefix_reuse``, off by default): a finished request leaves its
+  keys/values in its slot; a later prompt extending them (the next turn of the same conversation) goes
+  to that slot and prefills only what is new. Swapped weights discard every retained prefix.
 * **Static mode** (``EngineConfig.mode = "static"``) uses the same machinery but admits a batch only
   when all slots are free and returns its completions together once the longest one finishes.
 * **Finish reasons**: ``stop`` (a stop id was emitted, and is included), ``length`` (max_new_tokens),
@@ -74,6 +77,8 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    reused: int = 0
+    """Leading prompt tokens whose keys/values were already in the slot (prefix reuse)."""
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     finish_reason: str | None = None
@@ -108,6 +113,7 @@ class _Counters:
     active_slot_steps: int = 0
     prefill_calls: int = 0
     prefill_tokens: int = 0
+    reused_prefix_tokens: int = 0
     generated_tokens: int = 0
     requests_finished: int = 0
 
@@ -204,7 +210,10 @@ class JaxEngine:
         self.config = config
         self.model_cfg = model.cfg
         self._graphdef, state = nnx.split(model, nnx.Param)
-        self._params = nnx.to_pure_dict(state)
+        # Parameters and cache are committed to one device: jit keys its cache on committedness, and
+        # weights restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
+        self._device = jax.devices()[0]
+        self._params = jax.device_put(nnx.to_pure_dict(state), self._device)
         self._param_specs = {
             path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()
         }
@@ -213,8 +222,12 @@ class JaxEngine:
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
         self._steps = steps_for(self._graphdef)
-        self._cache: KVCache = init_cache(model.cfg, config.num_slots, config.max_seq_len)
+        self._cache: KVCache = jax.device_put(
+            init_cache(model.cfg, config.num_slots, config.max_seq_len), self._device
+        )
         self._slots: list[_Request | None] = [None] * config.num_slots
+        self._retained: list[list[int]] = [[] for _ in range(config.num_slots)]
+        """Per free slot: the tokens whose keys/values its cache rows still hold (prefix reuse)."""
         self._queue: deque[_Request] = deque()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
@@ -279,7 +292,9 @@ class JaxEngine:
         if extra:
             raise ValueError(f"swap_weights: unexpected parameter {'/'.join(map(str, extra[0]))}")
         # Rebuilt in the engine's own structure so the compiled steps accept it as is.
-        pure = jax.device_put(traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}))
+        pure = jax.device_put(
+            traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}), self._device
+        )
         with self._swap_lock:
             self._pending_swap = (pure, version)
             self._latest_version = version
@@ -321,7 +336,8 @@ class JaxEngine:
 
         busy_s: time inside compute calls (prefill + decode, until results are on the host);
         wall_s: time since the window started; active_slot_steps: sum over decode steps of the slots
-        that were generating; slot_occupancy = active_slot_steps / (decode_steps * num_slots);
+        that were generating; prefill_tokens: prompt tokens computed (reused_prefix_tokens were
+        not); slot_occupancy = active_slot_steps / (decode_steps * num_slots);
         tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
         structure's step functions (shared by engines over equal structures, never reset; constant
         after ``warmup()``).
@@ -339,6 +355,7 @@ class JaxEngine:
             else 0.0,
             "prefill_calls": c.prefill_calls,
             "prefill_tokens": c.prefill_tokens,
+            "reused_prefix_tokens": c.reused_prefix_tokens,
             "generated_tokens": c.generated_tokens,
             "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
             "requests_finished": c.requests_finished,
@@ -365,7 +382,9 @@ class JaxEngine:
         return token_b, logprob_b, time.perf_counter() - started
 
     def _warmup_sync(self) -> None:
-        scratch = init_cache(self.model_cfg, self.config.num_slots, self.config.max_seq_len)
+        scratch = jax.device_put(
+            init_cache(self.model_cfg, self.config.num_slots, self.config.max_seq_len), self._device
+        )
         for bucket in self.config.prefill_buckets:
             scratch = self._steps.prefill(
                 self._params, scratch, np.int32(0), np.zeros((1, bucket), np.int32), np.int32(0)
@@ -396,22 +415,24 @@ class JaxEngine:
         try:
             while not self._closed:
                 self._drop_cancelled()
+                params, version = self._install_pending_weights()
                 admitted = self._admit()
                 decoding = [i for i, r in enumerate(self._slots) if r is not None and not r.finish_reason]
                 if not decoding:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                params, version = self._install_pending_weights()
                 plan = self._plan(admitted, decoding)
                 token_b, logprob_b, busy_s = await self._loop.run_in_executor(
                     self._executor, self._compute, params, plan
                 )
                 self._counters.busy_s += busy_s
                 self._record(token_b, logprob_b, decoding, version)
-        except BaseException as err:
+        except Exception as err:  # delivered to every waiting request and to later generate() calls
             self._error = err
             self._fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
+        except asyncio.CancelledError:
+            self._fail_all(EngineClosedError("engine scheduler cancelled"))
             raise
 
     def _install_pending_weights(self) -> tuple[dict[Any, Any], int]:
@@ -419,6 +440,7 @@ class JaxEngine:
             if self._pending_swap is not None:
                 self._params, self._version = self._pending_swap
                 self._pending_swap = None
+                self._retained = [[] for _ in self._slots]  # computed by the old weights
             return self._params, self._version
 
     def _drop_cancelled(self) -> None:
@@ -436,20 +458,38 @@ class JaxEngine:
             request = self._queue.popleft()
             if request.future.cancelled():
                 continue
-            slot = free.pop(0)
+            # With prefix reuse: the free slot holding the longest prefix of this prompt, else one
+            # holding nothing (keeping other retained prefixes), else the lowest-numbered.
+            slot = max(free, key=lambda i: (self._reusable(i, request.prompt), not self._retained[i], -i))
+            free.remove(slot)
+            request.reused = self._reusable(slot, request.prompt)
+            self._retained[slot] = []
             request.admitted_at = now
             self._slots[slot] = request
             admitted.append(slot)
         return admitted
+
+    def _reusable(self, slot: int, prompt: list[int]) -> int:
+        """Leading prompt tokens whose keys/values ``slot`` still holds (never the last prompt token,
+        which the decode step feeds)."""
+        retained = self._retained[slot]
+        limit = min(len(retained), len(prompt) - 1)
+        n = 0
+        while n < limit and retained[n] == prompt[n]:
+            n += 1
+        return n
 
     def _plan(self, admitted: list[int], decoding: list[int]) -> _Plan:
         prefills = []
         for slot in admitted:
             request = self._slots[slot]
             assert request is not None
-            prefills += [(slot, tokens, start) for tokens, start in self._chunks(request.prompt[:-1])]
+            prefills += [
+                (slot, tokens, start) for tokens, start in self._chunks(request.prompt[:-1], request.reused)
+            ]
             self._counters.prefill_calls += 1
-            self._counters.prefill_tokens += len(request.prompt)
+            self._counters.prefill_tokens += len(request.prompt) - request.reused
+            self._counters.reused_prefix_tokens += request.reused
         self._counters.decode_steps += 1
         self._counters.active_slot_steps += len(decoding)
         return _Plan(prefills, self._decode_rows(decoding))
@@ -470,11 +510,11 @@ class JaxEngine:
             temperature[i], top_k[i], top_p[i], seed[i] = request.sampling_row()
         return tokens, positions, temperature, top_k, top_p, seed, index
 
-    def _chunks(self, ids: list[int]) -> list[tuple[np.ndarray, int]]:
-        """(tokens padded to a bucket, start position) per prefill call; none for an empty list."""
+    def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
+        """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""
         largest = self.config.prefill_buckets[-1]
         chunks = []
-        for start in range(0, len(ids), largest):
+        for start in range(first, len(ids), largest):
             piece = ids[start : start + largest]
             padded = np.zeros(self.config.bucket_for(len(piece)), np.int32)
             padded[: len(piece)] = piece
@@ -508,6 +548,8 @@ class JaxEngine:
             request = self._slots[i]
             assert request is not None
             self._slots[i] = None
+            if self.config.prefix_reuse:  # every token but the newest has its keys/values in the slot
+                self._retained[i] = (request.prompt + request.tokens)[:-1]
             self._counters.requests_finished += 1
             if not request.future.done():
                 request.future.set_result(self._completion(request, now))

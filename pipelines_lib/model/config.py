@@ -212,6 +212,11 @@ class ModelConfig:
             )
         if hf.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention=True is not supported (decoder-only causal model)")
+        if hf.get("mlp_bias"):
+            raise ValueError("mlp_bias=True is not supported")
+        if hf.get("attention_bias") and model_type != "qwen2":
+            # Outside Qwen2 the flag also puts a bias on o_proj, which this decoder does not have.
+            raise ValueError(f"attention_bias=True is not supported for {model_type}")
         gemma = model_type.startswith("gemma")
         n_heads = hf["num_attention_heads"]
         n_layers = hf["num_hidden_layers"]
@@ -240,7 +245,7 @@ class ModelConfig:
             norm_eps=hf.get("rms_norm_eps", 1e-6),
             norm="gemma_rms" if gemma else "rms",
             activation=activation,
-            qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            qkv_bias=model_type == "qwen2",
             qk_norm=model_type in ("qwen3", "gemma3_text"),
             post_norms=gemma,
             tie_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
@@ -300,7 +305,9 @@ def _hf_default_layer_types(model_type: str, n_layers: int, hf: dict[str, Any]) 
     if model_type == "gemma3_text":
         pattern = hf.get("sliding_window_pattern", 6)
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
-    return ["full_attention"] * n_layers
+    # Qwen2/3: with use_sliding_window, layers from max_window_layers on slide.
+    first_sliding = hf.get("max_window_layers", n_layers) if hf.get("use_sliding_window") else n_layers
+    return ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(n_layers)]
 
 
 def param_count(cfg: ModelConfig) -> int:

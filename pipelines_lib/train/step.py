@@ -6,10 +6,10 @@ the loss registry (``grpo`` for RL, ``nll`` for the SFT warm start); there is no
 
 Inside, in order:
 
-1. aggregation weights for the *whole* batch (``losses.token_weights_bt``), and the reference
-   log-probs when the KL penalty is on;
+1. aggregation weights for the *whole* batch (``losses.token_weights_bt``);
 2. the batch is split into ``cfg.grad_accum_steps`` equal, row-strided micro-batches and a
-   ``lax.scan`` sums their gradients, so only one micro-batch's activations are alive at a time.
+   ``lax.scan`` sums their gradients, so only one micro-batch's activations (and, with the KL
+   penalty on, its reference log-probs) are alive at a time.
    Because step 1 fixed the normaliser, the summed loss and gradient equal the full-batch ones
    (exact up to float summation order) for every aggregation;
 3. one optimizer update with the summed gradient.
@@ -108,9 +108,6 @@ def train_step(
     loss_fn = get_loss(cfg.loss.name)
 
     loss_mask_bt = batch.loss_mask_bt.astype(jnp.float32)
-    ref_logp_bt = None
-    if cfg.loss.kl_coef > 0:
-        ref_logp_bt = _forward_logp_entropy(ref_model, batch.tokens_bt, batch.positions_bt)[0]
     per_row = {
         "tokens_bt": batch.tokens_bt,
         "positions_bt": batch.positions_bt,
@@ -118,19 +115,26 @@ def train_step(
         "behav_logp_bt": batch.behav_logp_bt,
         "advantages_bt": batch.advantages_bt,
         "prox_logp_bt": batch.prox_logp_bt,
-        "ref_logp_bt": ref_logp_bt,
         "weight_bt": token_weights_bt(loss_mask_bt, cfg.loss.aggregation),
         "metric_weight_bt": token_weights_bt(loss_mask_bt, "token_mean"),
     }
     micro_batches = {k: _split_micro(v, n_micro) for k, v in per_row.items()}
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    # The reference runs inside the scan too, so its logits also exist for one micro-batch at a time.
+    use_ref = cfg.loss.kl_coef > 0
+    ref_graphdef, ref_state = nnx.split(ref_model) if use_ref else (None, None)
 
     def micro_loss(params: nnx.State, micro: dict[str, jax.Array | None]):
         logp_bt, entropy_bt = _forward_logp_entropy(
             nnx.merge(graphdef, params, rest), micro["tokens_bt"], micro["positions_bt"]
         )
         prox_logp_bt = micro["prox_logp_bt"]
+        ref_logp_bt = None
+        if use_ref:
+            ref_logp_bt = _forward_logp_entropy(
+                nnx.merge(ref_graphdef, ref_state), micro["tokens_bt"], micro["positions_bt"]
+            )[0]
         inputs = LossInputs(
             logp_bt=logp_bt,
             prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
@@ -140,7 +144,7 @@ def train_step(
             weight_bt=micro["weight_bt"],
             metric_weight_bt=micro["metric_weight_bt"],
             entropy_bt=entropy_bt,
-            ref_logp_bt=micro["ref_logp_bt"],
+            ref_logp_bt=None if ref_logp_bt is None else jax.lax.stop_gradient(ref_logp_bt),
         )
         return loss_fn(inputs, cfg.loss)
 

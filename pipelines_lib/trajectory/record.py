@@ -9,10 +9,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from pipelines_lib.trajectory.schema import ROLES, STATUSES, TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.schema import ROLES, STATUSES, TOKEN_COLUMNS, TRAJECTORY_SCHEMA
 
 
 def utc_now_iso() -> str:
@@ -80,23 +82,30 @@ class Trajectory:
             raise ValueError(f"Trajectory.status must be one of {STATUSES}, got {self.status!r}")
 
 
+def _list_column(values: list[Sequence], type_: pa.DataType) -> pa.Array:
+    """A list<type> column built from one flat NumPy buffer (Python-level appends are the slow path)."""
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int32, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([np.asarray(v) for v in values]) if values else np.zeros(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(type_.to_pandas_dtype()), type_))
+
+
 def to_table(trajectories: Iterable[Trajectory]) -> pa.Table:
     """Rows in the given order, typed by ``TRAJECTORY_SCHEMA`` (metadata included)."""
-    columns: dict[str, list] = {f.name: [] for f in TRAJECTORY_SCHEMA}
-    for t in trajectories:
-        columns["trajectory_id"].append(t.trajectory_id)
-        for name in (
-            "group_id", "prompt_id", "sample_idx", "group_size", "worker_id", "prompt_len",
-            "reward", "status", "env_name", "task_id", "tokenizer_hash", "engine_info",
-        ):
-            columns[name].append(getattr(t, name))
-        columns["tokens"].append(list(t.tokens))
-        columns["loss_mask"].append(list(t.loss_mask))
-        columns["logprobs"].append(list(t.logprobs))
-        columns["policy_version"].append(list(t.policy_version))
-        columns["turns"].append([asdict(turn) for turn in t.turns])
-        columns["reward_parts"].append(list(t.reward_parts.items()))
-        columns["timings"].append(asdict(t.timings))
+    trajectories = list(trajectories)
+    columns: dict[str, Any] = {
+        "trajectory_id": [t.trajectory_id for t in trajectories],
+        "turns": [[asdict(turn) for turn in t.turns] for t in trajectories],
+        "reward_parts": [list(t.reward_parts.items()) for t in trajectories],
+        "timings": [asdict(t.timings) for t in trajectories],
+    }
+    for name in ("group_id", "prompt_id", "sample_idx", "group_size", "worker_id", "prompt_len", "reward", "status",
+                 "env_name", "task_id", "tokenizer_hash", "engine_info"):
+        columns[name] = [getattr(t, name) for t in trajectories]
+    for name in TOKEN_COLUMNS:
+        columns[name] = _list_column([getattr(t, name) for t in trajectories],
+                                     TRAJECTORY_SCHEMA.field(name).type.value_type)
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
 
 

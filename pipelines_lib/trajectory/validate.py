@@ -18,7 +18,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines_lib.trajectory.schema import STATUSES, TOKEN_COLUMNS
 
@@ -36,76 +38,94 @@ class Violation:
         return f"{where}{tid}: {self.kind}: {self.message}"
 
 
-def _check_row(i: int, row: dict) -> list[Violation]:
-    tid = row["trajectory_id"]
-    out: list[Violation] = []
-
-    def bad(kind: str, message: str) -> None:
-        out.append(Violation(kind=kind, row=i, trajectory_id=tid, message=message))
-
-    lengths = {c: len(row[c] or []) for c in TOKEN_COLUMNS}
-    n = lengths["tokens"]
-    if len(set(lengths.values())) != 1:
-        bad("length_mismatch", ", ".join(f"{c}={v}" for c, v in lengths.items()))
-        return out
-    if n == 0:
-        bad("empty", "no tokens")
-        return out
-    if tid != f"{row['prompt_id']}/{row['sample_idx']}/{row['worker_id']}":
-        bad("bad_id", "trajectory_id is not <prompt_id>/<sample_idx>/<worker_id>")
-    if not 0 < row["prompt_len"] <= n:
-        bad("prompt_len", f"prompt_len {row['prompt_len']} outside (0, {n}]")
-    mask, logp, ver = row["loss_mask"], row["logprobs"], row["policy_version"]
-    for t in range(n):
-        if mask[t] not in (0, 1):
-            bad("loss_mask", f"loss_mask[{t}] = {mask[t]} (must be 0 or 1)")
-            break
-        if (mask[t] == 1) != (ver[t] >= 0):
-            bad("policy_version", f"token {t}: loss_mask={mask[t]} but policy_version={ver[t]}")
-            break
-        if mask[t] == 1 and not (math.isfinite(logp[t]) and logp[t] <= 0.0):
-            bad("logprob", f"token {t}: logprob {logp[t]} is not a finite value <= 0")
-            break
-        if mask[t] == 0 and logp[t] != 0.0:
-            bad("logprob", f"token {t}: non-policy token has logprob {logp[t]} (must be 0)")
-            break
-        if mask[t] == 1 and t < row["prompt_len"]:
-            bad("loss_in_prompt", f"token {t} is inside the prompt but has loss_mask 1")
-            break
-    turns = row["turns"] or []
-    expected_start = 0
-    for k, turn in enumerate(turns):
-        if turn["start"] != expected_start or not turn["start"] <= turn["end"] <= n:
-            bad("turns", f"turn {k} [{turn['start']}, {turn['end']}) does not continue at {expected_start} inside [0, {n}]")
-            break
-        expected_start = turn["end"]
-    else:
-        if turns and expected_start != n:
-            bad("turns", f"turns end at {expected_start}, sequence has {n} tokens")
-    if row["status"] not in STATUSES:
-        bad("status", f"unknown status {row['status']!r}")
-    if row["reward"] is None or not math.isfinite(row["reward"]):
-        bad("reward", f"reward {row['reward']} is not finite")
-    return out
+def _token_checks(table: pa.Table, rows: np.ndarray, prompt_len: np.ndarray) -> dict[int, tuple[str, str]]:
+    """First token-level violation of each row in ``rows`` (all four token columns of equal length there)."""
+    sub = table.take(pa.array(rows, pa.int64()))
+    lengths = pc.list_value_length(sub.column("tokens")).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = {c: pc.list_flatten(sub.column(c)).to_numpy(zero_copy_only=False) for c in TOKEN_COLUMNS[1:]}
+    mask, logp, ver = flat["loss_mask"].astype(np.int64), flat["logprobs"].astype(np.float64), flat["policy_version"]
+    row_of = np.repeat(np.arange(len(rows)), lengths)
+    pos = np.arange(len(mask)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    on = mask == 1
+    checks = [
+        ("loss_mask", (mask != 0) & ~on, lambda t: f"loss_mask[{t}] = {mask[t]} (must be 0 or 1)"),
+        ("policy_version", on != (ver >= 0),
+         lambda t: f"token {pos[t]}: loss_mask={mask[t]} but policy_version={ver[t]}"),
+        ("logprob", on & ~(np.isfinite(logp) & (logp <= 0.0)),
+         lambda t: f"token {pos[t]}: logprob {logp[t]} is not a finite value <= 0"),
+        ("logprob", ~on & (logp != 0.0), lambda t: f"token {pos[t]}: non-policy token has logprob {logp[t]} (must be 0)"),
+        ("loss_in_prompt", on & (pos < prompt_len[rows][row_of]),
+         lambda t: f"token {pos[t]} is inside the prompt but has loss_mask 1"),
+    ]
+    found: dict[int, tuple[str, str]] = {}
+    for kind, bad, message in checks:
+        for t in np.flatnonzero(bad):
+            row = int(rows[row_of[t]])
+            if row not in found:
+                found[row] = (kind, message(t))
+    return found
 
 
 def validate_table(table: pa.Table) -> list[Violation]:
-    """All invariant violations of one shard's table (empty list = valid)."""
-    violations: list[Violation] = []
-    rows = table.to_pylist()
-    if not rows:
+    """All invariant violations of one shard's table (empty list = valid). Token checks are vectorised."""
+    if table.num_rows == 0:
         return [Violation(kind="empty", row=None, trajectory_id=None, message="shard has no rows")]
+    scalars = {c: table.column(c).to_pylist() for c in
+               ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "group_id", "group_size", "status", "reward")}
+    prompt_len = table.column("prompt_len").to_numpy(zero_copy_only=False)
+    lengths = {c: pc.list_value_length(table.column(c)).fill_null(0).to_numpy(zero_copy_only=False)
+               for c in TOKEN_COLUMNS}
+    n = lengths["tokens"]
+    turns_col = table.column("turns").to_pylist()
+    violations: list[Violation] = []
+    by_row: dict[int, list[Violation]] = defaultdict(list)
+    equal = np.all([lengths[c] == n for c in TOKEN_COLUMNS], axis=0) & (n > 0)
+    token_found = _token_checks(table, np.flatnonzero(equal), prompt_len) if equal.any() else {}
+    for i in range(table.num_rows):
+        tid = scalars["trajectory_id"][i]
+
+        def bad(kind: str, message: str, i: int = i, tid: str = tid) -> None:
+            by_row[i].append(Violation(kind=kind, row=i, trajectory_id=tid, message=message))
+
+        if not equal[i]:
+            if n[i] == 0 and all(lengths[c][i] == 0 for c in TOKEN_COLUMNS):
+                bad("empty", "no tokens")
+            else:
+                bad("length_mismatch", ", ".join(f"{c}={lengths[c][i]}" for c in TOKEN_COLUMNS))
+            continue
+        if tid != f"{scalars['prompt_id'][i]}/{scalars['sample_idx'][i]}/{scalars['worker_id'][i]}":
+            bad("bad_id", "trajectory_id is not <prompt_id>/<sample_idx>/<worker_id>")
+        if not 0 < prompt_len[i] <= n[i]:
+            bad("prompt_len", f"prompt_len {prompt_len[i]} outside (0, {n[i]}]")
+        if i in token_found:
+            bad(*token_found[i])
+        turns = turns_col[i] or []
+        expected_start = 0
+        for k, turn in enumerate(turns):
+            if turn["start"] != expected_start or not turn["start"] <= turn["end"] <= n[i]:
+                bad("turns", f"turn {k} [{turn['start']}, {turn['end']}) does not continue at {expected_start} "
+                             f"inside [0, {n[i]}]")
+                break
+            expected_start = turn["end"]
+        else:
+            if turns and expected_start != n[i]:
+                bad("turns", f"turns end at {expected_start}, sequence has {n[i]} tokens")
+        if scalars["status"][i] not in STATUSES:
+            bad("status", f"unknown status {scalars['status'][i]!r}")
+        reward = scalars["reward"][i]
+        if reward is None or not math.isfinite(reward):
+            bad("reward", f"reward {reward} is not finite")
+    for i in sorted(by_row):
+        violations.extend(by_row[i])
     seen: dict[str, int] = {}
     groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for i, row in enumerate(rows):
-        violations.extend(_check_row(i, row))
-        tid = row["trajectory_id"]
+    for i, tid in enumerate(scalars["trajectory_id"]):
         if tid in seen:
             violations.append(
                 Violation(kind="duplicate", row=i, trajectory_id=tid, message=f"same trajectory_id as row {seen[tid]}")
             )
         seen.setdefault(tid, i)
-        groups[row["group_id"]].append((i, row["sample_idx"], row["group_size"]))
+        groups[scalars["group_id"][i]].append((i, scalars["sample_idx"][i], scalars["group_size"][i]))
     for gid, members in groups.items():
         sizes = {g for _, _, g in members}
         idxs = sorted(s for _, s, _ in members)

@@ -1,0 +1,75 @@
+"""Sampling filters and per-request keys, with numbers checkable by hand."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipelines_lib.engine.sampling import filtered_logits, request_keys, sample
+
+NEG = -np.inf
+
+
+@jax.jit
+def _filtered(logits_bv, temperature_b, top_k_b, top_p_b):
+    return filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b)
+
+
+def filt(logits: list[float], *, t: float = 1.0, k: int = 0, p: float = 1.0) -> np.ndarray:
+    out = _filtered(jnp.asarray([logits], jnp.float32), jnp.asarray([t]), jnp.asarray([k]), jnp.asarray([p]))
+    return np.asarray(out[0])
+
+
+def test_top_k_keeps_the_k_best() -> None:
+    np.testing.assert_array_equal(filt([1.0, 4.0, 2.0, 3.0], k=2), [NEG, 4.0, NEG, 3.0])
+    np.testing.assert_array_equal(filt([1.0, 4.0, 2.0, 3.0], k=0), [1.0, 4.0, 2.0, 3.0])
+    np.testing.assert_array_equal(filt([1.0, 4.0], k=9), [1.0, 4.0])
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
+    logits = np.log([0.5, 0.3, 0.15, 0.05]).tolist()
+    # mass before each token: 0, 0.5, 0.8, 0.95 -> p=0.6 keeps the first two, p=0.5 only the first.
+    assert np.isfinite(filt(logits, p=0.6)).tolist() == [True, True, False, False]
+    assert np.isfinite(filt(logits, p=0.5)).tolist() == [True, False, False, False]
+    assert np.isfinite(filt(logits, p=0.81)).tolist() == [True, True, True, False]
+
+
+def test_temperature_scales_before_filtering() -> None:
+    np.testing.assert_allclose(filt([2.0, 4.0], t=0.5), [4.0, 8.0])
+    # T=2 turns probabilities [0.5, 0.3, 0.15, 0.05] into sqrt-proportional [0.38, 0.29, 0.21, 0.12]:
+    # mass before each token 0, 0.38, 0.67 -> p=0.7 keeps three tokens (at T=1: 0, 0.5, 0.8 -> two).
+    logits = np.log([0.5, 0.3, 0.15, 0.05]).tolist()
+    assert np.isfinite(filt(logits, t=2.0, p=0.7)).sum() == 3
+    assert np.isfinite(filt(logits, p=0.7)).sum() == 2
+
+
+def test_greedy_rows_take_argmax_with_plain_log_softmax() -> None:
+    logits = jnp.asarray([[0.0, 2.0, 1.0]], jnp.float32)
+    token, logprob = jax.jit(sample)(
+        logits,
+        jnp.asarray([0.0]),
+        jnp.asarray([1]),
+        jnp.asarray([0.1]),
+        request_keys(jnp.asarray([0], jnp.uint32), jnp.asarray([0])),
+    )
+    assert int(token[0]) == 1
+    # top-k/top-p are ignored for greedy: log softmax of the raw logits, 2 - log(1 + e^2 + e).
+    np.testing.assert_allclose(float(logprob[0]), 2.0 - np.log(1 + np.e**2 + np.e), rtol=1e-6)
+
+
+def test_sampled_logprob_is_under_the_renormalised_filtered_distribution() -> None:
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
+    keys = request_keys(jnp.asarray([7], jnp.uint32), jnp.asarray([3]))
+    token, logprob = jax.jit(sample)(logits, jnp.asarray([1.0]), jnp.asarray([0]), jnp.asarray([0.6]), keys)
+    assert int(token[0]) in (0, 1)
+    expected = {0: np.log(0.5 / 0.8), 1: np.log(0.3 / 0.8)}[int(token[0])]
+    np.testing.assert_allclose(float(logprob[0]), expected, rtol=1e-5)
+
+
+def test_keys_depend_only_on_seed_and_index() -> None:
+    keys = jax.random.key_data(request_keys(jnp.asarray([1, 2, 1], jnp.uint32), jnp.asarray([5, 5, 5])))
+    np.testing.assert_array_equal(keys[0], keys[2])
+    assert not np.array_equal(keys[0], keys[1])
+    shifted = jax.random.key_data(request_keys(jnp.asarray([1], jnp.uint32), jnp.asarray([6])))
+    assert not np.array_equal(keys[0], shifted[0])
