@@ -34,15 +34,17 @@ IO_RETRY_DELAYS_S = [10, 30, 90]
 
 
 def open_store(campaign_url: str, storage_options: dict[str, Any] | None = None) -> Store:
-    """The campaign's ``Store``; for a ``gs://`` emulator also points Orbax's tensorstore at it.
+    """The campaign's ``Store``; for a ``gs://`` endpoint other than Google's also points Orbax at it.
 
-    tensorstore ignores ``STORAGE_EMULATOR_HOST`` and the storage options (pipelines_lib.publish), so the
-    orchestration layer sets its environment here, once per process, from the same options gcsfs gets.
+    Orbax writes through tensorstore (reads ``TENSORSTORE_GCS_HTTP_URL``) and etils' gcsfs backend (reads
+    ``STORAGE_EMULATOR_HOST``), neither of which sees our storage options (pipelines_lib.publish), so the
+    orchestration layer sets that environment here, from the same options gcsfs gets.
     """
     options = storage_options or {}
     endpoint = options.get("endpoint_url")
     if campaign_url.startswith(("gs://", "gcs://")) and endpoint:
         os.environ["TENSORSTORE_GCS_HTTP_URL"] = endpoint
+        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
         if options.get("token") == "anon":
             os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")
     return Store(campaign_url, storage_options=options)

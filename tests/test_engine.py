@@ -45,7 +45,7 @@ def run(model: Decoder, body: Callable[[JaxEngine], Awaitable[Any]], config: Eng
     async def main() -> Any:
         async with JaxEngine(model, config) as engine:
             await engine.warmup()
-            return await body(engine)
+            return await asyncio.wait_for(body(engine), timeout=120)  # a broken engine fails, not hangs
 
     return asyncio.run(main())
 
@@ -66,7 +66,8 @@ def prompt(length: int, offset: int = 0) -> list[int]:
     return [(7 * i + 3 + offset) % 500 + 1 for i in range(length)]
 
 
-@pytest.mark.parametrize("prompt_len", [5, 16, 45])  # one bucket, exactly a bucket, chunked prefill
+# Prefill covers all but the last prompt token: 4 (padded to 16), 16 (exactly a bucket), 44 (32 + 12).
+@pytest.mark.parametrize("prompt_len", [5, 17, 45])
 def test_greedy_tokens_and_logprobs_equal_full_forward_argmax(model: Decoder, prompt_len: int) -> None:
     ids = prompt(prompt_len)
     completion = run(model, lambda e: e.generate(ids, GREEDY))

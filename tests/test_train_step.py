@@ -28,7 +28,10 @@ BUCKETS = (16, 32)
 
 @functools.cache
 def _initial_model() -> Decoder:
-    return Decoder(SMALL, rngs=nnx.Rngs(0))
+    model = Decoder(SMALL, rngs=nnx.Rngs(0))
+    # Committed like the step's outputs, so a second step on the same model reuses the first compile.
+    nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
+    return model
 
 
 def make_model() -> Decoder:
@@ -36,9 +39,14 @@ def make_model() -> Decoder:
     return nnx.clone(_initial_model())
 
 
+# One transformation object for every test: it is static in the optimizer's graph, so a fresh
+# optax.sgd(...) per test would miss the jit cache and recompile an identical step.
+SGD = optax.sgd(1.0)
+
+
 def sgd(model: Decoder) -> nnx.Optimizer:
     """Plain SGD with lr 1: the parameter change *is* the gradient, so gradients can be compared."""
-    return nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)
+    return nnx.Optimizer(model, SGD, wrt=nnx.Param)
 
 
 def params_of(model: Decoder) -> list[np.ndarray]:

@@ -206,7 +206,7 @@ async def run_episode(
     }
     return Trajectory(
         group_id=group_id,
-        prompt_id=task.task_id,
+        prompt_id=group_id,  # the prompt instance (task + epoch): keeps trajectory ids unique
         sample_idx=sample_idx,
         group_size=group_size,
         worker_id=worker_id,
