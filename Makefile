@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+# XLA compilation dominates CPU runs of a tiny model: keep compiled programs across processes and runs.
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/build/jax-cache
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5
 
 .PHONY: venv demo test test-all bench lint fmt drills clean
 

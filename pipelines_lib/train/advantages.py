@@ -72,7 +72,7 @@ def drgrpo_advantages(rewards_gk: jax.Array, eps: float) -> jax.Array:
 
 @register_advantage("rloo")
 def rloo_advantages(rewards_gk: jax.Array, eps: float) -> jax.Array:
-    """Leave-one-out baseline (Ahmadian et al. 2024, "Back to Basics", Eq. 7; Kool et al. 2019).
+    """Leave-one-out baseline (Ahmadian et al. 2024, "Back to Basics"; Kool et al. 2019).
 
     ``A_i = r_i − (1 / (k − 1)) Σ_{j≠i} r_j = k / (k − 1) · (r_i − mean(r))`` for group size ``k``.
     ``eps`` is unused (kept for a uniform signature).

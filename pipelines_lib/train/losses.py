@@ -81,7 +81,7 @@ def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
 
 @register_aggregation("token_mean")
 def token_mean_weights(loss_mask_bt: jax.Array) -> jax.Array:
-    """Every loss token of the batch weighs the same (DAPO, Yu et al. 2025, Eq. 8 "token-level")."""
+    """Every loss token of the batch weighs the same (DAPO's token-level policy-gradient loss, Yu et al. 2025)."""
     return loss_mask_bt / jnp.maximum(loss_mask_bt.sum(), 1.0)
 
 
@@ -176,10 +176,10 @@ def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
       ``J_t = w_t · min(r_t A_t, clip(r_t, 1 − ε_low, 1 + ε_high) A_t) − β · k3_t``
 
     * ``r_t = exp(logp_θ − logp_prox)``: PPO ratio against the proximal policy (Schulman et al.
-      2017, Eq. 7), with DAPO's decoupled clip range ε_low / ε_high (Yu et al. 2025, Eq. 10).
+      2017, Eq. 7), with DAPO's decoupled clip range ε_low / ε_high ("clip-higher", Yu et al. 2025).
     * ``w_t = min(exp(logp_prox − logp_behav), C)``: truncated importance weight from the sampler's
-      behaviour policy to the proximal one ("decoupled PPO", Hilton et al. 2022, Eq. 4; AReaL,
-      Fu et al. 2025, Eq. 5). With ``logp_prox == logp_behav`` it is 1 and ``J_t`` is ordinary
+      behaviour policy to the proximal one ("decoupled PPO", Hilton et al. 2022; AReaL's
+      decoupled objective, Fu et al. 2025). With ``logp_prox == logp_behav`` it is 1 and ``J_t`` is ordinary
       clipped GRPO (Shao et al. 2024, Eq. 3).
     * ``k3_t``: KL to a frozen reference (``k3_kl_bt``), only when ``cfg.kl_coef > 0``.
 

@@ -21,15 +21,20 @@ Usage::
     optimizer = make_nnx_optimizer(model, optim_cfg); shard_node(optimizer, mesh)
     metrics = train_step(model, optimizer, shard_batch(batch, mesh), cfg=step_cfg)
 
-``jax.make_mesh`` defaults to *Explicit* axis types in JAX ≥ 0.7, under which sharding-in-types
-rejects the embedding gather of the decoder; ``make_mesh`` therefore asks for ``Auto`` axes.
+Use this path on one device too (``MeshConfig()`` is a 1 × 1 mesh). jit keys its cache on whether
+inputs are committed to devices: a freshly initialised model or optimizer is not, the step's outputs
+are, so without placement the *second* step compiles the whole program again.
+
+``jax.make_mesh`` of the JAX we pin (0.10) defaults to *Explicit* axis types, under which
+sharding-in-types rejects the embedding gather of the decoder; ``make_mesh`` asks for ``Auto`` axes.
 
 **Multi-host** is the same code. Each process calls ``jax.distributed.initialize()`` before
 anything else touches JAX; ``jax.devices()`` then lists every device of every host and the mesh
 spans them. ``create_sharded`` builds each parameter shard on the device that owns it (nothing is
 materialised whole on any host), and ``shard_batch`` assembles the global batch from each process's
-own rows with ``jax.make_array_from_process_local_data`` (process ``i`` passes the ``i``-th slice of
-rows; on one host that is the whole batch). ``shard_node`` moves an existing single-host model and
+own rows with ``jax.make_array_from_process_local_data`` (each process passes the rows its devices
+hold: with ``make_mesh``'s device order, a contiguous block per process in process order; on one
+host, the whole batch). ``shard_node`` moves an existing single-host model and
 is meant for one host or for values every process holds identically.
 """
 
