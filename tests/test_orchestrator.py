@@ -173,3 +173,32 @@ def test_a_crashing_episode_function_surfaces_after_flushing_finished_groups(tmp
     with pytest.raises(RuntimeError, match="bug in episode code"):
         asyncio.run(orch.run())
     assert orch.stats.groups_committed >= 1  # t0 finished before the crash and was flushed
+
+
+def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()
+    started: list[int] = []
+
+    async def episode(task, group_id, idx):
+        if idx == 0:
+            started.append(engine.policy_version)
+        return await make_episode(engine, lambda t, i: 0.002, log)(task, group_id, idx)
+
+    async def trainer() -> None:  # publishes a new version every 50 ms
+        for _ in range(4):
+            await asyncio.sleep(0.05)
+            pub.version += 1
+
+    async def main():
+        orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=16, max_groups_per_version=3,
+                                                 target_groups=12, weight_poll_s=0.01),
+                            engine=engine, episode_fn=episode, tasks=tasks(), weights=pub,
+                            writer=ShardWriter(store, worker_id="w0"))
+        stats, _ = await asyncio.gather(orch.run(), trainer())
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats.groups_committed == 12
+    assert {v: started.count(v) for v in set(started)} == {0: 3, 1: 3, 2: 3, 3: 3}
+    assert stats.backpressure_s > 0

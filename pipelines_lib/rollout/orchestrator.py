@@ -50,6 +50,9 @@ class RolloutConfig:
     """Staleness bound η: a group starts only on weights no older than latest − η."""
     target_groups: int | None = None
     """Stop after this many groups committed by this worker; None runs until the trainer's done marker."""
+    max_groups_per_version: int | None = None
+    """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
+    next (groups beyond what the trainer consumes per version would only be dropped as stale). None: no limit."""
     weight_poll_s: float = 0.5
     """How often LATEST is checked for new weights."""
     stop_poll_s: float = 1.0
@@ -77,6 +80,8 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.eta < 0:
             raise ValueError(f"RolloutConfig.eta must be >= 0, got {self.eta}")
+        if self.max_groups_per_version is not None and self.max_groups_per_version < 1:
+            raise ValueError(f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}")
         if self.target_groups is not None and self.target_groups < 1:
             raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
         for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s"):
@@ -110,6 +115,8 @@ class RolloutStats:
     swap_pause_s: float = 0.0
     """Seconds group starts were held back waiting for fresher weights (admission)."""
     max_in_flight: int = 0
+    backpressure_s: float = 0.0
+    """Seconds spent holding group starts because this version's group budget was used up."""
     wall_s: float = 0.0
     stop_reason: str = ""
     versions_started: Counter = field(default_factory=Counter)
@@ -119,7 +126,7 @@ class RolloutStats:
             "groups_started": self.groups_started, "groups_committed": self.groups_committed,
             "trajectories": self.trajectories, "shards": self.shards, "statuses": dict(self.statuses),
             "weight_swaps": self.weight_swaps, "swap_pause_s": round(self.swap_pause_s, 4),
-            "max_in_flight": self.max_in_flight, "wall_s": round(self.wall_s, 3), "stop_reason": self.stop_reason,
+            "max_in_flight": self.max_in_flight, "backpressure_s": round(self.backpressure_s, 3), "wall_s": round(self.wall_s, 3), "stop_reason": self.stop_reason,
             "versions_started": {str(k): v for k, v in sorted(self.versions_started.items())},
         }
 
@@ -180,6 +187,17 @@ class Orchestrator:
         if latest is None:
             return
         self._latest = max(self._latest, latest)
+        limit = self.config.max_groups_per_version
+        if limit is not None and self.stats.versions_started[self.engine.policy_version] >= limit:
+            t0 = self.clock()
+            with telemetry.span("backpressure_wait", track="weights", version=self.engine.policy_version):
+                while (self.stats.versions_started[self.engine.policy_version] >= limit
+                       and not self._stopping.is_set()):
+                    await self._refresh()
+                    if self.stats.versions_started[self.engine.policy_version] >= limit:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+            self.stats.backpressure_s += self.clock() - t0
         if self.engine.policy_version >= self._latest - self.config.eta:
             return
         t0 = self.clock()
@@ -217,7 +235,6 @@ class Orchestrator:
             telemetry.gauge("episodes_in_flight", self._in_flight)
 
     async def _group(self, task: Task, group_id: str, done: asyncio.Queue) -> None:
-        self.stats.versions_started[self.engine.policy_version] += 1
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
         await done.put(list(group))
 
@@ -271,6 +288,7 @@ class Orchestrator:
                     slots.release()
                     break
                 self.stats.groups_started += 1
+                self.stats.versions_started[self.engine.policy_version] += 1
                 t = asyncio.create_task(self._group(*item, done))
                 running.add(t)
                 t.add_done_callback(lambda t: (running.discard(t), slots.release()))
@@ -293,6 +311,7 @@ class Orchestrator:
                 if item is None:
                     break
                 self.stats.groups_started += 1
+                self.stats.versions_started[self.engine.policy_version] += 1
                 batch.append(item)
             if not batch:
                 return
