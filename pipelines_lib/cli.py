@@ -169,6 +169,61 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- telemetry ---------------------------------------------------------------------------------------------
+
+def _trace_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--out", type=Path, default=Path("trace.json"), help="where to write the trace JSON")
+    _add_storage_options(p)
+
+
+@subcommand("trace", "write the campaign's spans as a Perfetto/Chrome trace (open it in ui.perfetto.dev)", _trace_args)
+def _trace(args: argparse.Namespace) -> int:
+    from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
+
+    records = read_records(open_store(args.url, args.storage_option))
+    if not records:
+        raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
+    trace = to_chrome_trace(records)
+    args.out.write_text(json.dumps(trace))
+    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(records)} records; open in https://ui.perfetto.dev")
+    return 0
+
+
+def _metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_storage_options(p)
+
+
+@subcommand("metrics", "summarise the campaign's spans and gauges (count, total, mean, p95)", _metrics_args)
+def _metrics(args: argparse.Namespace) -> int:
+    from pipelines_lib.telemetry.trace import read_records, summarize
+
+    summary = summarize(read_records(open_store(args.url, args.storage_option)))
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    for name, stats in summary.items():
+        print(f"{name:<40} " + "  ".join(f"{k}={v}" for k, v in stats.items()))
+    return 0
+
+
+# -- campaign status ---------------------------------------------------------------------------------------
+
+def _status_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    _add_storage_options(p)
+
+
+@subcommand("status", "what each stage of a campaign has committed, and what a recovery would run", _status_args)
+def _status(args: argparse.Namespace) -> int:
+    from pipelines_lib.campaign import campaign_status
+
+    print(json.dumps(campaign_status(open_store(args.url, args.storage_option)), indent=2, default=str))
+    return 0
+
+
 # -- entry point ------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

@@ -142,6 +142,58 @@ def test_fake_8_device_mesh_matches_one_device() -> None:
     assert result["embedding_shard_shapes"] == [[16, 32]] * N_DEVICES
 
 
+def test_placed_inputs_make_the_step_compile_once() -> None:
+    # On one device (a 1 × 1 mesh) too: placed model, optimizer and batch are committed like the
+    # step's outputs, so the steps after the first compile nothing (for a real model a recompile
+    # costs minutes).
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from pipelines_lib.model.config import ModelConfig
+    from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.train.batch import build_train_batch
+    from pipelines_lib.train.mesh import make_mesh, shard_batch, shard_node
+    from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+    from pipelines_lib.train.step import StepConfig, train_step
+
+    small = dataclasses.replace(
+        ModelConfig.tiny(),
+        vocab_size=64,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        d_ff=64,
+    )
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(1, 64, size=10).tolist() for _ in range(4)]
+    batch = build_train_batch(
+        tokens, [[0] * 3 + [1] * 7] * 4, None, [1.0, -1.0, 0.5, -0.5], seq_buckets=(16,)
+    )
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    model = Decoder(small, rngs=nnx.Rngs(0))
+    shard_node(model, mesh)
+    optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-3))
+    shard_node(optimizer, mesh)
+    train_step(model, optimizer, shard_batch(batch, mesh), cfg=StepConfig())
+
+    compiles: list[str] = []
+
+    def on_event(name: str, secs: float, **kwargs) -> None:
+        if name == "/jax/core/compile/backend_compile_duration":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        for _ in range(2):
+            train_step(model, optimizer, shard_batch(batch, mesh), cfg=StepConfig())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert compiles == []
+
+
 @pytest.mark.parametrize(
     ("shape", "fsdp", "expected"),
     [

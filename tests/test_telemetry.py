@@ -67,3 +67,21 @@ def test_spans_nest_per_track_and_export_to_chrome_trace(tmp_path) -> None:
             stack.append(e["ts"] + e["dur"])
     summary = summarize(records)
     assert summary["span.rollout.tool"] == {"count": 2, "total_s": 0.5, "mean_s": 0.25, "p95_s": 0.25}
+
+
+def test_trace_and_metrics_commands_read_any_campaign(tmp_path, capsys) -> None:
+    from pipelines_lib.cli import main
+
+    store = Store(str(tmp_path / "c"))
+    with telemetry.recording(store, "trainer"):
+        with telemetry.span("train_step", track="trainer", step=1):
+            pass
+        telemetry.gauge("trainer_version", 1)
+    out = tmp_path / "trace.json"
+    assert main(["trace", store.url, "--out", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    assert any(e["ph"] == "X" and e["name"] == "train_step" and e["args"] == {"step": 1} for e in trace["traceEvents"])
+    assert main(["metrics", store.url, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert summary["span.trainer.train_step"]["count"] == 1 and summary["gauge.trainer.trainer_version"]["last"] == 1.0
+    assert main(["trace", str(tmp_path / "empty"), "--out", str(out)]) == 2
