@@ -78,6 +78,7 @@ class TrainerConfig:
     step: StepConfig = field(default_factory=StepConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
+    """Seed of the trainer's RNG (saved in every checkpoint)."""
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
@@ -99,13 +100,17 @@ class SFTConfig:
     """Supervised warm start on demonstrations from the env's generator; publishes version 0."""
 
     n_demos: int = 512
+    """Demonstrations generated from the env's train split."""
     error_rate: float = 0.3
     """Share of flawed demonstrations, so the warm policy is decent but far from perfect."""
     steps: int = 200
+    """Optimizer steps of the warm start (0 publishes the random initialisation)."""
     batch_size: int = 16
+    """Demonstrations per step."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine",
                                                                    total_steps=200, weight_decay=0.01))
     seed: int = 0
+    """Seed of demonstrations, initialisation and batch order."""
 
     def __post_init__(self) -> None:
         if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
@@ -122,7 +127,9 @@ class EvalConfig:
     samples: int = 4
     """k of pass@k: sampled attempts per task, besides the greedy one."""
     temperature: float = 1.0
+    """Temperature of the sampled attempts (the greedy attempt uses 0)."""
     max_concurrency: int = 32
+    """Episodes evaluated at once."""
 
     def __post_init__(self) -> None:
         if self.n_tasks < 1 or self.samples < 1 or self.max_concurrency < 1:
@@ -133,6 +140,7 @@ class EvalConfig:
 @dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
     seed: int = 0
+    """Seed of evaluation sampling and anything else campaign-wide."""
     workers: int = 2
     """Rollout workers started by the campaign flow."""
     tokenizer: str | None = None

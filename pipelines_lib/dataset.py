@@ -47,6 +47,7 @@ class DatasetConfig:
     source: str = "builtin:arithmetic"
     """``builtin:<env>`` or a path/URL to a ``.jsonl``, ``.parquet`` or ``.arrow`` file."""
     seed: int = 0
+    """Seed of the built-in generator (tasks and their order)."""
     n_train: int = 2000
     """Tasks in the train split (built-in sources; files keep all their train rows)."""
     n_heldout: int = 100

@@ -62,23 +62,33 @@ class ModelConfig:
     """Shape and switches of a decoder-only transformer."""
 
     vocab_size: int
+    """Token ids are in [0, vocab_size); must cover the tokenizer."""
     d_model: int
+    """Width of the residual stream."""
     n_layers: int
+    """Decoder blocks."""
     n_heads: int
+    """Query heads per layer."""
     n_kv_heads: int
     """Key/value heads; ``n_heads`` must be a multiple (grouped-query attention)."""
     head_dim: int
+    """Width of each attention head (need not be d_model / n_heads)."""
     d_ff: int
     """Hidden width of the gated MLP."""
     max_seq_len: int
     """Longest sequence (prompt + completion) the model is used with."""
     rope_theta: float = 10000.0
+    """Rotary position embedding base."""
     rope_scaling: RopeScaling | None = None
+    """Long-context rope scaling (``linear`` or ``llama3``); None for none."""
     local_rope_theta: float | None = None
     """Rope base of the sliding-window layers when it differs (Gemma 3); those layers are never scaled."""
     norm_eps: float = 1e-6
+    """Epsilon of every RMSNorm."""
     norm: str = "rms"
+    """``rms`` (weight · x̂) or ``gemma_rms`` ((1 + weight) · x̂)."""
     activation: str = "silu"
+    """Gate activation of the MLP: ``silu`` (SwiGLU) or ``gelu_tanh`` (GeGLU)."""
     qkv_bias: bool = False
     """Bias on the q/k/v projections (Qwen2)."""
     qk_norm: bool = False

@@ -46,6 +46,7 @@ class RolloutConfig:
     max_concurrency: int = 16
     """Episodes in flight at once (a multiple of group_size). Enough of them hide tool latency."""
     mode: Literal["async", "sync"] = "async"
+    """``async``: groups start whenever episode slots free up; ``sync``: the baseline, a batch of max_concurrency/G groups at a time, the next only after the slowest trajectory."""
     eta: int = 1
     """Staleness bound η: a group starts only on weights no older than latest − η."""
     target_groups: int | None = None
@@ -58,14 +59,19 @@ class RolloutConfig:
     stop_poll_s: float = 1.0
     """How often the trainer's done marker is checked."""
     temperature: float = 1.0
+    """Sampling temperature of rollouts (0 = greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
     max_new_tokens: int = 48
     """Per generation call (one assistant turn)."""
     max_tokens: int = 256
     """Per trajectory, prompt included (also capped by the engine's KV-cache length)."""
     episode_timeout_s: float = 120.0
+    """Deadline of one episode; past it the sample gets status ``timeout``."""
     tool_timeout_s: float = 10.0
+    """Deadline of one tool call; past it the tool result is a timeout error."""
     failure_reward: float = 0.0
     """Reward recorded for a sample that failed (timeout, env error): the group still completes."""
     writer: WriterConfig = field(default_factory=WriterConfig)

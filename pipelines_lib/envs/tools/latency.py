@@ -29,9 +29,13 @@ class LatencyProfile:
     value_s: float = 0.0
     """Fixed delay, or the lognormal median."""
     lo_s: float = 0.0
+    """Lower bound of the uniform profile (seconds)."""
     hi_s: float = 0.0
+    """Upper bound of the uniform profile (seconds)."""
     sigma: float = 0.0
+    """Log-space standard deviation of the lognormal profile."""
     cap_s: float = math.inf
+    """No single delay exceeds this (seconds)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "uniform", "lognormal"):
