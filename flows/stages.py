@@ -26,10 +26,9 @@ from tasks.warm_start import warm_start
 
 
 def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, worker_index: int = 0) -> str:
+    """The ``gpu:<worker>`` concurrency limit an accelerator stage holds while it runs."""
     _, config = open_campaign(campaign_url, storage_options)
-    key = resources_for(stage, config, worker_index=worker_index).concurrency_key
-    assert key is not None, f"{stage} is not an accelerator stage"
-    return key
+    return str(resources_for(stage, config, worker_index=worker_index).concurrency_key)
 
 
 @flow(name="rollstream-prep")

