@@ -46,7 +46,7 @@ def test_config_round_trips_through_its_json_snapshot() -> None:
 
 
 def test_cross_section_checks_name_both_sides() -> None:
-    with pytest.raises(ConfigError, match=r"trainer.seq_buckets \(largest 64\) cannot hold .*max_tokens=128"):
+    with pytest.raises(ConfigError, match=r"trainer.seq_buckets \(largest 64\) cannot hold .*max_tokens=192"):
         CampaignConfig.tiny().with_overrides({"trainer.seq_buckets": [64]})
 
 

@@ -19,7 +19,7 @@ def test_the_config_check_catches_an_error_that_does_not_name_the_key() -> None:
     # The check itself can fail: a real error about rollout.eta does not satisfy a case about trainer.seed.
     with pytest.raises(AssertionError, match="does not name 'trainer.seed'"):
         check_config(ConfigCase(text="rollout: {eta: -1}", key="trainer.seed"))
-    with pytest.raises(AssertionError, match="no 'did you mean 'eta''"):
-        check_config(ConfigCase(text="rollout: {etta: 1}", key="rollout.etta", typo_of="eta"))
+    with pytest.raises(AssertionError, match="no 'did you mean 'group_size''"):
+        check_config(ConfigCase(text="rollout: {etta: 1}", key="rollout.etta", typo_of="group_size"))
     check_config(ConfigCase(text="rollout: {etaa: 1}", key="rollout.etaa", typo_of="eta"))
     assert issubclass(ConfigError, ValueError)

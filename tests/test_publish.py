@@ -145,6 +145,7 @@ def test_pickup_latency_is_measured_from_publish_return_to_loaded(local_store: S
     publish_weights(local_store, model(0), version=0, step=0)
     figures = measure_pickup_latency(local_store, model(1), version=1, step=2, poll_s=0.01)
     assert set(figures) == {"publish.save_s", "publish.pickup_latency_s", "publish.load_s"}
-    assert 0 < figures["publish.load_s"] <= figures["publish.pickup_latency_s"] + 0.05
-    assert figures["publish.pickup_latency_s"] < 30
+    # The reader may see the pointer a moment before publish_weights returns, so load_s can exceed the latency.
+    assert figures["publish.save_s"] > 0 and figures["publish.load_s"] > 0
+    assert 0 < figures["publish.pickup_latency_s"] < 30
     assert CampaignWeights(local_store).latest() == 1

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "pipelines_lib.bench.engine",
+    "pipelines_lib.bench.rollout",
     "pipelines_lib.bench.store",
+    "pipelines_lib.bench.trainer",
 )
 """Modules whose import registers benchmarks."""
 

@@ -1,0 +1,292 @@
+"""Benchmark ``rollout``: the asynchronous orchestrator vs the synchronous batch mode under tool latency.
+
+One process, one warmed-up ``JaxEngine`` (tiny model, ``CampaignConfig.tiny()`` engine: 16 slots) shared by
+every arm, the same arithmetic tasks in the same order, the same per-sample sampling seeds and the same
+per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
+
+```
+ceiling            async, max_concurrency 64, no tool latency    (DESIGN §7: every slot kept full)
+<profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
+                                                                  the next starts after its slowest episode)
+<profile>/async    Orchestrator mode="async", max_concurrency 64 (new groups start as groups finish)
+                   for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
+```
+
+**Why every episode calls a tool.** Throughput, not quality, is measured, so the model is the tiny decoder
+with random weights (no warm start to pay for). Such a model never writes a well-formed tool call, so the
+agent here (``ForcedCallAgent``) treats its first response as a calculator call on the task's expression,
+whatever the model wrote, and its second as the final answer. Every episode then has the shape of a solved
+arithmetic episode: generate, one real calculator call behind the latency profile, generate, score. The
+engine, episode runner, env, tool, orchestrator and shard writer (on a ``memory://`` store) are the real ones.
+
+**Window.** An arm's throughput is N trajectories over the time from the orchestrator's start to the N-th
+finished trajectory (N the same in both arms of a profile, a whole number of sync batches). The async arm
+keeps starting groups until then, so its figure is steady-state throughput including the ramp-up and
+excluding the drain after N (in-flight episodes are cancelled); the sync arm ends exactly at its last batch.
+Engine busy fraction is ``engine.stats()`` at that moment: compute time over the window's wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from flax import nnx
+
+from pipelines_lib.agents import AgentConfig, ToolAgent, run_episode
+from pipelines_lib.agents.base import FinalResponse, ToolMessages
+from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.engine.api import SamplingParams
+from pipelines_lib.engine.jax_engine import JaxEngine
+from pipelines_lib.envs import make_env
+from pipelines_lib.envs.arithmetic import ArithmeticEnv
+from pipelines_lib.envs.base import Task, hermes_tool_call
+from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.rollout.collect import worker_tasks
+from pipelines_lib.rollout.episodes import campaign_tokenizer, sample_seed
+from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator, RolloutConfig
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.record import Trajectory
+
+PROFILES: dict[str, LatencyProfile] = {
+    "none": LatencyProfile.none(),
+    "light": LatencyProfile.light(),
+    "heavy": LatencyProfile.heavy(),
+}
+GROUP_SIZE = 4
+ASYNC_CONCURRENCY = 64
+"""4 × the engine's slots: under the heavy profile an episode spends about as long waiting on its tool as
+generating, and the tail (up to 5 s) would otherwise hold slots empty."""
+MAX_NEW_TOKENS = 24
+"""Per turn: the length of a solved episode's tool call; the prompt (~100 tokens with the tool schema), two
+turns and the tool result fit the 192-token context."""
+QUICK = {"sync_batches": {"none": 2, "light": 2, "heavy": 3}}
+FULL = {"sync_batches": {"none": 6, "light": 6, "heavy": 16}}
+ARM_TIMEOUT_S = 600.0
+EXPRESSION = re.compile(r"\d+(?:[-+*]\d+)+")
+
+
+class ForcedCallAgent(ToolAgent):
+    """A ``ToolAgent`` whose first response is one calculator call on the prompt's expression (whatever the
+    model wrote) and whose second is the final answer: every episode waits on exactly one real tool call."""
+
+    def clear(self) -> None:
+        super().clear()
+        self.called = False
+
+    async def act(self, response: str, *, tool_timeout_s: float) -> FinalResponse | ToolMessages:
+        if self.called:
+            return FinalResponse(text=response)
+        self.called = True
+        prompt = next(m["content"] for m in self.messages if m["role"] == "user")
+        match = EXPRESSION.search(prompt)
+        call = hermes_tool_call("calculator", {"expression": match.group(0) if match else "1+1"})
+        return await super().act(call, tool_timeout_s=tool_timeout_s)
+
+
+def forced_call_episode_fn(engine: JaxEngine, tokenizer: ChatTokenizer, profile: LatencyProfile,
+                           rc: RolloutConfig) -> EpisodeFn:
+    """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call; sampling seeds and
+    delays depend only on (group, sample), so every arm replays the same episodes."""
+
+    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
+        env = make_env(task.env_name)
+        rng = random.Random(sample_seed("latency", group_id, sample_idx))
+        env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))
+        sampling = SamplingParams(temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
+                                  seed=sample_seed(group_id, sample_idx))
+        return await run_episode(
+            env=env, task=task, agent=ForcedCallAgent(AgentConfig(), tokenizer), engine=engine, tokenizer=tokenizer,
+            sampling=sampling, group_id=group_id, sample_idx=sample_idx, group_size=rc.group_size,
+            worker_id="bench", episode_timeout_s=rc.episode_timeout_s, tool_timeout_s=rc.tool_timeout_s,
+            max_tokens=rc.max_tokens)
+
+    return episode
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmResult:
+    name: str
+    trajectories: int
+    window_s: float
+    busy_fraction: float
+    slot_occupancy: float
+    tool_calls_per_trajectory: float
+    mean_tool_latency_s: float
+
+    @property
+    def traj_per_hour(self) -> float:
+        return self.trajectories / self.window_s * 3600
+
+
+async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
+                  mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile, n_trajectories: int,
+                  clock: Callable[[], float] = time.perf_counter) -> ArmResult:
+    """Run the orchestrator until ``n_trajectories`` have finished (see the module docstring), then stop it."""
+    rc = RolloutConfig(group_size=GROUP_SIZE, max_concurrency=max_concurrency, mode=mode,
+                       max_new_tokens=MAX_NEW_TOKENS, max_tokens=engine.max_seq_len,
+                       target_groups=-(-n_trajectories // GROUP_SIZE) if mode == "sync" else None,
+                       writer=WriterConfig(max_groups=4, max_age_s=2.0))
+    inner = forced_call_episode_fn(engine, tokenizer, profile, rc)
+    finished: list[Trajectory] = []
+    reached = asyncio.Event()
+    snapshot: dict[str, Any] = {}
+
+    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
+        trajectory = await inner(task, group_id, sample_idx)
+        finished.append(trajectory)
+        if len(finished) == n_trajectories:
+            snapshot.update(engine.stats(), at=clock())
+            reached.set()
+        return trajectory
+
+    store = Store(f"memory://rollstream-bench-rollout/{name}")
+    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
+                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
+                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
+    engine.reset_stats()
+    start = clock()
+    run = asyncio.create_task(orchestrator.run())
+    waiter = asyncio.create_task(reached.wait())
+    try:
+        async with asyncio.timeout(ARM_TIMEOUT_S):
+            await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not reached.is_set():
+            run.result()  # a crashed run raises here; otherwise it ended short of the target
+            raise RuntimeError(f"arm {name}: the orchestrator stopped after {len(finished)} of {n_trajectories} "
+                               "trajectories")
+    finally:
+        waiter.cancel()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        store.fs.rm(store.uri(), recursive=True)
+    # Let the engine drop the cancelled requests before the next arm resets its counters.
+    await asyncio.sleep(0.2)
+    counted = finished[:n_trajectories]
+    tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]
+    return ArmResult(
+        name=name, trajectories=n_trajectories, window_s=snapshot["at"] - start,
+        busy_fraction=snapshot["busy_s"] / snapshot["wall_s"], slot_occupancy=snapshot["slot_occupancy"],
+        tool_calls_per_trajectory=len(tool_turns) / len(counted),
+        mean_tool_latency_s=sum(t.latency_s or 0.0 for t in tool_turns) / max(1, len(tool_turns)))
+
+
+async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[ArmResult, dict[str, dict[str, ArmResult]], int]:
+    config = CampaignConfig.tiny()
+    tokenizer = campaign_tokenizer(config)
+    model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
+    batches = (QUICK if quick else FULL)["sync_batches"]
+    slots = config.engine.num_slots
+    tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
+    arms: dict[str, dict[str, ArmResult]] = {}
+    async with JaxEngine(model, config.engine) as engine:
+        await engine.warmup()
+        n_ceiling = max(batches.values()) * slots
+        ceiling = await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
+                                max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"], n_trajectories=n_ceiling)
+        progress(f"bench rollout: ceiling {ceiling.traj_per_hour:.0f} trajectories/h")
+        for profile_name, profile in PROFILES.items():
+            n = batches[profile_name] * slots
+            arms[profile_name] = {}
+            for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
+                arm = await run_arm(engine, tokenizer, tasks, name=f"{profile_name}-{mode}", mode=mode,
+                                    max_concurrency=concurrency, profile=profile, n_trajectories=n)
+                arms[profile_name][mode] = arm
+                progress(f"bench rollout: {profile_name}/{mode} {arm.traj_per_hour:.0f} trajectories/h, "
+                         f"busy {arm.busy_fraction:.2f}")
+    return ceiling, arms, slots
+
+
+def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(arms)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
+        ax.bar(x + offset, [arms[p][mode].traj_per_hour for p in names], width=0.4, label=mode, color=color)
+    ax.axhline(ceiling.traj_per_hour, color="tab:green", linestyle="--", label="ceiling (no latency, slots full)")
+    ax.set_xticks(x, [f"tool latency: {p}" for p in names])
+    ax.set_ylabel("trajectories / hour")
+    ax.set_title("rollout throughput: async orchestrator vs sync batches")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@register_bench(
+    "rollout",
+    title="Asynchronous vs synchronous rollout under tool latency",
+    measures="Trajectories/hour of the asynchronous orchestrator over the synchronous batch mode (same engine "
+             "slots, prompts, group size, seeds and latency profile, in one run), the engine busy fraction of the "
+             "async arm, and the async arm's throughput over the ceiling (same engine, zero tool latency, every "
+             "slot kept full), for tool latency none / light (uniform 10–50 ms) / heavy (log-normal, median "
+             "200 ms, σ 1.5, capped at 5 s).",
+    method="Tiny decoder with random weights on the arithmetic env; every episode is generate (24 new tokens), one "
+           "real calculator call behind the latency profile, generate, score (the agent turns the first response "
+           "into the call whatever the model wrote: throughput, not quality, is measured). One warmed-up "
+           "`JaxEngine` in continuous mode with 16 slots serves every arm (no compilation timed). Sync: "
+           "`RolloutConfig(mode='sync', max_concurrency=16)`, batches of 4 groups × 4 samples fill all 16 slots. "
+           "Async: `mode='async', max_concurrency=64`. Ceiling: async, 64 in flight, no tool latency. Each arm "
+           "runs until N trajectories have finished (N = whole sync batches; heavy uses the most so the 5 s tail "
+           "shows up); throughput = N / time to the N-th; busy fraction = engine compute seconds / that window. "
+           "Groups are committed by the real `ShardWriter` to a `memory://` store.",
+    goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
+                why="async rollout should hide slow tools"),
+           Goal(key="rollout.heavy.async_busy_fraction", op=">=", value=0.9,
+                why="the engine should never wait on tools"),
+           Goal(key="rollout.heavy.async_over_ceiling", op=">=", value=0.85,
+                why="tool latency should cost little throughput")),
+)
+def bench_rollout(ctx: BenchContext) -> BenchResult:
+    ceiling, arms, slots = asyncio.run(_run_all(ctx.quick, ctx.progress))
+    figures: dict[str, float] = {
+        "rollout.ceiling_traj_per_hour": ceiling.traj_per_hour,
+        "rollout.ceiling_slot_occupancy": ceiling.slot_occupancy,
+        "rollout.ceiling_busy_fraction": ceiling.busy_fraction,
+        "rollout.async_max_concurrency": ASYNC_CONCURRENCY,
+        "rollout.engine_slots": slots,
+    }
+    rows: list[dict[str, Any]] = [_row("—", ceiling, ceiling)]
+    for profile, pair in arms.items():
+        sync, async_ = pair["sync"], pair["async"]
+        figures |= {
+            f"rollout.{profile}.async_over_sync": async_.traj_per_hour / sync.traj_per_hour,
+            f"rollout.{profile}.async_busy_fraction": async_.busy_fraction,
+            f"rollout.{profile}.async_over_ceiling": async_.traj_per_hour / ceiling.traj_per_hour,
+            f"rollout.{profile}.sync_busy_fraction": sync.busy_fraction,
+            f"rollout.{profile}.async_traj_per_hour": async_.traj_per_hour,
+            f"rollout.{profile}.sync_traj_per_hour": sync.traj_per_hour,
+        }
+        rows += [_row(profile, sync, ceiling), _row(profile, async_, ceiling)]
+    plot = "rollout_throughput.png"
+    _plot(ctx.plot_dir / plot, ceiling, arms)
+    notes = ("N per profile (trajectories counted): " + ", ".join(
+        f"{p} {pair['sync'].trajectories}" for p, pair in arms.items()) + f"; ceiling {ceiling.trajectories}. "
+        "`tool s` is the mean recorded tool-call latency of the counted trajectories (the same episodes in both "
+        "arms of a profile).")
+    return BenchResult(figures=figures, rows=rows, plots=[plot], notes=notes)
+
+
+def _row(profile: str, arm: ArmResult, ceiling: ArmResult) -> dict[str, Any]:
+    return {"arm": arm.name, "latency": profile, "N": arm.trajectories, "window s": arm.window_s,
+            "trajectories/h": arm.traj_per_hour, "engine busy": arm.busy_fraction,
+            "slot occupancy": arm.slot_occupancy, "of ceiling": arm.traj_per_hour / ceiling.traj_per_hour,
+            "tool calls/traj": arm.tool_calls_per_trajectory, "tool s": arm.mean_tool_latency_s}

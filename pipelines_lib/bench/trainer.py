@@ -1,0 +1,189 @@
+"""Benchmarks ``trainer`` (the streaming trainer's tokens/s next to a bare train loop) and ``publish``.
+
+```
+prepare (untimed)   synthetic whole groups → ShardWriter → trajectories/v00000000/ in a local folder;
+                    weights v0 published
+streaming arm       StreamingTrainer.run: tail shards, skip zero-advantage groups, build the batch,
+                    train_step, write train/consumed/<step>.json          (publication and checkpoints off)
+bare arm            train_step on the very batches the streaming arm trained on (rebuilt from its
+                    consumption logs before timing), in memory, no storage
+pickup              measure_pickup_latency: publish_weights → a polling reader's latest() + load()
+```
+
+Both arms train the same tiny model from the same v0 weights on the same groups in the same order, and each
+is warmed up with one step on the first batch before anything is timed, so compilation is excluded from
+both in the same way. Repetitions alternate the arms (a few streaming steps, then the same steps bare); the
+headline ratio is the median of the per-repetition ratios, which cancels slow drifts in machine load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.publish import load_published, measure_pickup_latency, publish_weights
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig
+from pipelines_lib.storage.store import Store
+from pipelines_lib.train.batch import TrainBatch
+from pipelines_lib.train.optim import make_nnx_optimizer
+from pipelines_lib.train.step import train_step
+from pipelines_lib.train.trainer import StreamingTrainer, _batch_from_groups
+from pipelines_lib.trajectory.synthetic import synthetic_group
+
+QUICK = {"repeats": 2, "steps": 2, "pickups": 2}
+FULL = {"repeats": 4, "steps": 6, "pickups": 5}
+NEVER = 10**9
+"""``publish_every`` / ``checkpoint_every`` / ``max_steps`` of the benchmark's trainer: the arms compare the
+data path; publication is measured on its own by the pickup measurement."""
+
+
+def bench_config() -> CampaignConfig:
+    """``CampaignConfig.tiny()`` (8 groups of 4 per step, one 192-token bucket) without publications."""
+    base = CampaignConfig.tiny()
+    return dataclasses.replace(base, trainer=dataclasses.replace(
+        base.trainer, max_steps=NEVER, publish_every=NEVER, checkpoint_every=NEVER))
+
+
+def write_shards(store: Store, config: CampaignConfig, n_groups: int) -> None:
+    """``n_groups`` synthetic groups of version 0 in shards of 16 groups, then weights v0."""
+    writer = ShardWriter(store, worker_id="bench", config=WriterConfig(max_groups=16, max_age_s=1e9))
+    for i in range(n_groups):
+        writer.add_group(synthetic_group(prompt_id=f"p{i:05d}", group_size=config.rollout.group_size,
+                                         worker_id="bench", policy_version=0, seed=i,
+                                         vocab_size=config.model.vocab_size, max_len=config.trainer.seq_buckets[-1]))
+    writer.flush()
+    publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(config.seed)), version=0, step=0)
+
+
+def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainBatch, int]]:
+    """(batch, loss tokens) of each step the trainer logged, rebuilt from the shard rows its log names."""
+    out = []
+    for step in steps:
+        entry = trainer.store.read_json(layout.consumed_log(step))
+        batch, _, n_tokens = _batch_from_groups([trainer._reload(g) for g in entry["groups"]], trainer.config,
+                                                trainer.pad_id)
+        out.append((batch, n_tokens))
+    return out
+
+
+def _plot(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.2))
+    ax.barh([r["arm"] for r in rows], [r["loss tokens/s"] for r in rows], color=["tab:blue", "tab:gray"])
+    ax.invert_yaxis()
+    ax.set_xlabel("loss tokens/s (median over repetitions)")
+    ax.set_title("streaming GRPO trainer vs bare train_step loop")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@register_bench(
+    "trainer",
+    title="Streaming trainer overhead and weight pickup latency",
+    measures="Loss tokens/s of the streaming GRPO trainer (tailing shards from a local campaign folder) over a "
+             "bare in-memory loop of `train_step` on the same batches; and the publish→pickup latency: from "
+             "`publish_weights` returning to a polling `CampaignWeights(store)` reader seeing the version and "
+             "finishing its `load` (local folder).",
+    method="`CampaignConfig.tiny()` trainer (tiny model, 8 groups × 4 samples per step, one 192-token bucket, "
+           "GRPO loss) with publication and checkpoints switched off. Synthetic whole groups (lengths up to "
+           "~120 tokens, random 0/1 rewards, so some groups are skipped for zero advantage exactly as in a "
+           "campaign) are written as shards of 16 groups before timing. Streaming arm: `StreamingTrainer.run` "
+           "(tailing, shard reads, batch building, `train_step`, consumption log). Bare arm: `train_step` on the "
+           "batches the streaming arm trained on, rebuilt from its consumption logs before timing, same "
+           "initial weights. Both are warmed up with one step (compilation excluded from both), then "
+           "repetitions alternate a few streaming steps and the same steps bare, every step synchronised to "
+           "the host; `streaming_over_bare` is the median per-repetition ratio. Pickup: "
+           "`publish.measure_pickup_latency` (reader polls every 50 ms, so up to 50 ms of it is polling), "
+           "after one untimed warm-up publication; median over publications.",
+    goals=(Goal(key="trainer.streaming_over_bare", op=">=", value=0.9,
+                why="reading shards should cost little next to the train step"),),
+)
+def bench_trainer(ctx: BenchContext) -> BenchResult:
+    size = QUICK if ctx.quick else FULL
+    config = bench_config()
+    steps_total = 1 + size["repeats"] * size["steps"]
+    store = Store(str(ctx.scratch / "campaign"))
+    # About 1/8 of random-reward groups of 4 are all-equal and skipped; 1.5x leaves a wide margin.
+    write_shards(store, config, n_groups=int(1.5 * steps_total * config.trainer.batch_groups) + 16)
+
+    trainer = StreamingTrainer(store, config, log=lambda line: None)
+    trainer.run(max_steps=1)
+    bare_model, _ = load_published(store, 0)
+    bare_optimizer = make_nnx_optimizer(bare_model, config.trainer.optim)
+    [(warm_batch, _)] = logged_batches(trainer, range(1, 2))
+    jax.block_until_ready(train_step(bare_model, bare_optimizer, warm_batch, cfg=config.trainer.step))
+
+    streaming_tps, bare_tps, ratios = [], [], []
+    for rep in range(size["repeats"]):
+        first, tokens0 = trainer.step + 1, trainer.tokens_trained
+        t0 = time.perf_counter()
+        trainer.run(max_steps=trainer.step + size["steps"])
+        streaming = (trainer.tokens_trained - tokens0) / (time.perf_counter() - t0)
+        batches = logged_batches(trainer, range(first, trainer.step + 1))
+        t0 = time.perf_counter()
+        for batch, _ in batches:
+            jax.block_until_ready(train_step(bare_model, bare_optimizer, batch, cfg=config.trainer.step))
+        bare = sum(n for _, n in batches) / (time.perf_counter() - t0)
+        streaming_tps.append(streaming)
+        bare_tps.append(bare)
+        ratios.append(streaming / bare)
+        ctx.progress(f"bench trainer: repetition {rep + 1}/{size['repeats']}: streaming {streaming:.0f} tokens/s, "
+                     f"bare {bare:.0f} tokens/s")
+
+    figures = {
+        "trainer.streaming_over_bare": statistics.median(ratios),
+        "trainer.streaming_tokens_per_s": statistics.median(streaming_tps),
+        "trainer.bare_tokens_per_s": statistics.median(bare_tps),
+        "trainer.steps_timed": size["repeats"] * size["steps"],
+    }
+    rows = [
+        {"arm": "streaming trainer", "loss tokens/s": figures["trainer.streaming_tokens_per_s"],
+         "per-repetition": ", ".join(f"{x:.0f}" for x in streaming_tps)},
+        {"arm": "bare train_step", "loss tokens/s": figures["trainer.bare_tokens_per_s"],
+         "per-repetition": ", ".join(f"{x:.0f}" for x in bare_tps)},
+    ]
+    plot = "trainer_throughput.png"
+    _plot(ctx.plot_dir / plot, rows)
+    notes = (f"{size['repeats']} repetitions × {size['steps']} steps per arm after 1 warm-up step; per-repetition "
+             f"ratios {', '.join(f'{r:.3f}' for r in ratios)}.")
+    return BenchResult(figures=figures, rows=rows, plots=[plot], notes=notes)
+
+
+@register_bench(
+    "publish",
+    title="Weight publication: publish→pickup latency",
+    measures="Seconds from `publish_weights` returning to a rollout-style reader (`CampaignWeights(store)`, "
+             "polling `latest()`) seeing the new version and finishing its `load`, on a local campaign folder; "
+             "also the publish call itself (`save_s`) and the reader's load (`load_s`).",
+    method="`publish.measure_pickup_latency` with the tiny model: the reader polls every 50 ms in a thread "
+           "(so up to 50 ms of the latency is polling delay), one untimed warm-up publication first (Orbax "
+           "start-up), then one publication per version; medians over publications.",
+    goals=(Goal(key="publish.pickup_latency_s", op="<=", value=1.0,
+                why="workers should be on new weights within a second of publication"),),
+)
+def bench_publish(ctx: BenchContext) -> BenchResult:
+    publications = 3 if ctx.quick else 8
+    config = bench_config()
+    store = Store(str(ctx.scratch / "campaign"))
+    model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
+    publish_weights(store, model, version=0, step=0)
+    runs = [measure_pickup_latency(store, model, version=v, step=v) for v in range(1, publications + 1)]
+    figures = {key: statistics.median(r[key] for r in runs)
+               for key in ("publish.pickup_latency_s", "publish.save_s", "publish.load_s")}
+    rows = [{"version": v, "save s": r["publish.save_s"], "pickup latency s": r["publish.pickup_latency_s"],
+             "load s": r["publish.load_s"]} for v, r in enumerate(runs, start=1)]
+    return BenchResult(figures=figures, rows=rows, notes=f"{publications} publications after one warm-up.")
