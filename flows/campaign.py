@@ -37,6 +37,7 @@ from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from pipelines_lib.campaign import published_versions
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.rollout.collect import request_stop
 from tasks.common import open_store
 from tasks.init import init_campaign
 
@@ -77,6 +78,9 @@ def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], prog
         trainer.wait(timeout=poll_s)
         progress.poll()
         if trainer.state.is_final():
+            if not trainer.state.is_completed():
+                # Threads cannot be cancelled: tell this run's rollout workers to stop, then surface the error.
+                request_stop(progress.store, f"trainer run ended {trainer.state.name}")
             return trainer.result()
         if not warned and collectors and all(c.state.is_final() for c in collectors):
             log.warning("all rollout workers have stopped before the trainer finished; it will wait for data "

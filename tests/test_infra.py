@@ -65,7 +65,8 @@ def test_prefect_yaml_has_one_deployment_per_stage_and_a_nightly_campaign() -> N
     for stage, full_name in DEPLOYMENTS.items():
         flow_name, deployment_name = full_name.split("/")
         d = deployments[deployment_name]
-        module, attr = d["entrypoint"].removesuffix(".py").replace("/", ".").split(":")
+        path, attr = d["entrypoint"].split(":")
+        module = path.removesuffix(".py").replace("/", ".")
         assert getattr(importlib.import_module(module), attr).name == flow_name
         assert d["work_pool"]["name"] == resources_for(stage, TINY).pool
     nightly = deployments["nightly"]

@@ -5,10 +5,10 @@ every arm, the same arithmetic tasks in the same order, the same per-sample samp
 per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
 
 ```
-ceiling            async, max_concurrency 64, no tool latency    (DESIGN §7: every slot kept full)
+ceiling            async, max_concurrency 48, no tool latency    (DESIGN §7: every slot kept full)
 <profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
                                                                   the next starts after its slowest episode)
-<profile>/async    Orchestrator mode="async", max_concurrency 64 (new groups start as groups finish)
+<profile>/async    Orchestrator mode="async", max_concurrency 48 (new groups start as groups finish)
                    for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
 ```
 
@@ -19,11 +19,13 @@ whatever the model wrote, and its second as the final answer. Every episode then
 arithmetic episode: generate, one real calculator call behind the latency profile, generate, score. The
 engine, episode runner, env, tool, orchestrator and shard writer (on a ``memory://`` store) are the real ones.
 
-**Window.** An arm's throughput is N trajectories over the time from the orchestrator's start to the N-th
-finished trajectory (N the same in both arms of a profile, a whole number of sync batches). The async arm
-keeps starting groups until then, so its figure is steady-state throughput including the ramp-up and
-excluding the drain after N (in-flight episodes are cancelled); the sync arm ends exactly at its last batch.
-Engine busy fraction is ``engine.stats()`` at that moment: compute time over the window's wall time.
+**Window.** An arm's throughput is N trajectories over the time between the K-th and the (K+N)-th finished
+trajectory (K and N the same in every arm of a profile, whole numbers of sync batches, so the sync window
+spans whole batches). Skipping the first K leaves out the ramp-up, which would otherwise be charged to the
+async arm: its first wave of ``max_concurrency`` first turns queues ahead of every second turn. After the
+(K+N)-th the orchestrator is cancelled (the async arm keeps groups starting until then, so no drain is
+timed either). Engine busy fraction is the engine's compute seconds over the same window, from
+``engine.stats()`` at both ends.
 """
 
 from __future__ import annotations
@@ -65,14 +67,17 @@ PROFILES: dict[str, LatencyProfile] = {
     "heavy": LatencyProfile.heavy(),
 }
 GROUP_SIZE = 4
-ASYNC_CONCURRENCY = 64
-"""4 × the engine's slots: under the heavy profile an episode spends about as long waiting on its tool as
-generating, and the tail (up to 5 s) would otherwise hold slots empty."""
-MAX_NEW_TOKENS = 24
-"""Per turn: the length of a solved episode's tool call; the prompt (~100 tokens with the tool schema), two
-turns and the tool result fit the 192-token context."""
-QUICK = {"sync_batches": {"none": 2, "light": 2, "heavy": 3}}
-FULL = {"sync_batches": {"none": 6, "light": 6, "heavy": 16}}
+ASYNC_CONCURRENCY = 48
+"""3 × the engine's slots: under the heavy profile an episode waits on its tool (mean ~0.55 s, up to 5 s)
+about half as long as it generates, so about 1.5 × the slots would fill them on average; the rest covers
+the tail."""
+NEW_TOKENS = (8, 36)
+"""Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
+varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
+(~100 tokens with the tool schema), two turns and the tool result fit the 192-token context."""
+QUICK = {"skip_batches": 1, "batches": {"none": 2, "light": 2, "heavy": 2}}
+FULL = {"skip_batches": 3, "batches": {"none": 12, "light": 12, "heavy": 24}}
+"""Sync batches (of ``num_slots`` trajectories) skipped before the window (K) and counted in it (N)."""
 ARM_TIMEOUT_S = 600.0
 EXPRESSION = re.compile(r"\d+(?:[-+*]\d+)+")
 
@@ -97,14 +102,15 @@ class ForcedCallAgent(ToolAgent):
 
 def forced_call_episode_fn(engine: JaxEngine, tokenizer: ChatTokenizer, profile: LatencyProfile,
                            rc: RolloutConfig) -> EpisodeFn:
-    """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call; sampling seeds and
-    delays depend only on (group, sample), so every arm replays the same episodes."""
+    """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call; sampling seeds, turn
+    lengths and delays depend only on (group, sample), so every arm replays the same episodes."""
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         env = make_env(task.env_name)
         rng = random.Random(sample_seed("latency", group_id, sample_idx))
         env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))
-        sampling = SamplingParams(temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
+        new_tokens = random.Random(sample_seed("length", group_id, sample_idx)).randint(*NEW_TOKENS)
+        sampling = SamplingParams(temperature=rc.temperature, max_new_tokens=new_tokens,
                                   seed=sample_seed(group_id, sample_idx))
         return await run_episode(
             env=env, task=task, agent=ForcedCallAgent(AgentConfig(), tokenizer), engine=engine, tokenizer=tokenizer,
@@ -131,23 +137,26 @@ class ArmResult:
 
 
 async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
-                  mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile, n_trajectories: int,
-                  clock: Callable[[], float] = time.perf_counter) -> ArmResult:
-    """Run the orchestrator until ``n_trajectories`` have finished (see the module docstring), then stop it."""
+                  mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile, skip: int,
+                  n_trajectories: int, clock: Callable[[], float] = time.perf_counter) -> ArmResult:
+    """Run the orchestrator until ``skip + n_trajectories`` have finished and measure the last
+    ``n_trajectories`` (see the module docstring), then stop it."""
+    total = skip + n_trajectories
     rc = RolloutConfig(group_size=GROUP_SIZE, max_concurrency=max_concurrency, mode=mode,
-                       max_new_tokens=MAX_NEW_TOKENS, max_tokens=engine.max_seq_len,
-                       target_groups=-(-n_trajectories // GROUP_SIZE) if mode == "sync" else None,
+                       max_new_tokens=NEW_TOKENS[1], max_tokens=engine.max_seq_len,
+                       target_groups=-(-total // GROUP_SIZE) if mode == "sync" else None,
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc)
     finished: list[Trajectory] = []
     reached = asyncio.Event()
-    snapshot: dict[str, Any] = {}
+    marks: list[dict[str, float]] = []
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         trajectory = await inner(task, group_id, sample_idx)
         finished.append(trajectory)
-        if len(finished) == n_trajectories:
-            snapshot.update(engine.stats(), at=clock())
+        if len(finished) in (skip, total):
+            marks.append({**engine.stats(), "at": clock()})
+        if len(finished) == total:
             reached.set()
         return trajectory
 
@@ -156,7 +165,8 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
                                 tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
                                 writer=ShardWriter(store, worker_id="bench", config=rc.writer))
     engine.reset_stats()
-    start = clock()
+    if skip == 0:
+        marks.append({**engine.stats(), "at": clock()})
     run = asyncio.create_task(orchestrator.run())
     waiter = asyncio.create_task(reached.wait())
     try:
@@ -164,49 +174,57 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
             await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
         if not reached.is_set():
             run.result()  # a crashed run raises here; otherwise it ended short of the target
-            raise RuntimeError(f"arm {name}: the orchestrator stopped after {len(finished)} of {n_trajectories} "
+            raise RuntimeError(f"arm {name}: the orchestrator stopped after {len(finished)} of {total} "
                                "trajectories")
     finally:
         waiter.cancel()
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
-        store.fs.rm(store.uri(), recursive=True)
+        if store.fs.exists(store.uri()):  # nothing is there if the arm stopped before its first commit
+            store.fs.rm(store.uri(), recursive=True)
     # Let the engine drop the cancelled requests before the next arm resets its counters.
     await asyncio.sleep(0.2)
-    counted = finished[:n_trajectories]
+    counted = finished[skip:total]
     tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]
+    a, b = marks
+    steps = b["decode_steps"] - a["decode_steps"]
     return ArmResult(
-        name=name, trajectories=n_trajectories, window_s=snapshot["at"] - start,
-        busy_fraction=snapshot["busy_s"] / snapshot["wall_s"], slot_occupancy=snapshot["slot_occupancy"],
+        name=name, trajectories=n_trajectories, window_s=b["at"] - a["at"],
+        busy_fraction=(b["busy_s"] - a["busy_s"]) / (b["wall_s"] - a["wall_s"]),
+        slot_occupancy=(b["active_slot_steps"] - a["active_slot_steps"]) / (steps * engine.config.num_slots),
         tool_calls_per_trajectory=len(tool_turns) / len(counted),
         mean_tool_latency_s=sum(t.latency_s or 0.0 for t in tool_turns) / max(1, len(tool_turns)))
 
 
-async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[ArmResult, dict[str, dict[str, ArmResult]], int]:
+async def _run_all(quick: bool, progress: Callable[[str], None]
+                   ) -> tuple[ArmResult, dict[str, dict[str, ArmResult]], int, int]:
+    """The ceiling arm, then sync and async per profile; returns them, the engine's slots and K."""
     config = CampaignConfig.tiny()
     tokenizer = campaign_tokenizer(config)
     model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
-    batches = (QUICK if quick else FULL)["sync_batches"]
-    slots = config.engine.num_slots
+    size = QUICK if quick else FULL
+    batches, slots = size["batches"], config.engine.num_slots
+    skip = size["skip_batches"] * slots
     tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
     arms: dict[str, dict[str, ArmResult]] = {}
     async with JaxEngine(model, config.engine) as engine:
         await engine.warmup()
         n_ceiling = max(batches.values()) * slots
         ceiling = await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
-                                max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"], n_trajectories=n_ceiling)
+                                max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"], skip=skip,
+                                n_trajectories=n_ceiling)
         progress(f"bench rollout: ceiling {ceiling.traj_per_hour:.0f} trajectories/h")
         for profile_name, profile in PROFILES.items():
             n = batches[profile_name] * slots
             arms[profile_name] = {}
             for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
                 arm = await run_arm(engine, tokenizer, tasks, name=f"{profile_name}-{mode}", mode=mode,
-                                    max_concurrency=concurrency, profile=profile, n_trajectories=n)
+                                    max_concurrency=concurrency, profile=profile, skip=skip, n_trajectories=n)
                 arms[profile_name][mode] = arm
                 progress(f"bench rollout: {profile_name}/{mode} {arm.traj_per_hour:.0f} trajectories/h, "
                          f"busy {arm.busy_fraction:.2f}")
-    return ceiling, arms, slots
+    return ceiling, arms, slots, skip
 
 
 def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]]) -> None:
@@ -239,15 +257,18 @@ def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]])
              "async arm, and the async arm's throughput over the ceiling (same engine, zero tool latency, every "
              "slot kept full), for tool latency none / light (uniform 10–50 ms) / heavy (log-normal, median "
              "200 ms, σ 1.5, capped at 5 s).",
-    method="Tiny decoder with random weights on the arithmetic env; every episode is generate (24 new tokens), one "
+    method="Tiny decoder with random weights on the arithmetic env; every episode is generate, one "
            "real calculator call behind the latency profile, generate, score (the agent turns the first response "
-           "into the call whatever the model wrote: throughput, not quality, is measured). One warmed-up "
-           "`JaxEngine` in continuous mode with 16 slots serves every arm (no compilation timed). Sync: "
-           "`RolloutConfig(mode='sync', max_concurrency=16)`, batches of 4 groups × 4 samples fill all 16 slots. "
-           "Async: `mode='async', max_concurrency=64`. Ceiling: async, 64 in flight, no tool latency. Each arm "
-           "runs until N trajectories have finished (N = whole sync batches; heavy uses the most so the 5 s tail "
-           "shows up); throughput = N / time to the N-th; busy fraction = engine compute seconds / that window. "
-           "Groups are committed by the real `ShardWriter` to a `memory://` store.",
+           "into the call whatever the model wrote: throughput, not quality, is measured); each turn generates "
+           f"{NEW_TOKENS[0]}–{NEW_TOKENS[1]} tokens, drawn per sample. One warmed-up "
+           "`JaxEngine` in continuous mode with 16 slots serves every arm (no compilation timed); prompts, "
+           "sampling seeds and tool delays are the same in every arm. Sync: `RolloutConfig(mode='sync', "
+           "max_concurrency=16)`, batches of 4 groups × 4 samples fill all 16 slots. Async: `mode='async', "
+           f"max_concurrency={ASYNC_CONCURRENCY}`. Ceiling: async, {ASYNC_CONCURRENCY} in flight, no tool latency. "
+           "Each arm skips its first K finished trajectories (ramp-up) and counts the next N (K, N whole sync "
+           "batches; heavy counts the most so the 5 s tail shows up): throughput = N / time from the K-th to the "
+           "(K+N)-th; busy fraction = engine compute seconds / that window. Groups are committed by the real "
+           "`ShardWriter` to a `memory://` store.",
     goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
                 why="async rollout should hide slow tools"),
            Goal(key="rollout.heavy.async_busy_fraction", op=">=", value=0.9,
@@ -256,7 +277,7 @@ def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]])
                 why="tool latency should cost little throughput")),
 )
 def bench_rollout(ctx: BenchContext) -> BenchResult:
-    ceiling, arms, slots = asyncio.run(_run_all(ctx.quick, ctx.progress))
+    ceiling, arms, slots, skip = asyncio.run(_run_all(ctx.quick, ctx.progress))
     figures: dict[str, float] = {
         "rollout.ceiling_traj_per_hour": ceiling.traj_per_hour,
         "rollout.ceiling_slot_occupancy": ceiling.slot_occupancy,
@@ -278,7 +299,7 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
         rows += [_row(profile, sync, ceiling), _row(profile, async_, ceiling)]
     plot = "rollout_throughput.png"
     _plot(ctx.plot_dir / plot, ceiling, arms)
-    notes = ("N per profile (trajectories counted): " + ", ".join(
+    notes = (f"K = {skip} trajectories skipped per arm; N per profile: " + ", ".join(
         f"{p} {pair['sync'].trajectories}" for p, pair in arms.items()) + f"; ceiling {ceiling.trajectories}. "
         "`tool s` is the mean recorded tool-call latency of the counted trajectories (the same episodes in both "
         "arms of a profile).")

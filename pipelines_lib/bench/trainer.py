@@ -7,10 +7,12 @@ streaming arm       StreamingTrainer.run: tail shards, skip zero-advantage group
                     train_step, write train/consumed/<step>.json          (publication and checkpoints off)
 bare arm            train_step on the very batches the streaming arm trained on (rebuilt from its
                     consumption logs before timing), in memory, no storage
-pickup              measure_pickup_latency: publish_weights → a polling reader's latest() + load()
 ```
 
-Both arms train the same tiny model from the same v0 weights on the same groups in the same order, and each
+``publish`` (its own benchmark, so its figures keep the ``publish.`` prefix): ``measure_pickup_latency``, from
+``publish_weights`` returning to a polling reader's ``latest()`` seeing the version and its ``load()`` done.
+
+In ``trainer``, both arms train the same tiny model from the same v0 weights on the same groups in the same order, and each
 is warmed up with one step on the first batch before anything is timed, so compilation is excluded from
 both in the same way. Repetitions alternate the arms (a few streaming steps, then the same steps bare); the
 headline ratio is the median of the per-repetition ratios, which cancels slow drifts in machine load.
@@ -39,8 +41,8 @@ from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer, _batch_from_groups
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
-QUICK = {"repeats": 2, "steps": 2, "pickups": 2}
-FULL = {"repeats": 4, "steps": 6, "pickups": 5}
+QUICK = {"repeats": 2, "steps": 2}
+FULL = {"repeats": 4, "steps": 6}
 NEVER = 10**9
 """``publish_every`` / ``checkpoint_every`` / ``max_steps`` of the benchmark's trainer: the arms compare the
 data path; publication is measured on its own by the pickup measurement."""

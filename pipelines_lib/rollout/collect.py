@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +54,25 @@ def worker_tasks(tasks: list[Task], *, worker_index: int, num_workers: int, skip
                 yield task, gid
 
 
+def utc_compact(when: dt.datetime | None = None) -> str:
+    return (when or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def request_stop(store: Store, reason: str) -> str:
+    """Ask every rollout worker running now to stop (workers started later are not affected)."""
+    path = layout.stop_marker(utc_compact())
+    store.create_json(path, {"reason": reason})
+    return path
+
+
+def stop_requested(store: Store, *, since: str) -> bool:
+    """The trainer is done, or a stop marker newer than ``since`` (a ``utc_compact`` time) exists."""
+    if store.exists(layout.TRAIN_DONE):
+        return True
+    return any(n.startswith("STOP-") and n.removeprefix("STOP-").removesuffix(".json") > since
+               for n in store.list(layout.ROLLOUT_STOPS))
+
+
 def wait_for_weights(store: Store, timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> int:
     deadline = time.monotonic() + timeout_s
     while (pointer := store.read_pointer(layout.WEIGHTS_LATEST)) is None:
@@ -75,6 +95,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     wait_for_weights(store, weights_timeout_s)
     if store.exists(layout.TRAIN_DONE):
         return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
+    started = utc_compact()
     worker_id = f"{worker}.{time.time_ns() // 1000:x}"
     tokenizer = campaign_tokenizer(config)
     model, version = load_published(store)
@@ -94,7 +115,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(config, engine=engine, tokenizer=tokenizer, worker_id=worker_id),
                 tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
-                weights=CampaignWeights(store), should_stop=lambda: store.exists(layout.TRAIN_DONE),
+                weights=CampaignWeights(store), should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
             return stats, engine.stats()

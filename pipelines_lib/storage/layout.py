@@ -23,6 +23,9 @@ TRAJECTORIES = "trajectories"
 WEIGHTS_LATEST = "weights/LATEST.json"
 TRAIN_DONE = "train/DONE.json"
 DATASET_SUCCESS = "dataset/_SUCCESS"
+ROLLOUT_STOPS = "rollout"
+"""``rollout/STOP-<utc>.json`` markers: rollout workers started before such a marker stop (the campaign writes
+one when its trainer fails for good, so in-process workers do not run forever); later workers ignore it."""
 
 _WORKER_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 _SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})\.arrow$")
@@ -97,6 +100,10 @@ def weights_dir(version: int) -> str:
 
 def eval_path(version: int) -> str:
     return f"eval/v{version:08d}.json"
+
+
+def stop_marker(utc_compact: str) -> str:
+    return f"{ROLLOUT_STOPS}/STOP-{utc_compact}.json"
 
 
 def dataset_split(split: str) -> str:

@@ -46,9 +46,13 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     """Floor of the cosine schedule as a fraction of ``lr``."""
     weight_decay: float = 0.0
+    """Decoupled AdamW weight decay, applied to matrices only."""
     b1: float = 0.9
+    """Adam first-moment decay."""
     b2: float = 0.999
+    """Adam second-moment decay."""
     eps: float = 1e-8
+    """Adam denominator epsilon."""
     grad_clip_norm: float = 1.0
     """Clip the global gradient norm to this value; ``math.inf`` disables clipping."""
 

@@ -1,0 +1,31 @@
+"""The ``rollout`` benchmark in a minimal mode: every arm runs, every episode waits on one real tool call."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pipelines_lib.bench import rollout as rollout_bench
+from pipelines_lib.bench.registry import BenchContext, load_benches
+
+
+def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(rollout_bench, "QUICK", {"skip_batches": 0, "batches": {"none": 1, "light": 1, "heavy": 1}})
+    monkeypatch.setattr(rollout_bench, "PROFILES", {
+        "none": rollout_bench.PROFILES["none"], "light": rollout_bench.PROFILES["light"],
+        # Heavy's 5 s tail would make the test slow; a short log-normal exercises the same path.
+        "heavy": rollout_bench.LatencyProfile.lognormal(0.02, 1.0, 0.1)})
+    result = load_benches()["rollout"].fn(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path,
+                                                       progress=lambda line: None))
+    f = result.figures
+    for profile in ("none", "light", "heavy"):
+        for key in ("async_over_sync", "async_over_ceiling"):
+            value = f[f"rollout.{profile}.{key}"]
+            assert math.isfinite(value) and value > 0, (profile, key, value)
+        assert 0 < f[f"rollout.{profile}.async_busy_fraction"] <= 1.0
+    assert f["rollout.ceiling_traj_per_hour"] > 0
+    # The forced-call agent: exactly one tool call per episode in every arm, with the profile's delay.
+    assert {r["tool calls/traj"] for r in result.rows} == {1.0}
+    by_arm = {r["arm"]: r for r in result.rows}
+    assert by_arm["none-sync"]["tool s"] < 0.01 <= by_arm["light-sync"]["tool s"]
+    assert len(result.rows) == 7 and (tmp_path / result.plots[0]).stat().st_size > 0
