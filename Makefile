@@ -10,7 +10,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/build/jax-cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5
 
-.PHONY: venv demo test test-all bench lint fmt drills clean
+.PHONY: venv demo store-demo test test-all bench lint fmt drills clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m flows.campaign --campaign-url runs/demo-$$(date -u +%Y%m%dT%H%M%S)
+
+store-demo: $(STAMP)
 	$(VENV)/bin/rollstream demo
 
 test: $(STAMP)
@@ -32,6 +35,9 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/rollstream bench
+
+drills: $(STAMP)
+	$(VENV)/bin/rollstream drills
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -188,9 +188,30 @@ def main(argv: list[str] | None = None) -> int:
                  workers=args.workers, storage_options=args.storage_options, use_deployments=args.use_deployments,
                  evaluate=args.evaluate)
     audit = result.get("audit", {})
-    print(f"campaign {args.campaign_url}: done in {time.monotonic() - t0:.0f}s; audit "
-          f"{'OK' if audit.get('ok') else 'FAILED'} ({audit.get('report')})")
+    print(summary(args.campaign_url, args.storage_options, time.monotonic() - t0, audit))
     return 0 if audit.get("ok") else 1
+
+
+def summary(campaign_url: str, storage_options: dict[str, Any] | None, wall_s: float, audit: dict[str, Any]) -> str:
+    """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
+    store = open_store(campaign_url, storage_options)
+    evals = {int(n[1:9]): store.read_json(f"eval/{n}") for n in store.list("eval") if n.endswith(".json")}
+    lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
+             f"({audit.get('report')})"]
+    if evals:
+        first, last = min(evals), max(evals)
+        before, after = evals[first].get("greedy_success_rate", 0.0), evals[last].get("greedy_success_rate", 0.0)
+        lines.append(f"held-out greedy success: v{first} {before:.1%} -> v{last} {after:.1%} "
+                     f"({(after - before) * 100:+.1f} points); pass@k v{first} "
+                     f"{evals[first].get('pass@k') or 0.0:.1%} -> v{last} {evals[last].get('pass@k') or 0.0:.1%}")
+    lines += [
+        f"campaign folder:  {store.url}",
+        f"audit it:         .venv/bin/rollstream audit {store.url}",
+        f"Perfetto trace:   .venv/bin/rollstream trace {store.url} --out trace.json  (open in https://ui.perfetto.dev)",
+        "Prefect UI:       .venv/bin/prefect server start, then rerun with "
+        "PREFECT_API_URL=http://127.0.0.1:4200/api to keep runs and artifacts",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
