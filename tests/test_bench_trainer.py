@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -17,6 +18,9 @@ def _ctx(tmp_path: Path) -> BenchContext:
 
 def test_trainer_bench_compares_streaming_with_bare_steps_on_the_same_batches(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(trainer_bench, "QUICK", {"repeats": 1, "steps": 1})
+    config = trainer_bench.bench_config()
+    small = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, batch_groups=2))
+    monkeypatch.setattr(trainer_bench, "bench_config", lambda: small)
     result = load_benches()["trainer"].fn(_ctx(tmp_path))
     f = result.figures
     assert f["trainer.steps_timed"] == 1

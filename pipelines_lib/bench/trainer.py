@@ -41,7 +41,7 @@ from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer, _batch_from_groups
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
-QUICK = {"repeats": 2, "steps": 2}
+QUICK = {"repeats": 2, "steps": 1}
 FULL = {"repeats": 4, "steps": 6}
 NEVER = 10**9
 """``publish_every`` / ``checkpoint_every`` / ``max_steps`` of the benchmark's trainer: the arms compare the

@@ -158,9 +158,8 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
             collect(store, config, worker="drill", worker_index=0, num_workers=1, target_groups=groups, log=print)
             stages.append("collect")
         else:
-            with telemetry.recording(store, "drill"):
-                with telemetry.span("synthetic_rollouts", track="drill"):
-                    _synthetic_rollouts(store, config)
+            with telemetry.recording(store, "drill"), telemetry.span("synthetic_rollouts", track="drill"):
+                _synthetic_rollouts(store, config)
             stages.append("synthetic_rollouts")
         (root / "trace.json").write_text(json.dumps(to_chrome_trace(read_records(store))))
         stages.append("telemetry")

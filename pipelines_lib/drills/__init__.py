@@ -1,0 +1,13 @@
+"""Reliability drills: prove the pipeline survives hostile input, hostile code, faulty storage and killed processes.
+
+- ``fuzz``: property-based hostile inputs for parsers, calculator, configs, shards and dataset files.
+- ``sandbox_escapes``: a catalogue of escape attempts against the sandboxed Python tool.
+- ``secrets``: planted fake credentials must not reach any output of the stages.
+- ``faultproxy`` + ``storage_faults``: a fault-injecting HTTP proxy before a GCS-API server, and a store workload.
+- ``kills``: SIGKILL the trainer or a rollout worker at random moments and account for every group.
+- ``runner``: ``rollstream drills`` (``cli``) runs them all, merges ``reliability.*`` figures into
+  ``bench/results.json`` and regenerates ``RELIABILITY.md``.
+
+Nothing here is imported by the pipeline itself; hypothesis (a test dependency) is imported only by ``fuzz``'s
+strategies, at run time.
+"""
