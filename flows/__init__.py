@@ -11,3 +11,18 @@ flows/artifacts.py  evaluation tables, the learning-curve PNG, the audit summary
 flows/resources.py  resources_for(stage, config): pool, CPU, memory, accelerators (pure)
 ```
 """
+
+import os
+
+ENVIRONMENT_DEFAULTS = {
+    # Prefect's ephemeral API server takes 10+ s to start on a busy 2-core machine; its default wait is 20 s.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    # gcsfs probes for zonal buckets over gRPC, which stalls 30-100 s against emulators and private endpoints.
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+}
+
+
+def configure_environment() -> None:
+    """Defaults the command-line entry points need before Prefect or gcsfs start (explicit settings win)."""
+    for key, value in ENVIRONMENT_DEFAULTS.items():
+        os.environ.setdefault(key, value)

@@ -32,7 +32,7 @@ from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from flows import artifacts
+from flows import artifacts, configure_environment
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from pipelines_lib.campaign import published_versions
@@ -167,6 +167,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_environment()
     p = argparse.ArgumentParser(prog="python -m flows.campaign", description=__doc__.split("\n\n")[0])
     p.add_argument("--campaign-url", required=True)
     p.add_argument("--config", help="YAML config file (over the tiny preset)")

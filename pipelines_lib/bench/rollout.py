@@ -26,6 +26,10 @@ async arm: its first wave of ``max_concurrency`` first turns queues ahead of eve
 (K+N)-th the orchestrator is cancelled (the async arm keeps groups starting until then, so no drain is
 timed either). Engine busy fraction is the engine's compute seconds over the same window, from
 ``engine.stats()`` at both ends.
+
+**Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all seven arms are
+run ``repeats`` times, interleaved, and each figure is the median over repetitions (a ratio: the median of
+the per-repetition ratios, each taken between arms run a few seconds apart).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import random
 import re
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,9 +80,10 @@ NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
 (~100 tokens with the tool schema), two turns and the tool result fit the 192-token context."""
-QUICK = {"skip_batches": 1, "batches": {"none": 2, "light": 2, "heavy": 2}}
-FULL = {"skip_batches": 3, "batches": {"none": 12, "light": 12, "heavy": 24}}
-"""Sync batches (of ``num_slots`` trajectories) skipped before the window (K) and counted in it (N)."""
+QUICK = {"repeats": 1, "skip_batches": 1, "batches": {"ceiling": 2, "none": 2, "light": 2, "heavy": 2}}
+FULL = {"repeats": 3, "skip_batches": 3, "batches": {"ceiling": 4, "none": 4, "light": 4, "heavy": 8}}
+"""Repetitions of all arms; sync batches (of ``num_slots`` trajectories) skipped before each arm's window (K)
+and counted in it (N)."""
 ARM_TIMEOUT_S = 600.0
 EXPRESSION = re.compile(r"\d+(?:[-+*]\d+)+")
 
@@ -197,9 +203,9 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
         mean_tool_latency_s=sum(t.latency_s or 0.0 for t in tool_turns) / max(1, len(tool_turns)))
 
 
-async def _run_all(quick: bool, progress: Callable[[str], None]
-                   ) -> tuple[ArmResult, dict[str, dict[str, ArmResult]], int, int]:
-    """The ceiling arm, then sync and async per profile; returns them, the engine's slots and K."""
+async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict[str, ArmResult]], int]:
+    """Every repetition runs the ceiling, then sync and async per profile, on one engine; returns the
+    repetitions (arm name -> result) and K."""
     config = CampaignConfig.tiny()
     tokenizer = campaign_tokenizer(config)
     model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
@@ -207,41 +213,43 @@ async def _run_all(quick: bool, progress: Callable[[str], None]
     batches, slots = size["batches"], config.engine.num_slots
     skip = size["skip_batches"] * slots
     tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
-    arms: dict[str, dict[str, ArmResult]] = {}
+    reps: list[dict[str, ArmResult]] = []
     async with JaxEngine(model, config.engine) as engine:
         await engine.warmup()
-        n_ceiling = max(batches.values()) * slots
-        ceiling = await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
-                                max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"], skip=skip,
-                                n_trajectories=n_ceiling)
-        progress(f"bench rollout: ceiling {ceiling.traj_per_hour:.0f} trajectories/h")
-        for profile_name, profile in PROFILES.items():
-            n = batches[profile_name] * slots
-            arms[profile_name] = {}
-            for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
-                arm = await run_arm(engine, tokenizer, tasks, name=f"{profile_name}-{mode}", mode=mode,
-                                    max_concurrency=concurrency, profile=profile, skip=skip, n_trajectories=n)
-                arms[profile_name][mode] = arm
-                progress(f"bench rollout: {profile_name}/{mode} {arm.traj_per_hour:.0f} trajectories/h, "
-                         f"busy {arm.busy_fraction:.2f}")
-    return ceiling, arms, slots, skip
+        for rep in range(size["repeats"]):
+            arms = {"ceiling": await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
+                                             max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"],
+                                             skip=skip, n_trajectories=batches["ceiling"] * slots)}
+            for profile_name, profile in PROFILES.items():
+                for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
+                    name = f"{profile_name}-{mode}"
+                    arms[name] = await run_arm(engine, tokenizer, tasks, name=name, mode=mode,
+                                               max_concurrency=concurrency, profile=profile, skip=skip,
+                                               n_trajectories=batches[profile_name] * slots)
+            reps.append(arms)
+            progress(f"bench rollout: repetition {rep + 1}/{size['repeats']}: " + ", ".join(
+                f"{name} {arm.traj_per_hour:.0f}/h" for name, arm in arms.items()))
+    return reps, skip
 
 
-def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]]) -> None:
+def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = list(arms)
+    by_arm = {r["arm"]: r for r in rows}
+    names = list(PROFILES)
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
-        ax.bar(x + offset, [arms[p][mode].traj_per_hour for p in names], width=0.4, label=mode, color=color)
-    ax.axhline(ceiling.traj_per_hour, color="tab:green", linestyle="--", label="ceiling (no latency, slots full)")
+        ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
+               color=color)
+    ax.axhline(by_arm["ceiling"]["trajectories/h"], color="tab:green", linestyle="--",
+               label="ceiling (no latency, slots full)")
     ax.set_xticks(x, [f"tool latency: {p}" for p in names])
-    ax.set_ylabel("trajectories / hour")
+    ax.set_ylabel("trajectories / hour (median)")
     ax.set_title("rollout throughput: async orchestrator vs sync batches")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -277,37 +285,46 @@ def _plot(path: Path, ceiling: ArmResult, arms: dict[str, dict[str, ArmResult]])
                 why="tool latency should cost little throughput")),
 )
 def bench_rollout(ctx: BenchContext) -> BenchResult:
-    ceiling, arms, slots, skip = asyncio.run(_run_all(ctx.quick, ctx.progress))
+    reps, skip = asyncio.run(_run_all(ctx.quick, ctx.progress))
+
+    def med(fn: Callable[[dict[str, ArmResult]], float]) -> float:
+        return statistics.median(fn(rep) for rep in reps)
+
+    def ratio(a: str, b: str) -> Callable[[dict[str, ArmResult]], float]:
+        return lambda rep: rep[a].traj_per_hour / rep[b].traj_per_hour
+
+    first = reps[0]
     figures: dict[str, float] = {
-        "rollout.ceiling_traj_per_hour": ceiling.traj_per_hour,
-        "rollout.ceiling_slot_occupancy": ceiling.slot_occupancy,
-        "rollout.ceiling_busy_fraction": ceiling.busy_fraction,
+        "rollout.ceiling_traj_per_hour": med(lambda rep: rep["ceiling"].traj_per_hour),
+        "rollout.ceiling_slot_occupancy": med(lambda rep: rep["ceiling"].slot_occupancy),
+        "rollout.ceiling_busy_fraction": med(lambda rep: rep["ceiling"].busy_fraction),
         "rollout.async_max_concurrency": ASYNC_CONCURRENCY,
-        "rollout.engine_slots": slots,
+        "rollout.repeats": len(reps),
     }
-    rows: list[dict[str, Any]] = [_row("—", ceiling, ceiling)]
-    for profile, pair in arms.items():
-        sync, async_ = pair["sync"], pair["async"]
+    for p in PROFILES:
         figures |= {
-            f"rollout.{profile}.async_over_sync": async_.traj_per_hour / sync.traj_per_hour,
-            f"rollout.{profile}.async_busy_fraction": async_.busy_fraction,
-            f"rollout.{profile}.async_over_ceiling": async_.traj_per_hour / ceiling.traj_per_hour,
-            f"rollout.{profile}.sync_busy_fraction": sync.busy_fraction,
-            f"rollout.{profile}.async_traj_per_hour": async_.traj_per_hour,
-            f"rollout.{profile}.sync_traj_per_hour": sync.traj_per_hour,
+            f"rollout.{p}.async_over_sync": med(ratio(f"{p}-async", f"{p}-sync")),
+            f"rollout.{p}.async_busy_fraction": med(lambda rep, p=p: rep[f"{p}-async"].busy_fraction),
+            f"rollout.{p}.async_over_ceiling": med(ratio(f"{p}-async", "ceiling")),
+            f"rollout.{p}.sync_busy_fraction": med(lambda rep, p=p: rep[f"{p}-sync"].busy_fraction),
+            f"rollout.{p}.async_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-async"].traj_per_hour),
+            f"rollout.{p}.sync_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-sync"].traj_per_hour),
         }
-        rows += [_row(profile, sync, ceiling), _row(profile, async_, ceiling)]
+    rows = [{
+        "arm": name, "N": arm.trajectories, "window s": med(lambda rep, n=name: rep[n].window_s),
+        "trajectories/h": med(lambda rep, n=name: rep[n].traj_per_hour),
+        "engine busy": med(lambda rep, n=name: rep[n].busy_fraction),
+        "slot occupancy": med(lambda rep, n=name: rep[n].slot_occupancy),
+        "of ceiling": med(ratio(name, "ceiling")),
+        "tool calls/traj": arm.tool_calls_per_trajectory, "tool s": arm.mean_tool_latency_s,
+    } for name, arm in first.items()]
     plot = "rollout_throughput.png"
-    _plot(ctx.plot_dir / plot, ceiling, arms)
-    notes = (f"K = {skip} trajectories skipped per arm; N per profile: " + ", ".join(
-        f"{p} {pair['sync'].trajectories}" for p, pair in arms.items()) + f"; ceiling {ceiling.trajectories}. "
-        "`tool s` is the mean recorded tool-call latency of the counted trajectories (the same episodes in both "
-        "arms of a profile).")
+    _plot(ctx.plot_dir / plot, rows)
+    per_rep = "; ".join(f"{p} " + ", ".join(f"{ratio(f'{p}-async', f'{p}-sync')(rep):.2f}" for rep in reps)
+                        for p in PROFILES)
+    notes = (f"{len(reps)} repetition(s) of all seven arms, interleaved; every figure and cell is the median over "
+             f"repetitions (ratios: median of per-repetition ratios). K = {skip} trajectories skipped per arm, N "
+             "in the table. async_over_sync per repetition: " + per_rep + ". `tool s` is the mean recorded "
+             "tool-call latency of the counted trajectories (first repetition; the same episodes in both arms of "
+             "a profile).")
     return BenchResult(figures=figures, rows=rows, plots=[plot], notes=notes)
-
-
-def _row(profile: str, arm: ArmResult, ceiling: ArmResult) -> dict[str, Any]:
-    return {"arm": arm.name, "latency": profile, "N": arm.trajectories, "window s": arm.window_s,
-            "trajectories/h": arm.traj_per_hour, "engine busy": arm.busy_fraction,
-            "slot occupancy": arm.slot_occupancy, "of ceiling": arm.traj_per_hour / ceiling.traj_per_hour,
-            "tool calls/traj": arm.tool_calls_per_trajectory, "tool s": arm.mean_tool_latency_s}

@@ -42,7 +42,7 @@ from pipelines_lib.train.trainer import StreamingTrainer, _batch_from_groups
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 QUICK = {"repeats": 2, "steps": 1}
-FULL = {"repeats": 4, "steps": 6}
+FULL = {"repeats": 4, "steps": 4}
 NEVER = 10**9
 """``publish_every`` / ``checkpoint_every`` / ``max_steps`` of the benchmark's trainer: the arms compare the
 data path; publication is measured on its own by the pickup measurement."""

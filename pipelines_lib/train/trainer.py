@@ -183,6 +183,11 @@ class StreamingTrainer:
             now = self.clock()
             if waited_since is None:
                 waited_since = now
+                if zero_adv:
+                    # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
+                    self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups; "
+                             f"{len(zero_adv)} groups skipped so far had all-equal rewards "
+                             f"(mean {np.mean([z['reward'] for z in zero_adv]):.2f}); waiting for more")
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
