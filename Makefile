@@ -5,7 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT ?= false
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export DO_NOT_TRACK ?= 1
 # XLA compilation dominates CPU runs of a tiny model: keep compiled programs across processes and runs.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/build/jax-cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5

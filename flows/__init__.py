@@ -19,6 +19,9 @@ ENVIRONMENT_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     # gcsfs probes for zonal buckets over gRPC, which stalls 30-100 s against emulators and private endpoints.
     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    # No phoning home: the only network a campaign uses is its storage.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
 }
 
 
