@@ -177,12 +177,15 @@ class CampaignConfig:
             model=ModelConfig.tiny(),
             engine=EngineConfig(num_slots=16, max_seq_len=192, prefill_buckets=(16, 64, 128)),
             rollout=RolloutConfig(group_size=4, max_concurrency=32, eta=1, max_new_tokens=40, max_tokens=192,
-                                  temperature=1.0, writer=WriterConfig(max_groups=4, max_age_s=2.0)),
+                                  temperature=1.0, max_groups_per_version=24,
+                                  writer=WriterConfig(max_groups=4, max_age_s=2.0)),
             trainer=TrainerConfig(batch_groups=8, max_steps=30, checkpoint_every=5, publish_every=2,
                                   seq_buckets=(192,),
                                   optim=OptimConfig(lr=5e-4, warmup_steps=0, schedule="constant",
                                                     total_steps=1000, grad_clip_norm=1.0)),
-            sft=SFTConfig(n_demos=512, steps=150, batch_size=16),
+            sft=SFTConfig(n_demos=1024, steps=200, batch_size=16, error_rate=0.15,
+                          optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", total_steps=200,
+                                            weight_decay=0.01)),
             eval=EvalConfig(n_tasks=64, samples=4),
         )
 

@@ -45,7 +45,7 @@ QUICK = {"repeats": 2, "steps": 1}
 FULL = {"repeats": 4, "steps": 4}
 NEVER = 10**9
 """``publish_every`` / ``checkpoint_every`` / ``max_steps`` of the benchmark's trainer: the arms compare the
-data path; publication is measured on its own by the pickup measurement."""
+data path; publication is measured on its own by the ``publish`` benchmark."""
 
 
 def bench_config() -> CampaignConfig:

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 """Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused.
 The key does not cover the env texts: after changing them, bump it (or delete the cache) to retrain."""
 
