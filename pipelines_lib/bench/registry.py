@@ -19,6 +19,7 @@ from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
     "pipelines_lib.bench.engine",
+    "pipelines_lib.bench.learning",
     "pipelines_lib.bench.rollout",
     "pipelines_lib.bench.store",
     "pipelines_lib.bench.trainer",

@@ -30,6 +30,11 @@ timed either). Engine busy fraction is the engine's compute seconds over the sam
 **Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all seven arms are
 run ``repeats`` times, interleaved, and each figure is the median over repetitions (a ratio: the median of
 the per-repetition ratios, each taken between arms run a few seconds apart).
+
+**On CPU** the engine's XLA compute and the episodes' host work (prompt rendering, tool calls, shard
+encoding, the scheduler itself) share the same cores, so work overlapped with generation slows the decode
+steps down: with zero latency the sync arm's steps are cheaper than the async arm's, and the async gain
+there is smaller than slot occupancy alone suggests. On an accelerator the two run on separate hardware.
 """
 
 from __future__ import annotations

@@ -173,6 +173,11 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
     return figures
 
 
+def _cell(text: str, limit: int = 160) -> str:
+    """One Markdown table cell: no line breaks, pipes escaped, bounded length."""
+    return " ".join(str(text).split())[:limit].replace("|", "\\|")
+
+
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:.4g}"
 
@@ -234,13 +239,13 @@ def render_report(record: dict[str, Any]) -> str:
         out += ["## Fuzzing", "", "| target | cases | crashes | first crash |", "|---|---|---|---|"]
         for name, t in details["fuzz"].items():
             if isinstance(t, dict) and "cases" in t:
-                first = t["examples"][0].replace("|", "\\|")[:160] if t["examples"] else ""
+                first = _cell(t["examples"][0]) if t["examples"] else ""
                 out.append(f"| {name} | {t['cases']} | {t['crashes']} | {first} |")
         out.append("")
     if "sandbox" in details:
         out += ["## Sandbox escape catalogue", "", "| attempt | contained | seconds | problems |", "|---|---|---|---|"]
         out += [f"| {a['name']} | {'yes' if a['contained'] else '**NO**'} | {a['seconds']} | "
-                f"{'; '.join(a['problems'])} |" for a in details["sandbox"]["attempts"]]
+                f"{_cell('; '.join(a['problems']), 300)} |" for a in details["sandbox"]["attempts"]]
         out.append("")
     if "kills" in details:
         t, r = details["kills"]["trainer"], details["kills"]["rollout"]

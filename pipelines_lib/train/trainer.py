@@ -119,6 +119,7 @@ class StreamingTrainer:
         self.tailer = ShardTailer(store)
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
+        self._last_wait_log = -1e9
         self.busy_s = 0.0
         self.tokens_trained = 0
         self.pad_id = 0
@@ -183,7 +184,8 @@ class StreamingTrainer:
             now = self.clock()
             if waited_since is None:
                 waited_since = now
-                if zero_adv:
+                if zero_adv and now - self._last_wait_log >= 10.0:
+                    self._last_wait_log = now
                     # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
                     self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups; "
                              f"{len(zero_adv)} groups skipped so far had all-equal rewards "
