@@ -183,8 +183,11 @@ class CampaignConfig:
                                   seq_buckets=(192,),
                                   optim=OptimConfig(lr=5e-4, warmup_steps=0, schedule="constant",
                                                     total_steps=1000, grad_clip_norm=1.0)),
-            sft=SFTConfig(n_demos=1024, steps=200, batch_size=16, error_rate=0.15,
-                          optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", total_steps=200,
+            # Measured on this preset: even 15 % flawed demonstrations keep the tiny model from learning to copy
+            # the tool result within 300 steps (held-out success ~2 %), while clean ones reach ~75 % at 200 steps.
+            # So the warm start is clean and short, and its remaining errors are what GRPO has to fix.
+            sft=SFTConfig(n_demos=1024, steps=220, batch_size=16, error_rate=0.0,
+                          optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", total_steps=220,
                                             weight_decay=0.01)),
             eval=EvalConfig(n_tasks=64, samples=4),
         )

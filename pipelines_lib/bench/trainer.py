@@ -14,8 +14,12 @@ bare arm            train_step on the very batches the streaming arm trained on 
 
 In ``trainer``, both arms train the same tiny model from the same v0 weights on the same groups in the same order, and each
 is warmed up with one step on the first batch before anything is timed, so compilation is excluded from
-both in the same way. Repetitions alternate the arms (a few streaming steps, then the same steps bare); the
-headline ratio is the median of the per-repetition ratios, which cancels slow drifts in machine load.
+both in the same way. Each repetition times a few streaming steps and a few bare steps, streaming first in
+even repetitions (bare on the batches just trained) and bare first in odd ones (bare on the previous
+repetition's batches), so neither arm always runs in the other's wake. Every batch has the same padded shape,
+so a train step costs the same whatever rows it holds: the per-repetition ratio is bare seconds per step over
+streaming seconds per step (on the same batches, exactly the tokens/s ratio), and the headline figure is the
+median over repetitions.
 """
 
 from __future__ import annotations
@@ -107,10 +111,9 @@ def _plot(path: Path, rows: list[dict]) -> None:
            "(tailing, shard reads, batch building, `train_step`, consumption log). Bare arm: `train_step` on the "
            "batches the streaming arm trained on, rebuilt from its consumption logs before timing, same "
            "initial weights. Both are warmed up with one step (compilation excluded from both), then "
-           "repetitions alternate a few streaming steps and the same steps bare, every step synchronised to "
-           "the host; `streaming_over_bare` is the median per-repetition ratio. Pickup: "
-           "`publish.measure_pickup_latency` (reader polls every 50 ms, so up to 50 ms of it is polling), "
-           "after one untimed warm-up publication; median over publications.",
+           "each repetition times a few steps of each arm, in alternating order, every step synchronised to "
+           "the host. All batches have one padded shape (32 × 192), so `streaming_over_bare` = bare s/step over "
+           "streaming s/step (the tokens/s ratio on equal batches), median over repetitions.",
     goals=(Goal(key="trainer.streaming_over_bare", op=">=", value=0.9,
                 why="reading shards should cost little next to the train step"),),
 )
@@ -129,22 +132,31 @@ def bench_trainer(ctx: BenchContext) -> BenchResult:
     [(warm_batch, _)] = logged_batches(trainer, range(1, 2))
     jax.block_until_ready(train_step(bare_model, bare_optimizer, warm_batch, cfg=config.trainer.step))
 
-    streaming_tps, bare_tps, ratios = [], [], []
-    for rep in range(size["repeats"]):
-        first, tokens0 = trainer.step + 1, trainer.tokens_trained
-        t0 = time.perf_counter()
-        trainer.run(max_steps=trainer.step + size["steps"])
-        streaming = (trainer.tokens_trained - tokens0) / (time.perf_counter() - t0)
-        batches = logged_batches(trainer, range(first, trainer.step + 1))
+    def bare_run(batches: list[tuple[TrainBatch, int]]) -> tuple[float, int]:
         t0 = time.perf_counter()
         for batch, _ in batches:
             jax.block_until_ready(train_step(bare_model, bare_optimizer, batch, cfg=config.trainer.step))
-        bare = sum(n for _, n in batches) / (time.perf_counter() - t0)
-        streaming_tps.append(streaming)
-        bare_tps.append(bare)
-        ratios.append(streaming / bare)
-        ctx.progress(f"bench trainer: repetition {rep + 1}/{size['repeats']}: streaming {streaming:.0f} tokens/s, "
-                     f"bare {bare:.0f} tokens/s")
+        return time.perf_counter() - t0, sum(n for _, n in batches)
+
+    streaming_tps, bare_tps, ratios = [], [], []
+    previous: list[tuple[TrainBatch, int]] = []
+    for rep in range(size["repeats"]):
+        # Odd repetitions time the bare arm first (on the previous repetition's batches) to cancel order effects.
+        bare_first = rep % 2 == 1
+        if bare_first:
+            bare_s, bare_tokens = bare_run(previous)
+        first, tokens0 = trainer.step + 1, trainer.tokens_trained
+        t0 = time.perf_counter()
+        trainer.run(max_steps=trainer.step + size["steps"])
+        streaming_s = time.perf_counter() - t0
+        previous = logged_batches(trainer, range(first, trainer.step + 1))
+        if not bare_first:
+            bare_s, bare_tokens = bare_run(previous)
+        streaming_tps.append((trainer.tokens_trained - tokens0) / streaming_s)
+        bare_tps.append(bare_tokens / bare_s)
+        ratios.append(bare_s / streaming_s)
+        ctx.progress(f"bench trainer: repetition {rep + 1}/{size['repeats']}: {streaming_s / size['steps']:.3f} "
+                     f"s/step streaming, {bare_s / size['steps']:.3f} s/step bare")
 
     figures = {
         "trainer.streaming_over_bare": statistics.median(ratios),
