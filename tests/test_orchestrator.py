@@ -202,3 +202,14 @@ def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_pat
     assert stats.groups_committed == 12
     assert {v: started.count(v) for v in set(started)} == {0: 3, 1: 3, 2: 3, 3: 3}
     assert stats.backpressure_s > 0
+
+
+def test_backpressure_never_stalls_a_trainer_that_needs_more_groups(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()  # nobody publishes: the budget alone must not deadlock
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, max_groups_per_version=2,
+                                             backpressure_max_wait_s=0.05, target_groups=6, weight_poll_s=0.01),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.001, log), tasks=tasks(),
+                        weights=pub, writer=ShardWriter(store, worker_id="w0"))
+    stats = asyncio.run(asyncio.wait_for(orch.run(), 30))
+    assert stats.groups_committed == 6 and stats.backpressure_s >= 0.1  # two extra budgets were granted

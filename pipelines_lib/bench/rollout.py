@@ -5,10 +5,10 @@ every arm, the same arithmetic tasks in the same order, the same per-sample samp
 per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
 
 ```
-ceiling            async, max_concurrency 48, no tool latency    (DESIGN §7: every slot kept full)
+ceiling            async, max_concurrency 96, no tool latency    (DESIGN §7: every slot kept full)
 <profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
                                                                   the next starts after its slowest episode)
-<profile>/async    Orchestrator mode="async", max_concurrency 48 (new groups start as groups finish)
+<profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)
                    for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
 ```
 
@@ -20,9 +20,13 @@ arithmetic episode: generate, one real calculator call behind the latency profil
 engine, episode runner, env, tool, orchestrator and shard writer (on a ``memory://`` store) are the real ones.
 
 **Window.** An arm's throughput is N trajectories over the time between the K-th and the (K+N)-th finished
-trajectory (K and N the same in every arm of a profile, whole numbers of sync batches, so the sync window
-spans whole batches). Skipping the first K leaves out the ramp-up, which would otherwise be charged to the
-async arm: its first wave of ``max_concurrency`` first turns queues ahead of every second turn. After the
+trajectory. Skipping the first K (the same in every arm) leaves out the ramp-up, which would otherwise be
+charged to the async arm: its first wave of ``max_concurrency`` first turns queues ahead of every second
+turn. A sync window spans whole batches, so it is exact with a few of them. An async window must be long
+next to the tail: a short one right after the ramp-up is inflated by second turns whose first turns ran
+before it (heavy-profile episodes pile up in flight while the fast ones finish), so async arms count
+``async_n`` ≈ 4 × ``max_concurrency`` trajectories. Both arms draw the same task sequence with the same
+per-sample seeds and delays; they count different, identically distributed slices of it. After the
 (K+N)-th the orchestrator is cancelled (the async arm keeps groups starting until then, so no drain is
 timed either). Engine busy fraction is the engine's compute seconds over the same window, from
 ``engine.stats()`` at both ends.
@@ -77,18 +81,18 @@ PROFILES: dict[str, LatencyProfile] = {
     "heavy": LatencyProfile.heavy(),
 }
 GROUP_SIZE = 4
-ASYNC_CONCURRENCY = 48
-"""3 × the engine's slots: under the heavy profile an episode waits on its tool (mean ~0.55 s, up to 5 s)
-about half as long as it generates, so about 1.5 × the slots would fill them on average; the rest covers
-the tail."""
+ASYNC_CONCURRENCY = 96
+"""6 × the engine's slots. Under the heavy profile 48 in flight left a third of the slots idle (episodes
+stuck in the log-normal tail hold their places in flight); 96 kept them full at no cost without latency."""
 NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
 (~100 tokens with the tool schema), two turns and the tool result fit the 192-token context."""
-QUICK = {"repeats": 1, "skip_batches": 1, "batches": {"ceiling": 2, "none": 2, "light": 2, "heavy": 2}}
-FULL = {"repeats": 3, "skip_batches": 3, "batches": {"ceiling": 4, "none": 4, "light": 4, "heavy": 8}}
-"""Repetitions of all arms; sync batches (of ``num_slots`` trajectories) skipped before each arm's window (K)
-and counted in it (N)."""
+QUICK = {"repeats": 1, "skip": 48, "sync_batches": {"none": 2, "light": 2, "heavy": 2}, "async_n": 64}
+FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6}, "async_n": 384}
+"""Repetitions of all arms; trajectories skipped before every arm's window (K, a whole number of sync
+batches); sync batches (of ``num_slots`` trajectories) counted in a sync window; trajectories counted in an
+async window (the ceiling's too)."""
 ARM_TIMEOUT_S = 600.0
 EXPRESSION = re.compile(r"\d+(?:[-+*]\d+)+")
 
@@ -215,8 +219,7 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
     tokenizer = campaign_tokenizer(config)
     model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
     size = QUICK if quick else FULL
-    batches, slots = size["batches"], config.engine.num_slots
-    skip = size["skip_batches"] * slots
+    slots, skip = config.engine.num_slots, size["skip"]
     tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
     reps: list[dict[str, ArmResult]] = []
     async with JaxEngine(model, config.engine) as engine:
@@ -224,13 +227,14 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
         for rep in range(size["repeats"]):
             arms = {"ceiling": await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
                                              max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"],
-                                             skip=skip, n_trajectories=batches["ceiling"] * slots)}
+                                             skip=skip, n_trajectories=size["async_n"])}
             for profile_name, profile in PROFILES.items():
                 for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
                     name = f"{profile_name}-{mode}"
                     arms[name] = await run_arm(engine, tokenizer, tasks, name=name, mode=mode,
                                                max_concurrency=concurrency, profile=profile, skip=skip,
-                                               n_trajectories=batches[profile_name] * slots)
+                                               n_trajectories=size["sync_batches"][profile_name] * slots
+                                               if mode == "sync" else size["async_n"])
             reps.append(arms)
             progress(f"bench rollout: repetition {rep + 1}/{size['repeats']}: " + ", ".join(
                 f"{name} {arm.traj_per_hour:.0f}/h" for name, arm in arms.items()))
@@ -278,9 +282,9 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "sampling seeds and tool delays are the same in every arm. Sync: `RolloutConfig(mode='sync', "
            "max_concurrency=16)`, batches of 4 groups × 4 samples fill all 16 slots. Async: `mode='async', "
            f"max_concurrency={ASYNC_CONCURRENCY}`. Ceiling: async, {ASYNC_CONCURRENCY} in flight, no tool latency. "
-           "Each arm skips its first K finished trajectories (ramp-up) and counts the next N (K, N whole sync "
-           "batches; heavy counts the most so the 5 s tail shows up): throughput = N / time from the K-th to the "
-           "(K+N)-th; busy fraction = engine compute seconds / that window. Groups are committed by the real "
+           "Each arm skips its first K finished trajectories (ramp-up) and counts the next N (sync: whole "
+           "batches; async: about 4 × max_concurrency, so the window is long next to the 5 s tail): "
+           "throughput = N / time from the K-th to the (K+N)-th; busy fraction = engine compute seconds / that window. Groups are committed by the real "
            "`ShardWriter` to a `memory://` store.",
     goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
                 why="async rollout should hide slow tools"),

@@ -54,6 +54,10 @@ class RolloutConfig:
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). None: no limit."""
+    backpressure_max_wait_s: float = 10.0
+    """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
+    groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
+    budget must never stall it."""
     weight_poll_s: float = 0.5
     """How often LATEST is checked for new weights."""
     stop_poll_s: float = 1.0
@@ -90,7 +94,7 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}")
         if self.target_groups is not None and self.target_groups < 1:
             raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
-        for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s"):
+        for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s", "backpressure_max_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.max_new_tokens < 1 or self.max_tokens < 2:
@@ -157,6 +161,7 @@ class Orchestrator:
         self._refresh_lock = asyncio.Lock()
         self._in_flight = 0
         self._free_slots = list(range(config.max_concurrency - 1, -1, -1))
+        self._budget: dict[int, int] = {}
         self._stopping = asyncio.Event()
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -193,14 +198,18 @@ class Orchestrator:
         if latest is None:
             return
         self._latest = max(self._latest, latest)
-        limit = self.config.max_groups_per_version
-        if limit is not None and self.stats.versions_started[self.engine.policy_version] >= limit:
+        step = self.config.max_groups_per_version
+        version = self.engine.policy_version
+        if step is not None and self.stats.versions_started[version] >= self._budget.setdefault(version, step):
             t0 = self.clock()
-            with telemetry.span("backpressure_wait", track="weights", version=self.engine.policy_version):
-                while (self.stats.versions_started[self.engine.policy_version] >= limit
-                       and not self._stopping.is_set()):
+            with telemetry.span("backpressure_wait", track="weights", version=version):
+                while (self.engine.policy_version == version and not self._stopping.is_set()
+                       and self.stats.versions_started[version] >= self._budget[version]):
+                    if self.clock() - t0 >= self.config.backpressure_max_wait_s:
+                        self._budget[version] += step
+                        break
                     await self._refresh()
-                    if self.stats.versions_started[self.engine.policy_version] >= limit:
+                    if self.engine.policy_version == version:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
             self.stats.backpressure_s += self.clock() - t0
