@@ -29,7 +29,7 @@ def test_killed_rollout_worker_loses_and_duplicates_no_committed_group(tmp_path:
     assert result.kills == kills and result.starts >= kills + 1
     assert result.acknowledged_groups > 0
     assert (result.lost, result.duplicated, result.partial_visible) == (0, 0, 0)
-    assert result.groups_committed >= 8 * (kills + 1)
+    assert result.groups_committed >= 8  # the last start's own target, plus what the killed starts committed
     assert len(result.resume_gaps_s) == kills
 
 
@@ -39,9 +39,9 @@ def test_kill_drill_measures_the_gap_to_the_next_progress_line(tmp_path: Path) -
     script = ("import sys, time, pathlib\np = pathlib.Path(sys.argv[1])\np.write_text(p.read_text() + 'x' "
               "if p.exists() else 'x')\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.05)\n")
     drill = KillDrill(argv=lambda: [sys.executable, "-c", script, str(marker)], ready=re.compile(r"^tick"),
-                      done=lambda: marker.exists() and len(marker.read_text()) >= 3, kills=2, seed=0, max_delay_s=0.2)
+                      done=lambda: drill.completed, kills=2, seed=0, max_delay_s=0.2)
     records = drill.run()
-    assert len(records) == 2 and drill.starts == 3
+    assert len(records) == 2 and drill.starts == 3 and marker.read_text() == "xxx"
     assert all(r.gap_s is not None and 0 < r.gap_s < 30 for r in records)
 
 

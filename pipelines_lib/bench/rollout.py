@@ -88,7 +88,7 @@ NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
 (~100 tokens with the tool schema), two turns and the tool result fit the 192-token context."""
-QUICK = {"repeats": 1, "skip": 48, "sync_batches": {"none": 2, "light": 2, "heavy": 2}, "async_n": 64}
+QUICK = {"repeats": 1, "skip": 16, "sync_batches": {"none": 2, "light": 2, "heavy": 2}, "async_n": 64}
 FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6}, "async_n": 384}
 """Repetitions of all arms; trajectories skipped before every arm's window (K, a whole number of sync
 batches); sync batches (of ``num_slots`` trajectories) counted in a sync window; trajectories counted in an

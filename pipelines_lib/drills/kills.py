@@ -10,7 +10,7 @@ Two drills use it:
 - ``trainer_kill_drill``: the streaming trainer on fixed pre-written shards. Afterwards the final parameters
   must be bit-identical to an uninterrupted run on a copy of the same campaign, and no group may appear in two
   consumption logs (``trained_twice``).
-- ``rollout_kill_drill``: ``collect`` with a target group count (each restart asks for what is still missing).
+- ``rollout_kill_drill``: ``collect`` with a target group count per start (a restart skips committed groups).
   Afterwards: **lost** = groups of shards whose commit a process acknowledged (its ``committed`` log line) that
   are no longer readable; **duplicated** = group ids committed more than once by the logical worker (its
   restarts skip committed groups, so any repeat is a bug); **partial visible** = non-hidden objects that fail
@@ -69,6 +69,8 @@ class KillDrill:
     records: list[KillRecord] = field(default_factory=list)
     lines: list[tuple[float, str]] = field(default_factory=list)
     starts: int = 0
+    completed: bool = False
+    """A start after the last kill exited cleanly (the stage finished what it was asked)."""
 
     def _start(self) -> tuple[subprocess.Popen[str], queue.Queue[tuple[float, str] | None]]:
         env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "PYTHONUNBUFFERED": "1"}
@@ -124,6 +126,7 @@ class KillDrill:
             code = proc.wait(timeout=60)
             if code not in (0, -signal.SIGKILL):
                 raise RuntimeError(f"stage process failed with exit code {code}:\n" + "\n".join(output[-40:]))
+            self.completed = code == 0 and len(self.records) >= self.kills
         return self.records
 
 
@@ -272,13 +275,14 @@ _COMMITTED = re.compile(r"^rollout (?P<wid>\S+): committed (?P<path>\S+) \((?P<n
 
 
 def drill_rollout_config() -> Any:
-    """The tiny campaign with a shard per 2 groups, so kills land between, during and after commits."""
+    """The tiny campaign with a shard per 2 groups, so kills land between, during and after commits. No trainer
+    runs in this drill, so the per-version backpressure is off (it would wait for a version that never comes)."""
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.storage.shards import WriterConfig
 
     base = CampaignConfig.tiny()
     return dataclasses.replace(base, rollout=dataclasses.replace(
-        base.rollout, max_concurrency=8, writer=WriterConfig(max_groups=2, max_age_s=1.0)))
+        base.rollout, max_concurrency=8, max_groups_per_version=None, writer=WriterConfig(max_groups=2, max_age_s=1.0)))
 
 
 def _worker_groups(store: Store, worker: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -328,17 +332,11 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
     init_campaign(store, config)
     prep(store, config.dataset)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    target = groups_per_start * (kills + 1)
-
-    def remaining() -> int:
-        return target - len(set(_worker_groups(store, "w")[0]))
-
-    # Each start asks for at least groups_per_start groups, so a start that is to be killed is still running
-    # when its kill comes; the drill ends when every kill happened and the target is reached.
-    drill = KillDrill(argv=lambda: [sys.executable, "-c", _COLLECT_SCRIPT, store.url,
-                                    str(max(groups_per_start, remaining()))],
-                      ready=_COMMITTED, done=lambda: len(drill.records) >= kills and remaining() <= 0, kills=kills,
-                      seed=seed, max_delay_s=1.0, log=log)
+    # Every start asks for groups_per_start new groups (a restart skips what earlier starts committed), so a
+    # start that is to be killed is still running when its kill comes; the drill ends with the first start
+    # after the last kill that finishes on its own.
+    drill = KillDrill(argv=lambda: [sys.executable, "-c", _COLLECT_SCRIPT, store.url, str(groups_per_start)],
+                      ready=_COMMITTED, done=lambda: drill.completed, kills=kills, seed=seed, max_delay_s=1.0, log=log)
     records = drill.run()
     acknowledged = {m["path"] for _, line in drill.lines if (m := _COMMITTED.search(line))}
     ids, by_shard = _worker_groups(store, "w")
