@@ -42,7 +42,7 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
-from pipelines_lib.train.trainer import StreamingTrainer, _batch_from_groups
+from pipelines_lib.train.trainer import StreamingTrainer, batch_from_groups
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 QUICK = {"repeats": 2, "steps": 1}
@@ -75,7 +75,7 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     out = []
     for step in steps:
         entry = trainer.store.read_json(layout.consumed_log(step))
-        batch, _, n_tokens = _batch_from_groups([trainer._reload(g) for g in entry["groups"]], trainer.config,
+        batch, _, n_tokens = batch_from_groups([trainer.reload_group(g) for g in entry["groups"]], trainer.config,
                                                 trainer.pad_id)
         out.append((batch, n_tokens))
     return out

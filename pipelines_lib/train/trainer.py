@@ -58,7 +58,7 @@ def _rows(table: pa.Table) -> dict[str, list]:
     }
 
 
-def _batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: int):
+def batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: int):
     """Whole groups → (TrainBatch, per-group advantages, degenerate mask, token count)."""
     g_size = config.rollout.group_size
     tokens, masks, logps, rewards = [], [], [], []
@@ -135,7 +135,7 @@ class StreamingTrainer:
         replayed = 0
         while self.store.exists(layout.consumed_log(self.step + 1)):
             entry = self.store.read_json(layout.consumed_log(self.step + 1))
-            groups = [self._reload(g) for g in entry["groups"]]
+            groups = [self.reload_group(g) for g in entry["groups"]]
             self._train_on(groups, replay=entry)
             self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]))
             replayed += 1
@@ -144,7 +144,8 @@ class StreamingTrainer:
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
 
-    def _reload(self, g: dict[str, Any]) -> GroupSlice:
+    def reload_group(self, g: dict[str, Any]) -> GroupSlice:
+        """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
         table, _ = read_shard(self.store, g["shard"])
         part = table.slice(g["row_start"], g["row_end"] - g["row_start"])
         return GroupSlice(
@@ -213,7 +214,7 @@ class StreamingTrainer:
     ) -> dict[str, Any]:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
-            batch, degenerate, n_tokens = _batch_from_groups(groups, self.config, self.pad_id)
+            batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
             metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
