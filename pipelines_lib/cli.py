@@ -224,6 +224,8 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+import pipelines_lib.drills.cli  # noqa: E402, F401 - registers "drills"; needs `subcommand` defined above
+
 # -- entry point ------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

@@ -84,7 +84,7 @@ class TrainerConfig:
         for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
+        if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
             raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
         if self.data_timeout_s <= 0 or self.poll_s <= 0:
             raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
@@ -202,8 +202,8 @@ class CampaignConfig:
     def from_yaml(cls, path: str | Path, *, base: CampaignConfig | None = None) -> CampaignConfig:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{path}: cannot read config ({e})") from e
+        except (OSError, yaml.YAMLError, RecursionError) as e:
+            raise ConfigError(f"{path}: cannot read config ({type(e).__name__}: {e})") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
         try:

@@ -23,8 +23,13 @@ def run(code: str, config: SandboxConfig = FAST) -> SandboxResult:
     return asyncio.run(PythonSandbox(config).run(code))
 
 
+_PREEXISTING = {p.pid for p in psutil.Process().children(recursive=True)}
+
+
 def descendants() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    """Child processes other than long-lived test servers (the session's GCS emulator) started by fixtures."""
+    servers = {p.pid for p in psutil.Process().children() if "fake-gcs-server" in p.name()}
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _PREEXISTING | servers]
 
 
 @pytest.fixture

@@ -162,6 +162,8 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         check_result(name, result)
         run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
                "seconds": round(seconds, 2), "machine": machine_info()}
+        # Re-read first: another process (the drills) may have written its figures since we started.
+        results = json.loads(results_path.read_text()) if results_path.exists() else results
         results = merge_results(results, name, result, run)
         figures.update(result.figures)
         # Saved after each benchmark: a later one failing does not lose this one's figures.

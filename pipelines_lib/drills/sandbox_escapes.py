@@ -163,6 +163,8 @@ def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -
     code = escape.code.format(port=host.port, outside=host.outside, secret=host.secret)
     before_outside = sorted(p.name for p in host.outside.iterdir())
     before_conn = len(host.accepted)
+    # Children this process had before the attempt (test servers, emulators) are not the sandbox's doing.
+    before_children = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.perf_counter()
     problems: list[str] = []
     try:
@@ -186,7 +188,7 @@ def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -
         problems.append("a file appeared outside the sandbox")
     if PLANTED_VALUE in text:
         problems.append("the parent's planted credential appears in the result")
-    leftovers = psutil.Process().children(recursive=True)
+    leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before_children]
     if leftovers:
         problems.append(f"processes left behind: {[p.pid for p in leftovers]}")
         for p in leftovers:

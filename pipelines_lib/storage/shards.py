@@ -57,13 +57,18 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True) -> tuple[pa.
     """Table and provenance of a shard. Raises ``ShardError`` naming ``where`` for anything wrong."""
     try:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+    except (pa.ArrowException, OSError) as e:  # ArrowMemoryError too: a flipped length byte asks for terabytes
         raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e
     try:
         check_schema(table.schema, where)
     except ValueError as e:
         raise ShardError(str(e)) from e
-    provenance = json.loads((table.schema.metadata or {}).get(SHARD_META_KEY, b"{}"))
+    try:
+        provenance = json.loads((table.schema.metadata or {}).get(SHARD_META_KEY, b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardError(f"{where}: corrupt {SHARD_META_KEY.decode()} metadata ({e})") from e
+    if not isinstance(provenance, dict):
+        raise ShardError(f"{where}: {SHARD_META_KEY.decode()} metadata is {type(provenance).__name__}, not an object")
     table = table.select(TRAJECTORY_SCHEMA.names)
     if validate:
         violations = validate_table(table)

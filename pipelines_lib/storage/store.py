@@ -152,7 +152,13 @@ class Store:
     def create(self, rel: str, data: bytes) -> None:
         """Create ``rel`` with ``data`` only if it does not exist; ``AlreadyExistsError`` otherwise."""
         path = self._path(rel)
-        self._call("create", rel, lambda: self._create(path, data))
+        try:
+            self._call("create", rel, lambda: self._create(path, data))
+        except AlreadyExistsError:
+            # A retried upload whose first attempt committed but lost its reply finds its own bytes: that is
+            # success. Anything else there is a real conflict.
+            if self._call("read", rel, lambda: self.fs.cat_file(path)) != data:
+                raise
 
     def _create(self, path: str, data: bytes) -> None:
         if self.protocol == "file":

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines_lib.trajectory.schema import STATUSES, TOKEN_COLUMNS
+from pipelines_lib.trajectory.schema import STATUSES, TOKEN_COLUMNS, TRAJECTORY_SCHEMA
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +70,12 @@ def validate_table(table: pa.Table) -> list[Violation]:
     """All invariant violations of one shard's table (empty list = valid). Token checks are vectorised."""
     if table.num_rows == 0:
         return [Violation(kind="empty", row=None, trajectory_id=None, message="shard has no rows")]
+    # The IPC reader does not enforce non-nullable fields; every check below assumes values, so stop here.
+    nulls = [Violation(kind="null_value", row=table.column(f.name).to_pylist().index(None), trajectory_id=None,
+                       message=f"column {f.name!r} has {table.column(f.name).null_count} null value(s)")
+             for f in TRAJECTORY_SCHEMA if not f.nullable and table.column(f.name).null_count]
+    if nulls:
+        return nulls
     scalars = {c: table.column(c).to_pylist() for c in
                ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "group_id", "group_size", "status", "reward")}
     prompt_len = table.column("prompt_len").to_numpy(zero_copy_only=False)
