@@ -288,7 +288,7 @@ def test_episode_deadline_is_timeout_with_what_was_done(tok: ChatTokenizer) -> N
 
 def test_trajectory_provenance_and_timings(tok: ChatTokenizer) -> None:
     traj = episode(ProbeEnv(), PROBE_TASK, ScriptedEngine(["<answer>ok</answer>"], tokenizer=tok), tok)
-    assert traj.trajectory_id == "probe-0/0/w0" and traj.env_name == "probe" and traj.task_id == "probe-0"
+    assert traj.trajectory_id == "g0/0/w0" and traj.prompt_id == "g0" and traj.env_name == "probe" and traj.task_id == "probe-0"
     assert traj.tokenizer_hash == tok.tokenizer_hash
     info = json.loads(traj.engine_info)
     assert info["engine"] == "ScriptedEngine" and info["agent"] == "tool"
