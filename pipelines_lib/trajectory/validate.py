@@ -74,6 +74,9 @@ def validate_table(table: pa.Table) -> list[Violation]:
     nulls = [Violation(kind="null_value", row=table.column(f.name).to_pylist().index(None), trajectory_id=None,
                        message=f"column {f.name!r} has {table.column(f.name).null_count} null value(s)")
              for f in TRAJECTORY_SCHEMA if not f.nullable and table.column(f.name).null_count]
+    nulls += [Violation(kind="null_value", row=None, trajectory_id=None,
+                        message=f"column {c!r} has {pc.list_flatten(table.column(c)).null_count} null element(s)")
+              for c in TOKEN_COLUMNS if pc.list_flatten(table.column(c)).null_count]
     if nulls:
         return nulls
     scalars = {c: table.column(c).to_pylist() for c in
@@ -108,6 +111,9 @@ def validate_table(table: pa.Table) -> list[Violation]:
         turns = turns_col[i] or []
         expected_start = 0
         for k, turn in enumerate(turns):
+            if turn is None or turn["start"] is None or turn["end"] is None or turn["role"] is None:
+                bad("turns", f"turn {k} is null or lacks role/start/end")
+                break
             if turn["start"] != expected_start or not turn["start"] <= turn["end"] <= n[i]:
                 bad("turns", f"turn {k} [{turn['start']}, {turn['end']}) does not continue at {expected_start} "
                              f"inside [0, {n[i]}]")
