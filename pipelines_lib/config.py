@@ -50,7 +50,10 @@ class EnvSpec:
     """Delay added to every tool call, to emulate slow external services."""
 
     def __post_init__(self) -> None:
-        env_class(self.name)
+        try:
+            env_class(self.name)
+        except ValueError as e:
+            raise ValueError(f"EnvSpec.name: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,8 +24,15 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import pytest
+from hypothesis import settings
 
 from pipelines_lib.storage.store import RetryPolicy, Store
+
+# Property tests explore the same cases on every run: CI stays reproducible; widen exploration locally with
+# `--hypothesis-seed=random` or `--hypothesis-profile=explore`.
+settings.register_profile("default", derandomize=True, deadline=None)
+settings.register_profile("explore", derandomize=False, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

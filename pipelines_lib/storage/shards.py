@@ -57,7 +57,8 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True) -> tuple[pa.
     """Table and provenance of a shard. Raises ``ShardError`` naming ``where`` for anything wrong."""
     try:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowException, OSError) as e:  # ArrowMemoryError too: a flipped length byte asks for terabytes
+        table.validate(full=True)  # IPC reads do not check offsets or UTF-8; a flipped byte must not escape later
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # ArrowMemoryError: a flipped length byte
         raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e
     try:
         check_schema(table.schema, where)

@@ -97,7 +97,10 @@ def check_schema(schema: pa.Schema, where: str) -> str:
     raw = meta.get(SCHEMA_VERSION_KEY)
     if raw is None:
         raise SchemaVersionError(f"{where}: not a rollstream shard (no {SCHEMA_VERSION_KEY.decode()} metadata)")
-    version = raw.decode()
+    try:
+        version = raw.decode()
+    except UnicodeDecodeError:
+        raise SchemaVersionError(f"{where}: schema version metadata is not text ({raw[:20]!r})") from None
     try:
         major = int(version.split(".")[0])
     except ValueError:
