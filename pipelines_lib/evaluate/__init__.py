@@ -32,8 +32,9 @@ from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine, SamplingParams
 from pipelines_lib.envs import Task, make_env
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published
+from pipelines_lib.rollout.episodes import campaign_tokenizer
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
@@ -140,7 +141,7 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int) -> dict[str,
     if store.exists(path):
         return store.read_json(path)
     model, _ = load_published(store, version)
-    tokenizer = load_tokenizer(config.tokenizer or ensure_default_tokenizer())
+    tokenizer = campaign_tokenizer(config)
     tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
     results = {"version": version, "split": HELDOUT, "temperature": config.eval.temperature,
                **evaluate_model(model, tokenizer, tasks, config)}

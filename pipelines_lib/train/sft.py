@@ -34,8 +34,9 @@ from pipelines_lib.config import CampaignConfig, SFTConfig
 from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published, publish_weights, published_marker
+from pipelines_lib.rollout.episodes import campaign_tokenizer
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
@@ -150,7 +151,7 @@ def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], Non
     if config.init_from is not None:
         model, info = _import_weights(config.init_from, store)
     else:
-        tokenizer = load_tokenizer(config.tokenizer or ensure_default_tokenizer())
+        tokenizer = campaign_tokenizer(config)
         if tokenizer.vocab_size > config.model.vocab_size:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
