@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
 
 import pytest
 
+from pipelines_lib import telemetry
 from pipelines_lib.agents import AgentConfig, make_agent, run_episode
 from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.scripted import ScriptedEngine, fake_logprob
@@ -310,3 +312,69 @@ def test_replaying_a_demonstration_scores_it_and_lays_tokens_out_as_sft_does(tok
     assert traj.status == "ok" and traj.reward == 1.0, traj.reward_parts
     ids, mask = tok.encode_conversation(demo, [t.schema() for t in env.tools().values()])
     assert list(traj.tokens) == ids and list(traj.loss_mask) == mask
+
+
+# -- telemetry -----------------------------------------------------------------------------------------------
+
+class QueueReportingEngine(ScriptedEngine):
+    """Reports 5 ms of each call as queueing for an engine slot, as the JAX engine reports its slot queue."""
+
+    async def generate(self, prompt_ids: Any, sampling: SamplingParams) -> Any:
+        completion = await super().generate(prompt_ids, sampling)
+        return dataclasses.replace(completion, timings={**completion.timings, "queue_s": 0.005})
+
+
+def recorded_spans(run: Any) -> list[dict[str, Any]]:
+    with telemetry.recording(None, "rollout-w0", sample_every_s=None) as recorder, telemetry.on_track("slot-000"):
+        run()
+        return [r for r in recorder.records if r["type"] == "span"]
+
+
+def inside(child: dict[str, Any], parent: dict[str, Any]) -> bool:
+    return parent["ts_us"] <= child["ts_us"] and child["ts_us"] + child["dur_us"] <= parent["ts_us"] + parent["dur_us"]
+
+
+def test_episode_records_generate_tool_call_and_reward_spans_inside_its_episode_span(tok: ChatTokenizer) -> None:
+    tool = _ScriptedTool("publish", "succeed", on_call=lambda: time.sleep(0.02))
+    engine = ScriptedEngine([hermes_tool_call("publish", {}), "<answer>ok</answer>"], tokenizer=tok,
+                            policy_version=6, latency_s=0.01)
+    trajs: list[Trajectory] = []
+    spans = recorded_spans(lambda: trajs.append(episode(ProbeEnv(tools=(tool,)), PROBE_TASK, engine, tok)))
+    # Recorded as each span ends; the tool call is laid out when ``act`` returns.
+    assert [s["name"] for s in spans] == ["env_reset", "generate", "tool_call.publish", "generate", "reward", "episode"]
+    assert {s["track"] for s in spans} == {"slot-000"}
+    ep = spans[-1]
+    assert ep["tags"] == {"group": "g0", "sample": 0, "version": 6, "status": "ok"}
+    assert all(inside(s, ep) for s in spans[:-1])
+    gen0, tool_call, gen1, reward = spans[1:5]
+    first_call = [t for t in trajs[0].turns if t.role == "assistant"][0]
+    assert gen0["tags"] == {"turn": 0, "prompt_tokens": trajs[0].prompt_len, "tokens": first_call.end - first_call.start,
+                            "version": 6, "finish": "stop"}
+    assert gen0["dur_us"] >= 10_000 and gen1["tags"]["turn"] == 1
+    assert tool_call["tags"] == {"tool": "publish"} and tool_call["dur_us"] >= 20_000
+    assert gen0["ts_us"] + gen0["dur_us"] <= tool_call["ts_us"] <= tool_call["ts_us"] + tool_call["dur_us"] <= gen1["ts_us"]
+    assert reward["tags"] == {"turn": 1, "reward": 1.0}
+
+
+def test_an_env_step_that_continues_the_episode_is_an_env_step_span_not_a_reward(tok: ChatTokenizer) -> None:
+    engine = ScriptedEngine(["<answer>no</answer>", "<answer>ok</answer>"], tokenizer=tok)
+    spans = recorded_spans(lambda: episode(ProbeEnv(feedback_turns=1), PROBE_TASK, engine, tok))
+    assert [(s["name"], s["tags"].get("turn")) for s in spans if s["name"] in ("env_step", "reward")] == [
+        ("env_step", 0), ("reward", 1)]
+
+
+def test_an_episode_cut_by_its_deadline_is_tagged_timeout_and_so_is_its_interrupted_generate(tok: ChatTokenizer) -> None:
+    engine = ScriptedEngine(["<answer>ok</answer>"], tokenizer=tok, latency_s=5.0)
+    spans = recorded_spans(lambda: episode(ProbeEnv(), PROBE_TASK, engine, tok, episode_timeout_s=0.05))
+    by_name = {s["name"]: s for s in spans}
+    assert by_name["episode"]["tags"]["status"] == "timeout"
+    assert by_name["generate"]["tags"]["error"] == "CancelledError"
+
+
+def test_engine_queueing_time_is_a_queue_wait_span_at_the_start_of_its_generate(tok: ChatTokenizer) -> None:
+    engine = QueueReportingEngine(["<answer>ok</answer>"], tokenizer=tok, latency_s=0.01)
+    spans = recorded_spans(lambda: episode(ProbeEnv(), PROBE_TASK, engine, tok))
+    by_name = {s["name"]: s for s in spans}
+    wait, gen = by_name["queue_wait"], by_name["generate"]
+    assert inside(wait, gen) and wait["ts_us"] - gen["ts_us"] < 1000
+    assert wait["dur_us"] == pytest.approx(5000, abs=1)

@@ -1,13 +1,31 @@
-"""Telemetry records through the context, lands in the campaign folder, and exports a valid trace."""
+"""Telemetry records through the context, lands in the campaign folder, and exports a trace Perfetto accepts."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from pipelines_lib import telemetry
+from pipelines_lib.config import CampaignConfig, EnvSpec
+from pipelines_lib.engine.scripted import ScriptedEngine
+from pipelines_lib.envs import hermes_tool_call
+from pipelines_lib.envs.arithmetic import ArithmeticEnv
+from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.rollout.collect import worker_tasks
+from pipelines_lib.rollout.episodes import campaign_tokenizer, make_episode_fn
+from pipelines_lib.rollout.orchestrator import Orchestrator
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.telemetry.trace import read_records, summarize, to_chrome_trace
+from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
+from pipelines_lib.telemetry.trace import check_trace, read_records, summarize, to_chrome_trace
 
 
 class Clock:
@@ -18,13 +36,143 @@ class Clock:
         return self.t
 
 
+def x_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+
+
+def thread_names(trace: dict[str, Any]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+
+
+# -- a real recorded rollout -----------------------------------------------------------------------------------
+
+TOOL_S = 0.03
+GENERATE_S = 0.01
+
+
+@pytest.fixture(scope="module")
+def rollout_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A rollout worker's telemetry: orchestrator, episode runner, calculator env with 30 ms tool latency, and a
+    scripted engine (10 ms per call) that calls the calculator once and then answers; 4 groups of 2, 4 in flight."""
+    store = Store(str(tmp_path_factory.mktemp("telemetry") / "campaign"))
+    base = CampaignConfig.tiny()
+    config = dataclasses.replace(
+        base, env=EnvSpec(name="arithmetic", tool_latency=LatencyProfile(kind="fixed", value_s=TOOL_S)),
+        rollout=dataclasses.replace(base.rollout, group_size=2, max_concurrency=4, target_groups=4,
+                                    max_groups_per_version=None, stop_poll_s=0.02, writer=WriterConfig(max_groups=2)))
+    tok = campaign_tokenizer(config)
+
+    def script(prompt: list[int], index: int) -> str:
+        called = "<tool_call>" in tok.decode(prompt)
+        return "<answer>0</answer>" if called else hermes_tool_call("calculator", {"expression": "2*3"})
+
+    engine = ScriptedEngine(script, tokenizer=tok, max_seq_len=config.engine.max_seq_len, policy_version=3,
+                            latency_s=GENERATE_S)
+    tasks = worker_tasks(ArithmeticEnv.generate_tasks(seed=0, n=8, split="train"), worker_index=0, num_workers=1,
+                         skip=set())
+    orchestrator = Orchestrator(config=config.rollout, engine=engine, tasks=tasks,
+                                episode_fn=make_episode_fn(config, engine=engine, tokenizer=tok, worker_id="w0"),
+                                writer=ShardWriter(store, worker_id="w0", config=config.rollout.writer))
+    with telemetry.recording(store, "rollout-w0", sample_every_s=0.02):
+        stats = asyncio.run(orchestrator.run())
+    assert stats.groups_committed == 4 and stats.statuses == {"ok": 8}
+    return store
+
+
+def test_recorded_rollout_trace_follows_perfettos_json_rules(rollout_campaign: Store) -> None:
+    trace = to_chrome_trace(read_records(rollout_campaign))
+    json.dumps(trace)
+    assert check_trace(trace) == []
+    processes = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert processes == {"rollout-w0"}
+    tracks = set(thread_names(trace).values())
+    assert {"writer"} <= tracks and {t for t in tracks if t.startswith("slot-")} == {f"slot-00{i}" for i in range(4)}
+
+
+def test_every_episode_span_names_its_group_version_and_status_and_holds_its_steps(rollout_campaign: Store) -> None:
+    trace = to_chrome_trace(read_records(rollout_campaign))
+    events = x_events(trace)
+    episodes = [e for e in events if e["name"] == "episode" and "status" in e["args"]]  # run_episode's own
+    assert len(episodes) == 8
+    assert {(e["args"]["group"], e["args"]["sample"]) for e in episodes} == {
+        (g, i) for g in {e["args"]["group"] for e in episodes} for i in (0, 1)}
+    assert all(e["args"]["version"] == 3 and e["args"]["status"] == "ok" for e in episodes)
+    names = {e["name"] for e in events}
+    assert {"env_reset", "generate", "tool_call.calculator", "reward", "shard_flush"} <= names
+    for e in events:
+        if e["name"] in ("generate", "tool_call.calculator", "reward"):
+            (parent,) = [p for p in episodes if p["tid"] == e["tid"] and p["ts"] <= e["ts"]
+                         and e["ts"] + e["dur"] <= p["ts"] + p["dur"]]
+            assert parent["args"]["group"]
+    calls = [e for e in events if e["name"] == "tool_call.calculator"]
+    assert len(calls) == 8 and all(e["dur"] >= TOOL_S * 1e6 for e in calls)
+    assert all(e["args"]["version"] == 3 and e["args"]["tokens"] > 0 for e in events if e["name"] == "generate")
+
+
+def test_tool_waits_overlap_generation_of_other_episodes(rollout_campaign: Store) -> None:
+    events = x_events(to_chrome_trace(read_records(rollout_campaign)))
+    calls = [e for e in events if e["name"].startswith("tool_call.")]
+    gens = [e for e in events if e["name"] == "generate"]
+    overlapping = [(c, g) for c in calls for g in gens
+                   if c["tid"] != g["tid"] and c["ts"] < g["ts"] + g["dur"] and g["ts"] < c["ts"] + c["dur"]]
+    assert overlapping
+
+
+def test_rollout_records_throughput_memory_and_status_counts(rollout_campaign: Store) -> None:
+    summary = summarize(read_records(rollout_campaign))
+    assert summary["count.rollout.status.ok"] == {"total": 8}
+    assert summary["gauge.rollout.rss_mb"]["max"] > 10
+    assert summary["gauge.rollout.episodes_in_flight"]["max"] == 4
+    assert "gauge.rollout.trajectories_per_s" in summary
+    assert summary["span.rollout.tool_call.calculator"]["count"] == 8
+
+
+def _trace_processor_binary() -> str | None:
+    return os.environ.get("PERFETTO_TRACE_PROCESSOR") or shutil.which("trace_processor_shell")
+
+
+@pytest.mark.skipif(_trace_processor_binary() is None,
+                    reason="Perfetto's trace processor is a native binary that the `perfetto` package downloads at "
+                           "run time (no registry ships it); set PERFETTO_TRACE_PROCESSOR to a local "
+                           "trace_processor_shell to run this check")
+def test_perfettos_trace_processor_reads_the_recorded_trace(rollout_campaign: Store, tmp_path: Path) -> None:
+    tp_api = pytest.importorskip("perfetto.trace_processor", reason="the `perfetto` package is not installed")
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(to_chrome_trace(read_records(rollout_campaign))))
+    config = tp_api.TraceProcessorConfig(bin_path=_trace_processor_binary())
+    with tp_api.TraceProcessor(trace=str(path), config=config) as tp:
+        def rows(sql: str) -> list[Any]:
+            return list(tp.query(sql))
+
+        slices = rows("""
+            select s.id, s.name, s.ts, s.dur, s.depth, t.name as thread, p.name as process,
+                   extract_arg(s.arg_set_id, 'args.group') as grp,
+                   extract_arg(s.arg_set_id, 'args.status') as status
+            from slice s join thread_track tt on s.track_id = tt.id join thread t using (utid)
+            join process p using (upid)""")
+        assert {r.process for r in slices} == {"rollout-w0"}
+        episodes = [r for r in slices if r.name == "episode" and r.status == "ok"]
+        assert len(episodes) == 8 and all(r.grp for r in episodes)
+        assert {r.thread for r in episodes} == {f"slot-00{i}" for i in range(4)}
+        overlap = rows("""
+            select count(*) as n from slice c join thread_track ct on c.track_id = ct.id
+            join slice g on g.name = 'generate' join thread_track gt on g.track_id = gt.id
+            where c.name glob 'tool_call.*' and ct.utid != gt.utid and c.ts < g.ts + g.dur and g.ts < c.ts + c.dur""")
+        assert overlap[0].n > 0
+        dropped = rows("select coalesce(sum(value), 0) as n from stats where severity in ('error', 'data_loss')")
+        assert dropped[0].n == 0
+
+
+# -- recorder and exporter -------------------------------------------------------------------------------------
+
 def test_spans_without_a_recorder_cost_nothing_and_record_nothing() -> None:
-    with telemetry.span("x"):
+    with telemetry.span("x") as opened:
         telemetry.gauge("g", 1)
-    assert telemetry.active() is None
+        telemetry.record_span("y", 0.0, 1.0)
+    assert telemetry.active() is None and telemetry.now() is None and opened.name == "x"
 
 
-def test_spans_nest_per_track_and_export_to_chrome_trace(tmp_path) -> None:
+def test_spans_nest_per_track_and_export_to_chrome_trace(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
     clock = Clock()
 
@@ -37,7 +185,7 @@ def test_spans_nest_per_track_and_export_to_chrome_trace(tmp_path) -> None:
                 clock.t += 0.25
                 await asyncio.sleep(0)
 
-    with telemetry.recording(store, "rollout-w0", clock=clock):
+    with telemetry.recording(store, "rollout-w0", clock=clock, sample_every_s=None):
         async def both() -> None:
             await asyncio.wait_for(episode(0), 5)  # sequential: the fake clock is shared
             await asyncio.wait_for(episode(1), 5)
@@ -50,33 +198,138 @@ def test_spans_nest_per_track_and_export_to_chrome_trace(tmp_path) -> None:
     tool = next(r for r in spans if r["name"] == "tool")
     assert tool["dur_us"] == 250_000 and tool["tags"] == {"tool": "calculator"}
     trace = to_chrome_trace(records)
-    json.dumps(trace)  # serialisable as-is
     names = {(e["ph"], e["name"]) for e in trace["traceEvents"]}
     assert ("M", "process_name") in names and ("X", "generate") in names and ("C", "episodes_in_flight") in names
-    # Per track, complete events nest: each one lies inside or after the previous one.
-    by_tid: dict[int, list[dict]] = {}
-    for e in trace["traceEvents"]:
-        if e["ph"] == "X":
-            by_tid.setdefault(e["tid"], []).append(e)
-    for events in by_tid.values():
-        stack: list[int] = []
-        for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-            while stack and e["ts"] >= stack[-1]:
-                stack.pop()
-            assert not stack or e["ts"] + e["dur"] <= stack[-1], "overlapping spans on one track"
-            stack.append(e["ts"] + e["dur"])
+    assert check_trace(trace) == []
     summary = summarize(records)
     assert summary["span.rollout.tool"] == {"count": 2, "total_s": 0.5, "mean_s": 0.25, "p95_s": 0.25}
 
 
-def test_trace_and_metrics_commands_read_any_campaign(tmp_path, capsys) -> None:
+def test_a_span_can_be_renamed_and_tagged_before_it_ends_and_records_the_exception_that_ended_it() -> None:
+    clock = Clock()
+    with telemetry.recording(None, "rollout-w0", clock=clock, sample_every_s=None) as recorder:
+        with telemetry.span("env_step", track="slot-0", turn=1) as step:
+            clock.t += 0.002
+            step.name, step.tags["reward"] = "reward", 1.0
+        with pytest.raises(KeyError), telemetry.span("generate", track="slot-0"):
+            raise KeyError("x")
+        telemetry.record_span("tool_call.search", 100.0, 100.001, track="slot-0", tool="search")
+        reward, failed, tool = recorder.records
+    assert (reward["name"], reward["tags"], reward["ts_us"], reward["dur_us"]) == (
+        "reward", {"turn": 1, "reward": 1.0}, 100_000_000, 2000)
+    assert failed["tags"] == {"error": "KeyError"}
+    assert (tool["name"], tool["dur_us"], tool["tags"]) == ("tool_call.search", 1000, {"tool": "search"})
+
+
+def test_spans_that_overlap_on_one_track_are_moved_to_extra_lanes_that_nest() -> None:
+    def span(name: str, ts: int, dur: int) -> dict[str, Any]:
+        return {"type": "span", "name": name, "process": "eval", "track": "episode", "ts_us": ts, "dur_us": dur,
+                "tags": {}}
+
+    # a [0, 10) holds b [2, 5); c [4, 12) overlaps both; d [10, 11) fits in lane 0 after a ends.
+    trace = to_chrome_trace([span("a", 0, 10), span("b", 2, 3), span("c", 4, 8), span("d", 10, 1)])
+    assert check_trace(trace) == []
+    lanes = thread_names(trace)
+    assert {e["name"]: lanes[(e["pid"], e["tid"])] for e in x_events(trace)} == {
+        "a": "episode", "b": "episode", "c": "episode #1", "d": "episode"}
+
+
+def test_check_trace_reports_what_perfetto_would_drop() -> None:
+    trace = {"traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "p"}},
+        {"name": "a", "ph": "X", "ts": 0, "dur": 10, "pid": 1, "tid": 1, "args": {}},
+        {"name": "b", "ph": "X", "ts": 5, "dur": 10, "pid": 1, "tid": 1, "args": {}},
+        {"name": "c", "ph": "X", "ts": 1.5, "dur": 1, "pid": 1, "tid": 1},
+        {"name": "g", "ph": "C", "ts": 3, "pid": 1, "args": {"value": "high"}},
+        {"name": "i", "ph": "q", "ts": 3, "pid": 1},
+    ]}
+    assert check_trace(trace) == [
+        "event 3 ('c', ph='X'): ts, dur and tid must be integers, ts and dur >= 0",
+        "event 4 ('g', ph='C'): a counter needs an integer ts and numeric args",
+        "event 5 ('i', ph='q'): unsupported phase",
+        "thread (1, 1) has no thread_name",
+        "thread (1, 1): 'b' [5, 15) overlaps 'a' without nesting",
+    ]
+
+
+def test_count_totals_are_written_on_each_flush_and_summed_over_a_stages_processes(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    for worker, n in (("w0", 3), ("w1", 2)):
+        with telemetry.recording(store, f"rollout-{worker}", sample_every_s=None) as recorder:
+            for _ in range(n):
+                telemetry.count("status.ok")
+            recorder.flush()  # a mid-run flush writes the running total; the final one supersedes it
+            telemetry.count("status.timeout")
+    records = read_records(store)
+    assert sorted(r["value"] for r in records if r["name"] == "status.ok") == [2, 2, 3, 3]
+    summary = summarize(records)
+    assert summary["count.rollout.status.ok"] == {"total": 5} and summary["count.rollout.status.timeout"] == {"total": 2}
+    assert check_trace(to_chrome_trace(records)) == []
+
+
+def test_resident_memory_is_sampled_while_recording_even_when_the_stage_blocks() -> None:
+    with telemetry.recording(None, "trainer", sample_every_s=0.01) as recorder:
+        time.sleep(0.1)  # a stage stuck in compute: the sampler thread still records
+        rss = [r["value"] for r in recorder.records if r["name"] == "rss_mb"]
+    assert len(rss) >= 3 and all(10 < v < 1e6 for v in rss)
+    with pytest.raises(ValueError, match="sample_every_s must be > 0 or None, got 0"), telemetry.recording(
+            None, "x", sample_every_s=0):
+        pass
+
+
+# -- interval gauges -------------------------------------------------------------------------------------------
+
+def test_interval_gauges_are_the_changes_of_the_engine_counters_over_the_interval() -> None:
+    before = {"trajectories": 10, "generated_tokens": 1000, "decode_steps": 100, "active_slot_steps": 800,
+              "busy_s": 4.0, "wall_s": 10.0}
+    after = {"trajectories": 14, "generated_tokens": 1600, "decode_steps": 150, "active_slot_steps": 1400,
+             "busy_s": 5.5, "wall_s": 12.0}
+    assert interval_gauges(before, after, 2.0) == {
+        "trajectories_per_s": (14 - 10) / 2,            # 2.0
+        "engine_tokens_per_s": (1600 - 1000) / 2,       # 300
+        "engine_active_slots": (1400 - 800) / (150 - 100),  # 12 slots busy per decode step
+        "engine_busy_fraction": (5.5 - 4.0) / (12 - 10),    # 0.75
+    }
+    # A compute call credited when it returns (a 3 s compilation ending within this 2 s interval) caps at 1.
+    assert interval_gauges(before, {**after, "busy_s": 7.0}, 2.0)["engine_busy_fraction"] == 1.0
+    assert interval_gauges(after, {**before, "wall_s": 1.0}, 2.0) == {}  # reset_stats() in between
+    assert interval_gauges(before, after, 0.0) == {}
+
+
+def test_throughput_gauges_take_a_baseline_then_record_each_interval() -> None:
+    class CountingEngine:
+        def __init__(self) -> None:
+            self.counters = {"generated_tokens": 0, "decode_steps": 0, "active_slot_steps": 0, "busy_s": 0.0,
+                             "wall_s": 0.0}
+
+        def stats(self) -> dict[str, float]:
+            return dict(self.counters)
+
+    engine, clock = CountingEngine(), Clock()
+    gauges = ThroughputGauges(engine, clock=clock)
+    assert gauges.sample(trajectories=0) == {}  # not recording: nothing sampled
+    with telemetry.recording(None, "rollout-w0", clock=clock, sample_every_s=None) as recorder:
+        assert gauges.sample(trajectories=0) == {}
+        clock.t += 0.5
+        engine.counters = {"generated_tokens": 200, "decode_steps": 25, "active_slot_steps": 100, "busy_s": 0.25,
+                           "wall_s": 0.5}
+        assert gauges.sample(trajectories=3) == {"trajectories_per_s": 6.0, "engine_tokens_per_s": 400.0,
+                                                 "engine_active_slots": 4.0, "engine_busy_fraction": 0.5}
+        assert [r["name"] for r in recorder.records] == [
+            "trajectories_per_s", "engine_tokens_per_s", "engine_active_slots", "engine_busy_fraction"]
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------
+
+def test_trace_and_metrics_commands_read_any_campaign(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipelines_lib.cli import main
 
     store = Store(str(tmp_path / "c"))
-    with telemetry.recording(store, "trainer"):
+    with telemetry.recording(store, "trainer", sample_every_s=None):
         with telemetry.span("train_step", track="trainer", step=1):
             pass
         telemetry.gauge("trainer_version", 1)
+        telemetry.count("staleness.0")
     out = tmp_path / "trace.json"
     assert main(["trace", store.url, "--out", str(out)]) == 0
     trace = json.loads(out.read_text())
@@ -84,4 +337,23 @@ def test_trace_and_metrics_commands_read_any_campaign(tmp_path, capsys) -> None:
     assert main(["metrics", store.url, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert summary["span.trainer.train_step"]["count"] == 1 and summary["gauge.trainer.trainer_version"]["last"] == 1.0
+    assert summary["count.trainer.staleness.0"] == {"total": 1.0}
+    assert main(["metrics", store.url]) == 0
+    assert "count.trainer.staleness.0" in capsys.readouterr().out
     assert main(["trace", str(tmp_path / "empty"), "--out", str(out)]) == 2
+
+
+# -- benchmark -------------------------------------------------------------------------------------------------
+
+def test_overhead_benchmark_times_both_arms_on_episodes_that_record_six_spans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines_lib.bench import telemetry as bench
+    from pipelines_lib.bench.registry import BenchContext
+
+    monkeypatch.setattr(bench, "QUICK", {"episodes": 10, "repeats": 1, "spans": 1000})
+    result = bench.bench_telemetry(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path, progress=print))
+    figures = result.figures
+    assert figures["telemetry.spans_per_episode"] == 6  # episode, env_reset, generate x2, tool_call, reward
+    assert figures["telemetry.span_us"] > 0 and figures["telemetry.episode_ms"] > 0
+    assert figures["telemetry.overhead_fraction"] > -1 and [r["arm"] for r in result.rows] == ["off", "on"]
+    assert list((tmp_path / "rep0" / "telemetry").iterdir())  # the recorded arm wrote its JSONL

@@ -28,6 +28,12 @@ Rewards: ``ok`` gets the env's final reward; ``max_turns``/``max_tokens`` the la
 running score) or ``failure_reward`` when the env never scored; the failures get ``failure_reward``.
 Exceptions from the env become ``env_error`` here and only here; exceptions from the engine, the tokenizer or
 the agent itself are bugs or infrastructure failures and propagate (the rollout worker decides to restart).
+
+Telemetry (recorded only under ``telemetry.recording``, on the caller's track, see ``pipelines_lib/telemetry``):
+an ``episode`` span (group, sample, policy version at the start, status) holding ``env_reset``, one ``generate``
+per engine call (turn, tokens, policy version, finish reason; with a ``queue_wait`` child when the engine reports
+its queueing time), ``tool_call.<tool>`` per tool run, and ``env_step`` per env call, named ``reward`` when the
+env scored the answer and ended the episode.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo
-from pipelines_lib.engine.api import Engine, SamplingParams
+from pipelines_lib import telemetry
+from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo, ToolMessages
+from pipelines_lib.engine.api import Completion, Engine, SamplingParams
 from pipelines_lib.envs.base import BaseTaskEnv, Message, StepResult, Task
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
@@ -65,6 +72,32 @@ class _Outcome:
         self.reward_parts = dict(result.reward_parts)
 
 
+def _queue_wait_span(generate_start: float | None, completion: Completion) -> None:
+    """Inside the open ``generate`` span: how long the request waited for an engine slot (engines reporting it)."""
+    queue_s = completion.timings.get("queue_s")
+    end = telemetry.now()
+    if generate_start is not None and end is not None and queue_s:
+        telemetry.record_span("queue_wait", generate_start, min(generate_start + queue_s, end))
+
+
+def _tool_spans(action: ToolMessages, act_start: float | None) -> None:
+    """One ``tool_call.<tool>`` span per tool that ``agent.act`` ran.
+
+    The agent runs a response's calls one after another and reports each one's latency, so they are laid out
+    back to back, ending when ``act`` returned (parsing came before them) and never before it started.
+    Malformed calls (``parse_error``) ran nothing and get no span."""
+    end = telemetry.now()
+    if end is None or act_start is None:
+        return
+    calls = [info for info in action.infos if info.error != "parse_error"]
+    start = max(act_start, end - sum(info.latency_s or 0.0 for info in calls))
+    for info in calls:
+        stop = min(end, start + (info.latency_s or 0.0))
+        tags = {"tool": info.tool_name} | ({"error": info.error} if info.error else {})
+        telemetry.record_span(f"tool_call.{info.tool_name}", start, stop, **tags)
+        start = stop
+
+
 async def _loop(
     *,
     env: BaseTaskEnv,
@@ -79,7 +112,8 @@ async def _loop(
 ) -> None:
     t = clock()
     try:
-        messages = await env.reset(task)
+        with telemetry.span("env_reset"):
+            messages = await env.reset(task)
     except Exception:  # the runner records the bare task prompt
         log.warning("env %s: reset(%s) failed", env.name, task.task_id, exc_info=True)
         out.env_s += clock() - t
@@ -97,9 +131,14 @@ async def _loop(
             out.status = "max_tokens"
             return
         t = clock()
-        completion = await engine.generate(
-            list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
-        )
+        with telemetry.span("generate", turn=turn, prompt_tokens=len(agent.tokens)) as gen:
+            generate_start = telemetry.now()
+            completion = await engine.generate(
+                list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
+            )
+            gen.tags.update(tokens=len(completion.token_ids), version=completion.policy_version,
+                            finish=completion.finish_reason)
+            _queue_wait_span(generate_start, completion)
         out.generate_s += clock() - t
         text = agent.add_generation(completion, clock() - t)
         if completion.finish_reason == "context" or (
@@ -108,10 +147,15 @@ async def _loop(
             out.status = "max_tokens"
             return
         t = clock()
+        act_start = telemetry.now()
         action = await agent.act(text, tool_timeout_s=tool_timeout_s)
         if isinstance(action, FinalResponse):
             try:
-                result = await env.step(action.text)
+                with telemetry.span("env_step", turn=turn) as step:
+                    result = await env.step(action.text)
+                    if result.done:  # the env scored the answer: this step was the reward computation
+                        step.name = "reward"
+                        step.tags["reward"] = result.reward
             except Exception:
                 log.warning("env %s: step failed on task %s", env.name, task.task_id, exc_info=True)
                 out.env_s += clock() - t
@@ -129,6 +173,7 @@ async def _loop(
             infos = [MessageInfo(role="env") for _ in new_messages]
         else:
             out.env_s += clock() - t
+            _tool_spans(action, act_start)
             new_messages, infos = action.messages, action.infos
             if action.failed and agent.config.tool_failure_ends_episode:
                 rendered = agent.render_messages(new_messages, add_generation_prompt=False)
@@ -182,14 +227,16 @@ async def run_episode(
     out = _Outcome()
     limit = min(engine.max_seq_len, max_tokens)
     agent.clear()
-    try:
-        async with asyncio.timeout(episode_timeout_s) as deadline:
-            await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
-                        tool_timeout_s=tool_timeout_s, out=out, clock=clock)
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        out.status = "timeout"
+    with telemetry.span("episode", group=group_id, sample=sample_idx, version=engine.policy_version) as episode:
+        try:
+            async with asyncio.timeout(episode_timeout_s) as deadline:
+                await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
+                            tool_timeout_s=tool_timeout_s, out=out, clock=clock)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            out.status = "timeout"
+        episode.tags["status"] = out.status
     if not agent.tokens:  # env.reset failed or the deadline passed first: record the bare task prompt
         agent.start([{"role": "user", "content": task.prompt}], {})
         if agent.prompt_len > limit:

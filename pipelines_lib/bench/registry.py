@@ -22,6 +22,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "pipelines_lib.bench.learning",
     "pipelines_lib.bench.rollout",
     "pipelines_lib.bench.store",
+    "pipelines_lib.bench.telemetry",
     "pipelines_lib.bench.trainer",
 )
 """Modules whose import registers benchmarks."""

@@ -88,6 +88,12 @@ def _goal_cell(bench: Bench | None, key: str, value: float) -> str:
     return f"{goal} ({'met' if goal.met(value) else 'NOT met'})"
 
 
+OTHER_WRITERS: dict[str, tuple[str, str]] = {
+    "reliability": ("Reliability drills", "Written by `rollstream drills` (`make drills`); how each figure is measured is in RELIABILITY.md."),
+}
+"""Key prefixes in ``bench/results.json`` that another command writes: listed with a pointer, not as stale."""
+
+
 def render_markdown(results: Mapping[str, Any], benches: Mapping[str, Bench]) -> str:
     """``BENCHMARKS.md`` from the results record and the registrations (pure)."""
     figures: dict[str, float] = results.get("figures", {})
@@ -103,7 +109,9 @@ def render_markdown(results: Mapping[str, Any], benches: Mapping[str, Bench]) ->
     for name in sorted(set(runs) | {k.split(".", 1)[0] for k in figures}):
         bench = benches.get(name)
         run = runs.get(name, {})
-        out += [f"## `{name}`: {bench.title if bench else '(benchmark no longer registered)'}", ""]
+        title, pointer = OTHER_WRITERS.get(name, ("(benchmark no longer registered)", ""))
+        out += [f"## `{name}`: {bench.title if bench else title}", ""]
+        out += [pointer, ""] if pointer and not bench else []
         if bench:
             out += [f"**What.** {bench.measures}", "", f"**How.** {bench.method}", ""]
         if run:

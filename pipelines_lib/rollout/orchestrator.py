@@ -33,6 +33,7 @@ from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
+from pipelines_lib.telemetry.samplers import ThroughputGauges
 from pipelines_lib.trajectory.record import Trajectory
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
@@ -163,6 +164,7 @@ class Orchestrator:
         self._free_slots = list(range(config.max_concurrency - 1, -1, -1))
         self._budget: dict[int, int] = {}
         self._stopping = asyncio.Event()
+        self._gauges = ThroughputGauges(engine, clock=clock)
 
     # -- weights -----------------------------------------------------------------------------------------
     async def _refresh(self, target: int | None = None) -> None:
@@ -228,6 +230,7 @@ class Orchestrator:
 
     async def _poll_stop(self) -> None:
         while not self._stopping.is_set():
+            self._gauges.sample(trajectories=self.stats.trajectories)
             if self.should_stop is not None and await asyncio.to_thread(self.should_stop):
                 self.stats.stop_reason = self.stats.stop_reason or "done marker"
                 self._stopping.set()
@@ -242,7 +245,7 @@ class Orchestrator:
         telemetry.gauge("episodes_in_flight", self._in_flight)
         slot = self._free_slots.pop() if self._free_slots else self._in_flight
         try:
-            with telemetry.on_track(f"slot-{slot:03d}"), telemetry.span("episode", group=group_id, sample=idx):
+            with telemetry.on_track(f"slot-{slot:03d}"):
                 return await self.episode_fn(task, group_id, idx)
         finally:
             self._free_slots.append(slot)

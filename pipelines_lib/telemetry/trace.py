@@ -1,4 +1,13 @@
-"""Read a campaign's telemetry and export it: Perfetto/Chrome JSON traces and metric summaries."""
+"""Read a campaign's telemetry and export it: Perfetto/Chrome JSON traces, a format check, metric summaries.
+
+The trace is Chrome's JSON trace-event format, which ui.perfetto.dev and Perfetto's trace processor import:
+one pid per recorder process (``rollout-w0``, ``trainer``), one tid per track (``slot-003``, ``weights``),
+spans as complete events (``ph: X``, tags as args), gauges and count totals as counters (``ph: C``), names
+as metadata events (``ph: M``). Perfetto draws a thread as one stack and drops X events that overlap without
+nesting (its FAQ: "events are only allowed to perfectly nest"), so spans of one track that overlap are split
+across extra lanes (``slot-003 #1``). ``check_trace`` applies those rules, for use where Perfetto's own trace
+processor (a native binary fetched at run time) is not available.
+"""
 
 from __future__ import annotations
 
@@ -18,34 +27,128 @@ def read_records(store: Store) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["ts_us"])
 
 
+def _lanes(spans: list[dict[str, Any]]) -> list[int]:
+    """Lane of each span (same order) such that the spans of one lane nest: first lane that fits, greedily."""
+    order = sorted(range(len(spans)), key=lambda i: (spans[i]["ts_us"], -spans[i]["dur_us"]))
+    stacks: list[list[int]] = []  # per lane, the end times of its open spans
+    lane = [0] * len(spans)
+    for i in order:
+        start, end = spans[i]["ts_us"], spans[i]["ts_us"] + spans[i]["dur_us"]
+        for stack in stacks:
+            while stack and stack[-1] <= start:
+                stack.pop()
+        k = next((k for k, stack in enumerate(stacks) if not stack or end <= stack[-1]), len(stacks))
+        if k == len(stacks):
+            stacks.append([])
+        stacks[k].append(end)
+        lane[i] = k
+    return lane
+
+
 def to_chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Chrome trace-event JSON (what ui.perfetto.dev opens): one pid per process, one tid per track."""
+    """Chrome trace-event JSON (what ui.perfetto.dev opens): one pid per process, one tid per track lane."""
     pids: dict[str, int] = {}
     tids: dict[tuple[str, str], int] = {}
+    by_track: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     events: list[dict[str, Any]] = []
     for r in records:
         pid = pids.setdefault(r["process"], len(pids) + 1)
         if r["type"] == "span":
-            tid = tids.setdefault((r["process"], r["track"]), len(tids) + 1)
-            events.append({"name": r["name"], "ph": "X", "ts": r["ts_us"], "dur": r["dur_us"], "pid": pid, "tid": tid,
-                           "args": r.get("tags", {})})
-        elif r["type"] == "gauge":
+            by_track[(r["process"], r["track"])].append(r)
+        elif r["type"] in ("gauge", "count"):
             events.append({"name": r["name"], "ph": "C", "ts": r["ts_us"], "pid": pid, "args": {"value": r["value"]}})
+    for (process, track), spans in by_track.items():
+        for r, lane in zip(spans, _lanes(spans), strict=True):
+            name = track if lane == 0 else f"{track} #{lane}"
+            tid = tids.setdefault((process, name), len(tids) + 1)
+            events.append({"name": r["name"], "ph": "X", "ts": r["ts_us"], "dur": r["dur_us"], "pid": pids[process],
+                           "tid": tid, "args": r.get("tags", {})})
+    # A parent opening in the same µs as its child must come first: importers stack X events in file order.
+    events.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
     meta = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}} for name, pid in pids.items()]
     meta += [{"name": "thread_name", "ph": "M", "pid": pids[p], "tid": tid, "args": {"name": track}}
              for (p, track), tid in tids.items()]
     return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
 
+def check_trace(trace: dict[str, Any]) -> list[str]:
+    """Problems that would make Perfetto's JSON importer drop or misplace events (empty: none).
+
+    The rules of the trace-event format as Perfetto reads it: a ``traceEvents`` list; every event has a string
+    ``name``, a known ``ph`` and integer ``pid``; X events have integer ``tid``, ``ts`` and ``dur`` >= 0 and
+    an object ``args``, and those of one (pid, tid) nest perfectly; C events have numeric args; M events
+    name a process or thread of the trace with a string; every pid and (pid, tid) used is named once.
+    """
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        return ["traceEvents is not a list"]
+    problems: list[str] = []
+    named: dict[tuple[str, int, int | None], int] = defaultdict(int)
+    used_pids: set[int] = set()
+    used_tids: set[tuple[int, int]] = set()
+    slices: dict[tuple[int, int], list[tuple[int, int, str]]] = defaultdict(list)
+    for i, e in enumerate(events):
+        where = f"event {i} ({e.get('name')!r}, ph={e.get('ph')!r})"
+        if not isinstance(e.get("name"), str) or not isinstance(e.get("pid"), int):
+            problems.append(f"{where}: name must be a string and pid an integer")
+            continue
+        ph = e.get("ph")
+        if ph == "M":
+            kind = {"process_name": "process", "thread_name": "thread"}.get(e["name"])
+            if kind is None or not isinstance(e.get("args", {}).get("name"), str):
+                problems.append(f"{where}: metadata must be process_name/thread_name with a string args.name")
+                continue
+            named[(kind, e["pid"], e.get("tid") if kind == "thread" else None)] += 1
+        elif ph == "X":
+            ts, dur, tid = e.get("ts"), e.get("dur"), e.get("tid")
+            if not all(isinstance(v, int) for v in (ts, dur, tid)) or ts < 0 or dur < 0:
+                problems.append(f"{where}: ts, dur and tid must be integers, ts and dur >= 0")
+                continue
+            if not isinstance(e.get("args", {}), dict):
+                problems.append(f"{where}: args must be an object")
+            used_pids.add(e["pid"])
+            used_tids.add((e["pid"], tid))
+            slices[(e["pid"], tid)].append((ts, ts + dur, e["name"]))
+        elif ph == "C":
+            args = e.get("args")
+            if (not isinstance(e.get("ts"), int) or not isinstance(args, dict) or not args
+                    or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in args.values())):
+                problems.append(f"{where}: a counter needs an integer ts and numeric args")
+            used_pids.add(e["pid"])
+        else:
+            problems.append(f"{where}: unsupported phase")
+    for key, n in named.items():
+        if n > 1:
+            problems.append(f"{key[0]} {key[1:]} is named {n} times")
+    problems += [f"process {pid} has no process_name" for pid in sorted(used_pids) if ("process", pid, None) not in named]
+    problems += [f"thread {key} has no thread_name" for key in sorted(used_tids) if ("thread", *key) not in named]
+    for key, spans in slices.items():
+        stack: list[tuple[int, str]] = []
+        for start, end, name in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1][0] <= start:
+                stack.pop()
+            if stack and end > stack[-1][0]:
+                problems.append(f"thread {key}: {name!r} [{start}, {end}) overlaps {stack[-1][1]!r} without nesting")
+            stack.append((end, name))
+    return problems
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per span name: count, total/mean/p95 seconds; per gauge: last, mean, max."""
+    """Per span name: count, total/mean/p95 seconds; per gauge: last, mean, max; per count: the total.
+
+    Names are prefixed by the stage (``rollout-w0`` -> ``rollout``); a count total is the sum over the stage's
+    processes of each one's last total."""
     spans: dict[str, list[float]] = defaultdict(list)
     gauges: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:
+        key = f"{r['process'].split('-')[0]}.{r['name']}"
         if r["type"] == "span":
-            spans[f"{r['process'].split('-')[0]}.{r['name']}"].append(r["dur_us"] / 1e6)
+            spans[key].append(r["dur_us"] / 1e6)
         elif r["type"] == "gauge":
-            gauges[f"{r['process'].split('-')[0]}.{r['name']}"].append(r["value"])
+            gauges[key].append(r["value"])
+        elif r["type"] == "count":
+            counts[key][r["process"]] = r["value"]
     out: dict[str, Any] = {}
     for name, d in sorted(spans.items()):
         d_sorted = sorted(d)
@@ -53,4 +156,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                                "p95_s": round(d_sorted[min(len(d) - 1, int(0.95 * len(d)))], 6)}
     for name, v in sorted(gauges.items()):
         out[f"gauge.{name}"] = {"last": v[-1], "mean": round(statistics.fmean(v), 4), "max": max(v)}
+    for name, per_process in sorted(counts.items()):
+        out[f"count.{name}"] = {"total": sum(per_process.values())}
     return out
