@@ -1,17 +1,21 @@
-"""The ``rollout`` benchmark in a minimal mode: every arm runs, every episode waits on one real tool call."""
+"""The ``rollout`` benchmark in a minimal mode: every arm runs, every episode waits on one real tool call
+(the calculator behind a latency profile, or the sandboxed Python tool in a real subprocess)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from pathlib import Path
 
 from pipelines_lib.bench import rollout as rollout_bench
 from pipelines_lib.bench.registry import BenchContext, load_benches
+from pipelines_lib.envs import make_env
 
 
 def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(rollout_bench, "QUICK", {"repeats": 1, "skip": 0, "async_n": 16,
-                                                      "sync_batches": {"none": 1, "light": 1, "heavy": 1}})
+                                                      "sync_batches": {"none": 1, "light": 1, "heavy": 1, "code": 1}})
     monkeypatch.setattr(rollout_bench, "ASYNC_CONCURRENCY", 32)  # a short ramp-up for a one-batch window
     monkeypatch.setattr(rollout_bench, "PROFILES", {
         "none": rollout_bench.PROFILES["none"], "light": rollout_bench.PROFILES["light"],
@@ -20,7 +24,7 @@ def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monk
     result = load_benches()["rollout"].fn(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path,
                                                        progress=lambda line: None))
     f = result.figures
-    for profile in ("none", "light", "heavy"):
+    for profile in ("none", "light", "heavy", "code"):
         for key in ("async_over_sync", "async_over_ceiling"):
             value = f[f"rollout.{profile}.{key}"]
             assert math.isfinite(value) and value > 0, (profile, key, value)
@@ -31,4 +35,14 @@ def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monk
     assert f["rollout.repeats"] == 1
     by_arm = {r["arm"]: r for r in result.rows}
     assert by_arm["light-sync"]["tool s"] >= 0.010 and by_arm["light-async"]["tool s"] >= 0.010  # U(10, 50) ms
-    assert len(result.rows) == 7 and (tmp_path / result.plots[0]).stat().st_size > 0
+    # A sandboxed run starts a fresh Python interpreter (tens of ms); a bare calculator call is far cheaper.
+    assert by_arm["code-sync"]["tool s"] > max(0.02, 3 * by_arm["none-sync"]["tool s"])
+    assert len(result.rows) == 10 and (tmp_path / result.plots[0]).stat().st_size > 0
+
+
+def test_forced_code_call_checks_the_reference_function_in_the_sandbox() -> None:
+    task = rollout_bench.CodeEnv.generate_tasks(seed=0, n=1, split="train")[0]
+    call = rollout_bench.forced_call(task)
+    program = json.loads(call[call.index("{"):call.rindex("}") + 1])["arguments"]["code"]
+    output = asyncio.run(make_env("code").tools()["python"]({"code": program}))
+    assert output.strip() == "True"

@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.engine import Engine, EngineClosedError, EngineConfig, JaxEngine, SamplingParams
+from pipelines_lib.engine.device import DeviceRunner, Dispatched, steps_for
 from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -386,3 +387,94 @@ def test_engine_config_names_bad_values() -> None:
         EngineConfig(prefill_buckets=(32, 16))
     with pytest.raises(ValueError, match="512 > max_seq_len=256"):
         EngineConfig(prefill_buckets=(512,), max_seq_len=256)
+
+
+ONE_SLOT = EngineConfig(num_slots=1, max_seq_len=96, prefill_buckets=(16, 32))
+
+
+def test_next_step_is_dispatched_before_the_previous_one_is_read(model: Decoder) -> None:
+    """Pipelining: the device gets step N+1 before the host waits for step N's tokens."""
+    events: list[str] = []
+
+    async def body(engine: JaxEngine) -> Any:
+        runner = engine._runner
+        dispatch, collect = runner.dispatch, runner.collect
+
+        def logged_dispatch(*args: Any) -> Any:
+            events.append("dispatch")
+            return dispatch(*args)
+
+        def logged_collect(*args: Any) -> Any:
+            events.append("collect")
+            return collect(*args)
+
+        runner.dispatch, runner.collect = logged_dispatch, logged_collect  # type: ignore[method-assign]
+        return await engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=4))
+
+    completion = run(model, body)
+    assert len(completion.token_ids) == 4
+    # Four steps; the length limit is known in advance, so no fifth one is dispatched.
+    assert events == ["dispatch", "dispatch", "collect", "dispatch", "collect", "dispatch", "collect", "collect"]
+
+
+def test_stop_then_next_request_in_the_same_slot_match_solo_runs(model: Decoder) -> None:
+    """A request ending on a stop id was decoded one step further (pipelining); that token is dropped and
+    the next request admitted to its slot is unaffected by it."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(6), sampling), ONE_SLOT)
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 4 and t not in free.token_ids[:i])
+    stopping = SamplingParams(**{**vars(sampling), "stop_ids": (stop,)})
+    follower = (prompt(9, 3), SamplingParams(temperature=0.0, max_new_tokens=10))
+    solo = run(model, lambda e: e.generate(*follower), ONE_SLOT)
+
+    async def body(engine: JaxEngine) -> tuple[Any, ...]:
+        return tuple(await asyncio.gather(engine.generate(prompt(6), stopping), engine.generate(*follower)))
+
+    stopped, after = run(model, body, ONE_SLOT)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert after.token_ids == solo.token_ids
+    np.testing.assert_allclose(after.logprobs, solo.logprobs, atol=1e-5)
+
+
+def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: Decoder) -> None:
+    """One slot, two greedy requests of 5 and 7 tokens: 12 decode steps, none idle between them."""
+    requests = [(prompt(7), SamplingParams(temperature=0.0, max_new_tokens=5)),
+                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
+    solos = [run(model, lambda e, r=r: e.generate(*r), ONE_SLOT) for r in requests]
+
+    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
+        engine.reset_stats()
+        completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
+        return completions, engine.stats()
+
+    completions, stats = run(model, body, ONE_SLOT)
+    assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
+    assert stats["decode_steps"] == 12 and stats["slot_occupancy"] == 1.0 and stats["requests_finished"] == 2
+
+
+class _Result:
+    """A dispatched step's output that is (or is not yet) ready when the host asks."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.zeros(2, np.int32)
+
+
+def test_busy_time_counts_overlapping_steps_once_and_host_bound_steps_not_at_all() -> None:
+    now = [0.0]
+    runner = DeviceRunner(steps_for(nnx.graphdef(lively_model(0))), {}, 2, jax.devices()[0], lambda: now[0])
+
+    def collect(at: float, read_at: float, ready: bool) -> tuple[float, bool]:
+        now[0] = read_at
+        _, _, busy, host_bound = runner.collect(Dispatched(_Result(ready), _Result(ready), at))
+        return busy, host_bound
+
+    assert collect(0.0, 10.0, ready=False) == (10.0, False)
+    assert collect(4.0, 15.0, ready=False) == (5.0, False)  # dispatched at 4 while the first ran: 10..15 only
+    assert collect(20.0, 30.0, ready=True) == (0.0, True)  # already done when read: when it ended is unknown
+    assert collect(22.0, 35.0, ready=False) == (13.0, False)

@@ -10,6 +10,9 @@ ceiling            async, max_concurrency 96, no tool latency    (DESIGN §7: ev
                                                                   the next starts after its slowest episode)
 <profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)
                    for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
+                   on the arithmetic env's calculator, and code: the code env's sandboxed Python tool
+                   (a real subprocess per call, no added delay)
+code-ceiling       async, max_concurrency 96, the code episodes with the tool answering at once
 ```
 
 **Why every episode calls a tool.** Throughput, not quality, is measured, so the model is the tiny decoder
@@ -18,6 +21,12 @@ agent here (``ForcedCallAgent``) treats its first response as a calculator call 
 whatever the model wrote, and its second as the final answer. Every episode then has the shape of a solved
 arithmetic episode: generate, one real calculator call behind the latency profile, generate, score. The
 engine, episode runner, env, tool, orchestrator and shard writer (on a ``memory://`` store) are the real ones.
+The code arm forces the same shape with the ``python`` tool: its call runs the task's reference function on
+the first hidden test and prints whether it passed (a tiny valid program per task), in ``PythonSandbox``.
+Its prompts are longer than arithmetic's (122-145 tokens with the tool schema), so its turns are shorter
+(``CODE_NEW_TOKENS``) for two turns and the tool result to fit the 192-token context, and its
+``async_over_ceiling`` is over its own ceiling: the same code episodes with the tool answering at once
+(``InstantTool``, printing what the program prints).
 
 **Window.** An arm's throughput is N trajectories over the time between the K-th and the (K+N)-th finished
 trajectory. Skipping the first K (the same in every arm) leaves out the ramp-up, which would otherwise be
@@ -31,7 +40,7 @@ per-sample seeds and delays; they count different, identically distributed slice
 timed either). Engine busy fraction is the engine's compute seconds over the same window, from
 ``engine.stats()`` at both ends.
 
-**Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all seven arms are
+**Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all ten arms are
 run ``repeats`` times, interleaved, and each figure is the median over repetitions (a ratio: the median of
 the per-repetition ratios, each taken between arms run a few seconds apart).
 
@@ -64,7 +73,8 @@ from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.jax_engine import JaxEngine
 from pipelines_lib.envs import make_env
 from pipelines_lib.envs.arithmetic import ArithmeticEnv
-from pipelines_lib.envs.base import Task, hermes_tool_call
+from pipelines_lib.envs.base import Task, Tool, hermes_tool_call
+from pipelines_lib.envs.coding import CodeEnv
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
@@ -80,6 +90,9 @@ PROFILES: dict[str, LatencyProfile] = {
     "light": LatencyProfile.light(),
     "heavy": LatencyProfile.heavy(),
 }
+CODE = "code"
+"""The arm on the code env's real sandboxed Python tool (no simulated latency), next to ``PROFILES``."""
+PROFILES_NONE = LatencyProfile.none()
 GROUP_SIZE = 4
 ASYNC_CONCURRENCY = 96
 """6 × the engine's slots. Under the heavy profile 48 in flight left a third of the slots idle (episodes
@@ -88,8 +101,10 @@ NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
 (~100 tokens with the tool schema), two turns and the tool result fit the 192-token context."""
-QUICK = {"repeats": 1, "skip": 16, "sync_batches": {"none": 2, "light": 2, "heavy": 2}, "async_n": 64}
-FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6}, "async_n": 384}
+CODE_NEW_TOKENS = (6, 16)
+"""Tokens per turn in the code arms: the longest code prompt (145) + 2 × 16 + the tool result fit 192."""
+QUICK = {"repeats": 1, "skip": 16, "sync_batches": {"none": 2, "light": 2, "heavy": 2, CODE: 2}, "async_n": 64}
+FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6, CODE: 4}, "async_n": 384}
 """Repetitions of all arms; trajectories skipped before every arm's window (K, a whole number of sync
 batches); sync batches (of ``num_slots`` trajectories) counted in a sync window; trajectories counted in an
 async window (the ceiling's too)."""
@@ -98,8 +113,12 @@ EXPRESSION = re.compile(r"\d+(?:[-+*]\d+)+")
 
 
 class ForcedCallAgent(ToolAgent):
-    """A ``ToolAgent`` whose first response is one calculator call on the prompt's expression (whatever the
-    model wrote) and whose second is the final answer: every episode waits on exactly one real tool call."""
+    """A ``ToolAgent`` whose first response is the given tool call (whatever the model wrote) and whose second
+    is the final answer: every episode waits on exactly one real tool call."""
+
+    def __init__(self, config: AgentConfig, tokenizer: ChatTokenizer, *, call: str) -> None:
+        super().__init__(config, tokenizer)
+        self.call = call
 
     def clear(self) -> None:
         super().clear()
@@ -109,26 +128,50 @@ class ForcedCallAgent(ToolAgent):
         if self.called:
             return FinalResponse(text=response)
         self.called = True
-        prompt = next(m["content"] for m in self.messages if m["role"] == "user")
-        match = EXPRESSION.search(prompt)
-        call = hermes_tool_call("calculator", {"expression": match.group(0) if match else "1+1"})
-        return await super().act(call, tool_timeout_s=tool_timeout_s)
+        return await super().act(self.call, tool_timeout_s=tool_timeout_s)
 
 
-def forced_call_episode_fn(engine: JaxEngine, tokenizer: ChatTokenizer, profile: LatencyProfile,
-                           rc: RolloutConfig) -> EpisodeFn:
-    """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call; sampling seeds, turn
-    lengths and delays depend only on (group, sample), so every arm replays the same episodes."""
+def forced_call(task: Task) -> str:
+    """The call every episode of ``task`` makes: the calculator on an arithmetic task's expression; the python
+    tool checking a code task's reference function on its first hidden test (it prints ``True``: a short
+    result, so the second turn always fits the context)."""
+    if task.env_name == CodeEnv.name:
+        args, expected = task.meta["tests"][0]
+        return hermes_tool_call("python", {"code": task.answer + f"print(f(*{args!r}) == {expected!r})\n"})
+    match = EXPRESSION.search(task.prompt)
+    return hermes_tool_call("calculator", {"expression": match.group(0) if match else "1+1"})
+
+
+class InstantTool(Tool):
+    """Stands in for ``inner`` in a ceiling arm: answers at once with a fixed text, running nothing."""
+
+    def __init__(self, inner: Tool, text: str) -> None:
+        self.name, self.description, self.parameters = inner.name, inner.description, inner.parameters
+        self.text = text
+
+    async def __call__(self, arguments: dict[str, Any]) -> str:
+        return self.text
+
+
+def forced_call_episode_fn(engine: JaxEngine, tokenizer: ChatTokenizer, profile: LatencyProfile | None,
+                           rc: RolloutConfig, new_tokens_range: tuple[int, int] = NEW_TOKENS) -> EpisodeFn:
+    """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call (``None``: the tool
+    answers at once with the expected output, a code ceiling); sampling seeds, turn lengths and delays depend
+    only on (group, sample), so every arm replays the same episodes."""
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         env = make_env(task.env_name)
         rng = random.Random(sample_seed("latency", group_id, sample_idx))
-        env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))
-        new_tokens = random.Random(sample_seed("length", group_id, sample_idx)).randint(*NEW_TOKENS)
+        if profile is None:
+            env.wrap_tools(lambda tool: InstantTool(tool, "True"))
+        else:
+            env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))
+        new_tokens = random.Random(sample_seed("length", group_id, sample_idx)).randint(*new_tokens_range)
         sampling = SamplingParams(temperature=rc.temperature, max_new_tokens=new_tokens,
                                   seed=sample_seed(group_id, sample_idx))
+        agent = ForcedCallAgent(AgentConfig(), tokenizer, call=forced_call(task))
         return await run_episode(
-            env=env, task=task, agent=ForcedCallAgent(AgentConfig(), tokenizer), engine=engine, tokenizer=tokenizer,
+            env=env, task=task, agent=agent, engine=engine, tokenizer=tokenizer,
             sampling=sampling, group_id=group_id, sample_idx=sample_idx, group_size=rc.group_size,
             worker_id="bench", episode_timeout_s=rc.episode_timeout_s, tool_timeout_s=rc.tool_timeout_s,
             max_tokens=rc.max_tokens)
@@ -152,16 +195,17 @@ class ArmResult:
 
 
 async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
-                  mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile, skip: int,
-                  n_trajectories: int, clock: Callable[[], float] = time.perf_counter) -> ArmResult:
+                  mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile | None, skip: int,
+                  n_trajectories: int, new_tokens_range: tuple[int, int] = NEW_TOKENS,
+                  clock: Callable[[], float] = time.perf_counter) -> ArmResult:
     """Run the orchestrator until ``skip + n_trajectories`` have finished and measure the last
     ``n_trajectories`` (see the module docstring), then stop it."""
     total = skip + n_trajectories
     rc = RolloutConfig(group_size=GROUP_SIZE, max_concurrency=max_concurrency, mode=mode,
-                       max_new_tokens=NEW_TOKENS[1], max_tokens=engine.max_seq_len,
+                       max_new_tokens=new_tokens_range[1], max_tokens=engine.max_seq_len,
                        target_groups=-(-total // GROUP_SIZE) if mode == "sync" else None,
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
-    inner = forced_call_episode_fn(engine, tokenizer, profile, rc)
+    inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range)
     finished: list[Trajectory] = []
     reached = asyncio.Event()
     marks: list[dict[str, float]] = []
@@ -221,20 +265,27 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
     size = QUICK if quick else FULL
     slots, skip = config.engine.num_slots, size["skip"]
     tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
+    code_tasks = CodeEnv.generate_tasks(seed=config.seed, n=64, split="train")
+    # (tasks, latency profile, turn lengths) per arm family; the code arm's tool is slow by itself.
+    families = {name: (tasks, profile, NEW_TOKENS) for name, profile in PROFILES.items()}
+    families[CODE] = (code_tasks, PROFILES_NONE, CODE_NEW_TOKENS)
     reps: list[dict[str, ArmResult]] = []
     async with JaxEngine(model, config.engine) as engine:
         await engine.warmup()
         for rep in range(size["repeats"]):
             arms = {"ceiling": await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
-                                             max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES["none"],
+                                             max_concurrency=ASYNC_CONCURRENCY, profile=PROFILES_NONE,
                                              skip=skip, n_trajectories=size["async_n"])}
-            for profile_name, profile in PROFILES.items():
+            arms[f"{CODE}-ceiling"] = await run_arm(
+                engine, tokenizer, code_tasks, name=f"{CODE}-ceiling", mode="async", max_concurrency=ASYNC_CONCURRENCY,
+                profile=None, skip=skip, n_trajectories=size["async_n"], new_tokens_range=CODE_NEW_TOKENS)
+            for family, (family_tasks, profile, new_tokens) in families.items():
                 for mode, concurrency in (("sync", slots), ("async", ASYNC_CONCURRENCY)):
-                    name = f"{profile_name}-{mode}"
-                    arms[name] = await run_arm(engine, tokenizer, tasks, name=name, mode=mode,
+                    name = f"{family}-{mode}"
+                    arms[name] = await run_arm(engine, tokenizer, family_tasks, name=name, mode=mode,
                                                max_concurrency=concurrency, profile=profile, skip=skip,
-                                               n_trajectories=size["sync_batches"][profile_name] * slots
-                                               if mode == "sync" else size["async_n"])
+                                               n_trajectories=size["sync_batches"][family] * slots
+                                               if mode == "sync" else size["async_n"], new_tokens_range=new_tokens)
             reps.append(arms)
             progress(f"bench rollout: repetition {rep + 1}/{size['repeats']}: " + ", ".join(
                 f"{name} {arm.traj_per_hour:.0f}/h" for name, arm in arms.items()))
@@ -249,18 +300,20 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
     import numpy as np
 
     by_arm = {r["arm"]: r for r in rows}
-    names = list(PROFILES)
+    names = [*PROFILES, CODE]
     x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
         ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
                color=color)
-    ax.axhline(by_arm["ceiling"]["trajectories/h"], color="tab:green", linestyle="--",
-               label="ceiling (no latency, slots full)")
-    ax.set_xticks(x, [f"tool latency: {p}" for p in names])
+    ax.hlines(by_arm["ceiling"]["trajectories/h"], -0.5, len(PROFILES) - 0.5, color="tab:green", linestyle="--",
+              label="ceiling (no latency, slots full)")
+    ax.hlines(by_arm[f"{CODE}-ceiling"]["trajectories/h"], len(PROFILES) - 0.5, len(PROFILES) + 0.5,
+              color="tab:olive", linestyle="--", label="code ceiling (instant tool; shorter turns)")
+    ax.set_xticks(x, [f"latency: {p}" for p in PROFILES] + ["code: sandboxed python"], fontsize=8)
     ax.set_ylabel("trajectories / hour (median)")
     ax.set_title("rollout throughput: async orchestrator vs sync batches")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -273,8 +326,8 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
              "slots, prompts, group size, seeds and latency profile, in one run), the engine busy fraction of the "
              "async arm, and the async arm's throughput over the ceiling (same engine, zero tool latency, every "
              "slot kept full), for tool latency none / light (uniform 10–50 ms) / heavy (log-normal, median "
-             "200 ms, σ 1.5, capped at 5 s).",
-    method="Tiny decoder with random weights on the arithmetic env; every episode is generate, one "
+             "200 ms, σ 1.5, capped at 5 s), and for a real slow tool: the code env's sandboxed Python.",
+    method="Tiny decoder with random weights on the arithmetic env (and the code env); every episode is generate, one "
            "real calculator call behind the latency profile, generate, score (the agent turns the first response "
            "into the call whatever the model wrote: throughput, not quality, is measured); each turn generates "
            f"{NEW_TOKENS[0]}–{NEW_TOKENS[1]} tokens, drawn per sample. One warmed-up "
@@ -285,7 +338,13 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "Each arm skips its first K finished trajectories (ramp-up) and counts the next N (sync: whole "
            "batches; async: about 4 × max_concurrency, so the window is long next to the 5 s tail): "
            "throughput = N / time from the K-th to the (K+N)-th; busy fraction = engine compute seconds / that window. Groups are committed by the real "
-           "`ShardWriter` to a `memory://` store.",
+           "`ShardWriter` to a `memory://` store. Busy time is the union of the engine's compute steps from "
+           "dispatch until their results are on the host (steps are pipelined; a step found already finished "
+           "when the host came for it is credited nothing, so it is a lower bound). Code arm: the code env, "
+           "the forced call is the python tool running the task's reference function on one test input in "
+           f"the real sandbox (a subprocess per call), no added delay; turns of {CODE_NEW_TOKENS[0]}–"
+           f"{CODE_NEW_TOKENS[1]} tokens (longer prompts); its ceiling (`code-ceiling`) is the same episodes "
+           "with the tool answering at once.",
     goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
                 why="async rollout should hide slow tools"),
            Goal(key="rollout.heavy.async_busy_fraction", op=">=", value=0.9,
@@ -299,6 +358,9 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
     def med(fn: Callable[[dict[str, ArmResult]], float]) -> float:
         return statistics.median(fn(rep) for rep in reps)
 
+    def ceiling_of(family: str) -> str:
+        return f"{CODE}-ceiling" if family.startswith(CODE) else "ceiling"
+
     def ratio(a: str, b: str) -> Callable[[dict[str, ArmResult]], float]:
         return lambda rep: rep[a].traj_per_hour / rep[b].traj_per_hour
 
@@ -307,14 +369,15 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
         "rollout.ceiling_traj_per_hour": med(lambda rep: rep["ceiling"].traj_per_hour),
         "rollout.ceiling_slot_occupancy": med(lambda rep: rep["ceiling"].slot_occupancy),
         "rollout.ceiling_busy_fraction": med(lambda rep: rep["ceiling"].busy_fraction),
+        "rollout.code.ceiling_traj_per_hour": med(lambda rep: rep[f"{CODE}-ceiling"].traj_per_hour),
         "rollout.async_max_concurrency": ASYNC_CONCURRENCY,
         "rollout.repeats": len(reps),
     }
-    for p in PROFILES:
+    for p in [*PROFILES, CODE]:
         figures |= {
             f"rollout.{p}.async_over_sync": med(ratio(f"{p}-async", f"{p}-sync")),
             f"rollout.{p}.async_busy_fraction": med(lambda rep, p=p: rep[f"{p}-async"].busy_fraction),
-            f"rollout.{p}.async_over_ceiling": med(ratio(f"{p}-async", "ceiling")),
+            f"rollout.{p}.async_over_ceiling": med(ratio(f"{p}-async", ceiling_of(p))),
             f"rollout.{p}.sync_busy_fraction": med(lambda rep, p=p: rep[f"{p}-sync"].busy_fraction),
             f"rollout.{p}.async_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-async"].traj_per_hour),
             f"rollout.{p}.sync_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-sync"].traj_per_hour),
@@ -324,14 +387,14 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
         "trajectories/h": med(lambda rep, n=name: rep[n].traj_per_hour),
         "engine busy": med(lambda rep, n=name: rep[n].busy_fraction),
         "slot occupancy": med(lambda rep, n=name: rep[n].slot_occupancy),
-        "of ceiling": med(ratio(name, "ceiling")),
+        "of ceiling": med(ratio(name, ceiling_of(name))),
         "tool calls/traj": arm.tool_calls_per_trajectory, "tool s": arm.mean_tool_latency_s,
     } for name, arm in first.items()]
     plot = "rollout_throughput.png"
     _plot(ctx.plot_dir / plot, rows)
     per_rep = "; ".join(f"{p} " + ", ".join(f"{ratio(f'{p}-async', f'{p}-sync')(rep):.2f}" for rep in reps)
-                        for p in PROFILES)
-    notes = (f"{len(reps)} repetition(s) of all seven arms, interleaved; every figure and cell is the median over "
+                        for p in [*PROFILES, CODE])
+    notes = (f"{len(reps)} repetition(s) of all ten arms, interleaved; every figure and cell is the median over "
              f"repetitions (ratios: median of per-repetition ratios). K = {skip} trajectories skipped per arm, N "
              "in the table. async_over_sync per repetition: " + per_rep + ". `tool s` is the mean recorded "
              "tool-call latency of the counted trajectories (first repetition; the same episodes in both arms of "

@@ -2,15 +2,23 @@
 
 How the pieces fit::
 
-    generate() ──► queue ──► scheduler task (asyncio, owns all host state)
+    generate() ──► queue ──► scheduler task (asyncio, owns all request state)
                                │ each iteration, at a decode-step boundary:
-                               │   install pending swapped weights, admit queued requests into free slots
+                               │   install pending swapped weights, admit queued requests into free slots,
+                               │   take the next step's inputs from ``DecodeRows``
                                ▼
-                  worker thread (one): prefill(admitted) + one decode step over all slots
+                  worker thread (one, ``engine.device.DeviceRunner``): dispatch prefill(admitted) + one
+                  decode step over all slots, then wait for the *previous* step's tokens
                                │  (jitted, fixed shapes; the KV cache is donated and updated in place)
                                ▼
-                  scheduler appends tokens, finishes requests, resolves their futures
+                  scheduler appends the previous step's tokens, finishes requests, resolves their futures
 
+* **Pipelined steps.** Step N+1 is dispatched before step N's results are collected, so the device
+  computes while the host records tokens, admits requests and plans (see ``engine.device``): the
+  engine does not idle for a scheduler round trip per token. A request that ends on a stop id at step N
+  was also decoded in N+1; that token is discarded. A request whose last token (by ``max_new_tokens``
+  or the context) is in flight hands its slot to the next queued request at once, so a known ending
+  costs no idle slot-step (in continuous mode).
 * **Slots and cache.** ``num_slots`` rows of a preallocated KV cache ``[slots, max_seq_len, kv_heads,
   head_dim]`` per layer. Row ``s`` of a slot always holds position ``s`` (see ``model.decoder``), so a
   slot is reused without clearing it.
@@ -28,9 +36,10 @@ How the pieces fit::
   actually drawn from (temperature-scaled, top-k/top-p filtered and renormalised); for greedy requests
   it is the plain ``log_softmax`` of the model's logits.
 * **Hot weight swap.** ``swap_weights`` only records the new parameters; the scheduler installs them at
-  the next decode-step boundary. In-flight requests continue with the new weights and every token is
-  stamped with the version that produced it (``Completion.policy_versions``); note that the KV cache
-  of their earlier tokens was computed by the older weights.
+  the next decode-step boundary (the next step it dispatches; the one in flight keeps the old ones).
+  In-flight requests continue with the new weights and every token is stamped with the version that
+  produced it (``Completion.policy_versions``); note that the KV cache of their earlier tokens was
+  computed by the older weights.
 * **Prefix reuse** (``EngineConfig.prefix_reuse``, off by default): a finished request leaves its
   keys/values in its slot; a later prompt extending them (the next turn of the same conversation) goes
   to that slot and prefills only what is new. Swapped weights discard every retained prefix.
@@ -45,23 +54,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
 
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.config import EngineConfig
-from pipelines_lib.engine.sampling import request_keys, sample
-from pipelines_lib.model.decoder import Decoder, KVCache, init_cache
+from pipelines_lib.engine.device import DecodeRows, DeviceRunner, Dispatched, steps_for
+from pipelines_lib.model.decoder import Decoder, init_cache
 
 
 class EngineClosedError(RuntimeError):
@@ -87,28 +94,30 @@ class _Request:
     def length(self) -> int:
         return len(self.prompt) + len(self.tokens)
 
-    def sampling_row(self) -> tuple[np.float32, np.int32, np.float32, np.uint32]:
-        s = self.sampling
-        return (
-            np.float32(s.temperature),
-            np.int32(s.top_k),
-            np.float32(s.top_p),
-            np.uint32(s.seed & 0xFFFFFFFF),
-        )
+
+@dataclass
+class _Step:
+    """One dispatch: the prefill chunks (slot, padded tokens, start) of the admitted prompts, then one decode
+    step; ``slots``/``requests`` are the rows it samples for, ``version`` the weights it runs with."""
+
+    params: dict[Any, Any]
+    version: int
+    prefills: list[tuple[int, np.ndarray, int]]
+    rows: tuple[np.ndarray, ...]
+    slots: list[int]
+    requests: list[_Request]
 
 
 @dataclass
-class _Plan:
-    """Host inputs of one compute call: prefill chunks (slot, padded tokens, start) of the admitted
-    prompts, then one decode step over all slots."""
-
-    prefills: list[tuple[int, np.ndarray, int]]
-    decode: tuple[np.ndarray, ...]
+class _InFlight:
+    step: _Step
+    dispatched: Dispatched
 
 
 @dataclass
 class _Counters:
     busy_s: float = 0.0
+    host_bound_steps: int = 0
     decode_steps: int = 0
     active_slot_steps: int = 0
     prefill_calls: int = 0
@@ -124,68 +133,6 @@ def _pure_params(params: Any) -> dict[Any, Any]:
     if isinstance(params, nnx.State):
         params = nnx.to_pure_dict(params)
     return params
-
-
-def _prefill_step(
-    graphdef: nnx.GraphDef[Decoder],
-    params: dict[Any, Any],
-    cache: KVCache,
-    slot: jax.Array,
-    tokens_1t: jax.Array,
-    start: jax.Array,
-) -> KVCache:
-    """Write the keys/values of one prompt chunk of one slot at positions ``start + [0, T)``.
-
-    Prefill covers the prompt minus its last token; the decode step feeds that token and samples the
-    first completion token, so sampling has one code path.
-    """
-    model = nnx.merge(graphdef, params)
-    slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
-    positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
-    _, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
-    return jax.tree.map(
-        lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache
-    )
-
-
-def _decode_step(
-    graphdef: nnx.GraphDef[Decoder],
-    params: dict[Any, Any],
-    cache: KVCache,
-    tokens_b: jax.Array,
-    positions_b: jax.Array,
-    temperature_b: jax.Array,
-    top_k_b: jax.Array,
-    top_p_b: jax.Array,
-    seed_b: jax.Array,
-    index_b: jax.Array,
-) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Feed each slot's last token at its position and sample completion token ``index_b``."""
-    model = nnx.merge(graphdef, params)
-    h_b1d, cache = model.hidden(tokens_b[:, None], positions_b[:, None], cache)
-    logits_bv = model.unembed(h_b1d[:, 0])
-    token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
-    return cache, token_b, logprob_b
-
-
-class _Steps(NamedTuple):
-    prefill: Any
-    decode: Any
-
-    def compilations(self) -> int:
-        """Compiled variants so far (one per prefill bucket, one for decode, per cache shape)."""
-        return self.prefill._cache_size() + self.decode._cache_size()
-
-
-@functools.cache
-def steps_for(graphdef: nnx.GraphDef[Decoder]) -> _Steps:
-    """Jitted steps with the graph definition closed over (cache donated), memoised per model structure
-    so engines over equally shaped models (tests, benchmarks, restarted workers) share compilations.
-    Closing over the graphdef instead of passing it as a static argument avoids hashing it per call."""
-    return _Steps(
-        prefill=jax.jit(functools.partial(_prefill_step, graphdef), donate_argnums=1),
-        decode=jax.jit(functools.partial(_decode_step, graphdef), donate_argnums=1),
-    )
 
 
 class JaxEngine:
@@ -222,13 +169,20 @@ class JaxEngine:
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
         self._steps = steps_for(self._graphdef)
-        self._cache: KVCache = jax.device_put(
-            init_cache(model.cfg, config.num_slots, config.max_seq_len), self._device
+        self._runner = DeviceRunner(
+            self._steps,
+            jax.device_put(init_cache(model.cfg, config.num_slots, config.max_seq_len), self._device),
+            config.num_slots,
+            self._device,
+            clock,
         )
+        self._rows = DecodeRows(config.num_slots, config.max_seq_len)
         self._slots: list[_Request | None] = [None] * config.num_slots
         self._retained: list[list[int]] = [[] for _ in range(config.num_slots)]
         """Per free slot: the tokens whose keys/values its cache rows still hold (prefix reuse)."""
         self._queue: deque[_Request] = deque()
+        self._detached: list[_Request] = []
+        """Requests that left their slot to a new one while their last token was in flight."""
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -334,10 +288,13 @@ class JaxEngine:
     def stats(self) -> dict[str, float]:
         """Counters since construction or ``reset_stats()`` (definitions in DESIGN §7).
 
-        busy_s: time inside compute calls (prefill + decode, until results are on the host);
-        wall_s: time since the window started; active_slot_steps: sum over decode steps of the slots
-        that were generating; prefill_tokens: prompt tokens computed (reused_prefix_tokens were
-        not); slot_occupancy = active_slot_steps / (decode_steps * num_slots);
+        busy_s: time during which a dispatched compute step (prefill + decode) had results the host was
+        waiting for, from its dispatch until they were on the host, overlapping steps counted once
+        (``engine.device``; a lower bound when host_bound_steps > 0); host_bound_steps: steps whose
+        results were already waiting when the host came for them (credited nothing); wall_s: time
+        since the window started; active_slot_steps: sum over decode steps of the slots whose sampled
+        token was kept (not a token discarded after a stop id); prefill_tokens: prompt tokens computed
+        (reused_prefix_tokens were not); slot_occupancy = active_slot_steps / (decode_steps * num_slots);
         tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
         structure's step functions (shared by engines over equal structures, never reset; constant
         after ``warmup()``).
@@ -348,6 +305,7 @@ class JaxEngine:
             "busy_s": c.busy_s,
             "wall_s": wall,
             "busy_fraction": c.busy_s / wall if wall > 0 else 0.0,
+            "host_bound_steps": c.host_bound_steps,
             "decode_steps": c.decode_steps,
             "active_slot_steps": c.active_slot_steps,
             "slot_occupancy": c.active_slot_steps / (c.decode_steps * self.config.num_slots)
@@ -368,18 +326,15 @@ class JaxEngine:
 
     # ---- worker thread ---------------------------------------------------------------------------
 
-    def _compute(self, params: dict[Any, Any], plan: _Plan) -> tuple[np.ndarray, np.ndarray, float]:
-        """Run one plan; returns sampled tokens and logprobs per slot, and the busy seconds.
-
-        Runs in the worker thread only (it alone touches the cache)."""
-        started = time.perf_counter()
-        for slot, tokens, start in plan.prefills:
-            self._cache = self._steps.prefill(
-                params, self._cache, np.int32(slot), tokens[None, :], np.int32(start)
-            )
-        self._cache, token_b, logprob_b = self._steps.decode(params, self._cache, *plan.decode)
-        token_b, logprob_b = np.asarray(token_b), np.asarray(logprob_b)
-        return token_b, logprob_b, time.perf_counter() - started
+    def _compute(
+        self, step: _Step | None, previous: _InFlight | None
+    ) -> tuple[_InFlight | None, tuple[np.ndarray, np.ndarray, float, bool] | None]:
+        """Dispatch ``step``, then wait for the results of ``previous`` (tokens, logprobs, busy seconds,
+        host-bound); runs in the worker thread only (it alone touches the cache)."""
+        inflight = None
+        if step is not None:
+            inflight = _InFlight(step, self._runner.dispatch(step.params, step.prefills, step.rows))
+        return inflight, self._runner.collect(previous.dispatched) if previous is not None else None
 
     def _warmup_sync(self) -> None:
         scratch = jax.device_put(
@@ -389,7 +344,10 @@ class JaxEngine:
             scratch = self._steps.prefill(
                 self._params, scratch, np.int32(0), np.zeros((1, bucket), np.int32), np.int32(0)
             )
-        jax.block_until_ready(self._steps.decode(self._params, scratch, *self._decode_rows([])))
+        idle = DecodeRows(self.config.num_slots, self.config.max_seq_len)
+        carry = jax.device_put(np.zeros(self.config.num_slots, np.int32), self._device)
+        rows = idle.take(idle.active())
+        jax.block_until_ready(self._steps.decode(self._params, scratch, carry, *rows))
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
@@ -412,22 +370,21 @@ class JaxEngine:
 
     async def _run(self) -> None:
         assert self._loop is not None and self._wake is not None
+        inflight: _InFlight | None = None
         try:
             while not self._closed:
                 self._drop_cancelled()
                 params, version = self._install_pending_weights()
-                admitted = self._admit()
-                decoding = [i for i, r in enumerate(self._slots) if r is not None and not r.finish_reason]
-                if not decoding:
+                step = self._plan(self._admit(), params, version)
+                if step is None and inflight is None:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                plan = self._plan(admitted, decoding)
-                token_b, logprob_b, busy_s = await self._loop.run_in_executor(
-                    self._executor, self._compute, params, plan
-                )
-                self._counters.busy_s += busy_s
-                self._record(token_b, logprob_b, decoding, version)
+                # Dispatch this step, then collect the previous one: the device computes while we record.
+                previous = inflight
+                inflight, results = await self._loop.run_in_executor(self._executor, self._compute, step, previous)
+                if previous is not None and results is not None:
+                    self._record(previous.step, *results)
         except Exception as err:  # delivered to every waiting request and to later generate() calls
             self._error = err
             self._fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
@@ -447,11 +404,18 @@ class JaxEngine:
         for i, request in enumerate(self._slots):
             if request is not None and request.future.cancelled():
                 self._slots[i] = None
+                self._rows.stop(i)
 
     def _admit(self) -> list[int]:
-        free = [i for i, r in enumerate(self._slots) if r is None]
-        if self.config.mode == "static" and len(free) < self.config.num_slots:
-            return []
+        if self.config.mode == "static":
+            free = [i for i, r in enumerate(self._slots) if r is None]
+            if len(free) < self.config.num_slots:
+                return []
+        else:
+            # A slot whose request has its last token in flight is free for the next step: the new
+            # request's prefill runs after that token's step, and the old request leaves its slot now.
+            draining = ~self._rows.active()
+            free = [i for i, r in enumerate(self._slots) if r is None or (draining[i] and not r.finish_reason)]
         admitted = []
         now = self._clock()
         while free and self._queue:
@@ -465,7 +429,10 @@ class JaxEngine:
             request.reused = self._reusable(slot, request.prompt)
             self._retained[slot] = []
             request.admitted_at = now
+            if self._slots[slot] is not None:
+                self._detached.append(self._slots[slot])  # type: ignore[arg-type]
             self._slots[slot] = request
+            self._rows.start(slot, request.prompt, 0, request.sampling)
             admitted.append(slot)
         return admitted
 
@@ -479,7 +446,12 @@ class JaxEngine:
             n += 1
         return n
 
-    def _plan(self, admitted: list[int], decoding: list[int]) -> _Plan:
+    def _plan(self, admitted: list[int], params: dict[Any, Any], version: int) -> _Step | None:
+        """The next dispatch, or None when no slot has tokens left to sample. Rows of requests in flight
+        advance without being rebuilt (``DecodeRows``); admitted ones also get their prefill chunks."""
+        active = self._rows.active()
+        if not active.any():
+            return None
         prefills = []
         for slot in admitted:
             request = self._slots[slot]
@@ -490,25 +462,9 @@ class JaxEngine:
             self._counters.prefill_calls += 1
             self._counters.prefill_tokens += len(request.prompt) - request.reused
             self._counters.reused_prefix_tokens += request.reused
-        self._counters.decode_steps += 1
-        self._counters.active_slot_steps += len(decoding)
-        return _Plan(prefills, self._decode_rows(decoding))
-
-    def _decode_rows(self, decoding: list[int]) -> tuple[np.ndarray, ...]:
-        """Each decoding slot feeds its newest token (the last prompt token right after admission) at
-        its position and samples completion token ``index``. Idle rows write at ``max_seq_len``, past
-        the cache end, so their write is dropped."""
-        n = self.config.num_slots
-        tokens, positions = np.zeros(n, np.int32), np.full(n, self.config.max_seq_len, np.int32)
-        temperature, top_k = np.zeros(n, np.float32), np.zeros(n, np.int32)
-        top_p, seed, index = np.ones(n, np.float32), np.zeros(n, np.uint32), np.zeros(n, np.int32)
-        for i in decoding:
-            request = self._slots[i]
-            assert request is not None
-            newest = request.tokens[-1] if request.tokens else request.prompt[-1]
-            tokens[i], positions[i], index[i] = newest, request.length - 1, len(request.tokens)
-            temperature[i], top_k[i], top_p[i], seed[i] = request.sampling_row()
-        return tokens, positions, temperature, top_k, top_p, seed, index
+        slots = np.flatnonzero(active).tolist()
+        requests = [self._slots[i] for i in slots]
+        return _Step(params, version, prefills, self._rows.take(active), slots, requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
         """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""
@@ -521,25 +477,38 @@ class JaxEngine:
             chunks.append((padded, start))
         return chunks
 
-    def _record(self, token_b: np.ndarray, logprob_b: np.ndarray, decoding: list[int], version: int) -> None:
+    def _record(
+        self, step: _Step, token_b: np.ndarray, logprob_b: np.ndarray, busy_s: float, host_bound: bool
+    ) -> None:
         now = self._clock()
-        for slot in decoding:
-            request = self._slots[slot]
-            if request is None:  # cancelled while computing
+        c = self._counters
+        c.busy_s += busy_s
+        c.host_bound_steps += host_bound
+        c.decode_steps += 1
+        tokens, logprobs = token_b.tolist(), logprob_b.tolist()
+        for slot, request in zip(step.slots, step.requests, strict=True):
+            # Skip rows whose request was cancelled, or ended on a stop id in the step before (pipelining).
+            if request.finish_reason or request.future.done():
                 continue
             if not request.tokens:
                 request.first_token_at = now
-            token = int(token_b[slot])
+            token = tokens[slot]
             request.tokens.append(token)
-            request.logprobs.append(float(logprob_b[slot]))
-            request.versions.append(version)
-            self._counters.generated_tokens += 1
+            request.logprobs.append(logprobs[slot])
+            request.versions.append(step.version)
+            c.active_slot_steps += 1
+            c.generated_tokens += 1
             if token in request.sampling.stop_ids:
                 request.finish_reason = "stop"
             elif len(request.tokens) >= request.sampling.max_new_tokens:
                 request.finish_reason = "length"
             elif request.length >= self.config.max_seq_len:
                 request.finish_reason = "context"
+            if request.finish_reason and self._slots[slot] is request:
+                self._rows.stop(slot)
+        for request in [r for r in self._detached if r.finish_reason or r.future.done()]:
+            self._detached.remove(request)
+            self._resolve(request, now)
         occupied = [i for i, r in enumerate(self._slots) if r is not None]
         finished = [i for i in occupied if self._slots[i].finish_reason]  # type: ignore[union-attr]
         if self.config.mode == "static" and len(finished) < len(occupied):
@@ -550,9 +519,13 @@ class JaxEngine:
             self._slots[i] = None
             if self.config.prefix_reuse:  # every token but the newest has its keys/values in the slot
                 self._retained[i] = (request.prompt + request.tokens)[:-1]
+            self._resolve(request, now)
+
+    def _resolve(self, request: _Request, now: float) -> None:
+        if request.finish_reason:
             self._counters.requests_finished += 1
-            if not request.future.done():
-                request.future.set_result(self._completion(request, now))
+        if not request.future.done():
+            request.future.set_result(self._completion(request, now))
 
     @staticmethod
     def _completion(request: _Request, now: float) -> Completion:
@@ -570,8 +543,9 @@ class JaxEngine:
         )
 
     def _fail_all(self, error: BaseException) -> None:
-        requests = [r for r in self._slots if r is not None] + list(self._queue)
+        requests = [r for r in self._slots if r is not None] + self._detached + list(self._queue)
         self._slots = [None] * self.config.num_slots
+        self._detached = []
         self._queue.clear()
         for request in requests:
             if not request.future.done():
