@@ -22,6 +22,9 @@ ENVIRONMENT_DEFAULTS = {
     # No phoning home: the only network a campaign uses is its storage.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
+    # tensorstore (Orbax) sets no request timeout: a stalled GCS request would wait for TCP to give up.
+    "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
+    "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "1",
 }
 
 

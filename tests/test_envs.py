@@ -24,7 +24,7 @@ from pipelines_lib.envs import (
     make_tool,
     run_tool,
 )
-from pipelines_lib.envs.arithmetic import ArithmeticConfig
+from pipelines_lib.envs.arithmetic import MISTAKES, ArithmeticConfig, ArithmeticEnv
 from pipelines_lib.envs.coding import CodeConfig, CodeEnv
 from pipelines_lib.envs.multihop import MultihopConfig
 from pipelines_lib.envs.tools.latency import LatencyTool
@@ -215,6 +215,24 @@ def test_flawed_demonstrations_replay_to_incorrect(name: str, n: int) -> None:
     for task in env_class(name).generate_tasks(seed=0, n=n, split="train"):
         reward, parts = asyncio.run(replay(env, task, env.demonstration(task, error_rate=1.0)))
         assert parts["correct"] == 0.0 and reward < 1.0
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_every_arithmetic_mistake_kind_replays_to_incorrect(mistake: str) -> None:
+    env = ArithmeticEnv(config=ArithmeticConfig(mistakes=(mistake,)))
+    for task in ArithmeticEnv.generate_tasks(seed=0, n=10, split="train"):
+        demo = env.demonstration(task, error_rate=1.0)
+        reward, parts = asyncio.run(replay(env, task, demo))
+        assert parts["correct"] == 0.0 and reward < 1.0
+        assert any(m["role"] == "tool" for m in demo) == (mistake != "no_tool")
+
+
+def test_default_flawed_arithmetic_demonstrations_guess_without_the_tool() -> None:
+    env = make_env("arithmetic")
+    demos = [env.demonstration(t, error_rate=1.0) for t in env_class("arithmetic").generate_tasks(seed=0, n=10, split="train")]
+    assert all([m["role"] for m in d] == ["system", "user", "assistant"] for d in demos)
+    with pytest.raises(ValueError, match="mistakes must be a non-empty subset .* got \\('typo',\\)"):
+        ArithmeticConfig(mistakes=("typo",))
 
 
 def test_arithmetic_demonstration_is_the_hermes_conversation() -> None:

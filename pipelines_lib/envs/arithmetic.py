@@ -1,13 +1,16 @@
-"""``arithmetic``: the embedded demo task. "What is 37*48+129?" solved with one calculator call.
+"""``arithmetic``: the embedded demo task. "What is 37*48?" solved with one calculator call.
 
 The language is tiny and regular on purpose (digits, ``+ - *``, three prompt phrasings, one answer
 format) so the default tokenizer stays small and a tiny model learns the loop in minutes: call
 ``calculator`` with the expression from the prompt, copy the result into ``<answer>...</answer>``.
 Difficulty grows with :attr:`ArithmeticConfig.operand_digits` and :attr:`ArithmeticConfig.n_ops`.
 
-Flawed demonstrations (``demonstration(task, error_rate=...)``) make one of three mistakes a weak
-policy makes: a mistyped expression (the tool answers the wrong question), a wrong copy of the tool
-result, or a guess without calling the tool. Each scores 0.
+Flawed demonstrations (``demonstration(task, error_rate=...)``) make one of the mistakes a weak policy
+makes (:data:`MISTAKES`): a guess without calling the tool, a mistyped expression (the tool answers the
+wrong question), or a wrong copy of the tool result. Each scores 0. The default is guessing only: measured
+on the tiny model, demonstrations with copy mistakes (even 15 % of them) keep it from learning to copy at
+all within the warm start, while guesses leave copying intact and make a policy that calls the tool only
+sometimes -- exactly what reward teaches quickly (GRPO raises the tool-use rate, and success with it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from pipelines_lib.envs.base import (
 from pipelines_lib.envs.registry import register_env
 from pipelines_lib.envs.tools.calculator import Calculator, evaluate, format_number
 
+MISTAKES: tuple[str, ...] = ("no_tool", "wrong_expression", "wrong_copy")
+"""Kinds of flawed demonstration, see the module docstring."""
+
 PROMPTS: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.")
 
 # Short on purpose: the tiny demo model's context is 256 tokens (tool schemas included).
@@ -39,14 +45,17 @@ SYSTEM_PROMPT = "Use the calculator tool. Give the final answer as <answer>NUMBE
 class ArithmeticConfig:
     operand_digits: int = 2
     """Digits of every operand (2 -> 10..99)."""
-    n_ops: int = 2
-    """Binary operators per expression (2 -> ``a*b+c``)."""
+    n_ops: int = 1
+    """Binary operators per expression (1 -> ``a*b``, 2 -> ``a*b+c``). Measured on the tiny model: one
+    operator is copied reliably after ~150 warm-start steps, two need more than 300 and stay fragile."""
     operators: str = "+-*"
     """Operators to draw from; ``*`` binds tighter, as in Python."""
     heldout_fraction: float = 0.2
     """Share of the task space (by expression) reserved for the held-out split."""
     max_turns: int = 3
     """Assistant messages per episode: one tool call and the answer, plus one spare."""
+    mistakes: tuple[str, ...] = ("no_tool",)
+    """Kinds of flawed demonstration drawn from (see :data:`MISTAKES`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.operand_digits <= 6:
@@ -59,10 +68,12 @@ class ArithmeticConfig:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if not self.mistakes or set(self.mistakes) - set(MISTAKES):
+            raise ValueError(f"mistakes must be a non-empty subset of {MISTAKES}, got {self.mistakes!r}")
 
     @classmethod
     def tiny(cls) -> ArithmeticConfig:
-        """The CPU demo: two 2-digit operations."""
+        """The CPU demo: one operation on two 2-digit numbers."""
         return cls()
 
 
@@ -106,7 +117,7 @@ class ArithmeticEnv(BaseTaskEnv):
 
     def _demonstration(self, task: Task, *, corrupt: bool, rng: random.Random) -> list[Message]:
         expr = task.meta["expression"]
-        mistake = rng.choice(("wrong_expression", "wrong_copy", "no_tool")) if corrupt else None
+        mistake = rng.choice(self.config.mistakes) if corrupt else None
         if mistake == "no_tool":
             return [{"role": "assistant", "content": answer_text(_near_miss(task.answer, rng))}]
         if mistake == "wrong_expression":

@@ -35,13 +35,25 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-BUILD_VERSION = "2"
+BUILD_VERSION = "3"
 """Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused.
 The key does not cover the env texts: after changing them, bump it (or delete the cache) to retrain."""
+
+_IMPORT_LOCK = threading.Lock()
+"""transformers resolves its top-level names lazily, and two threads doing so at once (rollout workers and the
+trainer run as threads of one process) can fail with "cannot import name 'PreTrainedTokenizerFast'"."""
+
+
+def _transformers(name: str) -> Any:
+    with _IMPORT_LOCK:
+        import transformers
+
+        return getattr(transformers, name)
 
 DEFAULT_VOCAB_SIZE = 512
 """``ModelConfig.tiny().vocab_size``: every id, special tokens included, is below it."""
@@ -112,14 +124,15 @@ def default_training_texts(seed: int = 0, *, n_per_env: int = 200) -> Iterable[s
     env rendered through ``CHAT_TEMPLATE`` with the env's tools, so the scaffolding every prompt repeats (system
     prompt, tool schemas, role headers) is weighted as often as the model will read it."""
     from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
 
     from pipelines_lib.envs import ENV_REGISTRY
     from pipelines_lib.envs.corpus import all_text_for_tokenizer
 
     yield from all_text_for_tokenizer(seed)
     # Rendering text needs a tokenizer object but not a trained one.
-    renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=CHAT_TEMPLATE)
+    renderer = _transformers("PreTrainedTokenizerFast")(
+        tokenizer_object=Tokenizer(models.BPE()), chat_template=CHAT_TEMPLATE
+    )
     for name in sorted(ENV_REGISTRY):
         env = ENV_REGISTRY[name]()
         tools = [t.schema() for t in env.tools().values()] or None
@@ -140,7 +153,6 @@ def build_tokenizer(
     crashed or concurrent build never leaves a half-written directory behind.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     n_reserved = len(SPECIAL_TOKENS) + len(MARKUP_TOKENS)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -168,7 +180,7 @@ def build_tokenizer(
     for added in spec["added_tokens"]:
         added["special"] = added["content"] in SPECIAL_TOKENS
     tok = Tokenizer.from_str(json.dumps(spec))
-    hf = PreTrainedTokenizerFast(
+    hf = _transformers("PreTrainedTokenizerFast")(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD,
@@ -321,10 +333,10 @@ def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
     config = json.loads(config_file.read_text()) if config_file.exists() else {}
     if config.get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
         # A generic tokenizer.json: load it directly; AutoTokenizer would import torch (seconds) to find the class.
-        from transformers import PreTrainedTokenizerFast as Loader
+        loader = _transformers("PreTrainedTokenizerFast")
     else:
-        from transformers import AutoTokenizer as Loader
-    hf = Loader.from_pretrained(str(path), local_files_only=True)
+        loader = _transformers("AutoTokenizer")
+    hf = loader.from_pretrained(str(path), local_files_only=True)
     if not getattr(hf, "chat_template", None):
         raise ValueError(f"tokenizer at {path} has no chat_template")
     return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))

@@ -37,8 +37,10 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.weights import load_weights, save_weights
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, call_with_deadline
 
+ORBAX_DEADLINE_S = 600.0
+"""Longest an Orbax save or load of published weights may take before the stage fails (naming op and URL)."""
 PUBLISHED = "PUBLISHED.json"
 """Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
 
@@ -70,7 +72,9 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int) ->
     if not store.exists(marker):
         if store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
-        save_weights(model, store.uri(rel))
+        # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
+        call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
+                           ORBAX_DEADLINE_S)
         payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
         try:
             store.create_json(marker, payload)
@@ -99,7 +103,8 @@ class CampaignWeights:
     def load_model(self, version: int) -> Decoder:
         if not self.store.exists(published_marker(version)):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
-        return load_weights(self.store.uri(weights_dir(version)))
+        url = self.store.uri(weights_dir(version))
+        return call_with_deadline("load weights", url, lambda: load_weights(url), ORBAX_DEADLINE_S)
 
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""

@@ -23,6 +23,7 @@ inside a deadline; anything else, or running out of retries, raises ``StorageErr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import threading
@@ -43,6 +44,8 @@ TEMP_MARKER = ".tmp-"
 """Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
 
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +84,36 @@ def is_transient(exc: BaseException) -> bool:
     return name in {"ClientError", "ClientOSError", "ServerDisconnectedError", "ClientPayloadError",
                     "ClientConnectorError", "ClientResponseError", "TransferEncodingError",
                     "ContentLengthError", "ServerTimeoutError"}
+
+
+def call_with_deadline(op: str, url: str, fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()``, or ``StorageError(op, url)`` once ``timeout_s`` passes without its result.
+
+    For storage calls made by other clients (Orbax through tensorstore and etils' gcsfs), which have no deadline
+    of their own: tensorstore retries a stalled GCS request up to 32 times with up to 32 s between tries. ``fn``
+    runs in a daemon thread that cannot be cancelled; after the error it is abandoned (the stage fails, and its
+    process exits). The error's cause is a ``TimeoutError``, so task-level retries treat it as transient.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"call_with_deadline: timeout_s must be > 0, got {timeout_s}")
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"storage-{op}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise StorageError(op, url, f"no result within {timeout_s:g}s (storage unreachable or stalled?)") from (
+            TimeoutError(f"{op} {url}"))
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def normalize_url(url: str) -> str:
@@ -144,6 +177,9 @@ class Store:
                         detail += f" (gave up after {attempt} tries in {elapsed:.1f}s)"
                     raise StorageError(op, self.uri(rel), detail) from e
                 self.retries += 1
+                # One line per retry: a storage fault the pipeline absorbed stays visible in the stage's log.
+                _log.warning("storage retry %s %s: %s: %s (try %d of %d)", op, self.uri(rel), type(e).__name__,
+                             str(e)[:200], attempt, self.retry.attempts)
                 self._sleep(random.uniform(0, min(delay, self.retry.max_delay_s)))
                 delay *= 2
         raise AssertionError("unreachable")

@@ -19,8 +19,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from pipelines_lib.model.weights import _path as orbax_path
+from pipelines_lib.publish import ORBAX_DEADLINE_S
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, call_with_deadline
 
 COMMITTED = "COMMITTED"
 ROOT = "train/checkpoints"
@@ -60,8 +61,11 @@ def save_checkpoint(
             return folder
         attempt += 1  # a crashed earlier save left a partial folder: never write into it
         folder = f"{base}.{attempt}"
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
+    def save() -> None:
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
+
+    call_with_deadline("save checkpoint", store.uri(f"{folder}/state"), save, ORBAX_DEADLINE_S)
     store.create_json(
         f"{folder}/meta.json",
         {
@@ -91,8 +95,11 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
         return None
     folder = folders[-1]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _items(model, optimizer))
-    with ocp.StandardCheckpointer() as checkpointer:
-        restored = checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
+    def restore() -> Any:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
+
+    restored = call_with_deadline("restore checkpoint", store.uri(f"{folder}/state"), restore, ORBAX_DEADLINE_S)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
     meta = store.read_json(f"{folder}/meta.json")
