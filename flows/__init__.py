@@ -29,6 +29,14 @@ ENVIRONMENT_DEFAULTS = {
 
 
 def configure_environment() -> None:
-    """Defaults the command-line entry points need before Prefect or gcsfs start (explicit settings win)."""
+    """Defaults the entry points need before Prefect or gcsfs start (explicit settings win).
+
+    Runs when this package is imported, before any ``flows`` module imports Prefect: Prefect reads its settings
+    from the environment once, when ``prefect`` is first imported (``prefect.context``'s global settings), so a
+    default set later (say in ``main``) is in ``os.environ`` but not in Prefect's settings. ``python -m
+    flows.campaign``, ``python -m flows.recover`` and the stage flows all import this package first."""
     for key, value in ENVIRONMENT_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+configure_environment()

@@ -32,12 +32,14 @@ from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from flows import artifacts, configure_environment
+from flows import artifacts
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from pipelines_lib.campaign import published_versions
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.storage.errors import StorageError
+from pipelines_lib.storage.store import Store
 from tasks.common import open_store
 from tasks.init import init_campaign
 
@@ -72,20 +74,43 @@ def versions_to_evaluate(published: list[int], choice: EvalChoice) -> list[int]:
 
 def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], progress: TrainProgress,
                    poll_s: float) -> dict[str, Any]:
+    """The trainer's result, following its progress; on its failure, or the monitor's, the stages are stopped and
+    waited for before the error surfaces, so that the run never ends while its stage threads still work."""
     log = get_run_logger()
     warned = False
     while True:
         trainer.wait(timeout=poll_s)
-        progress.poll()
+        try:
+            progress.poll()
+        except StorageError as e:
+            _stop_stages(progress.store, f"progress monitor failed: {e}", [trainer, *collectors])
+            if not trainer.state.is_completed():
+                trainer.result()  # a stage's own error (often the same outage) is the one to report
+            raise
         if trainer.state.is_final():
             if not trainer.state.is_completed():
-                # Threads cannot be cancelled: tell this run's rollout workers to stop, then surface the error.
-                request_stop(progress.store, f"trainer run ended {trainer.state.name}")
+                _stop_stages(progress.store, f"trainer run ended {trainer.state.name}", collectors)
             return trainer.result()
         if not warned and collectors and all(c.state.is_final() for c in collectors):
             log.warning("all rollout workers have stopped before the trainer finished; it will wait for data "
                         "up to trainer.data_timeout_s, then fail (recover with `python -m flows.recover`)")
             warned = True
+
+
+def _stop_stages(store: Store, reason: str, running: list[PrefectFuture]) -> None:
+    """Ask this run's rollout workers to stop (threads cannot be cancelled), then wait for ``running`` to end.
+
+    The trainer has no stop marker: it ends on its own, failing on its own storage calls in an outage (each has
+    a deadline). In an outage the marker's write may fail as well; the workers then fail the same way."""
+    log = get_run_logger()
+    try:
+        request_stop(store, reason)
+    except StorageError as e:
+        log.warning("could not write the rollout stop marker (%s); rollout workers end on their own storage errors",
+                    e)
+    log.info("%s: waiting for %d stage run(s) to end", reason, sum(not f.state.is_final() for f in running))
+    for future in running:
+        future.wait()
 
 
 def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = "all",
@@ -106,7 +131,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
         collectors = [launcher.submit("collect", worker_index=i, num_workers=config.workers)
                       for i in range(config.workers)] if "collect" in stages else []
         if "train" in stages:
-            progress = TrainProgress(store, max_steps=config.trainer.max_steps, log=log.info,
+            progress = TrainProgress(store, max_steps=config.trainer.max_steps, log=log.info, warn=log.warning,
                                      key=f"progress-{artifacts.campaign_slug(url)}-train")
             out["train"] = _wait_training(launcher.submit("train"), collectors, progress, poll_s)
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
@@ -167,7 +192,6 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_environment()
     p = argparse.ArgumentParser(prog="python -m flows.campaign", description=__doc__.split("\n\n")[0])
     p.add_argument("--campaign-url", required=True)
     p.add_argument("--config", help="YAML config file (over the tiny preset)")

@@ -19,7 +19,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import configure_environment
 from flows.campaign import STAGE_ORDER, EvalChoice, run_stages
 from flows.launch import Launcher
 from pipelines_lib.campaign import campaign_status
@@ -50,7 +49,6 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_environment()
     p = argparse.ArgumentParser(prog="python -m flows.recover", description=__doc__.split("\n\n")[0])
     p.add_argument("campaign_url")
     p.add_argument("--storage-options", type=json.loads, help="JSON object of fsspec options")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines_lib.drills import cli as drills_cli
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
 
@@ -224,7 +225,9 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-import pipelines_lib.drills.cli  # noqa: E402, F401 - registers "drills"; needs `subcommand` defined above
+# -- drills (defined in drills/cli.py) ---------------------------------------------------------------------
+
+subcommand("drills", drills_cli.HELP, drills_cli.add_arguments)(drills_cli.run)
 
 # -- entry point ------------------------------------------------------------------------------------------
 

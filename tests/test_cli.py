@@ -100,3 +100,15 @@ def test_every_subcommand_is_in_the_parser_and_names_are_unique() -> None:
     assert parser.parse_args(["demo"]).command == "demo"
     with pytest.raises(ValueError, match="registered twice"):
         cli.subcommand("audit", "again", lambda p: None)(lambda a: 0)
+
+
+def test_python_dash_m_and_the_console_script_are_the_same_command_line() -> None:
+    # Under `python -m` the module runs as __main__: a subcommand registered into `pipelines_lib.cli` from another
+    # module landed in a second copy of it, and `drills` was an "invalid choice".
+    drills = subprocess.run([sys.executable, "-m", "pipelines_lib.cli", "drills", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert drills.returncode == 0, drills.stderr
+    assert drills.stdout.startswith("usage: rollstream drills [-h] [--quick] [--only NAME] [--out OUT]")
+    helps = [subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
+             for argv in ([sys.executable, "-m", "pipelines_lib.cli"], [ROLLSTREAM])]
+    assert helps[0] == helps[1] and "drills" in helps[0] and "audit" in helps[0]

@@ -52,7 +52,7 @@ def test_an_unknown_drill_is_refused_naming_the_choices(fake_drills: None) -> No
         runner.run_drills(only=["nope"])
 
 
-def test_the_drills_subcommand_is_registered_by_its_module() -> None:
+def test_the_drills_subcommand_is_registered_on_the_cli() -> None:
     import pipelines_lib.drills.cli  # noqa: F401 - registers the subcommand
     from pipelines_lib.cli import SUBCOMMANDS, build_parser
 

@@ -9,21 +9,26 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
-from prefect import flow
+from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import artifacts
-from flows.campaign import build_config, expand_campaign_url, versions_to_evaluate
+from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.common import run_record_path
 from tasks.init import init_campaign
@@ -51,6 +56,23 @@ def _artifacts(key: str) -> list:
 
 
 # -- pure pieces ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("module", "explicit", "expected"), [("flows.campaign", None, 180),
+                                                              ("flows.stages", "45", 45)])
+def test_the_flows_environment_defaults_reach_prefects_settings(tmp_path, module: str, explicit: str | None,
+                                                                expected: int) -> None:
+    # Prefect reads its settings when first imported: a default set after that (in main) never reached them, and a
+    # fresh Prefect home gave up on its ephemeral server after 20 s. A fresh process, as `python -m` starts one.
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"}
+    env |= {"PREFECT_HOME": str(tmp_path / "prefect")}
+    if explicit is not None:
+        env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = explicit  # an explicit setting wins
+    code = (f"import {module}; from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as s; "
+            "print(s.value())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert out.stdout.split() == [str(expected)]
+
+
 def test_config_is_yaml_then_overrides_then_workers(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("workers: 3\ntrainer:\n  max_steps: 9\n  publish_every: 3\n")
@@ -124,6 +146,112 @@ def test_train_progress_follows_the_consumption_logs(prefect_api, campaign: Stor
     assert lines == ["progress: step 3/4 (75%), batch reward 0.750, staleness <= 1"]
     (artifact,) = _artifacts("progress-test-train")
     assert artifact.type == "progress" and float(artifact.data) == 75.0
+
+
+class FlakyExists(Store):
+    """The campaign folder as the monitor sees it in a storage outage: its first ``failures`` existence checks fail
+    (as they do once the store's own retries run out); writes and the other reads work."""
+
+    def __init__(self, url: str, *, failures: int) -> None:
+        super().__init__(url)
+        self.failures = failures
+
+    def exists(self, rel: str) -> bool:
+        if self.failures > 0:
+            self.failures -= 1
+            raise StorageError("exists", self.uri(rel), "TimeoutError: stalled (gave up after 6 tries in 120.0s)")
+        return super().exists(rel)
+
+
+def _consumed(store: Store, step: int) -> None:
+    store.create_json(layout.consumed_log(step), {"step": step, "mean_reward": 0.5, "groups": []})
+
+
+def test_a_failed_progress_poll_is_logged_and_read_again_at_the_next_poll(prefect_api, campaign: Store) -> None:
+    lines: list[str] = []
+    warnings: list[str] = []
+    store = FlakyExists(campaign.url, failures=2)
+
+    @flow
+    def watch() -> list[int]:
+        progress = TrainProgress(store, max_steps=4, log=lines.append, warn=warnings.append, max_failed_polls=3,
+                                 key="progress-flaky-train")
+        _consumed(campaign, 1)
+        _consumed(campaign, 2)
+        return [progress.poll(), progress.poll(), progress.poll(), progress.failed_polls]
+
+    assert watch() == [0, 0, 2, 0]
+    assert lines == ["progress: step 2/4 (50%), batch reward 0.500, staleness <= 0"]
+    assert len(warnings) == 2 and warnings[1].startswith("progress: poll failed (2 in a row, giving up at 3), retrying")
+    assert f"storage exists {campaign.url}/train/consumed/00000001.json" in warnings[0]
+
+
+def test_a_progress_monitor_gives_up_after_failed_polls_in_a_row_naming_op_and_url(campaign: Store) -> None:
+    progress = TrainProgress(FlakyExists(campaign.url, failures=3), max_steps=4, log=print, max_failed_polls=3)
+    assert progress.poll() == progress.poll() == 0
+    with pytest.raises(StorageError, match=rf"^storage exists {campaign.url}/train/consumed/00000001.json: ") as err:
+        progress.poll()
+    assert err.value.__notes__ == ["progress monitor: 3 polls in a row failed; giving up"]
+
+
+@task
+def _slow_trainer(seconds: float, error: str | None = None) -> dict[str, int]:
+    time.sleep(seconds)
+    if error:
+        raise RuntimeError(error)
+    return {"steps": 0}
+
+
+@task
+def _failing_trainer() -> dict[str, int]:
+    raise RuntimeError("trainer crashed")
+
+
+@task
+def _rollout_worker(url: str, since: str) -> str:
+    store = Store(url)
+    deadline = time.monotonic() + 30
+    while not stop_requested(store, since=since):
+        if time.monotonic() > deadline:
+            return "never asked to stop"
+        time.sleep(0.02)
+    return "stopped"
+
+
+@pytest.mark.parametrize("trainer_error", [None, "trainer failed in the same outage"])
+def test_a_campaign_whose_monitor_gives_up_stops_its_stages_and_waits_for_them(prefect_api, campaign: Store,
+                                                                              trainer_error: str | None) -> None:
+    @flow
+    def run() -> tuple[str, str]:
+        worker = _rollout_worker.submit(campaign.url, utc_compact())
+        trainer = _slow_trainer.submit(1.0, trainer_error)
+        progress = TrainProgress(FlakyExists(campaign.url, failures=100), max_steps=4, log=print, max_failed_polls=3)
+        # The monitor gives up after 3 polls (~0.1 s) while the trainer still runs; a trainer's own error wins.
+        expected = (RuntimeError, trainer_error) if trainer_error else (
+            StorageError, r"^storage exists .*/train/consumed/00000001.json: ")
+        with pytest.raises(expected[0], match=expected[1]):
+            _wait_training(trainer, [worker], progress, poll_s=0.02)
+        # Only once both had ended: no stage thread outlives the run.
+        assert trainer.state.is_final() and worker.state.is_final()
+        return worker.result(), campaign.read_json(
+            f"{layout.ROLLOUT_STOPS}/{campaign.list(layout.ROLLOUT_STOPS)[0]}")["reason"]
+
+    worker, reason = run()
+    assert worker == "stopped"
+    assert reason.startswith("progress monitor failed: storage exists ")
+
+
+def test_a_failed_trainer_stops_the_rollout_workers_before_its_error_surfaces(prefect_api, campaign: Store) -> None:
+    @flow
+    def run() -> str:
+        worker = _rollout_worker.submit(campaign.url, utc_compact())
+        progress = TrainProgress(campaign, max_steps=4, log=print)
+        with pytest.raises(RuntimeError, match="trainer crashed"):
+            _wait_training(_failing_trainer.submit(), [worker], progress, poll_s=0.02)
+        assert worker.state.is_final()
+        return worker.result()
+
+    assert run() == "stopped"
 
 
 def test_audit_flow_publishes_its_summary(prefect_api, campaign: Store) -> None:

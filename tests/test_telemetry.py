@@ -22,6 +22,7 @@ from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.rollout.collect import worker_tasks
 from pipelines_lib.rollout.episodes import campaign_tokenizer, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
+from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
@@ -265,6 +266,23 @@ def test_count_totals_are_written_on_each_flush_and_summed_over_a_stages_process
     summary = summarize(records)
     assert summary["count.rollout.status.ok"] == {"total": 5} and summary["count.rollout.status.timeout"] == {"total": 2}
     assert check_trace(to_chrome_trace(records)) == []
+
+
+def test_a_failing_stage_reports_its_own_error_when_the_telemetry_flush_fails_too(tmp_path: Path) -> None:
+    # An outage as the filesystem sees it: the campaign folder sits under a regular file, so every create fails.
+    (tmp_path / "blocker").write_text("")
+    store = Store(str(tmp_path / "blocker" / "campaign"))
+    with pytest.raises(StorageError, match=r"^storage create \S+/trajectories/v00000000/w0-00000000.arrow: ") as err, \
+            telemetry.recording(store, "rollout-w0", sample_every_s=None):
+        telemetry.count("status.ok")  # something to flush
+        store.create("trajectories/v00000000/w0-00000000.arrow", b"shard")
+    assert len(err.value.__notes__) == 1
+    assert err.value.__notes__[0].startswith("telemetry: the flush on exit failed too: StorageError: storage create ")
+    assert "/telemetry/rollout-w0-" in err.value.__notes__[0]
+    # Nothing else failing, the flush's own error is the stage's error.
+    with pytest.raises(StorageError, match=r"^storage create \S+/telemetry/trainer-"), \
+            telemetry.recording(store, "trainer", sample_every_s=None):
+        telemetry.count("status.ok")
 
 
 def test_resident_memory_is_sampled_while_recording_even_when_the_stage_blocks() -> None:

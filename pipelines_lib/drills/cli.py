@@ -1,7 +1,8 @@
-"""The ``rollstream drills`` subcommand, registered by importing this module.
+"""The ``rollstream drills`` subcommand: its arguments (``add_arguments``) and what it runs (``run``).
 
-``pipelines_lib.cli`` imports it after its own subcommands are defined (this module needs its ``subcommand``
-decorator, so the import cannot sit at the top of ``cli.py``). Exit code 1 when a figure shows a problem.
+``pipelines_lib.cli`` registers it next to its own subcommands. This module does not import ``pipelines_lib.cli``:
+under ``python -m pipelines_lib.cli`` that module runs as ``__main__``, and a registration made from here would land
+in a second copy of it, not in the parser that runs. Exit code 1 when a figure shows a problem.
 """
 
 from __future__ import annotations
@@ -11,23 +12,22 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines_lib.cli import subcommand
-
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _drills_args(p: argparse.ArgumentParser) -> None:
+HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, SIGKILLs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (1-2 minutes); RELIABILITY.md is left as is")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, kills")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and RELIABILITY.md")
 
 
-@subcommand("drills", "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, SIGKILLs",
-            _drills_args)
-def _drills(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     # gcsfs's zonal-bucket probe stalls against the emulator the fault drill starts (README, GCS notes).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     from pipelines_lib.drills.runner import run_drills

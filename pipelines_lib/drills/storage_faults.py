@@ -18,11 +18,11 @@
    only through the proxy. Then the folder is audited straight from the server. ``Store`` retries are counted
    from the stages' ``storage retry`` log lines; the proxy counts requests by client and faults by kind.
 4. ``campaign_outage``: ``run_outage_campaign`` runs prep, warm start, a rollout worker and the trainer (library
-   calls in one process, a short store retry budget) through the proxy, opens a full outage once the trainer has
-   logged step 1 and keeps it open until the process ends; every failed stage must name op and URL, and a
-   process still running ``hang_after_s`` into the outage is a hang (its stacks are taken with py-spy, then it is
-   killed). Then ``python -m flows.recover`` finishes the campaign through the healthy proxy, and the folder is
-   audited.
+   calls in one process, a short store retry budget and a 30 s Orbax deadline) through the proxy, opens a full
+   outage once the trainer has logged step 1 and keeps it open until the process ends; every failed stage must
+   name op and URL, and a process still running ``hang_after_s`` into the outage is a hang (its stacks are taken
+   with py-spy, then it is killed). Then ``python -m flows.recover`` finishes the campaign through the healthy
+   proxy, and the folder is audited.
 """
 
 from __future__ import annotations
@@ -194,6 +194,9 @@ CAMPAIGN_OVERRIDES: dict[str, Any] = {
 published), one rollout worker, 4 held-out tasks."""
 OUTAGE_RETRY = RetryPolicy(attempts=4, base_delay_s=0.1, max_delay_s=0.5, deadline_s=8.0)
 """The store's retry budget in the outage drill's stages: an outage longer than this fails the stage."""
+OUTAGE_ORBAX_DEADLINE_S = 30.0
+"""Orbax's deadline in the outage drill's stages (``ROLLSTREAM_ORBAX_DEADLINE_S``; 600 s by default): a tiny
+model's save takes seconds, and a trainer caught in a save by the outage must fail well within ``hang_after_s``."""
 _RETRY_LINE = re.compile(r"storage retry (?P<op>\S+) ")
 
 
@@ -251,8 +254,6 @@ def _stage_env(proxy_url: str, scratch: Path) -> dict[str, str]:
             **os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), "PYTHONUNBUFFERED": "1",
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "PREFECT_HOME": str(scratch / "prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-            # a fresh Prefect home migrates its database first: 20 s (the default wait) is not enough on 2 busy cores
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
             # tensorstore (Orbax's array writes) and etils' gcsfs (Orbax's metadata) ignore gcsfs's options
             "TENSORSTORE_GCS_HTTP_URL": proxy_url, "STORAGE_EMULATOR_HOST": proxy_url,
             "GOOGLE_AUTH_TOKEN_FOR_TESTING": "anon",
@@ -451,14 +452,15 @@ class CampaignOutageResult:
 
 
 def run_outage_campaign(emulator_url: str, scratch: Path, *, retry: RetryPolicy = OUTAGE_RETRY,
-                        overrides: dict[str, Any] | None = None, hang_after_s: float = 180.0,
-                        timeout_s: float = 900.0) -> CampaignOutageResult:
+                        orbax_deadline_s: float = OUTAGE_ORBAX_DEADLINE_S, overrides: dict[str, Any] | None = None,
+                        hang_after_s: float = 180.0, timeout_s: float = 900.0) -> CampaignOutageResult:
     """Prep, warm start, then a rollout worker and the trainer through a ``FaultProxy``; a full outage (stalled
     requests) opens once the trainer has logged step 1 and stays open until the stages' process ends. Then
     ``python -m flows.recover`` finishes the campaign through the healthy proxy, and the folder is audited.
 
-    The stages run as library calls in one process, with ``retry`` as the store's budget, because the flows'
-    stage tasks add minutes of task-level retries (``tasks.common.IO_RETRY_DELAYS_S``) on top."""
+    The stages run as library calls in one process, with ``retry`` as the store's budget and ``orbax_deadline_s``
+    as Orbax's, because the flows' stage tasks add minutes of task-level retries (``tasks.common.IO_RETRY_DELAYS_S``)
+    on top."""
     start = time.monotonic()
     config = {**CAMPAIGN_OVERRIDES, "trainer.max_steps": 3, **(overrides or {})}
     url = _new_campaign_url(emulator_url)
@@ -480,13 +482,15 @@ def run_outage_campaign(emulator_url: str, scratch: Path, *, retry: RetryPolicy 
         retry_json = json.dumps({k: getattr(retry, k) for k in ("attempts", "base_delay_s", "max_delay_s",
                                                                  "deadline_s")})
         stages = _run_process([sys.executable, "-c", _STAGES_SCRIPT, url, json.dumps(drill_storage_options(proxy.url)),
-                               retry_json, json.dumps(config), "60"], env=env, log_path=scratch / "outage.log",
+                               retry_json, json.dumps(config), "60"],
+                              env={**env, "ROLLSTREAM_ORBAX_DEADLINE_S": str(orbax_deadline_s)},
+                              log_path=scratch / "outage.log",
                               timeout_s=timeout_s, until=outage_after_step_1)
         outage_s = round(time.monotonic() - opened[0], 1) if opened else 0.0
         proxy.outage(False)
         hung = stages.exit_code in (None, -signal.SIGKILL)
         errors = {m["stage"]: m["error"] for m in _STAGE_FAILED.finditer(stages.output)}
-        prefix = re.compile(rf"^StorageError: storage \w+ {re.escape(url)}/\S*: ")
+        prefix = re.compile(rf"^StorageError: storage \w+(?: \w+)? {re.escape(url)}/\S*: ")  # op: "save checkpoint"
         recover = _run_process([sys.executable, "-m", "flows.recover", url, "--storage-options",
                                 json.dumps(drill_storage_options(proxy.url)), "--evaluate", "ends"],
                                env=env, log_path=scratch / "recover.log", timeout_s=timeout_s)
@@ -600,7 +604,8 @@ FAULT_MEASURED = {
                                             "that failed (trainer, rollout worker) failed with `storage <op> <URL>`.",
     "reliability.outage_stage_hung": "1 when the stages were still running 180 s into that outage (killed).",
     "reliability.outage_stage_fail_s": "Seconds from opening that outage to the stages' process exiting (store "
-                                       "budget 4 tries / 8 s, 4 s request timeout); the outage then closed.",
+                                       "budget 4 tries / 8 s, 4 s request timeout, Orbax deadline 30 s); the outage "
+                                       "then closed.",
     "reliability.outage_recovered": "1 when `python -m flows.recover` then finished that campaign through the "
                                     "proxy: exit 0, all trainer steps, audit clean.",
 }
@@ -640,8 +645,9 @@ def _one_line(text: str, limit: int = 240) -> str:
     return " ".join(str(text).split())[:limit].replace("|", "\\|").replace("`", "'")
 
 
-__all__ = ["CAMPAIGN_OVERRIDES", "DRILL_RETRY", "FAULT_FAILURES", "FAULT_MEASURED", "FAULT_PARTS", "OUTAGE_RETRY",
-           "CampaignOutageResult", "CampaignResult", "OutageResult", "StageProcess", "WorkloadResult",
+__all__ = ["CAMPAIGN_OVERRIDES", "DRILL_RETRY", "FAULT_FAILURES", "FAULT_MEASURED", "FAULT_PARTS",
+           "OUTAGE_ORBAX_DEADLINE_S", "OUTAGE_RETRY", "CampaignOutageResult", "CampaignResult", "OutageResult",
+           "StageProcess", "WorkloadResult",
            "drill_storage_options", "fault_figures", "gcs_server", "outage_drill", "proxied_store",
            "render_fault_section", "run_fault_campaign", "run_fault_drill", "run_fault_workload",
            "run_outage_campaign"]

@@ -20,12 +20,14 @@ only writer of an unmarked folder is a dead earlier attempt of this same publish
 
 ``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
 emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
-or the save hangs. The flows set the environment; this module never reads it.
+or the save hangs. The flows set the environment; this module reads only ``ROLLSTREAM_ORBAX_DEADLINE_S`` (once, at
+import: ``ORBAX_DEADLINE_S``), the one knob a stage process has before any config is loaded.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,8 +41,23 @@ from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
 from pipelines_lib.storage.store import Store, call_with_deadline
 
-ORBAX_DEADLINE_S = 600.0
-"""Longest an Orbax save or load of published weights may take before the stage fails (naming op and URL)."""
+
+def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
+    if text is None:
+        return default_s
+    error = ValueError(f"ROLLSTREAM_ORBAX_DEADLINE_S must be a number of seconds > 0, got {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise error from None
+    if not value > 0:  # also refuses nan
+        raise error
+    return value
+
+
+ORBAX_DEADLINE_S = _orbax_deadline_s(os.environ.get("ROLLSTREAM_ORBAX_DEADLINE_S"))
+"""Longest an Orbax save or load of published weights or a checkpoint may take before the stage fails (naming op
+and URL): 600 s, or ``ROLLSTREAM_ORBAX_DEADLINE_S`` (the storage-fault drill's outage uses 30 s)."""
 PUBLISHED = "PUBLISHED.json"
 """Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
 

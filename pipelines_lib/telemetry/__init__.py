@@ -110,6 +110,9 @@ def recording(store: Store | None, process: str, *, sample_every_s: float | None
               **kwargs: Any) -> Iterator[Recorder]:
     """Activate a recorder for the code inside (and tasks it spawns); flushes on exit.
 
+    When the code inside raises, its exception propagates even if the flush fails too (a storage outage fails
+    both): the flush's error is attached to it as a note.
+
     ``sample_every_s``: period of the ``rss_mb`` gauge, sampled by a thread so that a stage blocked in
     compute is still sampled; the same thread writes a full buffer out, off the recording code's path (None:
     no thread; a full buffer is written by the ``add`` that filled it)."""
@@ -132,14 +135,24 @@ def recording(store: Store | None, process: str, *, sample_every_s: float | None
         recorder.flush_in_background = True
         sampler = threading.Thread(target=sample, name=f"telemetry-{process}", daemon=True)
         sampler.start()
+    error: BaseException | None = None
     try:
         yield recorder
+    except BaseException as e:
+        error = e
+        raise
     finally:
         _ACTIVE.reset(token)
         if sampler is not None:
             stop.set()
             sampler.join()
-        recorder.flush()
+        try:
+            recorder.flush()
+        except Exception as flush_error:
+            if error is None:
+                raise
+            # In a storage outage the flush fails as well: the stage must still report what failed first.
+            error.add_note(f"telemetry: the flush on exit failed too: {type(flush_error).__name__}: {flush_error}")
 
 
 def active() -> Recorder | None:
