@@ -6,6 +6,8 @@
   under it, for tools that do not render images.
 - ``audit-<campaign>``: the audit verdict and its text report (markdown).
 - ``progress-<campaign>-train``: a progress artifact moved by ``flows.monitor`` while the trainer runs.
+- ``telemetry-<campaign>``: a table of the run's headline signals from ``telemetry/`` (throughput, engine busy
+  fraction, staleness, trainer idle time, weight swaps, peak memory); ``rollstream metrics URL`` has them all.
 
 The row/figure builders are pure; ``publish_*`` are the only functions that call Prefect.
 """
@@ -22,6 +24,24 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+
+HEADLINES: tuple[tuple[str, str, str], ...] = (
+    ("trajectories/s (mean of intervals)", "gauge.rollout.trajectories_per_s", "mean"),
+    ("engine busy fraction (mean)", "gauge.rollout.engine_busy_fraction", "mean"),
+    ("engine active slots (mean)", "gauge.rollout.engine_active_slots", "mean"),
+    ("episodes in flight (max)", "gauge.rollout.episodes_in_flight", "max"),
+    ("episode s (p95)", "span.rollout.episode", "p95_s"),
+    ("tool call s (p95, calculator)", "span.rollout.tool_call.calculator", "p95_s"),
+    ("weight swaps", "span.rollout.weight_swap", "count"),
+    ("weight swap pause s (total)", "span.rollout.weight_swap", "total_s"),
+    ("backpressure wait s (total)", "span.rollout.backpressure_wait", "total_s"),
+    ("train steps", "span.trainer.train_step", "count"),
+    ("trainer data wait s (total)", "span.trainer.data_wait", "total_s"),
+    ("groups dropped as stale (last)", "gauge.trainer.dropped_stale_groups", "last"),
+    ("peak RSS MB (rollout)", "gauge.rollout.rss_mb", "max"),
+    ("peak RSS MB (trainer)", "gauge.trainer.rss_mb", "max"),
+)
+"""(label, ``telemetry.trace.summarize`` key, field) rows of the headline table; absent signals are left out."""
 
 CURVE_METRICS = ("greedy_success_rate", "sampled.pass@1", "greedy.mean_reward")
 """Eval fields a learning curve plots, first found wins."""
@@ -129,3 +149,24 @@ def publish_audit(campaign_url: str, store: Store, summary: Mapping[str, Any]) -
     text = store.read(summary["text"]).decode()
     create_markdown_artifact(audit_markdown(campaign_url, summary, text), key=f"audit-{campaign_slug(campaign_url)}",
                              description="Audit of the campaign folder")
+
+
+def telemetry_rows(summary: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+    """The ``HEADLINES`` found in a ``summarize`` result, plus a row per failure status and staleness count."""
+    rows = [{"signal": label, "value": round(float(summary[key][fld]), 4)}
+            for label, key, fld in HEADLINES if key in summary and fld in summary[key]]
+    rows += [{"signal": key.removeprefix("count.").replace(".", " "), "value": value["total"]}
+             for key, value in sorted(summary.items())
+             if key.startswith(("count.rollout.status.", "count.trainer.staleness."))]
+    return rows
+
+
+def publish_telemetry(campaign_url: str, store: Store) -> list[dict[str, Any]]:
+    """Returns the rows it published (none when the folder has no telemetry)."""
+    from pipelines_lib.telemetry.trace import read_records, summarize
+
+    rows = telemetry_rows(summarize(read_records(store)))
+    if rows:
+        create_table_artifact(rows, key=f"telemetry-{campaign_slug(campaign_url)}",
+                              description=f"Headline telemetry of {campaign_url} (rollstream metrics has every signal)")
+    return rows

@@ -152,6 +152,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
         if not launcher.use_deployments:
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
+    artifacts.publish_telemetry(url, store)
     return out
 
 

@@ -25,6 +25,7 @@ from flows.campaign import _wait_training, build_config, expand_campaign_url, ve
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
+from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout
@@ -260,6 +261,37 @@ def test_audit_flow_publishes_its_summary(prefect_api, campaign: Store) -> None:
     assert summary["ok"]
     (artifact,) = _artifacts("audit-my-campaign")
     assert artifact.type == "markdown" and "# Audit: OK" in artifact.data and "verdict: OK" in artifact.data
+
+
+def test_telemetry_rows_pick_the_headlines_and_every_status_and_staleness_count() -> None:
+    summary = {"gauge.rollout.engine_busy_fraction": {"last": 0.5, "mean": 0.91234, "max": 1.0},
+               "span.rollout.weight_swap": {"count": 3, "total_s": 1.5, "mean_s": 0.5, "p95_s": 0.7},
+               "count.rollout.status.ok": {"total": 40.0}, "count.rollout.status.tool_error": {"total": 2.0},
+               "count.trainer.staleness.1": {"total": 7.0}, "gauge.rollout.unlisted": {"last": 1, "mean": 1, "max": 1}}
+    assert artifacts.telemetry_rows(summary) == [
+        {"signal": "engine busy fraction (mean)", "value": 0.9123},
+        {"signal": "weight swaps", "value": 3.0},
+        {"signal": "weight swap pause s (total)", "value": 1.5},
+        {"signal": "rollout status ok", "value": 40.0},
+        {"signal": "rollout status tool_error", "value": 2.0},
+        {"signal": "trainer staleness 1", "value": 7.0},
+    ]
+
+
+def test_telemetry_artifact_is_built_from_the_folders_records(prefect_api, campaign: Store) -> None:
+    with telemetry.recording(campaign, "trainer", sample_every_s=None):
+        for _ in range(2):
+            with telemetry.span("train_step"):
+                pass
+        telemetry.count("staleness.0", 5)
+
+    @flow
+    def publish() -> list:
+        return artifacts.publish_telemetry(campaign.url, campaign)
+
+    assert publish() == [{"signal": "train steps", "value": 2.0}, {"signal": "trainer staleness 0", "value": 5.0}]
+    (artifact,) = _artifacts("telemetry-my-campaign")
+    assert artifact.type == "table" and "train steps" in artifact.data
 
 
 def test_learning_curve_artifact_embeds_the_png(prefect_api, campaign: Store) -> None:

@@ -57,7 +57,8 @@ def make_episode(engine: VersionedEngine, latency, log: list, group_size: int = 
         await asyncio.sleep(latency(task, idx))
         g = synthetic_group(prompt_id=group_id, group_size=group_size, worker_id="w0", policy_version=version, seed=idx)
         log.append(("end", group_id, idx, version))
-        return dataclasses.replace(g[idx], sample_idx=idx, group_id=group_id, prompt_id=group_id)
+        # Rewards 0, 1, 0, 1: every group is mixed (has an advantage), so none gives its backpressure budget back.
+        return dataclasses.replace(g[idx], sample_idx=idx, group_id=group_id, prompt_id=group_id, reward=float(idx % 2))
     return episode
 
 
@@ -204,6 +205,27 @@ def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_pat
     assert stats.groups_committed == 12
     assert {v: started.count(v) for v in set(started)} == {0: 3, 1: 3, 2: 3, 3: 3}
     assert stats.backpressure_s > 0
+
+
+def test_groups_with_all_equal_rewards_give_their_backpressure_budget_back(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()  # nobody publishes, and the budget's wait is long
+    mixed = make_episode(engine, lambda t, i: 0.002, log)
+
+    async def episode(task, group_id, idx):
+        t = await mixed(task, group_id, idx)
+        # t0..t3 fail in every sample (zero advantage: the trainer never consumes them); t4, t5 are mixed.
+        return dataclasses.replace(t, reward=0.0) if int(task.task_id[1:]) < 4 else t
+
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, max_groups_per_version=2,
+                                             backpressure_max_wait_s=60.0, target_groups=6, weight_poll_s=0.01),
+                        engine=engine, episode_fn=episode, tasks=tasks(), weights=pub,
+                        writer=ShardWriter(store, worker_id="w0"))
+    # Without the refund the third group would wait 60 s for a new version; with it, each all-fail group that
+    # finishes lets the next one start, and only the two mixed groups spend version 0's budget of 2.
+    stats = asyncio.run(asyncio.wait_for(orch.run(), 20))
+    assert stats.groups_committed == 6 and stats.versions_started[0] == 6
+    assert orch._spent(0) == 2
 
 
 def test_backpressure_never_stalls_a_trainer_that_needs_more_groups(tmp_path) -> None:

@@ -54,7 +54,9 @@ class RolloutConfig:
     """Stop after this many groups committed by this worker; None runs until the trainer's done marker."""
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
-    next (groups beyond what the trainer consumes per version would only be dropped as stale). None: no limit."""
+    next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
+    whose rewards are all equal gives its place back: its advantages are zero under every estimator, so the
+    trainer never consumes it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
     backpressure_max_wait_s: float = 10.0
     """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
     groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
@@ -163,6 +165,7 @@ class Orchestrator:
         self._in_flight = 0
         self._free_slots = list(range(config.max_concurrency - 1, -1, -1))
         self._budget: dict[int, int] = {}
+        self._refunded: Counter = Counter()  # per version: finished groups with all-equal rewards
         self._stopping = asyncio.Event()
         self._gauges = ThroughputGauges(engine, clock=clock)
 
@@ -202,11 +205,11 @@ class Orchestrator:
         self._latest = max(self._latest, latest)
         step = self.config.max_groups_per_version
         version = self.engine.policy_version
-        if step is not None and self.stats.versions_started[version] >= self._budget.setdefault(version, step):
+        if step is not None and self._spent(version) >= self._budget.setdefault(version, step):
             t0 = self.clock()
             with telemetry.span("backpressure_wait", track="weights", version=version):
                 while (self.engine.policy_version == version and not self._stopping.is_set()
-                       and self.stats.versions_started[version] >= self._budget[version]):
+                       and self._spent(version) >= self._budget[version]):
                     if self.clock() - t0 >= self.config.backpressure_max_wait_s:
                         self._budget[version] += step
                         break
@@ -222,6 +225,10 @@ class Orchestrator:
             while self.engine.policy_version < self._latest - self.config.eta and not self._stopping.is_set():
                 await self._refresh(target=self._latest - self.config.eta)
         self.stats.swap_pause_s += self.clock() - t0
+
+    def _spent(self, version: int) -> int:
+        """Groups started on ``version`` that count against its budget."""
+        return self.stats.versions_started[version] - self._refunded[version]
 
     # -- stopping ----------------------------------------------------------------------------------------
     def _target_reached(self) -> bool:
@@ -252,8 +259,10 @@ class Orchestrator:
             self._in_flight -= 1
             telemetry.gauge("episodes_in_flight", self._in_flight)
 
-    async def _group(self, task: Task, group_id: str, done: asyncio.Queue) -> None:
+    async def _group(self, task: Task, group_id: str, done: asyncio.Queue, version: int) -> None:
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
+        if len({t.reward for t in group}) == 1:
+            self._refunded[version] += 1
         await done.put(list(group))
 
     async def _write(self, done: asyncio.Queue) -> None:
@@ -300,14 +309,16 @@ class Orchestrator:
         try:
             while True:
                 await slots.acquire()
-                await self._admit()
+                if not self._target_reached():  # no admission wait for a group that will not start
+                    await self._admit()
                 item = self._next_task()
                 if item is None:
                     slots.release()
                     break
                 self.stats.groups_started += 1
-                self.stats.versions_started[self.engine.policy_version] += 1
-                t = asyncio.create_task(self._group(*item, done))
+                version = self.engine.policy_version
+                self.stats.versions_started[version] += 1
+                t = asyncio.create_task(self._group(*item, done, version))
                 running.add(t)
                 t.add_done_callback(lambda t: (running.discard(t), slots.release()))
                 # Surface a crashed group at once instead of after the run.
@@ -333,7 +344,7 @@ class Orchestrator:
                 batch.append(item)
             if not batch:
                 return
-            await asyncio.gather(*(self._group(task, gid, done) for task, gid in batch))
+            await asyncio.gather(*(self._group(task, gid, done, self.engine.policy_version) for task, gid in batch))
 
     async def run(self) -> RolloutStats:
         t0 = self.clock()
