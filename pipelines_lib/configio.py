@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_YAML11_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""Exponent notation that YAML 1.1 (PyYAML) leaves a string unless it has a dot: ``1e-3``."""
 
 
 class ConfigError(ValueError):
@@ -67,6 +71,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         vt = args[1] if len(args) == 2 else Any
         return {str(k): _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string; everyone means the number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
         return float(value)

@@ -22,7 +22,15 @@ def test_yaml_overrides_only_what_it_names(tmp_path: Path) -> None:
     assert config.rollout.group_size == tiny.rollout.group_size and config.model == tiny.model
 
 
+def test_exponent_notation_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  optim: {lr: 1e-3}\nsft:\n  optim: {lr: 2.5E-4}\n")  # YAML 1.1 reads 1e-3 as a str
+    config = CampaignConfig.from_yaml(path)
+    assert (config.trainer.optim.lr, config.sft.optim.lr) == (0.001, 0.00025)
+
+
 @pytest.mark.parametrize(("text", "message"), [
+    ("trainer:\n  optim: {lr: 1e-}\n", "trainer.optim.lr: expected a number, got str '1e-'"),
     ("rollout:\n  etaa: 2\n", "rollout.etaa: unknown key for RolloutConfig; did you mean 'eta'?"),
     ("rollout:\n  eta: two\n", "rollout.eta: expected int, got str 'two'"),
     ("rollout:\n  eta: -1\n", "RolloutConfig.eta must be >= 0, got -1"),
