@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m flows.campaign --campaign-url runs/demo-$$(date -u +%Y%m%dT%H%M%S)
+	$(PY) -m flows.campaign --campaign-url runs/demo-$$(date -u +%Y%m%dT%H%M%S) --evaluate ends
 
 store-demo: $(STAMP)
 	$(VENV)/bin/rollstream demo

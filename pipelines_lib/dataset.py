@@ -76,7 +76,7 @@ class DatasetConfig:
 
     @classmethod
     def tiny(cls) -> DatasetConfig:
-        return cls(n_train=256, n_heldout=64)
+        return cls(n_train=256, n_heldout=128)
 
 
 def _table(tasks: list[Task]) -> pa.Table:
