@@ -206,8 +206,8 @@ def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock() -> None:
 def test_gigantic_output_is_truncated_and_the_program_stopped() -> None:
     result = run("while True:\n    print('x' * 1000)")
     assert result.truncated and not result.timed_out
-    assert len(result.stdout) == FAST.max_output_bytes
-    assert result.wall_s < 2.0
+    assert len(result.stdout) == FAST.max_output_bytes  # stopped by the output cap, not by the timeout (no wall
+    # clock bound here: on a loaded 2-core machine reaping took 5 s once; speed lives in benchmarks)
     assert result.as_text(FAST.timeout_s).endswith("\n[output truncated; program stopped]")
     assert descendants() == []
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "pipelines_lib.bench.campaign_arms",
     "pipelines_lib.bench.engine",
     "pipelines_lib.bench.learning",
     "pipelines_lib.bench.rollout",
