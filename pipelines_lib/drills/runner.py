@@ -87,7 +87,8 @@ def _secrets(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) 
 def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     import logging
 
-    from pipelines_lib.drills.storage_faults import fault_figures, gcs_server, run_fault_drill
+    from pipelines_lib.drills.storage_faults import fault_figures, run_fault_drill
+    from pipelines_lib.storage.emulator import gcs_server
 
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # a traceback per retried request otherwise
     logging.getLogger("pipelines_lib.storage.store").setLevel(logging.ERROR)  # retries are counted, not printed

@@ -116,14 +116,9 @@ class Host:
 
 
 @contextlib.contextmanager
-def prepared_host(root: Path) -> Iterator[Host]:
-    """Server, outside folder, planted credential and a private temp dir for sandbox folders; all undone after."""
-    outside = root / "outside"
-    outside.mkdir(parents=True)
-    secret = outside / "secret.txt"
-    secret.write_text(SECRET_TEXT)
-    sandbox_tmp = root / "sandbox-tmp"
-    sandbox_tmp.mkdir()
+def loopback_listener() -> Iterator[tuple[int, list[int]]]:
+    """A listening socket on 127.0.0.1 that accepts and closes connections; yields ``(port, accepted)``, where
+    ``accepted`` grows by one entry per connection that reached it."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -142,20 +137,35 @@ def prepared_host(root: Path) -> Iterator[Host]:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
+    try:
+        yield server.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+@contextlib.contextmanager
+def prepared_host(root: Path) -> Iterator[Host]:
+    """Server, outside folder, planted credential and a private temp dir for sandbox folders; all undone after."""
+    outside = root / "outside"
+    outside.mkdir(parents=True)
+    secret = outside / "secret.txt"
+    secret.write_text(SECRET_TEXT)
+    sandbox_tmp = root / "sandbox-tmp"
+    sandbox_tmp.mkdir()
     old_env, old_tmp = os.environ.get(PLANTED_ENV), tempfile.tempdir
     os.environ[PLANTED_ENV] = PLANTED_VALUE
     tempfile.tempdir = str(sandbox_tmp)
     try:
-        yield Host(port=server.getsockname()[1], outside=outside, secret=secret, accepted=accepted)
+        with loopback_listener() as (port, accepted):
+            yield Host(port=port, outside=outside, secret=secret, accepted=accepted)
     finally:
         tempfile.tempdir = old_tmp
         if old_env is None:
             os.environ.pop(PLANTED_ENV, None)
         else:
             os.environ[PLANTED_ENV] = old_env
-        stop.set()
-        thread.join()
-        server.close()
 
 
 def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -> EscapeOutcome:
@@ -207,4 +217,5 @@ def run_escapes(root: Path, escapes: tuple[Escape, ...] = ESCAPES) -> list[Escap
         return [attempt(e, host) for e in escapes]
 
 
-__all__ = ["DRILL_SANDBOX", "ESCAPES", "Escape", "EscapeOutcome", "Host", "attempt", "prepared_host", "run_escapes"]
+__all__ = ["DRILL_SANDBOX", "ESCAPES", "Escape", "EscapeOutcome", "Host", "attempt", "loopback_listener", "prepared_host",
+           "run_escapes"]
