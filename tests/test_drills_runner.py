@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pipelines_lib.drills import kills as kills_mod
 from pipelines_lib.drills import runner
 
 
@@ -59,3 +60,63 @@ def test_the_drills_subcommand_is_registered_on_the_cli() -> None:
     assert "drills" in SUBCOMMANDS
     args = build_parser().parse_args(["drills", "--quick", "--only", "fuzz"])
     assert args.quick and args.only == ["fuzz"]
+
+
+def _trainer(kills: int, at_publish: bool, *, unloadable: int = 0) -> kills_mod.TrainerDrillResult:
+    return kills_mod.TrainerDrillResult(
+        kills=kills, at_publish=at_publish, starts=kills + 1, steps=36, groups_trained=72, trained_twice=0,
+        bit_identical=True, partial_visible=0, orphans=0,
+        landed=("save",) * kills if at_publish else ("outside",) * kills, unloadable=unloadable, leftovers_at_end=0,
+        resume_gaps_s=(4.0, 6.0), seconds=1.0)
+
+
+@pytest.fixture
+def fake_kill_drills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """The four kill drills replaced by fixed results (the real ones run in test_drills_kills.py)."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def trainer(root: Path, **kw: Any) -> kills_mod.TrainerDrillResult:
+        calls.append(("trainer", kw))
+        # One publish-moment kill found a marked version that did not load: it must reach partial_visible.
+        return _trainer(kw["kills"], kw.get("at_publish", False), unloadable=int(kw.get("at_publish", False)))
+
+    def rollout(root: Path, **kw: Any) -> kills_mod.RolloutDrillResult:
+        calls.append(("rollout", kw))
+        return kills_mod.RolloutDrillResult(
+            kills=kw["kills"], starts=kw["kills"] + 1, groups_committed=40, acknowledged_groups=30, lost=0,
+            duplicated=0, partial_visible=0, orphans=2, resume_gaps_s=(3.0,), seconds=1.0)
+
+    def evaluator(root: Path, **kw: Any) -> kills_mod.EvaluatorDrillResult:
+        calls.append(("evaluator", kw))
+        return kills_mod.EvaluatorDrillResult(
+            kills=kw["kills"], starts=kw["kills"] + 1, version=1,
+            eval_file_after_kill=("absent",) * (kw["kills"] - 1) + ("incomplete",), partial_visible=0, orphans=0,
+            results_identical=True, greedy_identical=True, reference_s=2.0, recover_s=5.5, resume_gaps_s=(2.0, 3.0),
+            seconds=1.0)
+
+    monkeypatch.setattr(kills_mod, "trainer_kill_drill", trainer)
+    monkeypatch.setattr(kills_mod, "rollout_kill_drill", rollout)
+    monkeypatch.setattr(kills_mod, "evaluator_kill_drill", evaluator)
+    monkeypatch.setattr(runner, "DRILLS", {"kills": runner.DRILLS["kills"]})
+    return calls
+
+
+def test_kill_figures_count_every_kill_and_the_report_describes_each_drill(
+        tmp_path: Path, fake_kill_drills: list[tuple[str, dict[str, Any]]]) -> None:
+    figures = runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None)
+    assert [(name, kw["kills"], kw.get("at_publish", False)) for name, kw in fake_kill_drills] == [
+        ("trainer", 10, False), ("trainer", 5, True), ("rollout", 20, False), ("evaluator", 5, False)]
+    assert figures["reliability.kill_drills"] == 10 + 5 + 20 + 5
+    assert (figures["reliability.publish_kills"], figures["reliability.evaluator_kills"]) == (5, 5)
+    assert figures["reliability.publish_kills_mid_publish"] == 5
+    # 1 unloadable version (publish drill) + 1 incomplete eval/v<N>.json after a kill
+    assert figures["reliability.partial_visible"] == 2
+    assert figures["reliability.evaluator_results_identical"] == 1.0
+    assert figures["reliability.evaluator_recover_s"] == 5.5
+    assert figures["reliability.resume_gap_s_evaluator_median"] == 2.5
+    assert figures["reliability.resume_gap_s_publish_max"] == 6.0
+    report = (tmp_path / "RELIABILITY.md").read_text()
+    assert "| `reliability.kill_drills` | 40 | SIGKILLs delivered: trainer (10) + trainer while publishing (5) + " \
+           "rollout worker (20) + evaluator (5)" in report
+    assert "- Trainer, killed while publishing: 5 kills over 6 starts" in report
+    assert "- Evaluator (v1): 5 kills over 6 starts" in report

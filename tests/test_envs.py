@@ -227,10 +227,12 @@ def test_every_arithmetic_mistake_kind_replays_to_incorrect(mistake: str) -> Non
         assert any(m["role"] == "tool" for m in demo) == (mistake != "no_tool")
 
 
-def test_default_flawed_arithmetic_demonstrations_guess_without_the_tool() -> None:
+def test_default_flawed_arithmetic_demonstrations_solve_it_but_answer_a_float() -> None:
     env = make_env("arithmetic")
-    demos = [env.demonstration(t, error_rate=1.0) for t in env_class("arithmetic").generate_tasks(seed=0, n=10, split="train")]
-    assert all([m["role"] for m in d] == ["system", "user", "assistant"] for d in demos)
+    for task in env_class("arithmetic").generate_tasks(seed=0, n=10, split="train"):
+        clean, flawed = env.demonstration(task), env.demonstration(task, error_rate=1.0)
+        assert flawed[:-1] == clean[:-1]  # same tool call, same tool result: copying is taught by both
+        assert flawed[-1]["content"] == f"<answer>{task.answer}.0</answer>" != clean[-1]["content"]
     with pytest.raises(ValueError, match="mistakes must be a non-empty subset .* got \\('typo',\\)"):
         ArithmeticConfig(mistakes=("typo",))
 

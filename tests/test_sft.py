@@ -132,13 +132,13 @@ def test_warm_start_imports_a_hugging_face_folder(local_store: Store) -> None:
 
 @pytest.mark.slow
 def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
-    """The tiny model, warm-started as the stage does it, solves held-out problems greedily.
+    """The tiny model, warm-started as the stage does it on clean demonstrations, solves held-out problems.
 
-    Measured 2026-12-02 (2 shared CPU cores): 300 steps of 16 at lr 3e-3 -> 8/32 greedy (0.25), 712 s under
-    load; 150 steps -> 0/32 (the tool call is learned, copying the tool's result into the answer is not yet).
+    Measured 2026-12-02 (2 shared CPU cores): 250 steps of 16 at lr 3e-3 -> 56/64 greedy (0.875); 150 steps ->
+    0.55 (copying the tool's result into the answer is learned late and steeply). The preset's flawed share
+    (float answers) is left out: its greedy answers are floats, which is the point of the preset.
     """
-    config = CampaignConfig.tiny().with_overrides({"sft.steps": 300, "sft.batch_size": 16,
-                                                   "sft.optim.total_steps": 300, "eval.samples": 1})
+    config = CampaignConfig.tiny().with_overrides({"sft.error_rate": 0.0, "eval.samples": 1})
     tok = tokenizer()
     rows = demonstration_rows("arithmetic", tok, n=config.sft.n_demos, error_rate=config.sft.error_rate,
                               seed=config.sft.seed, with_tools=True)
@@ -147,4 +147,4 @@ def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
     tasks = env_class("arithmetic").generate_tasks(seed=0, n=32, split="heldout")
     results = evaluate_model(model, tok, tasks, config)
     print(f"held-out greedy success after SFT: {results['greedy_success_rate']:.3f}")
-    assert results["greedy_success_rate"] >= 0.1
+    assert results["greedy_success_rate"] >= 0.5

@@ -4,7 +4,8 @@
 - ``sandbox_escapes``: a catalogue of escape attempts against the sandboxed Python tool.
 - ``secrets``: planted fake credentials must not reach any output of the stages.
 - ``faultproxy`` + ``storage_faults``: a fault-injecting HTTP proxy before a GCS-API server, and a store workload.
-- ``kills``: SIGKILL the trainer or a rollout worker at random moments and account for every group.
+- ``kills``: SIGKILL the trainer (also mid-publish), a rollout worker or the evaluator at random moments and
+  account for every group, weights version and eval file.
 - ``runner``: ``rollstream drills`` (``cli``) runs them all, merges ``reliability.*`` figures into
   ``bench/results.json`` and regenerates ``RELIABILITY.md``.
 

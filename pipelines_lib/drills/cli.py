@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
                        "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible")
            if figures.get(k, 0) > 0]
     bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
+    bad += [k for k in ("reliability.trainer_bit_identical", "reliability.evaluator_results_identical")
+            if k in figures and figures[k] < 1]
     if figures.get("reliability.outage_stage_hung", 0) > 0:
         bad.append("reliability.outage_stage_hung")
     if bad:

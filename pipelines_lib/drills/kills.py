@@ -3,18 +3,27 @@
 ``KillDrill`` supervises one subprocess at a time: it starts the stage, waits until the process reports
 progress (a ``ready`` line: past start-up and compilation), sleeps a seeded random delay, SIGKILLs it, and
 starts it again, ``kills`` times; the last start runs to completion. Every output line is timestamped, so the
-**resume gap** (DESIGN §7) is measured from the kill to the first progress line of the restarted process.
+**resume gap** (DESIGN §7) is measured from the kill to the first progress line of the restarted process. Two
+hooks time and judge kills by what storage shows: ``arm`` (a probe polled after the ready line; the random delay
+starts when it first holds, e.g. while a publication is in flight) and ``inspect`` (run on the campaign after
+each killed process is gone, before the restart; its findings stay on the kill's record).
 
-Two drills use it:
+Three drills use it:
 
 - ``trainer_kill_drill``: the streaming trainer on fixed pre-written shards. Afterwards the final parameters
   must be bit-identical to an uninterrupted run on a copy of the same campaign, and no group may appear in two
-  consumption logs (``trained_twice``).
+  consumption logs (``trained_twice``). After every kill ``check_publication`` loads what readers of
+  ``weights/`` can see: each version LATEST names (its entries and its mirror) and each marked
+  ``weights/v<N>/`` must load. With ``at_publish=True`` the kills are armed by ``publish_in_flight`` (the
+  trainer is also the publisher), so they land inside the publication sequence: Orbax save, marker, pointer.
 - ``rollout_kill_drill``: ``collect`` with a target group count per start (a restart skips committed groups).
   Afterwards: **lost** = groups of shards whose commit a process acknowledged (its ``committed`` log line) that
   are no longer readable; **duplicated** = group ids committed more than once by the logical worker (its
   restarts skip committed groups, so any repeat is a bug); **partial visible** = non-hidden objects that fail
   to read (a killed writer may only leave hidden temporaries, counted separately as ``orphans``).
+- ``evaluator_kill_drill``: ``evaluate`` of a version the trainer published. After every kill
+  ``eval/v<N>.json`` must be absent or complete; the result of the start that finishes must equal an
+  uninterrupted evaluation of the same version on a copy.
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
 
@@ -47,6 +59,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class KillRecord:
     kill_at: float
     resumed_at: float | None = None
+    found: dict[str, Any] = field(default_factory=dict)
+    """What ``KillDrill.inspect`` saw in storage once the killed process was gone."""
 
     @property
     def gap_s(self) -> float | None:
@@ -66,6 +80,12 @@ class KillDrill:
     max_delay_s: float = 1.5
     start_timeout_s: float = 600.0
     log: Callable[[str], None] = lambda s: None
+    arm: Callable[[], bool] | None = None
+    """When set, a start to be killed polls this probe (every ``poll_s``) once it has printed a ready line, and
+    the random delay starts when the probe first holds: kills timed to a state visible in storage."""
+    poll_s: float = 0.005
+    inspect: Callable[[], dict[str, Any]] | None = None
+    """Run after each killed process has exited, before the restart; its result is the record's ``found``."""
     records: list[KillRecord] = field(default_factory=list)
     lines: list[tuple[float, str]] = field(default_factory=list)
     starts: int = 0
@@ -93,6 +113,8 @@ class KillDrill:
         while not self.done():
             proc, lines = self._start()
             killing = len(self.records) < self.kills
+            killed = False
+            probing = False  # past the ready line, waiting for ``arm`` to hold
             kill_at: float | None = None
             deadline = time.monotonic() + self.start_timeout_s
             output: list[str] = []
@@ -101,12 +123,17 @@ class KillDrill:
                     proc.send_signal(signal.SIGKILL)
                     self.records.append(KillRecord(kill_at=time.monotonic()))
                     self.log(f"kill {len(self.records)}/{self.kills} (start {self.starts})")
-                    kill_at, killing = None, False
-                wait = (kill_at if kill_at is not None else deadline) - time.monotonic()
+                    kill_at, killing, killed = None, False, True
+                if probing and self.arm is not None and self.arm():
+                    probing = False
+                    kill_at = time.monotonic() + rng.uniform(0.0, self.max_delay_s)
+                wake = kill_at if kill_at is not None else deadline
+                if probing:
+                    wake = min(wake, time.monotonic() + self.poll_s)
                 try:
-                    item = lines.get(timeout=max(0.0, wait))
+                    item = lines.get(timeout=max(0.0, wake - time.monotonic()))
                 except queue.Empty:
-                    if kill_at is not None:
+                    if kill_at is not None or (probing and time.monotonic() < deadline):
                         continue
                     proc.kill()
                     raise TimeoutError(f"{self.argv()[:3]}: no progress in {self.start_timeout_s:.0f}s:\n"
@@ -121,11 +148,17 @@ class KillDrill:
                     last = self.records[-1] if self.records else None
                     if last is not None and last.resumed_at is None:
                         last.resumed_at = t
-                    if killing and kill_at is None:
-                        kill_at = time.monotonic() + rng.uniform(0.0, self.max_delay_s)
+                    if killing and kill_at is None and not probing:
+                        if self.arm is None:
+                            kill_at = time.monotonic() + rng.uniform(0.0, self.max_delay_s)
+                        else:
+                            probing = True
             code = proc.wait(timeout=60)
             if code not in (0, -signal.SIGKILL):
                 raise RuntimeError(f"stage process failed with exit code {code}:\n" + "\n".join(output[-40:]))
+            if killed and self.inspect is not None:
+                self.records[-1].found = self.inspect()
+                self.log(f"after kill {len(self.records)}: {self.records[-1].found}")
             self.completed = code == 0 and len(self.records) >= self.kills
         return self.records
 
@@ -155,6 +188,69 @@ def partial_visible(store: Store) -> tuple[int, int, list[str]]:
 
 def _gaps(records: list[KillRecord]) -> list[float]:
     return [r.gap_s for r in records if r.gap_s is not None]
+
+
+# -- publication (the trainer is the publisher) --------------------------------------------------------------
+
+_WEIGHTS = posixpath.dirname(layout.WEIGHTS_LATEST)
+
+
+def _weights_folders(store: Store) -> list[int]:
+    return sorted(v for name in store.list(_WEIGHTS) if (v := layout.parse_version_dir(name)) is not None)
+
+
+def publish_in_flight(store: Store) -> bool:
+    """A publication has begun and not finished: the newest ``weights/v<N>/`` has no ``PUBLISHED.json`` yet, or
+    LATEST (its newest entry or its mirror ``LATEST.json``) is behind it. The ``arm`` probe of publish kills."""
+    from pipelines_lib.publish import published_marker
+
+    folders = _weights_folders(store)
+    if not folders:
+        return False
+    newest = folders[-1]
+    if not store.exists(published_marker(newest)):
+        return True
+    pointer = store.read_pointer(layout.WEIGHTS_LATEST)
+    return (pointer is None or pointer["version"] < newest
+            or store.read_json(layout.WEIGHTS_LATEST)["version"] < newest)
+
+
+def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
+    """What readers of ``weights/`` can see (after a kill, the killed process gone), and where the kill landed.
+
+    - ``unloadable``: versions named by LATEST (any of its entries, or its mirror) or carrying a marker that do
+      not load the way readers load them (``CampaignWeights.load_model``, which requires the marker). Must stay
+      empty: LATEST always names a complete version, and no visible version is partial.
+    - ``unmarked``: folders without a marker, a killed publication's leftovers. Readers never load them; the
+      restarted trainer replays that step and publishes the version again (removing the leftover first).
+    - ``landed``: ``save`` (the newest folder is unmarked: Orbax save or model config), ``pointer`` (marked,
+      LATEST not moved yet), ``mirror`` (LATEST's entry written, its mirror not yet), ``outside`` (no
+      publication was in flight).
+
+    ``loaded`` holds versions already verified and grows with each call: a marked version is never rewritten.
+    """
+    from pipelines_lib.campaign import published_versions
+    from pipelines_lib.publish import CampaignWeights, published_marker
+
+    folders = _weights_folders(store)
+    marked = [v for v in folders if store.exists(published_marker(v))]
+    named = published_versions(store)
+    mirror = int(store.read_json(layout.WEIGHTS_LATEST)["version"])
+    weights = CampaignWeights(store)
+    unloadable: list[str] = []
+    for version in sorted({*marked, *named, mirror} - loaded):
+        try:
+            weights.load_model(version)
+        except Exception as e:  # the failure is the drill's finding, reported with the others
+            unloadable.append(f"v{version}: {type(e).__name__}: {e}"[:300])
+        else:
+            loaded.add(version)
+    latest = max(named, default=None)
+    newest = folders[-1] if folders else None
+    landed = ("outside" if newest is None else "save" if newest not in marked else "pointer" if latest != newest
+              else "mirror" if mirror != latest else "outside")
+    return {"latest": latest, "mirror": mirror, "marked": len(marked),
+            "unmarked": sorted(set(folders) - set(marked)), "unloadable": unloadable, "landed": landed}
 
 
 # -- trainer ----------------------------------------------------------------------------------------------
@@ -224,6 +320,7 @@ def _consumed(store: Store) -> list[str]:
 @dataclass(frozen=True, kw_only=True)
 class TrainerDrillResult:
     kills: int
+    at_publish: bool
     starts: int
     steps: int
     groups_trained: int
@@ -231,33 +328,50 @@ class TrainerDrillResult:
     bit_identical: bool
     partial_visible: int
     orphans: int
+    landed: tuple[str, ...]
+    """``check_publication``'s ``landed`` after each kill: where in a publication it came."""
+    unloadable: int
+    """Versions LATEST named or marked that did not load, over the checks after every kill and at the end."""
+    leftovers_at_end: int
+    """Unmarked weights folders after the run (a publication no restart finished)."""
     resume_gaps_s: tuple[float, ...]
     seconds: float
 
 
 def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int | None = None,
-                       log: Callable[[str], None] = lambda s: None) -> TrainerDrillResult:
-    """Reference run in this process, then the killed run in subprocesses; compare."""
+                       at_publish: bool = False, log: Callable[[str], None] = lambda s: None) -> TrainerDrillResult:
+    """Reference run in this process, then the killed run in subprocesses; compare.
+
+    ``at_publish``: arm each kill when ``publish_in_flight`` holds and kill within 0.05 s (a publication of the
+    drill model takes about 0.1 s on CPU), instead of 0-0.8 s after a step line.
+    """
     from pipelines_lib.train.trainer import train
 
     start = time.monotonic()
-    steps = max_steps or 3 * kills + 6  # room for every kill before the run ends
+    steps = max_steps or 3 * kills + 6  # room for every kill before the run ends (a publish every 2 steps)
     config = drill_trainer_config(steps)
     n_groups = 2 * steps
     reference = seed_trainer_campaign(str(root / "reference"), config, n_groups)
     train(reference, config, log=lambda s: None)
     killed = seed_trainer_campaign(str(root / "killed"), config, n_groups)
+    loaded: set[int] = set()
     drill = KillDrill(argv=lambda: [sys.executable, "-c", _TRAIN_SCRIPT, killed.url],
                       ready=re.compile(r"^trainer: step \d+/"), done=lambda: killed.exists(layout.TRAIN_DONE),
-                      kills=kills, seed=seed, max_delay_s=0.8, log=log)
+                      kills=kills, seed=seed, max_delay_s=0.05 if at_publish else 0.8,
+                      arm=(lambda: publish_in_flight(killed)) if at_publish else None,
+                      inspect=lambda: check_publication(killed, loaded), log=log)
     records = drill.run()
+    final = check_publication(killed, loaded)
     groups = _consumed(killed)
     bad, orphans, _ = partial_visible(killed)
     return TrainerDrillResult(
-        kills=len(records), starts=drill.starts, steps=killed.read_json(layout.TRAIN_DONE)["steps"],
-        groups_trained=len(groups), trained_twice=len(groups) - len(set(groups)),
-        bit_identical=_final_params(killed) == _final_params(reference), partial_visible=bad, orphans=orphans,
-        resume_gaps_s=tuple(_gaps(records)), seconds=round(time.monotonic() - start, 1))
+        kills=len(records), at_publish=at_publish, starts=drill.starts,
+        steps=killed.read_json(layout.TRAIN_DONE)["steps"], groups_trained=len(groups),
+        trained_twice=len(groups) - len(set(groups)), bit_identical=_final_params(killed) == _final_params(reference),
+        partial_visible=bad, orphans=orphans, landed=tuple(r.found["landed"] for r in records),
+        unloadable=sum(len(r.found["unloadable"]) for r in records) + len(final["unloadable"]),
+        leftovers_at_end=len(final["unmarked"]), resume_gaps_s=tuple(_gaps(records)),
+        seconds=round(time.monotonic() - start, 1))
 
 
 # -- rollout worker ---------------------------------------------------------------------------------------
@@ -349,5 +463,133 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
         resume_gaps_s=tuple(_gaps(records)), seconds=round(time.monotonic() - start, 1))
 
 
-__all__ = ["KillDrill", "KillRecord", "RolloutDrillResult", "TrainerDrillResult", "partial_visible",
+# -- evaluator --------------------------------------------------------------------------------------------
+
+_EVALUATE_SCRIPT = """
+import sys
+from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.evaluate import evaluate
+from pipelines_lib.storage.layout import eval_path
+from pipelines_lib.storage.store import Store
+store, version = Store(sys.argv[1]), int(sys.argv[2])
+print(f"evaluate: v{version} started", flush=True)
+evaluate(store, load_campaign_config(store), version=version)
+print(f"evaluate: committed {eval_path(version)}", flush=True)
+"""
+_EVAL_STARTED = re.compile(r"^evaluate: v\d+ started")
+_EVAL_COMMITTED = re.compile(r"^evaluate: committed ")
+NOT_DETERMINISTIC = ("wall_s",)
+"""Result fields left out of the comparison with the uninterrupted evaluation (timing)."""
+
+
+def drill_evaluator_config() -> Any:
+    """The trainer drill's campaign trained 2 steps (the trainer publishes v1), scoring 8 held-out tasks once
+    greedily and twice sampled: a few seconds of evaluation on CPU."""
+    from pipelines_lib.config import EvalConfig
+
+    return dataclasses.replace(drill_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
+
+
+def _first(lines: list[tuple[float, str]], pattern: re.Pattern[str], after: float = 0.0) -> float | None:
+    return next((t for t, line in lines if t >= after and pattern.search(line)), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluatorDrillResult:
+    kills: int
+    starts: int
+    version: int
+    eval_file_after_kill: tuple[str, ...]
+    """``eval/v<N>.json`` after each kill: ``absent``, ``complete`` (every field of the reference), ``incomplete``
+    or ``unreadable``; only the first two are allowed."""
+    partial_visible: int
+    """Most unreadable visible objects seen at once, over the checks after every kill and at the end."""
+    orphans: int
+    results_identical: bool
+    """The finished evaluation equals the uninterrupted one in every field but ``NOT_DETERMINISTIC``."""
+    greedy_identical: bool
+    reference_s: float
+    """The uninterrupted evaluation, from its ``started`` line to its ``committed`` line."""
+    recover_s: float | None
+    """From the last kill to the ``committed`` line of the start that finished."""
+    resume_gaps_s: tuple[float, ...]
+    seconds: float
+
+
+def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
+                         log: Callable[[str], None] = lambda s: None) -> EvaluatorDrillResult:
+    """The trainer drill's fixed campaign, trained in this process until the trainer publishes v1, then copied; an
+    uninterrupted ``evaluate`` of v1 on the copy (a subprocess, timed), then ``evaluate`` on the original killed
+    and restarted ``kills`` times; compare.
+
+    Each kill comes at a uniform moment in the first 80 % of the reference evaluation, counted from the
+    ``started`` line (after imports): weight load, engine compile, episodes; so it lands before the commit. A
+    killed evaluation leaves nothing to resume: the restart evaluates from scratch, and ``recover_s`` is the
+    cost of that.
+
+    What is deterministic, and compared: every result field but ``wall_s``. Greedy episodes decode at
+    temperature 0 and sampled ones are seeded by (campaign seed, task, sample index), and the engine's slots have
+    fixed shapes, so an episode's logits do not depend on which others share the batch: on one backend with one
+    engine config the episodes, and so success rates, pass@k, statuses, turns and token counts, repeat exactly. Not deterministic: ``wall_s`` (timing, left out), and the equality does not carry across backends
+    or engine configs (slot count, buckets), where logits may differ in the last bits and flip a greedy token.
+    """
+    from pipelines_lib.dataset import prep
+    from pipelines_lib.train.trainer import train
+
+    start = time.monotonic()
+    config = drill_evaluator_config()
+    store = seed_trainer_campaign(str(root / "evaluator"), config, 2 * config.trainer.max_steps)
+    prep(store, config.dataset)
+    version = int(train(store, config, log=lambda s: None)["version"])
+    shutil.copytree(root / "evaluator", root / "reference")
+    reference = Store(str(root / "reference"))
+    path = layout.eval_path(version)
+
+    def argv(target: Store) -> Callable[[], list[str]]:
+        return lambda: [sys.executable, "-c", _EVALUATE_SCRIPT, target.url, str(version)]
+
+    uninterrupted = KillDrill(argv=argv(reference), ready=_EVAL_STARTED, done=lambda: reference.exists(path),
+                              kills=0, log=log)
+    uninterrupted.run()
+    started = _first(uninterrupted.lines, _EVAL_STARTED)
+    committed = _first(uninterrupted.lines, _EVAL_COMMITTED)
+    if started is None or committed is None:
+        raise RuntimeError("the uninterrupted evaluation did not print its started and committed lines:\n"
+                           + "\n".join(line for _, line in uninterrupted.lines[-30:]))
+    reference_s = committed - started
+    expected = reference.read_json(path)
+
+    def inspect() -> dict[str, Any]:
+        bad, orphans, _ = partial_visible(store)
+        state = "absent"
+        if store.exists(path):
+            try:
+                state = "complete" if set(store.read_json(path)) == set(expected) else "incomplete"
+            except StorageError:
+                state = "unreadable"
+        return {"eval_file": state, "partial_visible": bad, "orphans": orphans}
+
+    drill = KillDrill(argv=argv(store), ready=_EVAL_STARTED, done=lambda: store.exists(path), kills=kills, seed=seed,
+                      max_delay_s=0.8 * reference_s, inspect=inspect, log=log)
+    records = drill.run()
+    final = inspect()
+    got = store.read_json(path)
+    done_at = _first(drill.lines, _EVAL_COMMITTED, after=records[-1].kill_at) if records else None
+
+    def deterministic(results: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in results.items() if k not in NOT_DETERMINISTIC}
+
+    return EvaluatorDrillResult(
+        kills=len(records), starts=drill.starts, version=version,
+        eval_file_after_kill=tuple(r.found["eval_file"] for r in records),
+        partial_visible=max(f["partial_visible"] for f in [final, *(r.found for r in records)]),
+        orphans=max(f["orphans"] for f in [final, *(r.found for r in records)]),
+        results_identical=deterministic(got) == deterministic(expected),
+        greedy_identical=got["greedy"] == expected["greedy"], reference_s=round(reference_s, 3),
+        recover_s=None if done_at is None else round(done_at - records[-1].kill_at, 3),
+        resume_gaps_s=tuple(_gaps(records)), seconds=round(time.monotonic() - start, 1))
+
+
+__all__ = ["NOT_DETERMINISTIC", "EvaluatorDrillResult", "KillDrill", "KillRecord", "RolloutDrillResult",
+           "TrainerDrillResult", "check_publication", "evaluator_kill_drill", "partial_visible", "publish_in_flight",
            "rollout_kill_drill", "trainer_kill_drill"]

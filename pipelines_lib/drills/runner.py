@@ -5,12 +5,13 @@ fuzz            drills/fuzz.py             hostile inputs × 5 entry points     
 sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes
 secrets         drills/secrets.py          planted credentials, tiny campaign   secret_leaks
 storage faults  drills/storage_faults.py   FaultProxy before a GCS emulator     fault_rate, fault_campaign_ok
-kills           drills/kills.py            SIGKILL trainer / rollout worker     kill_drills, lost_groups, ...
+kills           drills/kills.py            SIGKILL trainer (also mid-publish),  kill_drills, lost_groups, ...
+                                           rollout worker, evaluator
 ```
 
 Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
-run, ``quick`` says which sizes). The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer and
-20 rollout-worker kills) also writes ``bench/reliability.json`` (every detail) and regenerates
+run, ``quick`` says which sizes). The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
+publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
 last full drill.
 """
@@ -24,6 +25,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,13 +43,17 @@ NAME = "reliability"
 class DrillSizes:
     fuzz_examples: int
     trainer_kills: int
+    publish_kills: int
+    """Trainer kills armed while a publication is in flight (``trainer_kill_drill(at_publish=True)``)."""
     rollout_kills: int
+    evaluator_kills: int
     fault_rate: float = 0.05
 
     @classmethod
     def for_mode(cls, quick: bool) -> DrillSizes:
-        return cls(fuzz_examples=50, trainer_kills=1, rollout_kills=1) if quick else cls(
-            fuzz_examples=500, trainer_kills=10, rollout_kills=20)
+        if quick:
+            return cls(fuzz_examples=50, trainer_kills=1, publish_kills=1, rollout_kills=1, evaluator_kills=1)
+        return cls(fuzz_examples=500, trainer_kills=10, publish_kills=5, rollout_kills=20, evaluator_kills=5)
 
 
 def _plain(obj: Any) -> Any:
@@ -99,24 +105,38 @@ def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
 
 
 def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from pipelines_lib.drills.kills import rollout_kill_drill, trainer_kill_drill
+    from pipelines_lib.drills.kills import evaluator_kill_drill, rollout_kill_drill, trainer_kill_drill
 
-    (scratch / "trainer").mkdir()
-    (scratch / "rollout").mkdir()
+    for name in ("trainer", "publish", "rollout", "evaluator"):
+        (scratch / name).mkdir()
     trainer = trainer_kill_drill(scratch / "trainer", kills=sizes.trainer_kills, log=progress)
+    publish = trainer_kill_drill(scratch / "publish", kills=sizes.publish_kills, at_publish=True, log=progress)
     rollout = rollout_kill_drill(scratch / "rollout", kills=sizes.rollout_kills, log=progress)
+    evaluator = evaluator_kill_drill(scratch / "evaluator", kills=sizes.evaluator_kills, log=progress)
+    trainers = (trainer, publish)
     figures = {
-        "reliability.kill_drills": float(trainer.kills + rollout.kills),
-        "reliability.lost_groups": float(rollout.lost + (trainer.groups_trained != 2 * trainer.steps)),
-        "reliability.duplicated_groups": float(rollout.duplicated + trainer.trained_twice),
-        "reliability.partial_visible": float(rollout.partial_visible + trainer.partial_visible),
-        "reliability.trainer_bit_identical": float(trainer.bit_identical),
+        "reliability.kill_drills": float(sum(d.kills for d in (trainer, publish, rollout, evaluator))),
+        "reliability.publish_kills": float(publish.kills),
+        "reliability.publish_kills_mid_publish": float(sum(where != "outside" for where in publish.landed)),
+        "reliability.evaluator_kills": float(evaluator.kills),
+        "reliability.lost_groups": float(rollout.lost + sum(t.groups_trained != 2 * t.steps for t in trainers)),
+        "reliability.duplicated_groups": float(rollout.duplicated + sum(t.trained_twice for t in trainers)),
+        "reliability.partial_visible": float(
+            rollout.partial_visible + evaluator.partial_visible
+            + sum(state not in ("absent", "complete") for state in evaluator.eval_file_after_kill)
+            + sum(t.partial_visible + t.unloadable for t in trainers)),
+        "reliability.trainer_bit_identical": float(all(t.bit_identical for t in trainers)),
+        "reliability.evaluator_results_identical": float(evaluator.results_identical),
     }
-    for name, gaps in (("trainer", trainer.resume_gaps_s), ("rollout", rollout.resume_gaps_s)):
+    if evaluator.recover_s is not None:
+        figures["reliability.evaluator_recover_s"] = evaluator.recover_s
+    for name, gaps in (("trainer", trainer.resume_gaps_s), ("publish", publish.resume_gaps_s),
+                       ("rollout", rollout.resume_gaps_s), ("evaluator", evaluator.resume_gaps_s)):
         if gaps:
             figures[f"reliability.resume_gap_s_{name}_median"] = round(statistics.median(gaps), 2)
             figures[f"reliability.resume_gap_s_{name}_max"] = round(max(gaps), 2)
-    return figures, {"trainer": _plain(trainer), "rollout": _plain(rollout)}
+    return figures, {"trainer": _plain(trainer), "publish": _plain(publish), "rollout": _plain(rollout),
+                     "evaluator": _plain(evaluator)}
 
 
 DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, float], dict[str, Any]]]
@@ -175,17 +195,33 @@ def _fmt(v: float) -> str:
 
 
 MEASURED = {
-    "reliability.kill_drills": "SIGKILLs delivered: trainer ({trainer_kills}) + rollout worker ({rollout_kills}), "
-                               "each at a seeded random moment 0-1 s after the process reported progress.",
+    "reliability.kill_drills": "SIGKILLs delivered: trainer ({trainer_kills}) + trainer while publishing "
+                               "({publish_kills}) + rollout worker ({rollout_kills}) + evaluator ({evaluator_kills}), "
+                               "each at a seeded random moment after the process reported progress.",
+    "reliability.publish_kills": "Trainer SIGKILLs armed when storage showed a publication in flight (newest "
+                                 "`weights/v<N>/` without its marker, or LATEST behind it), 0-0.05 s later.",
+    "reliability.publish_kills_mid_publish": "Publish kills that left a publication unfinished (unmarked newest "
+                                             "folder, or LATEST not yet moved): the kill landed inside it.",
+    "reliability.evaluator_kills": "Evaluator SIGKILLs, each at a uniform moment in the first 80 % of an "
+                                   "uninterrupted evaluation (weight load, compile, episodes).",
+    "reliability.evaluator_results_identical": "1 when the evaluation that finished after the kills equals an "
+                                               "uninterrupted one of the same version on a copy in every field but "
+                                               "`wall_s` (greedy and seeded sampled episodes; same machine).",
+    "reliability.evaluator_recover_s": "Seconds from the last evaluator kill to the restarted evaluation's commit "
+                                       "of `eval/v<N>.json` (it starts over: there is nothing to resume).",
     "reliability.lost_groups": "Rollout: groups in shards whose commit a killed-and-restarted worker had "
                                "acknowledged (its `committed` log line) that are no longer readable; trainer: 1 if "
                                "fewer groups were trained than the fixed shards hold.",
     "reliability.duplicated_groups": "Group ids committed more than once by the logical rollout worker across its "
                                      "restarts, plus groups named by two trainer consumption logs.",
-    "reliability.partial_visible": "Non-hidden objects (shards, JSON/JSONL) in both campaigns that fail to read "
-                                   "after the kills (hidden `.tmp-` temporaries are allowed and counted apart).",
-    "reliability.trainer_bit_identical": "1 when the killed trainer's final parameters equal an uninterrupted "
-                                         "run's on a copy of the same shards, bit for bit.",
+    "reliability.partial_visible": "Non-hidden objects (shards, JSON/JSONL) in the killed campaigns that fail to "
+                                   "read after the kills (hidden `.tmp-` temporaries are allowed and counted apart); "
+                                   "plus, checked after every trainer kill, weights versions that LATEST names or "
+                                   "that carry a marker but do not load, and evaluator `eval/v<N>.json` files "
+                                   "present but incomplete.",
+    "reliability.trainer_bit_identical": "1 when both killed trainers' (random-moment and publish-moment) final "
+                                         "parameters equal an uninterrupted run's on a copy of the same shards, bit "
+                                         "for bit.",
     **FAULT_MEASURED,
     "reliability.fuzz_cases": "Hypothesis cases over 5 entry points ({fuzz_examples} each): tool-call parsers, "
                               "calculator, YAML config, shards (+ tailer), dataset files.",
@@ -214,8 +250,10 @@ def render_report(record: dict[str, Any]) -> str:
     for key in sorted(figures):
         how = MEASURED.get(key, "")
         if "resume_gap" in key:
-            how = ("Seconds from a SIGKILL to the next trained step (trainer) / next committed shard (rollout) of "
-                   "the restarted process: process start, imports, restore, compile (from the persistent cache).")
+            how = ("Seconds from a SIGKILL to the restarted process's next trained step (trainer; publish: after "
+                   "replaying and re-publishing the killed step) / next committed shard (rollout) / `started` line "
+                   "(evaluator: process start and imports): process start, imports, restore, compile (from the "
+                   "persistent cache).")
         out.append(f"| `{key}` | {_fmt(figures[key])} | {how.format(**sizes)} |")
     out.append("")
     if "fuzz" in details:
@@ -231,15 +269,23 @@ def render_report(record: dict[str, Any]) -> str:
                 f"{_cell('; '.join(a['problems']), 300)} |" for a in details["sandbox"]["attempts"]]
         out.append("")
     if "kills" in details:
-        t, r = details["kills"]["trainer"], details["kills"]["rollout"]
-        out += ["## Kill drills", "",
-                f"- Trainer: {t['kills']} kills over {t['starts']} starts, {t['steps']} steps, {t['groups_trained']} "
-                f"groups trained, {t['trained_twice']} twice, bit-identical: {t['bit_identical']}, resume gaps (s): "
-                f"{t['resume_gaps_s']}.",
-                f"- Rollout worker: {r['kills']} kills over {r['starts']} starts, {r['groups_committed']} groups "
+        k = details["kills"]
+        out += ["## Kill drills", ""]
+        for name, label in (("trainer", "Trainer"), ("publish", "Trainer, killed while publishing")):
+            t = k[name]
+            out.append(f"- {label}: {t['kills']} kills over {t['starts']} starts, {t['steps']} steps, "
+                       f"{t['groups_trained']} groups trained, {t['trained_twice']} twice, bit-identical: "
+                       f"{t['bit_identical']}, where the kills landed in a publication: {dict(Counter(t['landed']))}, unloadable "
+                       f"versions {t['unloadable']}, resume gaps (s): {t['resume_gaps_s']}.")
+        r, e = k["rollout"], k["evaluator"]
+        out += [f"- Rollout worker: {r['kills']} kills over {r['starts']} starts, {r['groups_committed']} groups "
                 f"committed ({r['acknowledged_groups']} acknowledged before a kill or exit), lost {r['lost']}, "
                 f"duplicated {r['duplicated']}, partial visible {r['partial_visible']}, hidden orphans "
-                f"{r['orphans']}, resume gaps (s): {r['resume_gaps_s']}.", ""]
+                f"{r['orphans']}, resume gaps (s): {r['resume_gaps_s']}.",
+                f"- Evaluator (v{e['version']}): {e['kills']} kills over {e['starts']} starts, `eval/v<N>.json` after "
+                f"each kill: {dict(Counter(e['eval_file_after_kill']))}, results identical to an uninterrupted evaluation: "
+                f"{e['results_identical']} (greedy: {e['greedy_identical']}), uninterrupted {e['reference_s']} s, "
+                f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
     if "faults" in details:
         out += render_fault_section(details["faults"])
     return "\n".join(out).rstrip() + "\n"

@@ -6,11 +6,15 @@ format) so the default tokenizer stays small and a tiny model learns the loop in
 Difficulty grows with :attr:`ArithmeticConfig.operand_digits` and :attr:`ArithmeticConfig.n_ops`.
 
 Flawed demonstrations (``demonstration(task, error_rate=...)``) make one of the mistakes a weak policy
-makes (:data:`MISTAKES`): a guess without calling the tool, a mistyped expression (the tool answers the
-wrong question), or a wrong copy of the tool result. Each scores 0. The default is guessing only: measured
-on the tiny model, demonstrations with copy mistakes (even 15 % of them) keep it from learning to copy at
-all within the warm start, while guesses leave copying intact and make a policy that calls the tool only
-sometimes -- exactly what reward teaches quickly (GRPO raises the tool-use rate, and success with it).
+makes (:data:`MISTAKES`): the right number written as a float (``<answer>2332.0</answer>``: the exact-match
+reward wants an integer), a guess without calling the tool, a mistyped expression (the tool answers the wrong
+question), or a wrong copy of the tool result. Each scores 0. The default is the float answer. Measured on the
+tiny model (250 warm-start steps): with 60 % float answers it still learns to copy the tool's result (80 % of
+held-out answers hold the right digits; 88 % with clean demonstrations) because every demonstration puts those
+digits at the same place, and the flaw is one token after them that reward alone fixes (GRPO: greedy success 0
+-> 70 % in two steps, then copying sharpens). Flaws that change what precedes the answer's digits (a guess
+without the tool, even as 35 % of the demonstrations; a missing answer tag; copy mistakes) keep it from
+learning to copy at all within the warm start.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pipelines_lib.envs.base import (
 from pipelines_lib.envs.registry import register_env
 from pipelines_lib.envs.tools.calculator import Calculator, evaluate, format_number
 
-MISTAKES: tuple[str, ...] = ("no_tool", "wrong_expression", "wrong_copy")
+MISTAKES: tuple[str, ...] = ("float_answer", "no_tool", "wrong_expression", "wrong_copy")
 """Kinds of flawed demonstration, see the module docstring."""
 
 PROMPTS: tuple[str, ...] = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.")
@@ -54,8 +58,8 @@ class ArithmeticConfig:
     """Share of the task space (by expression) reserved for the held-out split."""
     max_turns: int = 3
     """Assistant messages per episode: one tool call and the answer, plus one spare."""
-    mistakes: tuple[str, ...] = ("no_tool",)
-    """Kinds of flawed demonstration drawn from (see :data:`MISTAKES`)."""
+    mistakes: tuple[str, ...] = ("float_answer",)
+    """Kinds of flawed demonstration drawn from (see :data:`MISTAKES` and the module docstring)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.operand_digits <= 6:
@@ -123,7 +127,11 @@ class ArithmeticEnv(BaseTaskEnv):
         if mistake == "wrong_expression":
             expr = _mistype(expr, task.answer, rng)
         result = format_number(evaluate(expr))
-        final = _near_miss(result, rng) if mistake == "wrong_copy" else result
+        final = result
+        if mistake == "wrong_copy":
+            final = _near_miss(result, rng)
+        elif mistake == "float_answer":
+            final = f"{result}.0"  # the right number, but the exact-match reward wants an integer
         return [
             {"role": "assistant", "content": hermes_tool_call("calculator", {"expression": expr})},
             {"role": "tool", "name": "calculator", "content": result},
