@@ -17,11 +17,15 @@ from pipelines_lib.bench.campaign_arms import (
     arm_figures,
     arm_overrides,
     consumption_figures,
+    headline_figures,
+    median_step_s,
     nearest_rank,
+    shared_config,
     telemetry_figures,
 )
 from pipelines_lib.bench.registry import BenchContext, load_benches
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import summarize
@@ -41,12 +45,42 @@ def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_et
         arm_overrides("eta", config)
 
 
-def test_the_shared_config_file_pins_every_field_whatever_the_preset_becomes(tmp_path: Path) -> None:
-    shared = CampaignConfig.tiny().with_overrides({**campaign_arms.COMMON, **campaign_arms.FULL})
+def test_shared_config_is_the_preset_with_the_sizes_and_only_the_profiles_tool_latency() -> None:
+    heavy = shared_config(campaign_arms.FULL, "heavy")
+    light = shared_config(campaign_arms.FULL, "light")
+    assert heavy.env.tool_latency == LatencyProfile.heavy() and light.env.tool_latency == LatencyProfile.light()
+    assert dataclasses.replace(heavy, env=light.env) == light  # nothing else differs between profiles
+    assert heavy.eval.n_tasks == 256 and heavy.eval.samples == 1
+    assert (heavy.rollout, heavy.trainer) == (CampaignConfig.tiny().rollout, CampaignConfig.tiny().trainer)
+    with pytest.raises(ValueError, match="valid: \\['heavy', 'light'\\]"):
+        shared_config(campaign_arms.FULL, "real")
+
+
+@pytest.mark.parametrize("profile", ["heavy", "light"])
+def test_the_shared_config_file_pins_every_field_whatever_the_preset_becomes(tmp_path: Path, profile: str) -> None:
+    shared = shared_config(campaign_arms.FULL, profile)  # the light profile's inf cap survives YAML too
     path = tmp_path / "arms.yaml"
     path.write_text(yaml.safe_dump(shared.to_dict()))
     edited = dataclasses.replace(CampaignConfig.tiny(), seed=7)  # a preset edited while the arms run
     assert CampaignConfig.from_yaml(path, base=edited) == shared
+
+
+def test_headline_figures_are_the_success_gap_in_points_and_the_wall_clock_ratio_under_the_benchmarks_name() -> None:
+    arms = {"sync": {"final_success": 0.50, "wall_s": 200.0}, "eta2": {"final_success": 0.48, "wall_s": 90.0}}
+    assert headline_figures("bench_light", arms) == {
+        "bench_light.eta2_success_gap_pts": 2.0,  # 50 - 48 points
+        "bench_light.eta2_over_sync_wallclock": 90 / 200}
+
+
+def test_bench_runs_every_arm_with_heavy_latency_and_bench_light_sync_and_eta2_with_light(monkeypatch) -> None:
+    seen = []
+    benches = load_benches()
+    monkeypatch.setattr(campaign_arms, "run_arms",
+                        lambda ctx, name, profile, arms: seen.append((name, profile, tuple(arms))))
+    for name in ("bench", "bench_light"):
+        benches[name].fn(None)
+    assert seen == [("bench", "heavy", ("sync", "eta0", "eta1", "eta2")), ("bench_light", "light", ("sync", "eta2"))]
+    assert [g.key for g in benches["bench"].goals] == ["bench.eta2_success_gap_pts", "bench.eta2_over_sync_wallclock"]
 
 
 def test_nearest_rank_p95_is_the_ceil_095n_th_smallest() -> None:
@@ -79,6 +113,17 @@ def _span(process: str, name: str, ts_s: float, dur_s: float) -> dict:
             "dur_us": int(dur_s * 1e6), "tags": {}}
 
 
+def _step(process: str, ts_s: float, dur_s: float) -> dict:
+    return {**_span(process, "train_step", ts_s, dur_s), "track": "trainer"}
+
+
+def test_median_step_leaves_out_the_first_compiling_step_and_other_processes_spans() -> None:
+    records = [_step("trainer", 5, 3.0), _step("trainer", 1, 14.0), _step("trainer", 9, 2.0),
+               _step("trainer", 12, 6.0), _span("rollout-rollout0", "train_step", 2, 99.0)]
+    assert median_step_s(records) == 3.0  # median of 3, 2, 6; the 14 s step came first (ts 1)
+    assert median_step_s([_step("trainer", 1, 14.0)]) is None
+
+
 def _value(kind: str, process: str, name: str, ts_s: float, value: float) -> dict:
     return {"type": kind, "name": name, "process": process, "ts_us": int(ts_s * 1e6), "value": value, "tags": {}}
 
@@ -93,6 +138,8 @@ TELEMETRY = [
     _span("rollout-rollout1", "weight_swap", 1.5, 0.4),
     _span("rollout-rollout0", "admission_wait", 1.1, 1.5),
     _span("trainer", "publish", 1.2, 0.25),
+    _step("trainer", 0.5, 12.0),
+    _step("trainer", 1.3, 2.5),
     _span("rollout-rollout1", "backpressure_wait", 1.2, 2.0),
     _value("gauge", "rollout-rollout0", "engine_busy_fraction", 1, 0.5),
     _value("gauge", "rollout-rollout0", "engine_busy_fraction", 2, 0.7),
@@ -152,6 +199,7 @@ def test_arm_figures_read_a_campaign_folder_shard_rows_done_marker_eval_and_tele
     assert f["wall_s"] == 80.0 and f["staleness_mean"] == 0.5 and f["dropped_stale_share"] == pytest.approx(1 / 3)
     assert (f["v0_success"], f["final_success"], f["final_version"]) == (0.25, 0.5, 2)
     assert f["failed_stage_runs"] == 1
+    assert f["train_step_s"] == 2.5  # the second step; the first compiles
     assert curve == [(pytest.approx(30.0), 0.625)]
 
 
