@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import random
 
@@ -10,7 +11,14 @@ import pyarrow as pa
 import pytest
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardError, ShardWriter, WriterConfig, encode_shard, read_shard
+from pipelines_lib.storage.shards import (
+    ShardError,
+    ShardWriter,
+    WriterConfig,
+    encode_shard,
+    group_min_version,
+    read_shard,
+)
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer, TailCursor
 from pipelines_lib.trajectory.record import from_table, to_table
@@ -60,6 +68,28 @@ def test_writer_splits_groups_by_oldest_policy_version(local_store: Store) -> No
     infos = w.flush()
     assert [(i.version, i.seq) for i in infos] == [(2, 0), (3, 1)]
     assert local_store.list("trajectories") == ["v00000002", "v00000003"]
+
+
+def _versions(traj, mask: list[int], versions: list[int]):
+    return dataclasses.replace(traj, tokens=[1] * len(mask), loss_mask=mask, logprobs=[0.0] * len(mask),
+                               policy_version=versions)
+
+
+def test_group_min_version_is_the_oldest_version_on_loss_tokens_only() -> None:
+    a, b = group("p", size=2)
+    # -1 and 0 sit on non-loss tokens (prompt, tool output) and must not count; loss tokens carry 5, 3, 4.
+    assert group_min_version([_versions(a, [0, 1, 1], [-1, 5, 5]), _versions(b, [1, 0, 1], [3, 0, 4])]) == 3
+    assert group_min_version([_versions(a, [0, 0], [-1, -1]), _versions(b, [], [])]) == 0  # no loss tokens
+    with pytest.raises(ValueError, match="policy_version has 1 entries, loss_mask 2"):
+        group_min_version([_versions(a, [1, 1], [2])])
+
+
+def test_shard_provenance_lists_the_policy_versions_of_its_tokens(local_store: Store) -> None:
+    a, b = group("p", size=2)
+    w = ShardWriter(local_store, worker_id="w0")
+    w.add_group([_versions(a, [0, 1, 1], [-1, 5, 7]), _versions(b, [1, 0], [5, -1])])
+    [info] = w.flush()
+    assert info.version == 5 and read_shard(local_store, info.path, validate=False)[1]["policy_versions"] == [5, 7]
 
 
 def test_writer_rejects_partial_groups(local_store: Store) -> None:

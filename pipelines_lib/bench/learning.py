@@ -50,7 +50,9 @@ def _plot(path: Path, steps: list[int], rewards: list[float], evals: dict[int, t
     "learning",
     title="Learning: held-out success before and after streaming GRPO",
     measures="Held-out greedy success of the warm-started policy (v0) and of the last published version, the "
-             "gain in points, and the wall clock of the whole campaign command.",
+             "gain in points, and the wall clock of the whole campaign command; pass@k of the sampled attempts next "
+             "to it (the preset's v0 answers greedily in the wrong format, but samples the right one: "
+             "`CampaignConfig.tiny()`'s comment).",
     method="`python -m flows.campaign` on the embedded defaults (`CampaignConfig.tiny()`: tiny decoder, "
            "arithmetic with a calculator under light tool latency, 2 rollout workers and the trainer as threads of "
            "one process, Prefect's ephemeral API); results read back from the campaign folder. `--quick` shrinks "
@@ -76,12 +78,13 @@ def learning(ctx: BenchContext) -> BenchResult:
     for version in published_versions(store):
         ctx.progress(f"learning: evaluating v{version} for the curve (untimed)")
         evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
-    evals = {}
+    evals, pass_at_k = {}, {}
     for name in store.list("eval"):
         report = store.read_json(f"eval/{name}")
         version = int(name[1:9])
         pointer = store.read_json(f"weights/LATEST.json.d/{version:012d}.json")
         evals[version] = (int(pointer.get("step", 0)), float(report["greedy_success_rate"]))
+        pass_at_k[version] = float(report["pass@k"])
     steps, rewards = [], []
     for name in store.list("train/consumed"):
         log = store.read_json(f"train/consumed/{name}")
@@ -90,9 +93,11 @@ def learning(ctx: BenchContext) -> BenchResult:
     first, last = min(evals), max(evals)
     gain = (evals[last][1] - evals[first][1]) * 100
     _plot(ctx.plot_dir / "learning_curve.png", steps, rewards, evals)
-    rows = [{"version": v, "trainer step": s, "held-out greedy success": f"{x:.1%}"} for v, (s, x) in sorted(evals.items())]
+    rows = [{"version": v, "trainer step": s, "held-out greedy success": f"{x:.1%}",
+             f"pass@{config.eval.samples} (sampled)": f"{pass_at_k[v]:.1%}"} for v, (s, x) in sorted(evals.items())]
     summary = json.dumps({"steps": len(steps), "wall_s": round(wall, 1)})
     return BenchResult(
         figures={"learning.heldout_gain_pts": round(gain, 2), "learning.wallclock_s": round(wall, 1),
-                 "learning.v0_success": evals[first][1], "learning.final_success": evals[last][1]},
+                 "learning.v0_success": evals[first][1], "learning.final_success": evals[last][1],
+                 "learning.v0_pass_at_k": pass_at_k[first], "learning.final_pass_at_k": pass_at_k[last]},
         rows=rows, plots=["learning_curve.png"], notes=f"run: {summary}; quick={ctx.quick}")

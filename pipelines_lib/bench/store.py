@@ -11,7 +11,11 @@ Variants:
 - ``store encode+create``: ``encode_shard`` + ``Store.create`` of the already-built table: the byte path
   alone, to separate conversion cost from storage cost.
 - ``pyarrow write``: the same table written with ``pa.ipc.new_file`` (same zstd compression) to a file in the
-  same folder, then fsync: what a careful hand-written writer does.
+  same folder, then fsync: what a careful hand-written writer does. It starts from the built table, so
+  ``write_over_pyarrow`` charges the store alone for turning Python objects into Arrow.
+- ``pyarrow write from records``: the same records as plain row dicts through ``Table.from_pylist`` (same
+  schema), then the ``pyarrow write`` path: the hand-written writer starting where the store starts. A reported
+  reference (``write_over_pyarrow_records``), without a goal.
 - ``store read`` / ``store read+validate``: ``read_shard(validate=False/True)``: the tailer's path.
 - ``pyarrow read``: ``pa.ipc.open_file(path).read_all()`` of the pyarrow-written file.
 """
@@ -32,6 +36,7 @@ from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, regist
 from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory, to_table
+from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 QUICK = {"groups": 32, "group_size": 8, "max_len": 2048, "repeats": 3}
@@ -55,6 +60,17 @@ def _pyarrow_write(path: Path, table: pa.Table) -> None:
             writer.write_table(table)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _table_from_pylist(records: list[Trajectory]) -> pa.Table:
+    """The records as the plain row dicts ``Table.from_pylist`` takes, converted by pyarrow's row path."""
+    rows = [{**vars(t), "trajectory_id": t.trajectory_id, "turns": [vars(turn) for turn in t.turns],
+             "reward_parts": list(t.reward_parts.items()), "timings": vars(t.timings)} for t in records]
+    return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+
+
+def _pyarrow_write_records(path: Path, records: list[Trajectory]) -> None:
+    _pyarrow_write(path, _table_from_pylist(records))
 
 
 def _pyarrow_read(path: Path) -> pa.Table:
@@ -96,12 +112,15 @@ def _plot(path: Path, rows: list[dict]) -> None:
     title="Shard store throughput vs raw pyarrow IPC",
     measures="Write and read throughput (MB/s and trajectories/s) of the shard store, next to a raw pyarrow "
              "IPC write/read of the same table on the same local folder. `write_over_pyarrow` and "
-             "`read_over_pyarrow` are store throughput / raw throughput.",
+             "`read_over_pyarrow` are store throughput / raw throughput; `write_over_pyarrow_records` compares the "
+             "store's write with pyarrow converting the same Python records itself (`Table.from_pylist`).",
     method="Synthetic groups (`synthetic_group`, 4 turns per trajectory). Each repetition runs every variant once, "
            "side by side, into a fresh folder; figures are medians (each unvalidated read sample averages 5 back-to-back reads). `store write` is `ShardWriter.add_group` + "
            "`flush` from trajectory records (conversion, zstd encoding, create-only commit with fsync); "
            "`store encode+create` starts from the built table; `pyarrow write` writes the same table with the same "
-           "zstd compression and fsyncs. `store read` is `read_shard(validate=False)` (the headline read ratio), "
+           "zstd compression and fsyncs; `pyarrow write from records` first builds that table from the same records "
+           "with `Table.from_pylist` (row dicts), a reference without a goal (`write_over_pyarrow_records`). "
+           "`store read` is `read_shard(validate=False)` (the headline read ratio), "
            "`store read+validate` adds the row-by-row invariant check; `pyarrow read` reads the raw file. "
            "MB = in-memory Arrow bytes of the table, the same for every variant.",
     goals=(Goal(key="store.write_over_pyarrow", op=">=", value=0.8, why="the store should cost little over raw pyarrow"),
@@ -111,10 +130,14 @@ def bench_store(ctx: BenchContext) -> BenchResult:
     size = QUICK if ctx.quick else FULL
     groups = [synthetic_group(prompt_id=f"p{i}", group_size=size["group_size"], worker_id="bench", policy_version=0,
                               seed=i, max_len=size["max_len"]) for i in range(size["groups"])]
-    table = to_table([t for g in groups for t in g])
+    records = [t for g in groups for t in g]
+    table = to_table(records)
+    if not _table_from_pylist(records).equals(table):
+        raise AssertionError("bench store: Table.from_pylist and to_table disagree; the write arms are not comparable")
     mb, n = table.nbytes / 1e6, table.num_rows
     times: dict[str, list[float]] = {k: [] for k in (
-        "store write", "store encode+create", "pyarrow write", "store read", "store read+validate", "pyarrow read")}
+        "store write", "store encode+create", "pyarrow write", "pyarrow write from records", "store read",
+        "store read+validate", "pyarrow read")}
     shard_bytes = raw_bytes = 0
     for rep in range(size["repeats"]):
         folder = ctx.scratch / f"rep{rep}"
@@ -124,6 +147,8 @@ def bench_store(ctx: BenchContext) -> BenchResult:
         times["store write"].append(_timed(partial(_store_write, store, groups)))
         times["store encode+create"].append(_timed(partial(_encode_create, byte_store, table)))
         times["pyarrow write"].append(_timed(partial(_pyarrow_write, raw_path, table)))
+        times["pyarrow write from records"].append(
+            _timed(partial(_pyarrow_write_records, folder / "raw_from_records.arrow", records)))
         [shard] = store.walk("trajectories")
         times["store read"].append(_timed(partial(read_shard, store, shard, validate=False), READ_CALLS))
         times["store read+validate"].append(_timed(partial(read_shard, store, shard)))
@@ -137,6 +162,7 @@ def bench_store(ctx: BenchContext) -> BenchResult:
     _plot(ctx.plot_dir / plot, rows)
     figures = {
         "store.write_over_pyarrow": med["pyarrow write"] / med["store write"],
+        "store.write_over_pyarrow_records": med["pyarrow write from records"] / med["store write"],
         "store.encode_create_over_pyarrow": med["pyarrow write"] / med["store encode+create"],
         "store.read_over_pyarrow": med["pyarrow read"] / med["store read"],
         "store.read_validated_over_pyarrow": med["pyarrow read"] / med["store read+validate"],
@@ -146,6 +172,7 @@ def bench_store(ctx: BenchContext) -> BenchResult:
         "store.read_traj_s": n / med["store read"],
         "store.read_validated_mb_s": mb / med["store read+validate"],
         "store.pyarrow_write_mb_s": mb / med["pyarrow write"],
+        "store.pyarrow_records_write_mb_s": mb / med["pyarrow write from records"],
         "store.pyarrow_read_mb_s": mb / med["pyarrow read"],
         "store.table_mb": mb,
         "store.shard_mb": shard_bytes / 1e6,

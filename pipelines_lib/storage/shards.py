@@ -18,8 +18,10 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
@@ -38,8 +40,13 @@ class ShardError(ValueError):
 
 def group_min_version(group: Sequence[Trajectory]) -> int:
     """Oldest policy version over the loss tokens of a group (0 if it has none)."""
-    versions = [v for t in group for v, m in zip(t.policy_version, t.loss_mask, strict=True) if m]
-    return min(versions) if versions else 0
+    for t in group:
+        if len(t.policy_version) != len(t.loss_mask):
+            raise ValueError(f"{t.trajectory_id}: policy_version has {len(t.policy_version)} entries, "
+                             f"loss_mask {len(t.loss_mask)}")
+    # ``compress`` walks the token lists in C: a per-token Python loop here cost as much as the Arrow conversion.
+    oldest = [min(compress(t.policy_version, t.loss_mask), default=None) for t in group]
+    return min((v for v in oldest if v is not None), default=0)
 
 
 def encode_shard(table: pa.Table, provenance: dict) -> bytes:
@@ -186,7 +193,8 @@ class ShardWriter:
         provenance = {
             "worker_id": self.worker_id, "seq": self._seq, "version": version, "n_groups": len(buf.groups),
             "created_at": utc_now_iso(),
-            "policy_versions": sorted({v for t in rows for v in t.policy_version if v >= 0}),
+            "policy_versions": sorted(v for v in pc.unique(pc.list_flatten(table.column("policy_version"))).to_pylist()
+                                      if v >= 0),
         }
         data = encode_shard(table, provenance)
         try:
