@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from pipelines_lib.drills.kills import (
-    KillDrill,
     check_publication,
     evaluator_kill_drill,
-    partial_visible,
     publish_in_flight,
     rollout_kill_drill,
     trainer_kill_drill,
 )
+from pipelines_lib.drills.supervisor import KillDrill, partial_visible
 from pipelines_lib.storage.store import Store
 
 

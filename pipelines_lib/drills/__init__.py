@@ -4,6 +4,7 @@
 - ``sandbox_escapes``: a catalogue of escape attempts against the sandboxed Python tool.
 - ``secrets``: planted fake credentials must not reach any output of the stages.
 - ``faultproxy`` + ``storage_faults``: a fault-injecting HTTP proxy before a GCS-API server, and a store workload.
+- ``supervisor``: ``KillDrill``, start / SIGKILL / restart one stage subprocess; ``partial_visible``.
 - ``kills``: SIGKILL the trainer (also mid-publish), a rollout worker or the evaluator at random moments and
   account for every group, weights version and eval file.
 - ``runner``: ``rollstream drills`` (``cli``) runs them all, merges ``reliability.*`` figures into

@@ -12,8 +12,8 @@ question), or a wrong copy of the tool result. Each scores 0. The default is the
 tiny model (250 warm-start steps): with 60 % float answers it still learns to copy the tool's result (80 % of
 held-out answers hold the right digits; 88 % with clean demonstrations) because every demonstration puts those
 digits at the same place, and the flaw is one token after them that reward alone fixes (GRPO: greedy success 0
--> 70 % in two steps, then copying sharpens). Flaws that change what precedes the answer's digits (a guess
-without the tool, even as 35 % of the demonstrations; a missing answer tag; copy mistakes) keep it from
+-> 70 % in two steps, then copying sharpens). Flaws that change the answer's digits or what precedes them (a
+guess without the tool, even as 35 % of the demonstrations; a missing answer tag; copy mistakes) keep it from
 learning to copy at all within the warm start.
 """
 
