@@ -12,33 +12,43 @@ export DO_NOT_TRACK ?= 1
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/build/jax-cache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5
 
-.PHONY: venv demo store-demo test test-all bench lint fmt drills clean
+# System packages the tests need (Debian names) are installed by `sysdeps` when running as root (CI); otherwise the README says how.
 
-$(STAMP): pyproject.toml
+.PHONY: sysdeps venv demo store-demo test test-all bench lint fmt drills clean
+
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+sysdeps:
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "rollstream: install these system packages first:$$missing (see README, 'System packages')" >&2; exit 2; fi; \
+	fi
+
+demo: $(STAMP) sysdeps
 	$(PY) -m flows.campaign --campaign-url runs/demo-$$(date -u +%Y%m%dT%H%M%S) --evaluate ends
 
-store-demo: $(STAMP)
+store-demo: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream demo
 
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(PY) -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m ''
 
 bench: $(STAMP)
 	$(VENV)/bin/rollstream bench
 
-drills: $(STAMP)
+drills: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream drills
 
 lint: $(STAMP)

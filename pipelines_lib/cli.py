@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.drills import cli as drills_cli
+from drills import cli as drills_cli
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
 
@@ -162,7 +162,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("bench", "run registered benchmarks; update bench/results.json and BENCHMARKS.md", _bench_args)
 def _bench(args: argparse.Namespace) -> int:
-    from pipelines_lib.bench.runner import run_benchmarks
+    from bench.runner import run_benchmarks
 
     figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out, progress=_stderr)
     for key, value in sorted(figures.items()):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines_lib.bench import campaign_arms
-from pipelines_lib.bench.campaign_arms import (
+from bench import campaign_arms
+from bench.campaign_arms import (
     arm_figures,
     arm_overrides,
     consumption_figures,
@@ -23,7 +23,7 @@ from pipelines_lib.bench.campaign_arms import (
     shared_config,
     telemetry_figures,
 )
-from pipelines_lib.bench.registry import BenchContext, load_benches
+from bench.registry import BenchContext, load_benches
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig

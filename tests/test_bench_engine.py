@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.bench import engine as engine_bench
-from pipelines_lib.bench.registry import BenchContext, load_benches
+from bench import engine as engine_bench
+from bench.engine_runs import LengthMix, TurnKind, measure_continuous_vs_static, mixed_requests
+from bench.registry import BenchContext, load_benches
 from pipelines_lib.engine.api import SamplingParams
-from pipelines_lib.engine.bench import LengthMix, TurnKind, measure_continuous_vs_static, mixed_requests
 from pipelines_lib.engine.config import EngineConfig
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import registry
+from bench.registry import Bench, BenchContext, BenchResult, Goal, load_benches, register_bench
+from bench.runner import merge_results, render_markdown, run_benchmarks
 from pipelines_lib import cli
-from pipelines_lib.bench import registry
-from pipelines_lib.bench.registry import Bench, BenchContext, BenchResult, Goal, load_benches, register_bench
-from pipelines_lib.bench.runner import merge_results, render_markdown, run_benchmarks
 
 
 def _toy(figures: dict[str, float]) -> Bench:

@@ -8,8 +8,8 @@ import json
 import math
 from pathlib import Path
 
-from pipelines_lib.bench import rollout as rollout_bench
-from pipelines_lib.bench.registry import BenchContext, load_benches
+from bench import rollout as rollout_bench
+from bench.registry import BenchContext, load_benches
 from pipelines_lib.envs import make_env
 
 

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from pipelines_lib.bench import trainer as trainer_bench
-from pipelines_lib.bench.registry import BenchContext, load_benches
+from bench import trainer as trainer_bench
+from bench.registry import BenchContext, load_benches
 
 
 def _ctx(tmp_path: Path) -> BenchContext:

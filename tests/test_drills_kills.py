@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.drills.kills import (
+from drills.kills import (
     check_publication,
     evaluator_kill_drill,
     publish_in_flight,
     rollout_kill_drill,
     trainer_kill_drill,
 )
-from pipelines_lib.drills.supervisor import KillDrill, partial_visible
+from drills.supervisor import KillDrill, partial_visible
 from pipelines_lib.storage.store import Store
 
 
@@ -97,7 +97,7 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
         tmp_path: Path) -> None:
     from flax import nnx
 
-    from pipelines_lib.drills.kills import drill_trainer_config
+    from drills.kills import drill_trainer_config
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights, published_marker
     from pipelines_lib.storage.layout import weights_dir

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pipelines_lib.drills import kills as kills_mod
-from pipelines_lib.drills import runner
+from drills import kills as kills_mod
+from drills import runner
 
 
 def _fake(figures: dict[str, float]) -> runner.DrillFn:
@@ -54,7 +54,7 @@ def test_an_unknown_drill_is_refused_naming_the_choices(fake_drills: None) -> No
 
 
 def test_the_drills_subcommand_is_registered_on_the_cli() -> None:
-    import pipelines_lib.drills.cli  # noqa: F401 - registers the subcommand
+    import drills.cli  # noqa: F401 - registers the subcommand
     from pipelines_lib.cli import SUBCOMMANDS, build_parser
 
     assert "drills" in SUBCOMMANDS

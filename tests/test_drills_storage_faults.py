@@ -15,14 +15,14 @@ import urllib.request
 
 import pytest
 
-from pipelines_lib.drills.fault_campaign import (
+from drills.fault_campaign import (
     CampaignOutageResult,
     CampaignResult,
     run_fault_campaign,
     run_outage_campaign,
 )
-from pipelines_lib.drills.faultproxy import FaultPlan, FaultProxy
-from pipelines_lib.drills.storage_faults import (
+from drills.faultproxy import FaultPlan, FaultProxy
+from drills.storage_faults import (
     fault_figures,
     outage_drill,
     proxied_store,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
+from drills.fuzz import ConfigCase, check_config, config_inputs
 from pipelines_lib.config import ConfigError
-from pipelines_lib.drills.fuzz import ConfigCase, check_config, config_inputs
 
 
 @settings(max_examples=500, deadline=None)

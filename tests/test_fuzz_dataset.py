@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from pipelines_lib.drills.fuzz import DatasetCase, check_dataset, dataset_inputs
+from drills.fuzz import DatasetCase, check_dataset, dataset_inputs
 
 
 @settings(max_examples=500, deadline=None)

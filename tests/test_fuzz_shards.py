@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from pipelines_lib.drills.fuzz import check_shard, shard_inputs
+from drills.fuzz import check_shard, shard_inputs
 
 
 @settings(max_examples=500, deadline=None)

@@ -6,7 +6,7 @@ from typing import Any
 
 from hypothesis import given, settings
 
-from pipelines_lib.drills.fuzz import calculator_inputs, check_calculator, check_parsers, parser_inputs
+from drills.fuzz import calculator_inputs, check_calculator, check_parsers, parser_inputs
 
 
 @settings(max_examples=500, deadline=None)

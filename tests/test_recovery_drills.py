@@ -37,7 +37,7 @@ import prefect.settings
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
-from pipelines_lib.drills.supervisor import ROOT, KillDrill
+from drills.supervisor import ROOT, KillDrill
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from pipelines_lib.drills.sandbox_escapes import loopback_listener
+from drills.sandbox_escapes import loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox, SandboxConfig, SandboxResult
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.drills.sandbox_escapes import ESCAPES, PLANTED_VALUE, Escape, Host, attempt, prepared_host
+from drills.sandbox_escapes import ESCAPES, PLANTED_VALUE, Escape, Host, attempt, prepared_host
 
 
 @pytest.fixture(scope="module")

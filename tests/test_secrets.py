@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.drills.secrets import API_TOKEN, planted_secrets, run_secret_drill, scan
+from drills.secrets import API_TOKEN, planted_secrets, run_secret_drill, scan
 
 
 def test_no_planted_secret_reaches_any_output_of_the_stages(tmp_path: Path) -> None:

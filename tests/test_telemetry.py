@@ -365,8 +365,8 @@ def test_trace_and_metrics_commands_read_any_campaign(tmp_path: Path, capsys: py
 
 def test_overhead_benchmark_times_both_arms_on_episodes_that_record_six_spans(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines_lib.bench import telemetry as bench
-    from pipelines_lib.bench.registry import BenchContext
+    from bench import telemetry as bench
+    from bench.registry import BenchContext
 
     monkeypatch.setattr(bench, "QUICK", {"episodes": 10, "repeats": 1, "spans": 1000})
     result = bench.bench_telemetry(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path, progress=print))

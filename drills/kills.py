@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
+from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, read_shard

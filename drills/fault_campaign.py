@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.drills.faultproxy import FaultPlan, FaultProxy
+from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN_OVERRIDES: dict[str, Any] = {
     "workers": 1, "dataset.n_train": 64, "dataset.n_heldout": 8, "sft.steps": 4, "sft.n_demos": 16,
     "trainer.max_steps": 2, "trainer.publish_every": 1, "trainer.checkpoint_every": 1, "trainer.batch_groups": 2,

@@ -1,6 +1,6 @@
 """Benchmark ``engine``: continuous vs static batching in the JAX engine, on an agent-like and a uniform mix.
 
-A thin registration over ``engine.bench`` (which documents the runs and the request mixes): this module
+A thin registration over ``bench.engine_runs`` (which documents the runs and the request mixes): this module
 picks the sizes and mixes, prefixes the figures (headline keys ``engine.*`` on the agent mix, the uniform
 mix under ``engine.uniform_*``), turns them into table rows and draws the plot.
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from flax import nnx
 
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
-from pipelines_lib.engine.bench import LengthMix, measure_continuous_vs_static, mixed_requests
+from bench.engine_runs import LengthMix, measure_continuous_vs_static, mixed_requests
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -59,7 +59,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
              "decodes until its longest request finishes and returns together), on the same requests with "
              "agent-like skewed completion lengths (headline) and with uniform ones (`engine.uniform_*`); and "
              "the ceiling: tokens/s with every slot busy for the whole window (DESIGN §7).",
-    method=f"`engine.bench.measure_continuous_vs_static`: tiny model (random init, `ModelConfig.tiny()`), "
+    method=f"`bench.engine_runs.measure_continuous_vs_static`: tiny model (random init, `ModelConfig.tiny()`), "
            f"{ENGINE.num_slots} slots, KV cache {ENGINE.max_seq_len}, prefill buckets {ENGINE.prefill_buckets} "
            "(every prompt prefills in one call). Agent mix (`LengthMix.agent()`): "
            f"{AGENT.describe()}: about three tool calls per final answer, as in the multi-turn envs; the shares "

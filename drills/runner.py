@@ -30,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.bench.registry import BenchResult
-from pipelines_lib.bench.runner import RESULTS, _write_atomically, machine_info, merge_results
-from pipelines_lib.drills.storage_faults import FAULT_MEASURED, render_fault_section
+from bench.registry import BenchResult
+from bench.runner import RESULTS, _write_atomically, machine_info, merge_results
+from drills.storage_faults import FAULT_MEASURED, render_fault_section
 
 DETAILS = Path("bench/reliability.json")
 REPORT = Path("RELIABILITY.md")
@@ -67,7 +67,7 @@ def _plain(obj: Any) -> Any:
 
 
 def _fuzz(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from pipelines_lib.drills.fuzz import run_fuzz
+    from drills.fuzz import run_fuzz
 
     tallies = run_fuzz(sizes.fuzz_examples)
     figures = {"reliability.fuzz_cases": float(sum(t.cases for t in tallies.values())),
@@ -76,7 +76,7 @@ def _fuzz(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> 
 
 
 def _sandbox(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from pipelines_lib.drills.sandbox_escapes import run_escapes
+    from drills.sandbox_escapes import run_escapes
 
     outcomes = run_escapes(scratch / "sandbox")
     return ({"reliability.sandbox_escapes": float(sum(not o.contained for o in outcomes)),
@@ -84,7 +84,7 @@ def _sandbox(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) 
 
 
 def _secrets(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from pipelines_lib.drills.secrets import run_secret_drill
+    from drills.secrets import run_secret_drill
 
     report = run_secret_drill(scratch / "secrets", real_rollouts=True, groups=2)
     return {"reliability.secret_leaks": float(len(report.leaks))}, _plain(report)
@@ -93,7 +93,7 @@ def _secrets(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) 
 def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     import logging
 
-    from pipelines_lib.drills.storage_faults import fault_figures, run_fault_drill
+    from drills.storage_faults import fault_figures, run_fault_drill
     from pipelines_lib.storage.emulator import gcs_server
 
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # a traceback per retried request otherwise
@@ -105,7 +105,7 @@ def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
 
 
 def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from pipelines_lib.drills.kills import evaluator_kill_drill, rollout_kill_drill, trainer_kill_drill
+    from drills.kills import evaluator_kill_drill, rollout_kill_drill, trainer_kill_drill
 
     for name in ("trainer", "publish", "rollout", "evaluator"):
         (scratch / name).mkdir()

@@ -30,7 +30,7 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass

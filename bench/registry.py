@@ -4,7 +4,7 @@ A benchmark is a function ``fn(ctx: BenchContext) -> BenchResult`` registered un
 ``BENCHMARKS.md`` section needs (what it measures, how) and its goals. Its figures are flat keys prefixed
 with its name (``store.write_over_pyarrow``) so results of all benchmarks share one flat namespace.
 
-Benchmarks live next to what they measure (an engine benchmark in ``pipelines_lib/engine/``); the runner
+Benchmarks live in this package, outside the library they measure; the runner
 imports every module in ``BENCH_MODULES`` before it looks names up, so registering a new one means adding its
 module name there.
 """
@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
-    "pipelines_lib.bench.campaign_arms",
-    "pipelines_lib.bench.engine",
-    "pipelines_lib.bench.learning",
-    "pipelines_lib.bench.rollout",
-    "pipelines_lib.bench.store",
-    "pipelines_lib.bench.telemetry",
-    "pipelines_lib.bench.trainer",
+    "bench.campaign_arms",
+    "bench.engine",
+    "bench.learning",
+    "bench.rollout",
+    "bench.store",
+    "bench.telemetry",
+    "bench.trainer",
 )
 """Modules whose import registers benchmarks."""
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.drills.fault_campaign import (
+from drills.fault_campaign import (
     drill_storage_options,
     run_fault_campaign,
     run_outage_campaign,
 )
-from pipelines_lib.drills.faultproxy import FaultPlan, FaultProxy
+from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import RetryPolicy, Store

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.campaign import load_campaign_config, published_versions
 from pipelines_lib.evaluate import evaluate
 from pipelines_lib.storage.store import Store
@@ -69,7 +69,7 @@ def learning(ctx: BenchContext) -> BenchResult:
         cmd += ["--set", item]
     ctx.progress(f"learning: {' '.join(cmd[1:])}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     wall = time.monotonic() - t0
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

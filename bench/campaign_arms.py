@@ -88,7 +88,7 @@ from typing import Any
 
 import yaml
 
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import to_mapping
 from pipelines_lib.envs.tools.latency import LatencyProfile
@@ -235,7 +235,7 @@ def _run_arm(url: str, config_path: Path, overrides: Mapping[str, Any], progress
         cmd += ["--set", f"{key}={json.dumps(value)}"]
     progress(f"bench: python -m flows.campaign {' '.join(cmd[3:])}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
                           timeout=ARM_TIMEOUT_S)
     if proc.returncode not in (0, 1):  # 1: the audit found problems; the figures are still worth reading
         raise RuntimeError(f"campaign {url} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -345,7 +345,7 @@ ARMS_METHOD = (f"Runs of the real campaign command (`python -m flows.campaign --
                "Prefect's ephemeral API) on `CampaignConfig.tiny()`, each `init_from` one SFT warm start made once, "
                "same seeds, tasks, eval set and trainer (one config file for all). Sync: η = 0 and a per-version "
                "budget of one version's batch of useful groups (generate → train → publish → next batch; module "
-               "docstring of `pipelines_lib/bench/campaign_arms.py`); η = k: `rollout.eta=k`, groups start as slots "
+               "docstring of `bench/campaign_arms.py`); η = k: `rollout.eta=k`, groups start as slots "
                "free up. Figures are read back from each campaign folder (consumption logs, DONE marker, telemetry, "
                "eval); throughput is per hour of the trainer's wall clock. Full: the preset's trainer steps, 256 held-out "
                "tasks; `--quick`: 4 trainer steps, 16 held-out tasks (a smoke run: its learning figures mean "

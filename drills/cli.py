@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # gcsfs's zonal-bucket probe stalls against the emulator the fault drill starts (README, GCS notes).
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    from pipelines_lib.drills.runner import run_drills
-    from pipelines_lib.drills.storage_faults import FAULT_FAILURES
+    from drills.runner import run_drills
+    from drills.storage_faults import FAULT_FAILURES
 
     figures = run_drills(quick=args.quick, out_dir=args.out, progress=_stderr, only=args.only)
     for key, value in sorted(figures.items()):

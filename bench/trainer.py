@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, measure_pickup_latency, publish_weights

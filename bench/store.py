@@ -32,7 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory, to_table

@@ -22,9 +22,9 @@ import contextvars
 import statistics
 import time
 
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import telemetry
 from pipelines_lib.agents import AgentConfig, make_agent, run_episode
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.scripted import ScriptedEngine
 from pipelines_lib.envs import make_env

@@ -65,9 +65,9 @@ from typing import Any, Literal
 
 from flax import nnx
 
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.agents import AgentConfig, ToolAgent, run_episode
 from pipelines_lib.agents.base import FinalResponse, ToolMessages
-from pipelines_lib.bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.jax_engine import JaxEngine

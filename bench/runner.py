@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.bench.registry import Bench, BenchContext, BenchResult, load_benches
+from bench.registry import Bench, BenchContext, BenchResult, load_benches
 
 RESULTS = Path("bench/results.json")
 REPORT = Path("BENCHMARKS.md")
