@@ -1,84 +1,147 @@
-"""Sandboxed Python: run untrusted model code in a separate, limited, throw-away process.
+"""Sandboxed Python: run untrusted model code in a throw-away, OS-isolated process.
 
-Layers, outermost first (each one alone stops the common accidents; together they contain naive
-hostile code):
+Containment comes from the kernel, not from the interpreter. The default isolation backend,
+``bwrap`` (bubblewrap), starts every program in fresh namespaces::
 
-1. **Process**: ``python -I -S -B`` (isolated mode: no ``PYTHON*`` variables, no site-packages, no
-   user site, no bytecode writes), started in its own session so a timeout kills the whole process
-   group, with an empty environment (``PATH``/``HOME``/``LANG`` only: no parent variables or
-   credentials), stdin from ``/dev/null`` and a fresh temporary working directory that is removed
-   afterwards.
-2. **Kernel limits** set by the child before running the code: ``RLIMIT_CPU`` (CPU seconds),
-   ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size), ``RLIMIT_NPROC`` (processes),
-   ``RLIMIT_NOFILE`` and no core dumps. Note: Linux does not enforce ``RLIMIT_NPROC`` for root;
-   when the pipeline runs as root, layer 4 and the process-group kill contain fork bombs.
-3. **Network namespace**: with ``network="auto"`` the child runs under ``unshare -n`` when that
-   works (root, or unprivileged user namespaces via ``unshare -rn``); the namespace has only a
-   down loopback, so no connection can leave. Where neither works (some containers) it falls back
-   to layer 4 alone; :attr:`PythonSandbox.network_isolation` reports which one is in effect.
-4. **Audit hook** (PEP 578) installed before the code runs: refuses socket creation, process
-   creation (fork/exec/spawn/subprocess/system; ``_posixsubprocess.fork_exec`` is stubbed),
-   signals to other processes, ``ctypes``, links, and any file access outside the working
-   directory (reads of the standard library excepted). Audit hooks are defence in depth, not a
-   security boundary against an adversary who can reach interpreter internals.
+    parent (rollout worker)            sandbox (new user, pid, mount, ipc, uts, net, cgroup namespaces)
+      PythonSandbox.run(code) ──stdin──►  pid 1: bwrap init (dies with the parent; killed at the deadline)
+        wall clock, output caps ◄─pipes──   pid 2: python -I -S -B  (uid 65534, no capabilities,
+                                                    rlimits, seccomp: no new processes, audit hook)
+                                            /      read-only: /usr, /lib*, the interpreter and its stdlib
+                                            /tmp   private tmpfs, the working directory
+                                            /proc  its own (only the sandbox's processes), /dev minimal
 
-The child keeps the parent's user: file containment beyond the audit hook comes from file
-permissions, so run rollout workers as an unprivileged user in production (dropping to ``nobody``
-inside the sandbox would need an interpreter that user can read; pyenv installs under ``/root``
-cannot be). CPU, memory, output, time, network (with a namespace) and the environment are bounded
-by the kernel and the parent whatever the code does.
+Nothing of the project, the virtualenv's site-packages or the parent's environment is visible; the
+network namespace has only a down loopback; ``--new-session`` detaches the terminal. At the deadline
+(or when output passes its cap) the parent kills the namespace's init, which takes every process in
+the namespace with it, and waits until it is gone: no grandchild, ``setsid`` or double fork survives.
+Kernel limits stay as before: ``RLIMIT_CPU``/``AS``/``FSIZE``/``NOFILE``/``NPROC``/``CORE``; because
+``RLIMIT_NPROC`` is not enforced when the parent runs as root, ``max_processes == 1`` is also enforced
+by a seccomp filter refusing ``fork``/``vfork``/``clone`` of processes (threads stay allowed).
 
-The parent reads at most ``max_output_bytes`` per stream; past that it stops the child (a print
-loop has nothing more to say) and marks the result truncated. Every wait has a deadline.
+The PEP 578 audit hook the program starts under (refusing sockets, processes, files outside the
+working directory, ...) is an extra layer that gives clear error messages; nothing depends on it:
+code can disable it, and the namespaces still hold.
+
+**Backends** are registered in :data:`ISOLATION_BACKENDS` and chosen by ``SandboxConfig.isolation``:
+``bwrap`` (default) and ``none`` (a plain child process: unsafe, for machines where no isolation can
+be installed; every start logs a warning). A remote service (a pool of gVisor pods, see
+``infra/README.md``) plugs in as another :class:`SandboxBackend`. When the configured backend is not
+available, :class:`PythonSandbox` refuses to start with :class:`SandboxUnavailable` naming what to
+install.
+
+**Warm pool.** Starting namespaces and an interpreter costs tens of milliseconds of wall time. Inside
+``async with sandbox:`` the sandbox keeps ``warm_pool`` started workers waiting on their stdin for a
+program; a call takes one, and a replacement starts in the background. A worker runs exactly one
+program and is then killed, so nothing (files, processes, memory, IPC objects) survives from one call
+to the next: isolation between calls is the same as for cold starts, only the start is off the
+critical path. Outside ``async with`` every call starts its own worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import json
+import logging
 import os
+import platform
 import shutil
 import signal
+import struct
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Protocol
 
 from pipelines_lib.envs.base import Tool, require_str_arg
 from pipelines_lib.envs.registry import register_tool
 
+log = logging.getLogger(__name__)
+
+SANDBOX_UID = 65534
+"""The unprivileged uid (and gid) programs run as inside the ``bwrap`` sandbox."""
+WORK_DIR = "/tmp"
+"""The program's working directory inside the ``bwrap`` sandbox (a private tmpfs)."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The configured isolation backend cannot run on this machine (the message says what to install)."""
+
+
+class SandboxBackend(Protocol):
+    """Where programs run. ``run`` never raises for anything the program does."""
+
+    name: ClassVar[str]
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here (with what to install), or None when it can."""
+
+    async def run(self, code: str) -> SandboxResult: ...
+
+    async def start(self) -> None:
+        """Get ready for many calls (the local backends fill their warm pool)."""
+
+    async def aclose(self) -> None:
+        """Stop everything :meth:`start` started."""
+
+
+ISOLATION_BACKENDS: dict[str, Callable[[SandboxConfig], SandboxBackend]] = {}
+
+
+def register_isolation(name: str) -> Callable[[type[Any]], type[Any]]:
+    """Class decorator: ``@register_isolation("bwrap")`` makes the backend selectable by ``SandboxConfig.isolation``."""
+
+    def deco(cls: type[Any]) -> type[Any]:
+        if name in ISOLATION_BACKENDS:
+            raise ValueError(f"isolation backend {name!r} is already registered")
+        cls.name = name
+        ISOLATION_BACKENDS[name] = cls
+        return cls
+
+    return deco
+
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxConfig:
-    """Limits of one sandboxed run."""
+    """Limits and isolation of one sandboxed run."""
 
     timeout_s: float = 5.0
-    """Wall-clock limit; the process group is killed when it passes."""
+    """Wall-clock limit; the sandbox (its whole pid namespace with ``bwrap``) is killed when it passes."""
     cpu_s: int = 5
     """RLIMIT_CPU in seconds (SIGXCPU, then SIGKILL one second later)."""
     memory_mb: int = 512
     """RLIMIT_AS (virtual memory) in MiB."""
     file_size_mb: int = 8
-    """RLIMIT_FSIZE: largest file the code may write, in MiB."""
+    """RLIMIT_FSIZE: largest file the code may write, in MiB (past it: SIGXFSZ)."""
     max_processes: int = 1
-    """RLIMIT_NPROC: 1 means the code cannot fork or start threads (not enforced for root)."""
+    """RLIMIT_NPROC; 1 also installs a seccomp filter refusing new processes (``bwrap``), since Linux does not
+    enforce RLIMIT_NPROC for root."""
     max_open_files: int = 64
     """RLIMIT_NOFILE."""
     max_output_bytes: int = 16_384
-    """Bytes kept per stream (stdout, stderr); more stops the child and marks the result truncated."""
+    """Bytes kept per stream (stdout, stderr); more stops the program and marks the result truncated."""
     max_code_chars: int = 50_000
     """Longest accepted program."""
-    network: Literal["auto", "audit"] = "auto"
-    """``auto``: network namespace via ``unshare`` when available, plus the audit hook;
-    ``audit``: the audit hook alone."""
+    isolation: str = "bwrap"
+    """Isolation backend (a key of ``ISOLATION_BACKENDS``): ``bwrap`` runs each program in fresh namespaces
+    (needs the ``bubblewrap`` system package); ``none`` runs a plain child process with only the rlimits and
+    the audit hook: UNSAFE against hostile code, logs a warning on every start."""
+    warm_pool: int = 8
+    """Started workers kept waiting inside ``async with sandbox:`` (0: start each worker on demand). Each runs
+    one program only."""
     python: str = field(default_factory=lambda: sys.executable)
     """Interpreter to run (only its standard library is visible)."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            raise ValueError(f"timeout_s must be finite and > 0, got {self.timeout_s}")
         for f in ("cpu_s", "memory_mb", "file_size_mb", "max_processes", "max_open_files"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -86,13 +149,15 @@ class SandboxConfig:
             raise ValueError(f"max_output_bytes must be >= 1, got {self.max_output_bytes}")
         if self.max_code_chars < 1:
             raise ValueError(f"max_code_chars must be >= 1, got {self.max_code_chars}")
-        if self.network not in ("auto", "audit"):
-            raise ValueError(f"network must be 'auto' or 'audit', got {self.network!r}")
+        if self.warm_pool < 0:
+            raise ValueError(f"warm_pool must be >= 0, got {self.warm_pool}")
+        if self.isolation not in ISOLATION_BACKENDS:
+            raise ValueError(f"unknown isolation {self.isolation!r}; valid: {', '.join(sorted(ISOLATION_BACKENDS))}")
 
     @classmethod
     def tiny(cls) -> SandboxConfig:
         """Tight limits for tests and CPU demos."""
-        return cls(timeout_s=3.0, cpu_s=3, memory_mb=256, max_output_bytes=4096)
+        return cls(timeout_s=3.0, cpu_s=3, memory_mb=256, max_output_bytes=4096, warm_pool=2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,21 +188,24 @@ class SandboxResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-# Runs in the child as `python -I -S -B -c _BOOTSTRAP <limits json>` from inside the working
-# directory: limits first, then the audit hook, then the program in a fresh namespace (so the
-# bootstrap's names are not in its globals) with the bootstrap's own traceback frame hidden.
+# Runs in the worker as `python -I -S -B -c _BOOTSTRAP <limits json>` from inside the working directory:
+# limits first, then it waits for the program on stdin (a warm worker waits here), writes it to main.py
+# (for tracebacks), installs the audit hook (an extra layer with clear messages, not the boundary) and runs
+# the program in a fresh namespace with the bootstrap's own traceback frame hidden.
 _BOOTSTRAP = r"""
 import json, os, resource, sys, traceback
 cfg = json.loads(sys.argv[1])
 for name, value in cfg["rlimits"].items():
     hard = value + 1 if name == "RLIMIT_CPU" else value
     resource.setrlimit(getattr(resource, name), (value, hard))
+SOURCE = sys.stdin.buffer.read().decode("utf-8")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
 WORK = os.path.realpath(os.getcwd())
 STDLIB = os.path.realpath(os.path.dirname(os.__file__))
-with open("main.py", encoding="utf-8") as f:
-    SOURCE = f.read()
-# subprocess (and so asyncio) import fork_exec at import time; a stub keeps them importable while
-# making process creation impossible even for code that skips subprocess.Popen's audit event.
+with open("main.py", "w", encoding="utf-8") as f:
+    f.write(SOURCE)
 import _posixsubprocess
 def _no_fork_exec(*args, **kwargs):
     raise PermissionError("sandbox: new processes are not allowed")
@@ -180,8 +248,7 @@ _install(
     frozenset({"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
                "subprocess.Popen", "os.kill", "os.killpg", "os.symlink", "os.link", "os.chown",
                "os.setxattr", "os.removexattr", "pty.spawn", "sys.addaudithook"}),
-    frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),  # re-imports would undo the stub
-    # event -> (how many leading arguments are paths, whether it writes)
+    frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),
     {"os.listdir": (1, False), "os.scandir": (1, False), "os.chdir": (1, False),
      "os.remove": (1, True), "os.rmdir": (1, True), "os.mkdir": (1, True), "os.chmod": (1, True),
      "os.truncate": (1, True), "os.utime": (1, True), "os.rename": (2, True),
@@ -200,74 +267,116 @@ except BaseException as e:
 """
 
 
-class PythonSandbox:
-    """Runs programs under :class:`SandboxConfig` limits; safe to share between concurrent episodes."""
+# --- seccomp: no new processes, whoever the parent runs as ---------------------------------------------------
+# A classic BPF program over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]} (little endian).
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_PROCESS_SYSCALLS = {"x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
+                     "aarch64": {"clone": 220, "clone3": 435}}
+_CLONE_THREAD = 0x00010000
+_RET_ALLOW, _RET_KILL = 0x7FFF0000, 0x80000000
+_RET_EAGAIN, _RET_ENOSYS = 0x00050000 | 11, 0x00050000 | 38
 
-    def __init__(self, config: SandboxConfig = SandboxConfig()) -> None:
+
+def no_new_processes_filter(machine: str = platform.machine()) -> bytes | None:
+    """The seccomp program bwrap installs before the interpreter starts: ``fork``/``vfork`` and ``clone`` without
+    ``CLONE_THREAD`` fail with EAGAIN (threads still start), ``clone3`` with ENOSYS (libc then uses ``clone``),
+    another architecture's syscalls (x32 included) kill the process. None on an architecture not listed."""
+    if machine not in _AUDIT_ARCH:
+        return None
+    nrs = _PROCESS_SYSCALLS[machine]
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    denied = [nrs[n] for n in ("fork", "vfork") if n in nrs]
+    # Layout: arch check, nr load, x32 check, one jeq per denied syscall, clone3, clone + CLONE_THREAD, returns.
+    body_len = 8 + len(denied)  # instructions before the four return instructions
+    allow, eagain, enosys, kill = body_len, body_len + 1, body_len + 2, body_len + 3
+    prog = [op(ld, 4), op(jeq, _AUDIT_ARCH[machine], 0, kill - 2), op(ld, 0)]
+    pc = 3
+    prog.append(op(jge, 0x40000000, kill - pc - 1, 0))
+    pc += 1
+    for nr in denied:
+        prog.append(op(jeq, nr, eagain - pc - 1, 0))
+        pc += 1
+    prog.append(op(jeq, nrs["clone3"], enosys - pc - 1, 0))
+    pc += 1
+    prog.append(op(jeq, nrs["clone"], 0, allow - pc - 1))
+    pc += 1
+    prog.append(op(ld, 16))  # args[0] (flags), low 32 bits
+    pc += 1
+    prog.append(op(jset, _CLONE_THREAD, allow - pc - 1, eagain - pc - 1))
+    prog += [op(ret, _RET_ALLOW), op(ret, _RET_EAGAIN), op(ret, _RET_ENOSYS), op(ret, _RET_KILL)]
+    return b"".join(prog)
+
+
+# --- local workers ---------------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class _Worker:
+    """A started sandbox waiting for its program on stdin."""
+
+    proc: asyncio.subprocess.Process
+    reap: Callable[[], Any]
+    """Kills everything the worker started and waits until it is gone (a coroutine function)."""
+
+
+class LocalProcessBackend:
+    """Shared machinery of backends that run the interpreter as a child process: the bootstrap and its limits,
+    output caps, the wall clock, and the warm pool. Subclasses say how the child is started (:meth:`_spawn`)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: SandboxConfig) -> None:
         self.config = config
-        self._network_prefix: list[str] | None = None
+        self._ready: collections.deque[_Worker] = collections.deque()
+        self._starting: set[asyncio.Task[None]] = set()
+        self._pooled = False
 
-    @property
-    def network_isolation(self) -> str | None:
-        """``"netns"`` or ``"audit"`` once the first run has probed the machine, else None."""
-        if self._network_prefix is None:
-            return None
-        return "netns" if self._network_prefix else "audit"
+    def unavailable(self) -> str | None:
+        return None
 
-    async def _probe_network_prefix(self) -> list[str]:
-        if self.config.network == "audit" or shutil.which("unshare") is None:
-            return []
-        for prefix in (["unshare", "-n", "--"], ["unshare", "-r", "-n", "--"]):
-            proc = await asyncio.create_subprocess_exec(
-                *prefix, "true", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-            )
-            try:
-                if await asyncio.wait_for(proc.wait(), timeout=5.0) == 0:
-                    return prefix
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        return []
-
-    async def run(self, code: str, *, clock: Any = time.perf_counter) -> SandboxResult:
-        """Run ``code`` as a program; never raises for anything the program does."""
+    def _python_argv(self) -> list[str]:
         cfg = self.config
-        if len(code) > cfg.max_code_chars:
-            raise ValueError(f"program too long ({len(code)} > {cfg.max_code_chars} characters)")
-        if self._network_prefix is None:
-            self._network_prefix = await self._probe_network_prefix()
-        limits = {
-            "rlimits": {
-                "RLIMIT_CPU": cfg.cpu_s,
-                "RLIMIT_AS": cfg.memory_mb * 2**20,
-                "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
-                "RLIMIT_NPROC": cfg.max_processes,
-                "RLIMIT_NOFILE": cfg.max_open_files,
-                "RLIMIT_CORE": 0,
-            }
-        }
-        workdir = tempfile.mkdtemp(prefix="rollstream-sandbox-")
-        try:
-            with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-                f.write(code)
-            return await self._run_in(workdir, limits, clock)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        limits = {"rlimits": {
+            "RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
+            "RLIMIT_NPROC": cfg.max_processes, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}}
+        # The resolved path: inside a sandbox a virtualenv's `python` symlink would point nowhere.
+        return [os.path.realpath(cfg.python), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(limits)]
 
-    async def _run_in(self, workdir: str, limits: dict[str, Any], clock: Any) -> SandboxResult:
+    async def _spawn(self) -> _Worker:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        self._pooled = True
+        self._refill()
+
+    async def aclose(self) -> None:
+        self._pooled = False
+        if self._starting:
+            await asyncio.gather(*self._starting, return_exceptions=True)
+        while self._ready:
+            await self._ready.popleft().reap()
+
+    def _refill(self) -> None:
+        while self._pooled and len(self._ready) + len(self._starting) < self.config.warm_pool:
+            task = asyncio.ensure_future(self._start_one())
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start_one(self) -> None:
+        worker = await self._spawn()
+        if self._pooled:
+            self._ready.append(worker)
+        else:
+            await worker.reap()
+
+    async def run(self, code: str, *, clock: Callable[[], float] = time.perf_counter) -> SandboxResult:
+        worker = self._ready.popleft() if self._ready else await self._spawn()
+        self._refill()
         cfg = self.config
-        argv = [*(self._network_prefix or []), cfg.python, "-I", "-S", "-B", "-X", "utf8"]
-        argv += ["-c", _BOOTSTRAP, json.dumps(limits)]
-        start = clock()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=workdir,
-            env={"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # own process group: one killpg reaches every descendant
-        )
+        proc = worker.proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         out, err = bytearray(), bytearray()
         overflow = asyncio.Event()
 
@@ -278,40 +387,233 @@ class PythonSandbox:
                     overflow.set()
                     return
 
-        assert proc.stdout is not None and proc.stderr is not None
+        start = clock()
         drains = asyncio.gather(drain(proc.stdout, out), drain(proc.stderr, err))
         stop = asyncio.ensure_future(overflow.wait())
         timed_out = False
         try:
             async with asyncio.timeout(cfg.timeout_s):
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a worker that died early
+                    proc.stdin.write(code.encode("utf-8"))
+                    await proc.stdin.drain()
+                    proc.stdin.close()
                 await asyncio.wait([drains, stop], return_when=asyncio.FIRST_COMPLETED)
                 if not overflow.is_set():
                     await proc.wait()
         except TimeoutError:
             timed_out = True
         finally:
-            _kill_group(proc.pid)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), timeout=5.0)
+            await worker.reap()
             for pending in (drains, stop):
                 if not pending.done():
                     pending.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await pending
         return SandboxResult(
-            stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"),
-            exit_code=proc.returncode,
-            timed_out=timed_out and not overflow.is_set(),
-            truncated=overflow.is_set(),
-            wall_s=clock() - start,
-        )
+            stdout=out.decode("utf-8", errors="replace"), stderr=err.decode("utf-8", errors="replace"),
+            exit_code=proc.returncode, timed_out=timed_out and not overflow.is_set(),
+            truncated=overflow.is_set(), wall_s=clock() - start)
+
+
+_REAP_DEADLINE_S = 10.0
+
+
+async def _wait_exit(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), timeout=_REAP_DEADLINE_S)
 
 
 def _kill_group(pgid: int) -> None:
     # The group may already be gone (normal exit); killing it regardless removes any straggler.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _interpreter_binds(python: str) -> list[str]:
+    """What the interpreter needs, read-only: its executable (symlinks resolved: a virtualenv's ``python`` points
+    at a base interpreter), its shared library and its standard library; site-packages hidden under an empty
+    tmpfs. ``/usr`` and ``/lib*`` (the C library) are bound separately."""
+    exe = os.path.realpath(python)
+    stdlib = sysconfig.get_path("stdlib")
+    binds = [exe]
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    ldlib = sysconfig.get_config_var("INSTSONAME") or ""
+    if libdir and ldlib and os.path.exists(os.path.join(libdir, ldlib)):
+        binds.append(os.path.join(libdir, ldlib))
+    binds.append(stdlib)
+    args: list[str] = []
+    for path in binds:
+        args += ["--ro-bind", path, path]
+    purelib = sysconfig.get_path("purelib")
+    if purelib.startswith(stdlib + os.sep):
+        args += ["--tmpfs", purelib]
+    return args
+
+
+@register_isolation("bwrap")
+class BwrapBackend(LocalProcessBackend):
+    """Each program in its own bubblewrap sandbox (see the module docstring)."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config)
+        if os.path.realpath(config.python) != os.path.realpath(sys.executable):
+            # The binds describe the running interpreter's layout; another one would not find its stdlib.
+            raise ValueError(f"isolation 'bwrap' runs this process's interpreter ({sys.executable}), "
+                             f"got python={config.python!r}")
+        self._bwrap = shutil.which("bwrap")
+        self._seccomp = no_new_processes_filter() if config.max_processes == 1 else None
+
+    def unavailable(self) -> str | None:
+        if self._bwrap is None:
+            return ("the code sandbox needs bubblewrap (`bwrap`): install the system package `bubblewrap` "
+                    "(Debian/Ubuntu: `apt-get install bubblewrap`; `make sysdeps` does it as root), or set "
+                    "sandbox.isolation: none to run model code without isolation (unsafe)")
+        failure = _bwrap_failure(self._bwrap)
+        if failure is not None:
+            return (f"bubblewrap cannot create namespaces here ({failure}): allow unprivileged user namespaces "
+                    "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a container, "
+                    "a seccomp/AppArmor profile permitting them), or set sandbox.isolation: none (unsafe)")
+        return None
+
+    def argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
+        """The full command line of one worker."""
+        args = [self._bwrap or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--clearenv",
+                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK_DIR, "--setenv", "TMPDIR", WORK_DIR,
+                "--setenv", "LANG", "C.UTF-8", "--hostname", "sandbox"]
+        for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin"):
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        args += _interpreter_binds(self.config.python)
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", WORK_DIR, "--chdir", WORK_DIR,
+                 "--info-fd", str(info_fd)]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        return args + self._python_argv()
+
+    async def _spawn(self) -> _Worker:
+        info_r, info_w = os.pipe()
+        seccomp_fd = None
+        fds = [info_w]
+        try:
+            if self._seccomp is not None:
+                seccomp_fd = os.memfd_create("rollstream-seccomp")
+                os.write(seccomp_fd, self._seccomp)
+                os.lseek(seccomp_fd, 0, os.SEEK_SET)
+                fds.append(seccomp_fd)
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv(info_w, seccomp_fd), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, pass_fds=fds, env={}, start_new_session=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            info = await asyncio.wait_for(asyncio.to_thread(_read_all, info_r), timeout=_REAP_DEADLINE_S)
+        finally:
+            os.close(info_r)
+        # The namespace's init, opened as a pidfd while it is alive: killing it kills every process in the
+        # namespace, and its exit is reported only once they are all gone.
+        pidfd = None
+        with contextlib.suppress(ValueError, ProcessLookupError, KeyError):
+            pidfd = os.pidfd_open(int(json.loads(info)["child-pid"]))
+
+        async def reap() -> None:
+            _kill_group(proc.pid)
+            if pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                await _wait_readable(pidfd)
+                os.close(pidfd)
+            await _wait_exit(proc)
+
+        return _Worker(proc=proc, reap=reap)
+
+
+@functools.cache
+def _bwrap_failure(bwrap: str) -> str | None:
+    """Whether bubblewrap can create the namespaces on this machine (a fact about the machine, probed once)."""
+    probe = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+             "--ro-bind", "/", "/", "--proc", "/proc", "--uid", str(SANDBOX_UID), "--cap-drop", "ALL", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=_REAP_DEADLINE_S, env={})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{type(e).__name__}: {e}"
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit status {done.returncode}")
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _wait_readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done, timeout=_REAP_DEADLINE_S)
+    finally:
+        loop.remove_reader(fd)
+
+
+@register_isolation("none")
+class UnisolatedBackend(LocalProcessBackend):
+    """A plain child process in a fresh temporary folder, with the rlimits and the audit hook only. UNSAFE: code
+    that disables the hook reaches the parent's files, processes and network."""
+
+    async def _spawn(self) -> _Worker:
+        workdir = tempfile.mkdtemp(prefix="rollstream-sandbox-")
+        proc = await asyncio.create_subprocess_exec(
+            *self._python_argv(), cwd=workdir, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env={"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir})
+
+        async def reap() -> None:
+            _kill_group(proc.pid)
+            await _wait_exit(proc)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        return _Worker(proc=proc, reap=reap)
+
+
+class PythonSandbox:
+    """Runs programs under :class:`SandboxConfig`; safe to share between concurrent episodes.
+
+    ``async with sandbox:`` keeps a warm pool of started workers for many calls; without it each call starts
+    its own. Raises :class:`SandboxUnavailable` when the configured isolation cannot run here.
+    """
+
+    def __init__(self, config: SandboxConfig = SandboxConfig()) -> None:
+        self.config = config
+        self.backend: SandboxBackend = ISOLATION_BACKENDS[config.isolation](config)
+        reason = self.backend.unavailable()
+        if reason is not None:
+            raise SandboxUnavailable(reason)
+        if config.isolation == "none":
+            log.warning("code sandbox started with isolation 'none': model-written code runs WITHOUT OS isolation "
+                        "(files, processes and network of this machine are reachable); install bubblewrap")
+
+    @property
+    def isolation(self) -> str:
+        """The backend in use (``bwrap``, ``none``, ...)."""
+        return self.backend.name
+
+    async def __aenter__(self) -> PythonSandbox:
+        await self.backend.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.backend.aclose()
+
+    async def run(self, code: str) -> SandboxResult:
+        """Run ``code`` as a program; never raises for anything the program does."""
+        if len(code) > self.config.max_code_chars:
+            raise ValueError(f"program too long ({len(code)} > {self.config.max_code_chars} characters)")
+        return await self.backend.run(code)
 
 
 @register_tool("python")
