@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import tempfile
@@ -37,17 +38,69 @@ PLANTED_VALUE = "sk-drill-0123456789abcdef-do-not-leak"
 SECRET_TEXT = "TOP-SECRET-OUTSIDE-THE-SANDBOX"
 
 
+MARKER = "rollstream-escape-marker"
+"""argv[0] of every process an attempt tries to leave behind; any process carrying it afterwards is a survivor."""
+
+DISABLE_AUDIT_HOOK = """import gc
+hook = next(o for o in gc.get_objects() if type(o).__name__ == "function" and o.__name__ == "hook"
+            and o.__code__.co_filename == "<string>")
+code = hook.__code__
+hook.__code__ = code.replace(co_consts=tuple(("\\0",) if k == ("socket.", "ctypes.") else k for k in code.co_consts))
+for name, cell in zip(code.co_freevars, hook.__closure__):
+    if name in ("read_roots", "write_roots"):
+        cell.cell_contents = ("",)
+    elif name in ("blocked_events", "blocked_modules"):
+        cell.cell_contents = frozenset()
+    elif name == "path_events":
+        cell.cell_contents = {{}}
+del gc, hook, code
+print("HOOK-DISABLED")
+"""
+"""Prefix of the attacks on the mechanism: finds the audit hook through the garbage collector and neutralises it
+(every path allowed, no event or module blocked, sockets and ctypes allowed). Under ``isolation="none"`` the
+program then reaches the host; under ``bwrap`` the namespaces still hold. (Doubled braces: escapes are
+``str.format`` templates.)"""
+
+FRAME_DISABLE_AUDIT_HOOK = """import gc
+try:
+    open("/etc/passwd")
+except PermissionError as e:
+    tb = e.__traceback__
+    while tb.tb_next:
+        tb = tb.tb_next
+    hook = next(f for f in gc.get_referrers(tb.tb_frame.f_code) if type(f).__name__ == "function")
+    for name, cell in zip(hook.__code__.co_freevars, hook.__closure__):
+        if name in ("read_roots", "write_roots"):
+            cell.cell_contents = ("",)
+        elif name in ("blocked_events", "blocked_modules"):
+            cell.cell_contents = frozenset()
+print("HOOK-DISABLED")
+"""
+"""The same through the frame of the ``PermissionError`` the hook raised (its code object leads to the function)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Escape:
     name: str
     code: str
-    """Program; ``{port}``, ``{outside}`` (a folder) and ``{secret}`` (a file in it) are filled in."""
+    """Program; ``{port}``, ``{outside}`` (a folder), ``{secret}`` (a file in it) and ``{marker}`` are filled in."""
     expect: Callable[[str], bool] = lambda text: True
     """Extra condition on the tool result text."""
+    max_processes: int = 1
+    """The sandbox's ``max_processes`` for this attempt (> 1 lets it fork, to try leaving survivors)."""
 
 
 def _refused(text: str) -> bool:
     return "PermissionError: sandbox:" in text or "MemoryError" in text or "[exit code" in text
+
+
+def _hook_off(code: str) -> str:
+    return DISABLE_AUDIT_HOOK + code
+
+
+def _disabled_and(flag: str) -> Callable[[str], bool]:
+    """The hook was really disabled, and the attempt never printed ``flag`` (its success signal)."""
+    return lambda text: "HOOK-DISABLED" in text and flag not in text
 
 
 ESCAPES: tuple[Escape, ...] = (
@@ -92,6 +145,94 @@ ESCAPES: tuple[Escape, ...] = (
     Escape(name="big_file", code="open('big', 'wb').write(b'z' * (64 * 1024**2))",
            expect=lambda t: "[exit code" in t),
     Escape(name="many_files", code="for i in range(20000):\n    open(f'f{{i}}', 'w').close()\nprint('done')"),
+    # Attacks on the mechanism: the audit hook is neutralised first; the OS isolation must hold by itself.
+    Escape(name="hook_off_read_secret", code=_hook_off("print(open('{secret}').read())"),
+           expect=_disabled_and(SECRET_TEXT)),
+    Escape(name="hook_frame_off_read_secret", code=FRAME_DISABLE_AUDIT_HOOK + "print(open('{secret}').read())",
+           expect=_disabled_and(SECRET_TEXT)),
+    Escape(name="hook_off_write_outside", code=_hook_off("open('{outside}/planted.txt', 'w').write('x')\n"
+           "print('WROTE')"), expect=_disabled_and("WROTE")),
+    Escape(name="hook_off_parent_environ", code=_hook_off("import os\nprint(open(f'/proc/{{os.getppid()}}/environ')"
+           ".read())"), expect=lambda t: "HOOK-DISABLED" in t),
+    Escape(name="hook_off_every_proc_environ", code=_hook_off(
+           "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        try:\n"
+           "            print(p, open(f'/proc/{{p}}/environ').read())\n        except OSError as e:\n"
+           "            print(p, e)"), expect=lambda t: "HOOK-DISABLED" in t),
+    Escape(name="hook_off_proc_lists_only_the_sandbox", code=_hook_off(
+           "import os\npids = [p for p in os.listdir('/proc') if p.isdigit()]\nprint('PIDS', len(pids))\n"
+           "if len(pids) > 3:\n    print('HOST-PROCESSES-VISIBLE')"), expect=_disabled_and("HOST-PROCESSES-VISIBLE")),
+    Escape(name="hook_off_parent_root_and_cwd", code=_hook_off(
+           "import os\nppid = os.getppid()\nprint(os.readlink(f'/proc/{{ppid}}/cwd'), os.listdir(f'/proc/{{ppid}}/root'))"
+           "\nprint(open(f'/proc/{{ppid}}/cmdline').read())\nif os.path.exists(f'/proc/{{ppid}}/root{secret}'):\n"
+           "    print('SECRET-REACHABLE')"), expect=_disabled_and("SECRET-REACHABLE")),
+    Escape(name="hook_off_system_id", code=_hook_off("import os\nprint('STATUS', os.system('id'))"),
+           expect=lambda t: "HOOK-DISABLED" in t and "uid=0" not in t),
+    Escape(name="hook_off_subprocess", code=_hook_off("import subprocess\nprint(subprocess.run(['id'], "
+           "capture_output=True).stdout)"), expect=lambda t: "HOOK-DISABLED" in t and "uid=" not in t),
+    Escape(name="hook_off_ctypes_fork", code=_hook_off("import ctypes\nprint('FORK', ctypes.CDLL(None).fork())"),
+           expect=lambda t: "HOOK-DISABLED" in t and "FORK -1" in t),
+    Escape(name="hook_off_ctypes_ptrace_init", code=_hook_off("import ctypes\nlibc = ctypes.CDLL(None)\n"
+           "print('PTRACE', libc.ptrace(16, 1, 0, 0))"), expect=lambda t: "PTRACE -1" in t),
+    Escape(name="hook_off_ctypes_new_user_namespace", code=_hook_off(
+           "import ctypes\nprint('UNSHARE', ctypes.CDLL(None).unshare(0x10000000))"),
+           expect=lambda t: "UNSHARE -1" in t),
+    Escape(name="hook_off_patch_interpreter_file", code=_hook_off(
+           "import os, sys\nopen(os.path.realpath(sys.executable), 'r+b').write(b'x')\nprint('PATCHED')"),
+           expect=_disabled_and("PATCHED")),
+    Escape(name="hook_off_mmap_interpreter_writable", code=_hook_off(
+           "import mmap, os, sys\nf = open(os.path.realpath(sys.executable), 'rb')\n"
+           "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_WRITE, flags=mmap.MAP_SHARED)\n"
+           "print('MAPPED')"), expect=_disabled_and("MAPPED")),
+    Escape(name="hook_off_write_own_memory_then_exit", code=_hook_off(
+           "import ctypes\nctypes.memset(ctypes.c_void_p(ctypes.pythonapi.Py_Initialize), 0, 64)\nprint('ALIVE')"),
+           expect=lambda t: "HOOK-DISABLED" in t),
+    Escape(name="hook_off_socket_to_loopback_server", code=_hook_off(
+           "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 1)\n    print('CONNECTED')\n"
+           "except OSError as e:\n    print('refused', e)"), expect=_disabled_and("CONNECTED")),
+    Escape(name="hook_off_udp_to_loopback", code=_hook_off(
+           "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nprint(s.sendto(b'x', "
+           "('127.0.0.1', {port})))"), expect=lambda t: "HOOK-DISABLED" in t),
+    Escape(name="hook_off_external_dns", code=_hook_off(
+           "import socket\nprint('RESOLVED', socket.getaddrinfo('pypi.org', 443))"), expect=_disabled_and("RESOLVED (")),
+    Escape(name="hook_off_kill_every_pid", code=_hook_off(
+           "import os, signal\nfor pid in [-1, *range(1, 5000)]:\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+           "    except OSError:\n        pass"), expect=lambda t: "HOOK-DISABLED" in t),
+    Escape(name="hook_off_stat_probe_outside", code=_hook_off(
+           "import os\nfor p in ('{secret}', '{outside}', '/root', '/work', '/home', '/etc/passwd'):\n"
+           "    if os.path.exists(p):\n        print('EXISTS', p)\n    try:\n        os.stat(p)\n"
+           "        print('EXISTS', p)\n    except OSError:\n        pass"),
+           expect=lambda t: "HOOK-DISABLED" in t and "EXISTS /etc" not in t and "EXISTS /work" not in t
+           and "EXISTS /home" not in t and "outside" not in t),
+    Escape(name="hook_off_readlink_probe", code=_hook_off(
+           "import os\nfor p in ('/proc/self/exe', '/proc/self/cwd', '/proc/1/exe', '/proc/1/cwd', '/proc/1/root'):\n"
+           "    try:\n        print(p, os.readlink(p))\n    except OSError as e:\n        print(p, e)"),
+           expect=lambda t: "HOOK-DISABLED" in t and "sandbox-tmp" not in t),
+    Escape(name="hook_off_device_node", code=_hook_off(
+           "import os, stat\nfor p in ('/tmp/sda', '/tmp/mem'):\n    try:\n"
+           "        os.mknod(p, stat.S_IFBLK | 0o600, os.makedev(8, 0))\n        print('DEVICE', p)\n"
+           "    except OSError as e:\n        print(p, e)\nfor p in ('/dev/sda', '/dev/mem', '/dev/kmsg'):\n"
+           "    try:\n        open(p, 'rb').read(1)\n        print('DEVICE', p)\n    except OSError as e:\n"
+           "        print(p, e)"), expect=_disabled_and("DEVICE")),
+    Escape(name="hook_off_fifo_outside", code=_hook_off(
+           "import os\nos.mkfifo('fifo')\ntry:\n    os.mkfifo('{outside}/fifo')\n    print('FIFO-OUTSIDE')\n"
+           "except OSError as e:\n    print(e)"), expect=_disabled_and("FIFO-OUTSIDE")),
+    Escape(name="hook_off_inherited_fds", code=_hook_off(
+           "import os\nfor fd in range(3, 1024):\n    try:\n        print('FD-OPEN', fd, os.readlink(f'/proc/self/fd/{{fd}}'))\n"
+           "    except OSError:\n        pass"), expect=_disabled_and("FD-OPEN")),
+    Escape(name="hook_off_setuid_root", code=_hook_off("import os\nos.setuid(0)\nprint('ROOT')"),
+           expect=_disabled_and("ROOT")),
+    Escape(name="hook_off_fill_memory_with_files", code=_hook_off(
+           "for d in ('/tmp', '/', '/dev', '/dev/shm'):\n    try:\n        for i in range(64):\n"
+           "            open(f'{{d}}/fill{{i}}', 'wb').write(b'x' * 4 * 1024**2)\n        print('FILLED', d)\n"
+           "    except OSError as e:\n        print(d, e)"), expect=_disabled_and("FILLED")),
+    Escape(name="hook_off_detached_grandchild_after_timeout", max_processes=64, code=_hook_off(
+           "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+           "        os.execv('/usr/bin/sleep', ['{marker}', '300'])\n    os._exit(0)\ntime.sleep(100)"),
+           expect=lambda t: "timed out" in t),
+    Escape(name="hook_off_double_fork_then_exit", max_processes=64, code=_hook_off(
+           "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+           "        os.execv('/usr/bin/sleep', ['{marker}', '300'])\n    os._exit(0)\nprint('PARENT-DONE')"),
+           expect=lambda t: "PARENT-DONE" in t),
 )
 
 
@@ -170,7 +311,8 @@ def prepared_host(root: Path) -> Iterator[Host]:
 
 def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -> EscapeOutcome:
     """Run one escape attempt through the tool and check every containment condition."""
-    code = escape.code.format(port=host.port, outside=host.outside, secret=host.secret)
+    code = escape.code.format(port=host.port, outside=host.outside, secret=host.secret, marker=MARKER)
+    config = dataclasses.replace(config, max_processes=escape.max_processes)
     before_outside = sorted(p.name for p in host.outside.iterdir())
     before_conn = len(host.accepted)
     # Children this process had before the attempt (test servers, emulators) are not the sandbox's doing.
@@ -199,6 +341,7 @@ def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -
     if PLANTED_VALUE in text:
         problems.append("the parent's planted credential appears in the result")
     leftovers = [p for p in psutil.Process().children(recursive=True) if p.pid not in before_children]
+    leftovers += [p for p in psutil.process_iter(["cmdline"]) if MARKER in (p.info["cmdline"] or [""])[0]]
     if leftovers:
         problems.append(f"processes left behind: {[p.pid for p in leftovers]}")
         for p in leftovers:
@@ -217,5 +360,5 @@ def run_escapes(root: Path, escapes: tuple[Escape, ...] = ESCAPES) -> list[Escap
         return [attempt(e, host) for e in escapes]
 
 
-__all__ = ["DRILL_SANDBOX", "ESCAPES", "Escape", "EscapeOutcome", "Host", "attempt", "loopback_listener", "prepared_host",
+__all__ = ["DISABLE_AUDIT_HOOK", "DRILL_SANDBOX", "ESCAPES", "MARKER", "Escape", "EscapeOutcome", "Host", "attempt", "loopback_listener", "prepared_host",
            "run_escapes"]

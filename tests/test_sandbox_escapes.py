@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from drills.sandbox_escapes import ESCAPES, PLANTED_VALUE, Escape, Host, attempt, prepared_host
+from drills.sandbox_escapes import DRILL_SANDBOX, ESCAPES, PLANTED_VALUE, Escape, Host, attempt, prepared_host
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +42,17 @@ def test_the_host_is_restored_after_the_drill(tmp_path: Path) -> None:
         assert h.secret.exists()
     assert os.environ.get("ROLLSTREAM_DRILL_API_TOKEN") == prior
     assert tempfile.tempdir == before
+
+
+@pytest.mark.parametrize("name", ["hook_off_read_secret", "hook_frame_off_read_secret", "hook_off_write_outside",
+                                  "hook_off_proc_lists_only_the_sandbox"])
+def test_attacks_on_the_audit_hook_do_escape_without_os_isolation(name: str, host: Host) -> None:
+    # The control for the mechanism attacks: with isolation "none" the audit hook is all there is, and these
+    # programs really do neutralise it; only the namespaces stop them under the default backend.
+    escape = next(e for e in ESCAPES if e.name == name)
+    outcome = attempt(escape, host, dataclasses.replace(DRILL_SANDBOX, isolation="none"))
+    assert not outcome.contained
+    assert "HOOK-DISABLED" in outcome.result
+    for leftover in host.outside.iterdir():
+        if leftover != host.secret:
+            leftover.unlink()

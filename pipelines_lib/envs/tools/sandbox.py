@@ -129,6 +129,9 @@ class SandboxConfig:
     """Bytes kept per stream (stdout, stderr); more stops the program and marks the result truncated."""
     max_code_chars: int = 50_000
     """Longest accepted program."""
+    work_dir_mb: int = 64
+    """Size of the private tmpfs holding the working directory (``bwrap``): bounds what many files can take, in
+    memory, together."""
     isolation: str = "bwrap"
     """Isolation backend (a key of ``ISOLATION_BACKENDS``): ``bwrap`` runs each program in fresh namespaces
     (needs the ``bubblewrap`` system package); ``none`` runs a plain child process with only the rlimits and
@@ -142,7 +145,7 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             raise ValueError(f"timeout_s must be finite and > 0, got {self.timeout_s}")
-        for f in ("cpu_s", "memory_mb", "file_size_mb", "max_processes", "max_open_files"):
+        for f in ("cpu_s", "memory_mb", "file_size_mb", "max_processes", "max_open_files", "work_dir_mb"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.max_output_bytes < 1:
@@ -267,47 +270,55 @@ except BaseException as e:
 """
 
 
-# --- seccomp: no new processes, whoever the parent runs as ---------------------------------------------------
+# --- seccomp: no debugging of other processes, and (max_processes == 1) no new processes, whoever the parent is --
 # A classic BPF program over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]} (little endian).
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_PROCESS_SYSCALLS = {"x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
-                     "aarch64": {"clone": 220, "clone3": 435}}
+_SYSCALLS = {
+    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248,
+               "request_key": 249, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
+    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219, "add_key": 217,
+                "request_key": 218, "clone": 220, "clone3": 435},
+}
+_ALWAYS_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key", "request_key")
 _CLONE_THREAD = 0x00010000
 _RET_ALLOW, _RET_KILL = 0x7FFF0000, 0x80000000
-_RET_EAGAIN, _RET_ENOSYS = 0x00050000 | 11, 0x00050000 | 38
+_RET_EPERM, _RET_EAGAIN, _RET_ENOSYS = 0x00050000 | 1, 0x00050000 | 11, 0x00050000 | 38
 
 
-def no_new_processes_filter(machine: str = platform.machine()) -> bytes | None:
-    """The seccomp program bwrap installs before the interpreter starts: ``fork``/``vfork`` and ``clone`` without
-    ``CLONE_THREAD`` fail with EAGAIN (threads still start), ``clone3`` with ENOSYS (libc then uses ``clone``),
-    another architecture's syscalls (x32 included) kill the process. None on an architecture not listed."""
+def seccomp_filter(*, allow_processes: bool, machine: str = platform.machine()) -> bytes | None:
+    """The seccomp program bwrap installs before the interpreter starts. Always: ``ptrace``,
+    ``process_vm_readv/writev`` (reading or steering the sandbox's init) and the kernel keyring calls fail with
+    EPERM; syscalls of another ABI (x32 included) kill the process. Unless ``allow_processes``: ``fork``/``vfork``
+    and ``clone`` without ``CLONE_THREAD`` fail with EAGAIN (threads still start), ``clone3`` with ENOSYS (libc
+    then falls back to ``clone``). None on an architecture not listed (bwrap then runs without a filter)."""
     if machine not in _AUDIT_ARCH:
         return None
-    nrs = _PROCESS_SYSCALLS[machine]
+    nrs = _SYSCALLS[machine]
+    rules = [(nrs[n], "eperm") for n in _ALWAYS_DENIED]
+    if not allow_processes:
+        rules += [(nrs[n], "eagain") for n in ("fork", "vfork") if n in nrs] + [(nrs["clone3"], "enosys")]
 
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("<HBBI", code, jt, jf, k)
 
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    denied = [nrs[n] for n in ("fork", "vfork") if n in nrs]
-    # Layout: arch check, nr load, x32 check, one jeq per denied syscall, clone3, clone + CLONE_THREAD, returns.
-    body_len = 8 + len(denied)  # instructions before the four return instructions
-    allow, eagain, enosys, kill = body_len, body_len + 1, body_len + 2, body_len + 3
-    prog = [op(ld, 4), op(jeq, _AUDIT_ARCH[machine], 0, kill - 2), op(ld, 0)]
-    pc = 3
-    prog.append(op(jge, 0x40000000, kill - pc - 1, 0))
-    pc += 1
-    for nr in denied:
-        prog.append(op(jeq, nr, eagain - pc - 1, 0))
-        pc += 1
-    prog.append(op(jeq, nrs["clone3"], enosys - pc - 1, 0))
-    pc += 1
-    prog.append(op(jeq, nrs["clone"], 0, allow - pc - 1))
-    pc += 1
-    prog.append(op(ld, 16))  # args[0] (flags), low 32 bits
-    pc += 1
-    prog.append(op(jset, _CLONE_THREAD, allow - pc - 1, eagain - pc - 1))
-    prog += [op(ret, _RET_ALLOW), op(ret, _RET_EAGAIN), op(ret, _RET_ENOSYS), op(ret, _RET_KILL)]
+    clone_check = 0 if allow_processes else 3  # jeq clone, load flags, jset CLONE_THREAD
+    body = 4 + len(rules) + clone_check  # instructions before the return block
+    target = {"allow": body, "eperm": body + 1, "eagain": body + 2, "enosys": body + 3, "kill": body + 4}
+
+    def jump(pc: int, to: str) -> int:
+        return target[to] - pc - 1
+
+    prog = [op(ld, 4), op(jeq, _AUDIT_ARCH[machine], 0, jump(1, "kill")), op(ld, 0),
+            op(jge, 0x40000000, jump(3, "kill"), 0)]
+    for nr, outcome in rules:
+        prog.append(op(jeq, nr, jump(len(prog), outcome), 0))
+    if not allow_processes:
+        prog.append(op(jeq, nrs["clone"], 0, jump(len(prog), "allow")))
+        prog.append(op(ld, 16))  # args[0] (the flags), low 32 bits
+        prog.append(op(jset, _CLONE_THREAD, jump(len(prog), "allow"), jump(len(prog), "eagain")))
+    assert len(prog) == body
+    prog += [op(ret, r) for r in (_RET_ALLOW, _RET_EPERM, _RET_EAGAIN, _RET_ENOSYS, _RET_KILL)]
     return b"".join(prog)
 
 
@@ -461,7 +472,7 @@ class BwrapBackend(LocalProcessBackend):
             raise ValueError(f"isolation 'bwrap' runs this process's interpreter ({sys.executable}), "
                              f"got python={config.python!r}")
         self._bwrap = shutil.which("bwrap")
-        self._seccomp = no_new_processes_filter() if config.max_processes == 1 else None
+        self._seccomp = seccomp_filter(allow_processes=config.max_processes > 1)
 
     def unavailable(self) -> str | None:
         if self._bwrap is None:
@@ -486,7 +497,10 @@ class BwrapBackend(LocalProcessBackend):
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
         args += _interpreter_binds(self.config.python)
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", WORK_DIR, "--chdir", WORK_DIR,
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.config.work_dir_mb * 2**20), "--tmpfs", WORK_DIR,
+                 "--chdir", WORK_DIR, "--disable-userns",
+                 # bwrap's root and /dev are tmpfs too: read-only, so the work dir is the only writable memory.
+                 "--remount-ro", "/dev", "--remount-ro", "/",
                  "--info-fd", str(info_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
