@@ -1,8 +1,15 @@
-"""The Python sandbox, with real subprocesses: containment, limits, output handling, cleanup."""
+"""The Python sandbox, with real bubblewrap sandboxes: isolation, limits, output handling, cleanup, the warm pool.
+
+Attacks on the mechanism itself (a neutralised audit hook) are in the escape catalogue
+(tests/test_sandbox_escapes.py); here the same neutraliser shows each OS guarantee holding on its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
+import logging
 import os
 import signal
 import socket
@@ -12,24 +19,36 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from drills.sandbox_escapes import loopback_listener
+from drills.sandbox_escapes import DISABLE_AUDIT_HOOK, MARKER, loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
-from pipelines_lib.envs.tools.sandbox import PythonSandbox, SandboxConfig, SandboxResult
+from pipelines_lib.envs.tools.sandbox import (
+    ISOLATION_BACKENDS,
+    SANDBOX_UID,
+    PythonSandbox,
+    SandboxConfig,
+    SandboxResult,
+    SandboxUnavailable,
+    seccomp_filter,
+)
 
 FAST = SandboxConfig(timeout_s=3.0, cpu_s=3, memory_mb=256, max_output_bytes=4096)
+UNSAFE = dataclasses.replace(FAST, isolation="none")
+HOOK_OFF = DISABLE_AUDIT_HOOK.replace("{{", "{").replace("}}", "}")  # the catalogue's template, formatted
 
 
 def run(code: str, config: SandboxConfig = FAST) -> SandboxResult:
     return asyncio.run(PythonSandbox(config).run(code))
 
 
-_PREEXISTING = {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def descendants() -> list[psutil.Process]:
-    """Child processes other than long-lived test servers (the session's GCS emulator) started by fixtures."""
-    servers = {p.pid for p in psutil.Process().children() if "fake-gcs-server" in p.name()}
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _PREEXISTING | servers]
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    """Every test ends with no process it started still alive (children of this process, or anything carrying
+    the catalogue's marker, wherever it was reparented)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    after = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    after += [p for p in psutil.process_iter(["cmdline"]) if MARKER in (p.info["cmdline"] or [""])[0]]
+    assert after == []
 
 
 @pytest.fixture
@@ -58,28 +77,81 @@ def test_exit_code_is_reported() -> None:
     assert run("import sys; sys.exit(3)").as_text(FAST.timeout_s) == "[exit code 3]"
 
 
-@pytest.mark.parametrize("network", ["auto", "audit"])
-def test_no_connection_reaches_a_local_server(network: str, tcp_server: tuple[int, list[int]]) -> None:
+@pytest.mark.parametrize("hook", ["on", "off"])
+def test_no_connection_reaches_a_local_server(hook: str, tcp_server: tuple[int, list[int]]) -> None:
     port, accepted = tcp_server
-    code = (
-        f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
-    )
-    result = run(code, SandboxConfig(timeout_s=3.0, network=network))  # type: ignore[arg-type]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
+    result = run((HOOK_OFF if hook == "off" else "") + code)
     assert "connected" not in result.stdout
     assert result.exit_code == 1
+    if hook == "off":  # the network namespace refuses it by itself: its loopback is the sandbox's own
+        assert "ConnectionRefusedError: [Errno 111] Connection refused" in result.stderr
     assert accepted == []
     # The control: the server does accept connections from outside the sandbox.
     socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
-def test_network_isolation_mode_is_reported() -> None:
-    sandbox = PythonSandbox(FAST)
-    assert sandbox.network_isolation is None
-    asyncio.run(sandbox.run("pass"))
-    assert sandbox.network_isolation in ("netns", "audit")
-    audit_only = PythonSandbox(SandboxConfig(network="audit"))
-    asyncio.run(audit_only.run("pass"))
-    assert audit_only.network_isolation == "audit"
+def test_the_default_isolation_is_bubblewrap_and_a_missing_one_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert PythonSandbox(FAST).isolation == "bwrap"
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
+    with pytest.raises(SandboxUnavailable, match="install the system package `bubblewrap`.*isolation: none"):
+        PythonSandbox(FAST)
+    with pytest.raises(SandboxUnavailable):
+        make_tool("python", config=FAST)
+
+
+def test_isolation_none_runs_but_warns_on_every_start(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="pipelines_lib.envs.tools.sandbox"):
+        assert run("print(1)", UNSAFE).stdout == "1\n"
+        PythonSandbox(UNSAFE)
+    warnings = [r for r in caplog.records if "WITHOUT OS isolation" in r.getMessage()]
+    assert len(warnings) == 2
+
+
+def test_isolation_backends_are_a_registry_checked_by_the_config() -> None:
+    assert sorted(ISOLATION_BACKENDS) == ["bwrap", "none"]
+    with pytest.raises(ValueError, match="unknown isolation 'gvisor'; valid: bwrap, none"):
+        SandboxConfig(isolation="gvisor")
+
+
+def test_program_runs_unprivileged_in_its_own_namespaces_even_with_the_audit_hook_off() -> None:
+    code = HOOK_OFF + (
+        "import os, socket\n"
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())\n"
+        "print(os.getuid(), os.getgid(), os.getpid(), status['CapEff'].strip(), socket.gethostname())\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(sorted(os.listdir('/')), os.getcwd())\n"
+    )
+    lines = run(code).stdout.splitlines()
+    assert lines[1] == f"{SANDBOX_UID} {SANDBOX_UID} 2 0000000000000000 sandbox"
+    assert lines[2] == "['1', '2']"  # the namespace's init and the program: no host process is visible
+    # Only what the interpreter needs; nothing of the project, the virtualenv or the host's home folders.
+    assert set(eval(lines[3].rsplit(" ", 1)[0])) <= {"usr", "lib", "lib64", "lib32", "bin", "root", "proc", "dev",
+                                                     "tmp"}
+    assert lines[3].endswith(" /tmp")
+
+
+def test_only_the_standard_library_of_the_interpreter_is_visible() -> None:
+    code = HOOK_OFF + (
+        "import os, sys, sysconfig\n"
+        "print(os.listdir(sysconfig.get_path('purelib')))\n"
+        f"print(os.path.exists({os.getcwd()!r}), os.path.exists({os.path.dirname(os.__file__)!r}))\n"
+    )
+    assert run(code).stdout.splitlines()[1:] == ["[]", "False True"]
+
+
+def test_parent_environment_is_invisible_even_through_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2-do-not-leak")
+    code = HOOK_OFF + (
+        "import os\nprint(sorted(os.environ))\n"
+        "for pid in ['self', str(os.getppid()), *os.listdir('/proc')]:\n"
+        "    try:\n        print(open(f'/proc/{pid}/environ').read())\n    except OSError as e:\n        print(e)\n"
+    )
+    result = run(code)
+    assert result.stdout.splitlines()[1] == "['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']"
+    assert "hunter2" not in result.stdout + result.stderr
 
 
 def test_files_outside_the_working_directory_cannot_be_read_or_written(tmp_path: os.PathLike[str]) -> None:
@@ -98,7 +170,8 @@ def test_files_outside_the_working_directory_cannot_be_read_or_written(tmp_path:
     ):
         result = run(code)
         assert result.exit_code == 1, code
-        assert "PermissionError: sandbox:" in result.stderr, code
+        # The hook refuses most; paths under /tmp (pytest's tmp_path) do not exist in the sandbox at all.
+        assert "PermissionError: sandbox:" in result.stderr or "No such file or directory" in result.stderr, code
         assert "TOP SECRET" not in result.stdout
     assert not os.path.exists(target)
     assert os.path.exists(secret)
@@ -111,18 +184,11 @@ def test_files_inside_the_working_directory_work() -> None:
     assert result.stdout == "ok ['a.txt', 'main.py']\n"
 
 
-def test_the_working_directory_is_removed_afterwards() -> None:
-    result = run("import os; print(os.getcwd())")
+def test_the_working_directory_of_isolation_none_is_removed_afterwards() -> None:
+    result = run("import os; print(os.getcwd())", UNSAFE)
     workdir = result.stdout.strip()
     assert "rollstream-sandbox-" in workdir
     assert not os.path.exists(workdir)
-
-
-def test_parent_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_SECRET_TOKEN", "hunter2-do-not-leak")
-    result = run("import os\nprint(sorted(os.environ))\nprint(os.environ.get('FAKE_SECRET_TOKEN'))")
-    assert result.stdout == "['HOME', 'LANG', 'PATH', 'TMPDIR']\nNone\n"
-    assert "hunter2" not in result.stdout + result.stderr
 
 
 def test_standard_library_works_but_site_packages_do_not() -> None:
@@ -150,7 +216,37 @@ def test_no_new_processes(code: str) -> None:
     result = run(code)
     assert result.exit_code == 1
     assert "PermissionError: sandbox:" in result.stderr
-    assert descendants() == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import os\nos.fork()",
+     "import ctypes\nprint('fork returned', ctypes.CDLL(None).fork())",
+     "import os\nos.posix_spawn('/usr/bin/id', ['id'], {})"],
+    ids=["os_fork", "libc_fork", "posix_spawn"],
+)
+def test_no_new_processes_with_the_audit_hook_off_either(code: str) -> None:
+    # The seccomp filter refuses fork/clone of a process (RLIMIT_NPROC is not enforced for root).
+    result = run(HOOK_OFF + code)
+    assert "uid=" not in result.stdout
+    if "ctypes" in code:
+        assert result.stdout == "HOOK-DISABLED\nfork returned -1\n"
+    else:
+        assert "\nBlockingIOError: [Errno 11] Resource temporarily unavailable" in result.stderr
+
+
+def test_threads_still_start_under_the_seccomp_filter() -> None:
+    code = "import threading\nt = threading.Thread(target=print, args=('from a thread',))\nt.start()\nt.join()"
+    assert run(code).stdout == "from a thread\n"
+
+
+def test_seccomp_filter_is_whole_instructions_ending_in_returns() -> None:
+    prog = seccomp_filter(allow_processes=False, machine="x86_64")
+    assert prog is not None and len(prog) % 8 == 0
+    # 4 header + 6 always-denied + fork, vfork, clone3 + 3 for clone + 5 returns
+    assert len(prog) // 8 == 4 + 6 + 3 + 3 + 5
+    assert len(seccomp_filter(allow_processes=True, machine="x86_64") or b"") // 8 == 4 + 6 + 5
+    assert seccomp_filter(allow_processes=False, machine="riscv64") is None
 
 
 def test_memory_bomb_fails_with_memory_error() -> None:
@@ -159,21 +255,34 @@ def test_memory_bomb_fails_with_memory_error() -> None:
     assert result.stderr.rstrip().endswith("MemoryError")
 
 
-def test_infinite_loop_is_killed_at_the_wall_clock_limit_with_no_leftovers() -> None:
+def test_infinite_loop_is_killed_at_the_wall_clock_limit() -> None:
     config = SandboxConfig(timeout_s=0.5, cpu_s=10)
     result = run("print('started', flush=True)\nwhile True:\n    pass", config)
     assert result.timed_out and not result.ok
     assert result.exit_code == -signal.SIGKILL
     assert result.stdout == "started\n"  # output before the kill is kept
-    assert 0.5 <= result.wall_s < 2.0
+    assert result.wall_s >= 0.5  # it ran until the deadline (how soon after it is a benchmark's business)
     assert result.as_text(config.timeout_s) == "started\n[timed out after 0.5 s]"
-    assert descendants() == []
 
 
 def test_sleeping_program_is_killed_at_the_wall_clock_limit() -> None:
     result = run("import time\ntime.sleep(100)", SandboxConfig(timeout_s=0.3))
     assert result.timed_out
-    assert descendants() == []
+
+
+@pytest.mark.parametrize("leave", ["timeout", "exit"])
+def test_detached_grandchildren_do_not_survive_the_call(leave: str) -> None:
+    # Forking allowed and the hook off: a setsid'd, double-forked grandchild is still in the sandbox's pid
+    # namespace, which dies with the call whether the program ends by itself or at the deadline. The autouse
+    # fixture looks for the marker among all processes of the machine.
+    code = HOOK_OFF + (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv('/usr/bin/sleep', ['{MARKER}', '300'])\n    os._exit(0)\n"
+        "os.wait()\nprint('grandchild started', flush=True)\n"
+    ) + ("time.sleep(100)\n" if leave == "timeout" else "")
+    result = run(code, dataclasses.replace(FAST, timeout_s=1.0, max_processes=64))
+    assert "grandchild started" in result.stdout
+    assert result.timed_out == (leave == "timeout")
 
 
 def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock() -> None:
@@ -189,12 +298,29 @@ def test_gigantic_output_is_truncated_and_the_program_stopped() -> None:
     assert len(result.stdout) == FAST.max_output_bytes  # stopped by the output cap, not by the timeout (no wall
     # clock bound here: on a loaded 2-core machine reaping took 5 s once; speed lives in benchmarks)
     assert result.as_text(FAST.timeout_s).endswith("\n[output truncated; program stopped]")
-    assert descendants() == []
 
 
-def test_file_size_limit() -> None:
-    result = run("open('big', 'wb').write(b'x' * (2 * 1024**2))", SandboxConfig(file_size_mb=1))
-    assert result.exit_code != 0  # SIGXFSZ or OSError(EFBIG)
+def test_file_size_limit_refuses_the_write_with_efbig() -> None:
+    # Python ignores SIGXFSZ, so the kernel's RLIMIT_FSIZE shows as EFBIG on the write that crosses it.
+    code = "open('big', 'wb').write(b'x' * (2 * 1024**2))\nprint('written')"
+    result = run(code, dataclasses.replace(FAST, file_size_mb=1))
+    assert result.exit_code == 1
+    assert result.stderr.rstrip().endswith(f"OSError: [Errno {errno.EFBIG}] File too large")
+    assert run(code, dataclasses.replace(FAST, file_size_mb=3)).stdout == "written\n"  # the control
+
+
+def test_the_work_dir_is_the_only_writable_place_and_it_is_bounded() -> None:
+    code = HOOK_OFF + (
+        "for d in ('/', '/dev', '/dev/shm', '/usr', '/tmp'):\n    try:\n        open(d + '/f', 'w').close()\n"
+        "        print(d, 'writable')\n    except OSError as e:\n        print(d, e.strerror)\n"
+        "open('/dev/null', 'w').write('x')\n"
+        "for i in range(20):\n    open(f'/tmp/fill{i}', 'wb').write(b'x' * 4 * 1024**2)\n"
+    )
+    result = run(code, dataclasses.replace(FAST, work_dir_mb=16))
+    assert result.stdout.splitlines()[1:] == ["/ Read-only file system", "/dev Read-only file system",
+                                              "/dev/shm Read-only file system", "/usr Read-only file system",
+                                              "/tmp writable"]
+    assert f"OSError: [Errno {errno.ENOSPC}] No space left on device" in result.stderr
 
 
 def test_concurrent_runs_are_independent() -> None:
@@ -215,24 +341,62 @@ def test_python_tool_reports_results_and_refuses_bad_arguments() -> None:
     assert text.endswith("ZeroDivisionError: division by zero\n[exit code 1]")
 
 
-def test_cancelled_run_kills_the_child_and_removes_its_folder(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+@pytest.mark.parametrize("isolation", ["bwrap", "none"])
+def test_cancelled_run_kills_the_sandbox_and_removes_its_folder(
+    isolation: str, monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
 ) -> None:
-    """run_tool's deadline shorter than the sandbox's: cancellation must clean up like a timeout."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the sandbox's folder goes here
-    tool = make_tool("python", config=SandboxConfig(timeout_s=30.0, cpu_s=30))
-    assert asyncio.run(tool({"code": "import os; print(os.getcwd())"})).startswith(str(tmp_path))
-    code = "import os\nprint(os.getcwd(), flush=True)\nwhile True:\n    pass"
-    text, kind, latency = asyncio.run(run_tool(tool, {"code": code}, timeout_s=0.5))
-    assert kind == "timeout" and latency < 5.0
-    assert descendants() == []
+    """run_tool's deadline shorter than the sandbox's: cancellation must clean up like a timeout (the autouse
+    fixture checks the processes)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # isolation none's folder goes here
+    tool = make_tool("python", config=SandboxConfig(timeout_s=30.0, cpu_s=30, isolation=isolation))
+    code = "print('running', flush=True)\nwhile True:\n    pass"
+    text, kind, _ = asyncio.run(run_tool(tool, {"code": code}, timeout_s=0.5))
+    assert kind == "timeout"
     assert os.listdir(tmp_path) == []
+
+
+def test_warm_pool_serves_calls_from_started_workers_and_stops_them_on_exit() -> None:
+    async def main() -> tuple[list[int], list[SandboxResult]]:
+        async with PythonSandbox(dataclasses.replace(FAST, warm_pool=3)) as sandbox:
+            backend = sandbox.backend
+            while len(backend._ready) < 3:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.01)
+            waiting = [w.proc.pid for w in backend._ready]  # type: ignore[attr-defined]
+            results = await asyncio.gather(*(sandbox.run(f"print({i} * {i})") for i in range(5)))
+        return waiting, results
+
+    waiting, results = asyncio.run(main())
+    assert [r.stdout for r in results] == ["0\n", "1\n", "4\n", "9\n", "16\n"]
+    assert not any(psutil.pid_exists(pid) for pid in waiting)  # used once, then gone
+
+
+def test_no_state_survives_from_one_call_to_the_next_in_the_warm_pool() -> None:
+    first = HOOK_OFF + (
+        "import os, time\nopen('/tmp/left-behind', 'w').write('x')\nos.environ['LEFT'] = '1'\n"
+        "if os.fork() == 0:\n    os.setsid()\n"
+        f"    os.execv('/usr/bin/sleep', ['{MARKER}', '300'])\n"
+        "import builtins\nbuiltins.LEFT = 1\nprint('planted', os.getpid())\n"
+    )
+    second = HOOK_OFF + (
+        "import builtins, os\nprint(os.listdir('/tmp'), 'LEFT' in os.environ, hasattr(builtins, 'LEFT'))\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
+    )
+
+    async def main() -> list[SandboxResult]:
+        async with PythonSandbox(dataclasses.replace(FAST, warm_pool=1, max_processes=64)) as sandbox:
+            return [await sandbox.run(first), await sandbox.run(second)]
+
+    planted, checked = asyncio.run(main())
+    assert planted.stdout.splitlines()[1] == "planted 2"
+    assert checked.stdout.splitlines()[1:] == ["['main.py'] False False", "['1', '2']"]
 
 
 def test_config_validation_names_the_bad_value() -> None:
     with pytest.raises(ValueError, match="memory_mb must be >= 1, got 0"):
         SandboxConfig(memory_mb=0)
-    with pytest.raises(ValueError, match="network must be 'auto' or 'audit', got 'off'"):
-        SandboxConfig(network="off")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="warm_pool must be >= 0, got -1"):
+        SandboxConfig(warm_pool=-1)
+    with pytest.raises(ValueError, match="timeout_s must be finite and > 0, got inf"):
+        SandboxConfig(timeout_s=float("inf"))
     with pytest.raises(ValueError, match="program too long"):
         asyncio.run(PythonSandbox(SandboxConfig(max_code_chars=5)).run("print(1)"))

@@ -358,6 +358,10 @@ class LocalProcessBackend:
     async def _spawn(self) -> _Worker:
         raise NotImplementedError
 
+    def _exit_code(self, returncode: int | None) -> int | None:
+        """The program's exit status from the worker process's."""
+        return returncode
+
     async def start(self) -> None:
         self._pooled = True
         self._refill()
@@ -422,7 +426,7 @@ class LocalProcessBackend:
                         await pending
         return SandboxResult(
             stdout=out.decode("utf-8", errors="replace"), stderr=err.decode("utf-8", errors="replace"),
-            exit_code=proc.returncode, timed_out=timed_out and not overflow.is_set(),
+            exit_code=self._exit_code(proc.returncode), timed_out=timed_out and not overflow.is_set(),
             truncated=overflow.is_set(), wall_s=clock() - start)
 
 
@@ -455,9 +459,10 @@ def _interpreter_binds(python: str) -> list[str]:
     args: list[str] = []
     for path in binds:
         args += ["--ro-bind", path, path]
-    purelib = sysconfig.get_path("purelib")
-    if purelib.startswith(stdlib + os.sep):
-        args += ["--tmpfs", purelib]
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    for hidden in sorted({sysconfig.get_path("purelib", vars=base), sysconfig.get_path("platlib", vars=base)}):
+        if hidden.startswith(stdlib + os.sep) and os.path.isdir(hidden):
+            args += ["--tmpfs", hidden]
     return args
 
 
@@ -485,6 +490,13 @@ class BwrapBackend(LocalProcessBackend):
                     "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a container, "
                     "a seccomp/AppArmor profile permitting them), or set sandbox.isolation: none (unsafe)")
         return None
+
+    def _exit_code(self, returncode: int | None) -> int | None:
+        # bwrap exits with the program's status, or 128 + N when a signal N ended the program (statuses 129-192
+        # the program chose itself read as signals too; Python's own are 0-2 unless the code says otherwise).
+        if returncode is not None and 128 < returncode <= 128 + 64:
+            return -(returncode - 128)
+        return returncode
 
     def argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
         """The full command line of one worker."""
