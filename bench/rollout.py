@@ -11,7 +11,7 @@ ceiling            async, max_concurrency 96, no tool latency    (DESIGN §7: ev
 <profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)
                    for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
                    on the arithmetic env's calculator, and code: the code env's sandboxed Python tool
-                   (a real subprocess per call, no added delay)
+                   (a fresh bubblewrap sandbox per call from a warm pool, no added delay)
 code-ceiling       async, max_concurrency 96, the code episodes with the tool answering at once
 ```
 
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import re
 import statistics
@@ -74,8 +75,9 @@ from pipelines_lib.engine.jax_engine import JaxEngine
 from pipelines_lib.envs import make_env
 from pipelines_lib.envs.arithmetic import ArithmeticEnv
 from pipelines_lib.envs.base import Task, Tool, hermes_tool_call
-from pipelines_lib.envs.coding import CodeEnv
+from pipelines_lib.envs.coding import CodeConfig, CodeEnv
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
+from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.collect import worker_tasks
@@ -154,13 +156,16 @@ class InstantTool(Tool):
 
 
 def forced_call_episode_fn(engine: JaxEngine, tokenizer: ChatTokenizer, profile: LatencyProfile | None,
-                           rc: RolloutConfig, new_tokens_range: tuple[int, int] = NEW_TOKENS) -> EpisodeFn:
+                           rc: RolloutConfig, new_tokens_range: tuple[int, int] = NEW_TOKENS,
+                           sandbox: PythonSandbox | None = None) -> EpisodeFn:
     """Episodes of ``ForcedCallAgent`` with the profile's delay before every tool call (``None``: the tool
     answers at once with the expected output, a code ceiling); sampling seeds, turn lengths and delays depend
-    only on (group, sample), so every arm replays the same episodes."""
+    only on (group, sample), so every arm replays the same episodes. Code episodes share ``sandbox`` (its
+    warm pool) when one is given."""
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
-        env = make_env(task.env_name)
+        env = CodeEnv(sandbox=sandbox) if sandbox is not None and task.env_name == CodeEnv.name \
+            else make_env(task.env_name)
         rng = random.Random(sample_seed("latency", group_id, sample_idx))
         if profile is None:
             env.wrap_tools(lambda tool: InstantTool(tool, "True"))
@@ -197,7 +202,7 @@ class ArmResult:
 async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
                   mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile | None, skip: int,
                   n_trajectories: int, new_tokens_range: tuple[int, int] = NEW_TOKENS,
-                  clock: Callable[[], float] = time.perf_counter) -> ArmResult:
+                  sandbox: PythonSandbox | None = None, clock: Callable[[], float] = time.perf_counter) -> ArmResult:
     """Run the orchestrator until ``skip + n_trajectories`` have finished and measure the last
     ``n_trajectories`` (see the module docstring), then stop it."""
     total = skip + n_trajectories
@@ -205,7 +210,7 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
                        max_new_tokens=new_tokens_range[1], max_tokens=engine.max_seq_len,
                        target_groups=-(-total // GROUP_SIZE) if mode == "sync" else None,
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
-    inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range)
+    inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range, sandbox)
     finished: list[Trajectory] = []
     reached = asyncio.Event()
     marks: list[dict[str, float]] = []
@@ -270,7 +275,8 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
     families = {name: (tasks, profile, NEW_TOKENS) for name, profile in PROFILES.items()}
     families[CODE] = (code_tasks, PROFILES_NONE, CODE_NEW_TOKENS)
     reps: list[dict[str, ArmResult]] = []
-    async with JaxEngine(model, config.engine) as engine:
+    sandbox_config = dataclasses.replace(CodeConfig().sandbox, warm_pool=slots)
+    async with JaxEngine(model, config.engine) as engine, PythonSandbox(sandbox_config) as sandbox:
         await engine.warmup()
         for rep in range(size["repeats"]):
             arms = {"ceiling": await run_arm(engine, tokenizer, tasks, name="ceiling", mode="async",
@@ -285,11 +291,43 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
                     arms[name] = await run_arm(engine, tokenizer, family_tasks, name=name, mode=mode,
                                                max_concurrency=concurrency, profile=profile, skip=skip,
                                                n_trajectories=size["sync_batches"][family] * slots
-                                               if mode == "sync" else size["async_n"], new_tokens_range=new_tokens)
+                                               if mode == "sync" else size["async_n"], new_tokens_range=new_tokens,
+                                               sandbox=sandbox)
             reps.append(arms)
             progress(f"bench rollout: repetition {rep + 1}/{size['repeats']}: " + ", ".join(
                 f"{name} {arm.traj_per_hour:.0f}/h" for name, arm in arms.items()))
     return reps, skip
+
+
+CALL_OVERHEAD_PROGRAM = "print(sum(range(10)))"
+CALL_OVERHEAD_N = {"quick": 10, "full": 40}
+
+
+async def sandbox_call_ms(n: int) -> dict[str, float]:
+    """Median milliseconds of one call running a trivial program, one call at a time, in: the warm pool (the
+    default inside ``async with``), a cold bubblewrap sandbox per call, and a plain child process with only the
+    audit hook (``isolation="none"``: the mechanism the sandbox had before OS isolation)."""
+    base = CodeConfig().sandbox
+    arms = {"warm_pool": (dataclasses.replace(base, warm_pool=1), True),
+            "cold_bwrap": (base, False),
+            "unisolated": (dataclasses.replace(base, isolation="none"), False)}
+    out: dict[str, float] = {}
+    for name, (cfg, pooled) in arms.items():
+        sandbox = PythonSandbox(cfg)
+        times = []
+        async with contextlib.AsyncExitStack() as stack:
+            if pooled:
+                await stack.enter_async_context(sandbox)
+            for _ in range(n):
+                if pooled:  # a call arriving when a worker is ready: what the pool buys when calls are spaced
+                    await asyncio.sleep(0.2)
+                start = time.perf_counter()
+                result = await sandbox.run(CALL_OVERHEAD_PROGRAM)
+                times.append(time.perf_counter() - start)
+                if result.stdout != "45\n":
+                    raise RuntimeError(f"sandbox call overhead ({name}): unexpected result {result}")
+        out[name] = statistics.median(times) * 1000
+    return out
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -342,18 +380,25 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "dispatch until their results are on the host (steps are pipelined; a step found already finished "
            "when the host came for it is credited nothing, so it is a lower bound). Code arm: the code env, "
            "the forced call is the python tool running the task's reference function on one test input in "
-           f"the real sandbox (a subprocess per call), no added delay; turns of {CODE_NEW_TOKENS[0]}–"
+           "the real sandbox (bubblewrap, one fresh sandbox per call, taken from a warm pool of 16 started "
+           "workers shared by the arm's episodes), no added delay; turns of {CODE_NEW_TOKENS[0]}–"
            f"{CODE_NEW_TOKENS[1]} tokens (longer prompts); its ceiling (`code-ceiling`) is the same episodes "
-           "with the tool answering at once.",
+           "with the tool answering at once. Per-call overhead (`rollout.code.call_ms_*`, median of "
+           f"{CALL_OVERHEAD_N['full']} sequential calls of a trivial program, {CALL_OVERHEAD_N['quick']} in quick "
+           "mode): from the warm pool (a worker ready), a cold bubblewrap sandbox per call, and the "
+           "unisolated child process with only the audit hook (the sandbox's earlier mechanism).",
     goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
                 why="async rollout should hide slow tools"),
            Goal(key="rollout.heavy.async_busy_fraction", op=">=", value=0.9,
                 why="the engine should never wait on tools"),
            Goal(key="rollout.heavy.async_over_ceiling", op=">=", value=0.85,
-                why="tool latency should cost little throughput")),
+                why="tool latency should cost little throughput"),
+           Goal(key="rollout.code.async_over_sync", op=">=", value=1.5,
+                why="async rollout should pay off on the isolated code sandbox too")),
 )
 def bench_rollout(ctx: BenchContext) -> BenchResult:
     reps, skip = asyncio.run(_run_all(ctx.quick, ctx.progress))
+    call_ms = asyncio.run(sandbox_call_ms(CALL_OVERHEAD_N["quick" if ctx.quick else "full"]))
 
     def med(fn: Callable[[dict[str, ArmResult]], float]) -> float:
         return statistics.median(fn(rep) for rep in reps)
@@ -370,6 +415,7 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
         "rollout.ceiling_slot_occupancy": med(lambda rep: rep["ceiling"].slot_occupancy),
         "rollout.ceiling_busy_fraction": med(lambda rep: rep["ceiling"].busy_fraction),
         "rollout.code.ceiling_traj_per_hour": med(lambda rep: rep[f"{CODE}-ceiling"].traj_per_hour),
+        **{f"rollout.code.call_ms_{name}": ms for name, ms in call_ms.items()},
         "rollout.async_max_concurrency": ASYNC_CONCURRENCY,
         "rollout.repeats": len(reps),
     }
