@@ -76,11 +76,12 @@ def _fuzz(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> 
 
 
 def _sandbox(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
-    from drills.sandbox_escapes import run_escapes
+    from drills.sandbox_escapes import isolation_in_use, run_escapes
 
     outcomes = run_escapes(scratch / "sandbox")
     return ({"reliability.sandbox_escapes": float(sum(not o.contained for o in outcomes)),
-             "reliability.sandbox_attempts": float(len(outcomes))}, {"attempts": _plain(outcomes)})
+             "reliability.sandbox_attempts": float(len(outcomes))},
+            {"isolation": isolation_in_use(), "attempts": _plain(outcomes)})
 
 
 def _secrets(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -178,9 +179,16 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
                                                        notes=f"rollstream drills, sizes {dataclasses.asdict(sizes)}"),
                            run)
     _write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
-    if not quick and not only:
+    if not quick:
         record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details}
-        _write_atomically(Path(out_dir) / DETAILS, json.dumps(record, indent=2, default=str) + "\n")
+        details_path = Path(out_dir) / DETAILS
+        if only and details_path.exists():
+            # A full run of some drills replaces their sections of the last full record (dated apart).
+            record = json.loads(details_path.read_text())
+            record["figures"] |= figures
+            for name in details:
+                record["details"][name] = {**details[name], "date": run["date"]}
+        _write_atomically(details_path, json.dumps(record, indent=2, default=str) + "\n")
         _write_atomically(Path(out_dir) / REPORT, render_report(record))
     return figures
 
@@ -228,9 +236,11 @@ MEASURED = {
     "reliability.fuzz_crashes": "Cases where an entry point raised an undocumented exception, an error without the "
                                 "file/key in its message, or (calculator) took over 1 s.",
     "reliability.sandbox_escapes": "Catalogue attempts not contained: a connection reached the loopback server, "
-                                   "a file outside was read/changed, the parent's credential appeared, or processes "
-                                   "/ folders were left behind.",
-    "reliability.sandbox_attempts": "Attempts in the escape catalogue.",
+                                   "a file outside was read/changed/created, the parent's credential appeared, the "
+                                   "attempt's own success signal appeared, or processes (any carrying the drill's "
+                                   "marker, wherever reparented) / folders were left behind.",
+    "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
+                                    "isolation backend; about half attack the containment mechanism itself.",
     "reliability.secret_leaks": "(secret, file) pairs where a planted fake credential appears in the campaign "
                                 "folder, trace, audit report or captured logs (Arrow files searched decoded).",
 }
@@ -264,7 +274,15 @@ def render_report(record: dict[str, Any]) -> str:
                 out.append(f"| {name} | {t['cases']} | {t['crashes']} | {first} |")
         out.append("")
     if "sandbox" in details:
-        out += ["## Sandbox escape catalogue", "", "| attempt | contained | seconds | problems |", "|---|---|---|---|"]
+        sb = details["sandbox"]
+        out += ["## Sandbox escape catalogue", ""]
+        if "date" in sb:
+            out += [f"Run on its own, full size, {sb['date']}.", ""]
+        if "isolation" in sb:
+            out += [f"Isolation backend in use: {sb['isolation']}. Attempts named `hook_off_*` first neutralise the "
+                    "audit hook (through the garbage collector or the frame of the error it raised); only the OS "
+                    "isolation stands between them and the host.", ""]
+        out += ["| attempt | contained | seconds | problems |", "|---|---|---|---|"]
         out += [f"| {a['name']} | {'yes' if a['contained'] else '**NO**'} | {a['seconds']} | "
                 f"{_cell('; '.join(a['problems']), 300)} |" for a in details["sandbox"]["attempts"]]
         out.append("")

@@ -7,7 +7,16 @@ secret file, and a fake credential planted in the parent's environment. An attem
 - the tool call returned text (a result, not an exception), and the attempt's own expectation holds;
 - the server accepted no connection, the outside secret was neither read nor changed, nothing new appeared
   outside, the planted credential is not in the result;
-- the host is clean afterwards: no descendant processes (psutil), no sandbox folder left in the temp dir.
+- the host is clean afterwards: no descendant processes (psutil) and no process anywhere carrying ``MARKER``, no
+  sandbox folder left in the temp dir.
+
+Besides plain hostile programs, half the catalogue attacks the containment mechanism: ``hook_off_*`` attempts
+first neutralise the PEP 578 audit hook (``DISABLE_AUDIT_HOOK`` through the garbage collector,
+``FRAME_DISABLE_AUDIT_HOOK`` through the frame of the error it raised), then go for the parent's ``/proc``, new
+processes, ``ctypes``/``ptrace``/``mmap`` of the interpreter, sockets, signals to every pid, ``stat``/``readlink``
+probes outside, device nodes and FIFOs, inherited descriptors, memory-filling files and detached grandchildren.
+Under ``isolation="none"`` they do escape (tests/test_sandbox_escapes.py checks that control); under ``bwrap`` the
+namespaces, seccomp filter and rlimits hold by themselves.
 
 ``run_escapes`` returns one ``EscapeOutcome`` per attempt; the escaped count is ``reliability.sandbox_escapes``.
 ``tests/test_sandbox_escapes.py`` runs the same catalogue one attempt per test.
@@ -20,6 +29,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -30,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from pipelines_lib.envs.tools.runner import run_tool
-from pipelines_lib.envs.tools.sandbox import PythonTool, SandboxConfig
+from pipelines_lib.envs.tools.sandbox import SANDBOX_UID, PythonSandbox, PythonTool, SandboxConfig
 
 DRILL_SANDBOX = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096)
 PLANTED_ENV = "ROLLSTREAM_DRILL_API_TOKEN"
@@ -354,11 +364,20 @@ def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -
                          seconds=round(seconds, 3))
 
 
+def isolation_in_use(config: SandboxConfig = DRILL_SANDBOX) -> str:
+    """The backend the catalogue runs against, with bubblewrap's version when it is that one."""
+    name = PythonSandbox(config).isolation
+    if name != "bwrap":
+        return f"`{name}`"
+    version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    return f"`bwrap` ({version}: user, pid, mount, ipc, uts, net namespaces; seccomp; uid {SANDBOX_UID})"
+
+
 def run_escapes(root: Path, escapes: tuple[Escape, ...] = ESCAPES) -> list[EscapeOutcome]:
     """Every attempt of the catalogue against one prepared host under ``root`` (a fresh folder)."""
     with prepared_host(root) as host:
         return [attempt(e, host) for e in escapes]
 
 
-__all__ = ["DISABLE_AUDIT_HOOK", "DRILL_SANDBOX", "ESCAPES", "MARKER", "Escape", "EscapeOutcome", "Host", "attempt", "loopback_listener", "prepared_host",
-           "run_escapes"]
+__all__ = ["DISABLE_AUDIT_HOOK", "DRILL_SANDBOX", "ESCAPES", "MARKER", "Escape", "EscapeOutcome", "Host", "attempt", "loopback_listener", "isolation_in_use",
+           "prepared_host", "run_escapes"]
