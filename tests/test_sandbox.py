@@ -288,8 +288,7 @@ def test_detached_grandchildren_do_not_survive_the_call(leave: str) -> None:
 def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock() -> None:
     result = run("while True:\n    pass", SandboxConfig(timeout_s=10.0, cpu_s=1))
     assert not result.timed_out
-    assert result.exit_code in (-signal.SIGXCPU, -signal.SIGKILL)
-    assert result.wall_s < 5.0
+    assert result.exit_code == -signal.SIGXCPU  # the soft limit's signal (the hard limit, a second later, kills)
 
 
 def test_gigantic_output_is_truncated_and_the_program_stopped() -> None:
