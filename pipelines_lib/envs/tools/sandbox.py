@@ -3,16 +3,16 @@
 Containment comes from the kernel, not from the interpreter. The default isolation backend,
 ``bwrap`` (bubblewrap), starts every program in fresh namespaces::
 
-    parent (rollout worker)            sandbox (new user, pid, mount, ipc, uts, net, cgroup namespaces)
+    parent (rollout worker)            sandbox (new user, pid, mount, ipc, uts, net (+cgroup) namespaces)
       PythonSandbox.run(code) ──stdin──►  pid 1: bwrap init (dies with the parent; killed at the deadline)
         wall clock, output caps ◄─pipes──   pid 2: python -I -S -B  (uid 65534, no capabilities,
-                                                    rlimits, seccomp: no new processes, audit hook)
+                                                    rlimits, seccomp filter, audit hook)
                                             /      read-only: /usr, /lib*, the interpreter and its stdlib
-                                            /tmp   private tmpfs, the working directory
+                                            /tmp   private tmpfs of work_dir_mb, the working directory
                                             /proc  its own (only the sandbox's processes), /dev minimal
 
 Nothing of the project, the virtualenv's site-packages or the parent's environment is visible; the
-network namespace has only a down loopback; ``--new-session`` detaches the terminal. At the deadline
+network namespace has only its own loopback; ``--new-session`` detaches the terminal. At the deadline
 (or when output passes its cap) the parent kills the namespace's init, which takes every process in
 the namespace with it, and waits until it is gone: no grandchild, ``setsid`` or double fork survives.
 Kernel limits stay as before: ``RLIMIT_CPU``/``AS``/``FSIZE``/``NOFILE``/``NPROC``/``CORE``; because
