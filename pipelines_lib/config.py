@@ -35,6 +35,7 @@ from pipelines_lib.dataset import DatasetConfig
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.envs import env_class
 from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.envs.tools.sandbox import SandboxConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.orchestrator import RolloutConfig
 from pipelines_lib.storage.shards import WriterConfig
@@ -48,6 +49,9 @@ class EnvSpec:
     """A key of the env registry (``arithmetic``, ``multihop``, ``code``)."""
     tool_latency: LatencyProfile = field(default_factory=LatencyProfile.none)
     """Delay added to every tool call, to emulate slow external services."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The sandbox of envs that run model code (``code``): limits, warm pool and ``isolation`` (``bwrap``, the
+    default, needs the bubblewrap package; ``none`` runs model code unisolated: unsafe, warned on every start)."""
 
     def __post_init__(self) -> None:
         try:

@@ -399,3 +399,27 @@ def test_config_validation_names_the_bad_value() -> None:
         SandboxConfig(timeout_s=float("inf"))
     with pytest.raises(ValueError, match="program too long"):
         asyncio.run(PythonSandbox(SandboxConfig(max_code_chars=5)).run("print(1)"))
+
+
+def test_a_code_campaign_refuses_to_start_without_isolation_unless_configured_unsafe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.rollout.episodes import make_episode_fn
+
+    path = os.path.join(tmp_path, "campaign.yaml")
+    with open(path, "w") as f:
+        f.write("env:\n  name: code\n")
+    safe = CampaignConfig.from_yaml(path)
+    with open(path, "a") as f:
+        f.write("  sandbox:\n    isolation: none\n")
+    unsafe = CampaignConfig.from_yaml(path)
+    assert (safe.env.sandbox.isolation, unsafe.env.sandbox.isolation) == ("bwrap", "none")
+    monkeypatch.setenv("PATH", "/nonexistent")  # a machine without bubblewrap
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        make_episode_fn(safe, engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="pipelines_lib.envs.tools.sandbox"):
+        make_episode_fn(unsafe, engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]
+    assert "WITHOUT OS isolation" in caplog.text
+    # Envs that run no code need no sandbox at all.
+    make_episode_fn(CampaignConfig.tiny(), engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]

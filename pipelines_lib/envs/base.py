@@ -178,6 +178,8 @@ class BaseTaskEnv(ABC):
 
     name: ClassVar[str]
     """Registry key, set by :func:`pipelines_lib.envs.registry.register_env`."""
+    runs_code: ClassVar[bool] = False
+    """Whether the env runs model code in a ``PythonSandbox`` (its constructor then takes ``sandbox``)."""
     max_turns: int
     """Most assistant messages (tool calls included) an agent should generate per episode."""
     system_prompt: str

@@ -205,6 +205,7 @@ def extract_code(response: str) -> str | None:
 @register_env("code")
 class CodeEnv(BaseTaskEnv):
     system_prompt = SYSTEM_PROMPT
+    runs_code = True
 
     def __init__(self, *, config: CodeConfig = CodeConfig(), sandbox: PythonSandbox | None = None) -> None:
         super().__init__(max_turns=config.max_turns)

@@ -61,9 +61,13 @@ def env_class(name: str) -> type[BaseTaskEnv]:
     return _lookup("env", ENV_REGISTRY, name)
 
 
-def make_env(name: str, **kwargs: Any) -> BaseTaskEnv:
-    """A fresh env instance (one per episode); ``kwargs`` go to the env's constructor."""
-    return env_class(name)(**kwargs)
+def make_env(name: str, *, sandbox: Any = None, **kwargs: Any) -> BaseTaskEnv:
+    """A fresh env instance (one per episode); ``kwargs`` go to the env's constructor, and so does ``sandbox`` (a
+    ``PythonSandbox`` shared by a worker's episodes) when the env runs code."""
+    cls = env_class(name)
+    if sandbox is not None and cls.runs_code:
+        kwargs["sandbox"] = sandbox
+    return cls(**kwargs)
 
 
 def make_tool(name: str, **kwargs: Any) -> Tool:

@@ -19,6 +19,7 @@ campaign seed and the task id, so a rerun of the same version gives the same num
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
@@ -30,7 +31,8 @@ from pipelines_lib.agents import make_agent, run_episode
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine, SamplingParams
-from pipelines_lib.envs import Task, make_env
+from pipelines_lib.envs import Task, env_class, make_env
+from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published
@@ -103,7 +105,10 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     k, rollout = config.eval.samples, config.rollout
     semaphore = asyncio.Semaphore(config.eval.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, config.engine) as engine:
+    async with JaxEngine(model, config.engine) as engine, contextlib.AsyncExitStack() as stack:
+        # Code envs share one sandbox (and its warm pool) across the evaluation's episodes.
+        sandbox = (await stack.enter_async_context(PythonSandbox(config.env.sandbox))
+                   if env_class(config.env.name).runs_code else None)
 
         async def episode(task: Task, idx: int) -> Trajectory:
             sampling = SamplingParams(
@@ -111,7 +116,7 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
                 max_new_tokens=rollout.max_new_tokens, seed=_seed(config.seed, task.task_id, idx))
             async with semaphore:
                 return await run_episode(
-                    env=make_env(task.env_name), task=task, agent=make_agent(config.agent, tokenizer),
+                    env=make_env(task.env_name, sandbox=sandbox), task=task, agent=make_agent(config.agent, tokenizer),
                     engine=engine, tokenizer=tokenizer, sampling=sampling, group_id=f"eval/{task.task_id}",
                     sample_idx=idx, group_size=k + 1, worker_id="eval",
                     episode_timeout_s=rollout.episode_timeout_s, tool_timeout_s=rollout.tool_timeout_s,

@@ -14,9 +14,10 @@ from pathlib import Path
 from pipelines_lib.agents import make_agent, run_episode
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine.api import Engine, SamplingParams
-from pipelines_lib.envs import make_env
+from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.envs.base import Task, Tool
 from pipelines_lib.envs.tools.latency import LatencyTool
+from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
 from pipelines_lib.rollout.orchestrator import EpisodeFn
 from pipelines_lib.trajectory.record import Trajectory
@@ -37,9 +38,11 @@ def make_episode_fn(config: CampaignConfig, *, engine: Engine, tokenizer: ChatTo
                     temperature: float | None = None, seed_salt: str = "") -> EpisodeFn:
     rc = config.rollout
     profile = config.env.tool_latency
+    # One sandbox for the worker's episodes: a missing isolation backend stops the worker here, at its start.
+    sandbox = PythonSandbox(config.env.sandbox) if env_class(config.env.name).runs_code else None
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
-        env = make_env(task.env_name)
+        env = make_env(task.env_name, sandbox=sandbox)
         if profile.kind != "fixed" or profile.value_s > 0:
             rng = random.Random(sample_seed("latency", seed_salt, group_id, sample_idx))
             env.wrap_tools(lambda tool: _with_latency(tool, rng))

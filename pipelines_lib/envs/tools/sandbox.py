@@ -57,7 +57,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pipelines_lib.envs.base import Tool, require_str_arg
@@ -119,7 +119,8 @@ class SandboxConfig:
     memory_mb: int = 512
     """RLIMIT_AS (virtual memory) in MiB."""
     file_size_mb: int = 8
-    """RLIMIT_FSIZE: largest file the code may write, in MiB (past it: SIGXFSZ)."""
+    """RLIMIT_FSIZE: largest file the code may write, in MiB (past it the write fails with EFBIG: Python ignores
+    SIGXFSZ)."""
     max_processes: int = 1
     """RLIMIT_NPROC; 1 also installs a seccomp filter refusing new processes (``bwrap``), since Linux does not
     enforce RLIMIT_NPROC for root."""
@@ -139,8 +140,6 @@ class SandboxConfig:
     warm_pool: int = 8
     """Started workers kept waiting inside ``async with sandbox:`` (0: start each worker on demand). Each runs
     one program only."""
-    python: str = field(default_factory=lambda: sys.executable)
-    """Interpreter to run (only its standard library is visible)."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
@@ -352,8 +351,9 @@ class LocalProcessBackend:
         limits = {"rlimits": {
             "RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
             "RLIMIT_NPROC": cfg.max_processes, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}}
-        # The resolved path: inside a sandbox a virtualenv's `python` symlink would point nowhere.
-        return [os.path.realpath(cfg.python), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(limits)]
+        # This process's interpreter (its standard library is what the sandbox binds), by its resolved path:
+        # inside a sandbox a virtualenv's `python` symlink would point nowhere.
+        return [os.path.realpath(sys.executable), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(limits)]
 
     async def _spawn(self) -> _Worker:
         raise NotImplementedError
@@ -472,10 +472,6 @@ class BwrapBackend(LocalProcessBackend):
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
-        if os.path.realpath(config.python) != os.path.realpath(sys.executable):
-            # The binds describe the running interpreter's layout; another one would not find its stdlib.
-            raise ValueError(f"isolation 'bwrap' runs this process's interpreter ({sys.executable}), "
-                             f"got python={config.python!r}")
         self._bwrap = shutil.which("bwrap")
         self._seccomp = seccomp_filter(allow_processes=config.max_processes > 1)
 
@@ -508,7 +504,7 @@ class BwrapBackend(LocalProcessBackend):
         for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin"):
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
-        args += _interpreter_binds(self.config.python)
+        args += _interpreter_binds(sys.executable)
         args += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.config.work_dir_mb * 2**20), "--tmpfs", WORK_DIR,
                  "--chdir", WORK_DIR, "--disable-userns",
                  # bwrap's root and /dev are tmpfs too: read-only, so the work dir is the only writable memory.
