@@ -405,7 +405,11 @@ def test_a_code_campaign_refuses_to_start_without_isolation_unless_configured_un
     monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.rollout.episodes import make_episode_fn
+    from pipelines_lib.rollout.episodes import env_sandbox
+
+    async def enter(config: CampaignConfig) -> PythonSandbox | None:
+        async with env_sandbox(config) as sandbox:
+            return sandbox
 
     path = os.path.join(tmp_path, "campaign.yaml")
     with open(path, "w") as f:
@@ -417,9 +421,9 @@ def test_a_code_campaign_refuses_to_start_without_isolation_unless_configured_un
     assert (safe.env.sandbox.isolation, unsafe.env.sandbox.isolation) == ("bwrap", "none")
     monkeypatch.setenv("PATH", "/nonexistent")  # a machine without bubblewrap
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
-        make_episode_fn(safe, engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]
+        asyncio.run(enter(safe))
     with caplog.at_level(logging.WARNING, logger="pipelines_lib.envs.tools.sandbox"):
-        make_episode_fn(unsafe, engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]
+        sandbox = asyncio.run(enter(unsafe))
+    assert sandbox is not None and sandbox.isolation == "none"
     assert "WITHOUT OS isolation" in caplog.text
-    # Envs that run no code need no sandbox at all.
-    make_episode_fn(CampaignConfig.tiny(), engine=None, tokenizer=None, worker_id="w")  # type: ignore[arg-type]
+    assert asyncio.run(enter(CampaignConfig.tiny())) is None  # envs that run no code need no sandbox at all

@@ -19,7 +19,6 @@ campaign seed and the task id, so a rerun of the same version gives the same num
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import math
 import time
@@ -31,12 +30,11 @@ from pipelines_lib.agents import make_agent, run_episode
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine, SamplingParams
-from pipelines_lib.envs import Task, env_class, make_env
-from pipelines_lib.envs.tools.sandbox import PythonSandbox
+from pipelines_lib.envs import Task, make_env
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published
-from pipelines_lib.rollout.episodes import campaign_tokenizer
+from pipelines_lib.rollout.episodes import campaign_tokenizer, env_sandbox
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
@@ -105,10 +103,7 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     k, rollout = config.eval.samples, config.rollout
     semaphore = asyncio.Semaphore(config.eval.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, config.engine) as engine, contextlib.AsyncExitStack() as stack:
-        # Code envs share one sandbox (and its warm pool) across the evaluation's episodes.
-        sandbox = (await stack.enter_async_context(PythonSandbox(config.env.sandbox))
-                   if env_class(config.env.name).runs_code else None)
+    async with JaxEngine(model, config.engine) as engine, env_sandbox(config) as sandbox:
 
         async def episode(task: Task, idx: int) -> Trajectory:
             sampling = SamplingParams(

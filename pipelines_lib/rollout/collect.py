@@ -23,7 +23,7 @@ from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.publish import CampaignWeights, load_published
-from pipelines_lib.rollout.episodes import campaign_tokenizer, make_episode_fn
+from pipelines_lib.rollout.episodes import campaign_tokenizer, env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, read_shard
@@ -110,10 +110,12 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
         log(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
 
     async def run() -> Any:
-        async with JaxEngine(model, config.engine, policy_version=version) as engine:
+        async with JaxEngine(model, config.engine, policy_version=version) as engine, \
+                env_sandbox(config) as sandbox:
             orchestrator = Orchestrator(
                 config=rc, engine=engine,
-                episode_fn=make_episode_fn(config, engine=engine, tokenizer=tokenizer, worker_id=worker_id),
+                episode_fn=make_episode_fn(config, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
+                                           sandbox=sandbox),
                 tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
                 weights=CampaignWeights(store), should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)

@@ -7,8 +7,10 @@ per-episode state) and a per-sample seed, so sampling is reproducible whatever e
 
 from __future__ import annotations
 
+import contextlib
 import random
 import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from pipelines_lib.agents import make_agent, run_episode
@@ -34,12 +36,23 @@ def sample_seed(*parts: object) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
+@contextlib.asynccontextmanager
+async def env_sandbox(config: CampaignConfig) -> AsyncIterator[PythonSandbox | None]:
+    """The sandbox a run's episodes share, with its warm pool started, when the env runs model code (else None).
+    Entering it is where a run without the configured isolation stops (``SandboxUnavailable``)."""
+    if not env_class(config.env.name).runs_code:
+        yield None
+        return
+    async with PythonSandbox(config.env.sandbox) as sandbox:
+        yield sandbox
+
+
 def make_episode_fn(config: CampaignConfig, *, engine: Engine, tokenizer: ChatTokenizer, worker_id: str,
-                    temperature: float | None = None, seed_salt: str = "") -> EpisodeFn:
+                    temperature: float | None = None, seed_salt: str = "",
+                    sandbox: PythonSandbox | None = None) -> EpisodeFn:
+    """Episodes of the campaign's env and agent; code envs use ``sandbox`` (from :func:`env_sandbox`) when given."""
     rc = config.rollout
     profile = config.env.tool_latency
-    # One sandbox for the worker's episodes: a missing isolation backend stops the worker here, at its start.
-    sandbox = PythonSandbox(config.env.sandbox) if env_class(config.env.name).runs_code else None
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         env = make_env(task.env_name, sandbox=sandbox)
