@@ -190,14 +190,16 @@ class SandboxResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-# Runs in the worker as `python -I -S -B -c _BOOTSTRAP <limits json>` from inside the working directory:
+# Runs in the worker as `python -I -S -B -c _BOOTSTRAP RLIMIT_X=n ...` from inside the working directory (it
+# imports nothing beyond what the interpreter already loaded: json or traceback would double its start-up CPU):
 # limits first, then it waits for the program on stdin (a warm worker waits here), writes it to main.py
 # (for tracebacks), installs the audit hook (an extra layer with clear messages, not the boundary) and runs
 # the program in a fresh namespace with the bootstrap's own traceback frame hidden.
 _BOOTSTRAP = r"""
-import json, os, resource, sys, traceback
-cfg = json.loads(sys.argv[1])
-for name, value in cfg["rlimits"].items():
+import os, resource, sys
+for limit in sys.argv[1:]:
+    name, value = limit.split("=")
+    value = int(value)
     hard = value + 1 if name == "RLIMIT_CPU" else value
     resource.setrlimit(getattr(resource, name), (value, hard))
 SOURCE = sys.stdin.buffer.read().decode("utf-8")
@@ -264,6 +266,7 @@ try:
 except SystemExit:
     raise
 except BaseException as e:
+    import traceback
     traceback.print_exception(type(e), e, e.__traceback__.tb_next)
     sys.exit(1)
 """
@@ -348,12 +351,11 @@ class LocalProcessBackend:
 
     def _python_argv(self) -> list[str]:
         cfg = self.config
-        limits = {"rlimits": {
-            "RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
-            "RLIMIT_NPROC": cfg.max_processes, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}}
+        limits = {"RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
+                  "RLIMIT_NPROC": cfg.max_processes, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}
         # This process's interpreter (its standard library is what the sandbox binds), by its resolved path:
         # inside a sandbox a virtualenv's `python` symlink would point nowhere.
-        return [os.path.realpath(sys.executable), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(limits)]
+        return [os.path.realpath(sys.executable), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, *(f"{k}={v}" for k, v in limits.items())]
 
     async def _spawn(self) -> _Worker:
         raise NotImplementedError
