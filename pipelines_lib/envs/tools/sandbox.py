@@ -140,6 +140,9 @@ class SandboxConfig:
     warm_pool: int = 8
     """Started workers kept waiting inside ``async with sandbox:`` (0: start each worker on demand). Each runs
     one program only."""
+    max_starting: int = 4
+    """Workers being started at once (more calls wait for one): parallel namespace creation contends in the
+    kernel."""
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
@@ -153,6 +156,8 @@ class SandboxConfig:
             raise ValueError(f"max_code_chars must be >= 1, got {self.max_code_chars}")
         if self.warm_pool < 0:
             raise ValueError(f"warm_pool must be >= 0, got {self.warm_pool}")
+        if self.max_starting < 1:
+            raise ValueError(f"max_starting must be >= 1, got {self.max_starting}")
         if self.isolation not in ISOLATION_BACKENDS:
             raise ValueError(f"unknown isolation {self.isolation!r}; valid: {', '.join(sorted(ISOLATION_BACKENDS))}")
 
@@ -345,6 +350,7 @@ class LocalProcessBackend:
         self._ready: collections.deque[_Worker] = collections.deque()
         self._starting: set[asyncio.Task[None]] = set()
         self._pooled = False
+        self._starts: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def unavailable(self) -> str | None:
         return None
@@ -381,15 +387,24 @@ class LocalProcessBackend:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
+    async def _started(self) -> _Worker:
+        """A new worker, with at most ``max_starting`` being started at once: namespace creation and teardown
+        contend in the kernel, so a burst of calls starting 96 sandboxes together is slower than queueing them."""
+        loop = asyncio.get_running_loop()
+        if self._starts is None or self._starts[0] is not loop:  # asyncio primitives belong to one loop
+            self._starts = (loop, asyncio.Semaphore(self.config.max_starting))
+        async with self._starts[1]:
+            return await self._spawn()
+
     async def _start_one(self) -> None:
-        worker = await self._spawn()
+        worker = await self._started()
         if self._pooled:
             self._ready.append(worker)
         else:
             await worker.reap()
 
     async def run(self, code: str, *, clock: Callable[[], float] = time.perf_counter) -> SandboxResult:
-        worker = self._ready.popleft() if self._ready else await self._spawn()
+        worker = self._ready.popleft() if self._ready else await self._started()
         self._refill()
         cfg = self.config
         proc = worker.proc
