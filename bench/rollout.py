@@ -381,7 +381,7 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "when the host came for it is credited nothing, so it is a lower bound). Code arm: the code env, "
            "the forced call is the python tool running the task's reference function on one test input in "
            "the real sandbox (bubblewrap, one fresh sandbox per call, taken from a warm pool of 16 started "
-           "workers shared by the arm's episodes), no added delay; turns of {CODE_NEW_TOKENS[0]}–"
+           f"workers shared by the arm's episodes), no added delay; turns of {CODE_NEW_TOKENS[0]}–"
            f"{CODE_NEW_TOKENS[1]} tokens (longer prompts); its ceiling (`code-ceiling`) is the same episodes "
            "with the tool answering at once. Per-call overhead (`rollout.code.call_ms_*`, median of "
            f"{CALL_OVERHEAD_N['full']} sequential calls of a trivial program, {CALL_OVERHEAD_N['quick']} in quick "
