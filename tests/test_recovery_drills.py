@@ -35,10 +35,10 @@ from pathlib import Path
 import pytest
 
 from drills.supervisor import ROOT, KillDrill
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.config import CampaignConfig
 
 DRILL_RUN = {"rollout.max_concurrency": 32, "rollout.max_groups_per_version": 8}
 """The smoke preset, with 8 group slots per worker over the engine's 8 sequence slots, and a
