@@ -16,7 +16,7 @@ import time
 import pytest
 from prefect import flow, task
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
 from flows import artifacts
 from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
@@ -31,6 +31,7 @@ from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.common import run_record_path
 from tasks.init import init_campaign
+from tasks.prep import prep_dataset
 
 SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
 
@@ -297,3 +298,52 @@ def test_learning_curve_artifact_embeds_the_png(prefect_api, campaign: Store) ->
     data = markdown.split("(data:image/png;base64,", 1)[1].split(")", 1)[0]
     assert base64.b64decode(data)[:4] == b"\x89PNG"
     assert _artifacts("curve-my-campaign")[0].data == markdown
+
+
+class FlakyDataset(Store):
+    """Writes under ``dataset/`` fail ``failures`` times the way a storage outage surfaces once the store's own
+    retries ran out (a StorageError caused by a timeout), then work; ``error`` replaces that with a permanent one."""
+
+    failures = 0
+    error: type[Exception] | None = None
+
+    def create(self, rel: str, data: bytes) -> None:
+        if rel.startswith("dataset/") and (FlakyDataset.failures > 0 or FlakyDataset.error):
+            if FlakyDataset.error:
+                raise FlakyDataset.error(f"{rel}: refused")
+            FlakyDataset.failures -= 1
+            raise StorageError("create", self.uri(rel), "gave up after 6 tries") from TimeoutError("stalled")
+        super().create(rel, data)
+
+
+def _task_states(flow_run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return [s.name for s in sorted(client.read_task_run_states(run.id), key=lambda s: s.timestamp)]
+
+
+@pytest.mark.parametrize(("failures", "error", "states", "failed_records"), [
+    (2, None, ["Pending", "Running", "Retrying", "Retrying", "Completed"], 2),  # no delay: straight to Retrying
+    (0, ValueError, ["Pending", "Running", "Failed"], 1),
+])
+def test_a_stage_task_retries_transient_storage_errors_only(prefect_api, campaign: Store, monkeypatch,
+                                                          failures: int, error: type | None, states: list[str],
+                                                          failed_records: int) -> None:
+    import tasks.common
+
+    monkeypatch.setattr(FlakyDataset, "failures", failures)
+    monkeypatch.setattr(FlakyDataset, "error", error)
+    monkeypatch.setattr(tasks.common, "Store", FlakyDataset)  # the store every stage task opens
+
+    @flow
+    def stage() -> dict:
+        return prep_dataset.with_options(retry_delay_seconds=0)(campaign.url)  # retries and condition as shipped
+
+    state = stage(return_state=True)
+    assert _task_states(state.state_details.flow_run_id) == states
+    failed = [n for n in campaign.list("runs") if n.startswith("prep-") and "-failed-" in n]
+    assert len(failed) == failed_records
+    if error is None:
+        assert state.is_completed() and campaign.exists(layout.DATASET_SUCCESS)
+    else:
+        assert state.is_failed() and not campaign.exists(layout.DATASET_SUCCESS)
