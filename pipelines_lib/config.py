@@ -15,7 +15,8 @@ CampaignConfig
 
 Each sub-config lives next to the code that uses it and validates itself; this module only composes
 them and adds the stage configs that have no better home. ``CampaignConfig.from_yaml`` reads a YAML file
-(unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores.
+(unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores,
+``smoke()`` the same cut to a one-minute campaign (the test suite's).
 Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta": 2})``.
 """
 
@@ -201,6 +202,27 @@ class CampaignConfig:
                           optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="constant", total_steps=250,
                                             weight_decay=0.01)),
             eval=EvalConfig(n_tasks=128, samples=4),
+        )
+
+    @classmethod
+    def smoke(cls) -> CampaignConfig:
+        """``tiny()`` cut to a whole campaign in about a minute on 2 CPU cores: every stage, every marker.
+
+        4 trainer steps of 2 groups (v1 at step 2, v2 at step 4, checkpoints at both), a 10-step warm start that
+        learns nothing useful, and 4 held-out tasks per evaluation. Zero-advantage groups train: a policy this
+        weak rarely solves a task, and skipping them would starve the trainer. The test suite runs it, through
+        the campaign and recover flows, on a local folder and on a GCS emulator.
+        """
+        tiny = cls.tiny()
+        return dataclasses.replace(
+            tiny,
+            dataset=dataclasses.replace(tiny.dataset, n_train=256, n_heldout=8),
+            engine=dataclasses.replace(tiny.engine, num_slots=8),
+            rollout=dataclasses.replace(tiny.rollout, max_concurrency=8),
+            trainer=dataclasses.replace(tiny.trainer, max_steps=4, publish_every=2, checkpoint_every=2,
+                                        batch_groups=2, skip_zero_advantage=False),
+            sft=dataclasses.replace(tiny.sft, steps=10, n_demos=64),
+            eval=dataclasses.replace(tiny.eval, n_tasks=4, samples=1),
         )
 
     @classmethod

@@ -44,13 +44,29 @@ def gcs_options(endpoint: str) -> dict:
     return {"endpoint_url": endpoint, "token": "anon", "project": "rollstream-test"}
 
 
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One temporary Prefect API (its own database) for the session; yields its URL for stage subprocesses."""
+    import prefect.settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield str(prefect.settings.PREFECT_API_URL.value())
+
+
 @pytest.fixture
-def gcs_store(gcs_emulator: str) -> Store:
+def gcs_bucket(gcs_emulator: str) -> str:
+    """A fresh, empty bucket on the emulator."""
     import gcsfs
 
     bucket = f"b-{uuid.uuid4().hex[:10]}"
     gcsfs.GCSFileSystem(**gcs_options(gcs_emulator)).mkdir(bucket)
-    return Store(f"gs://{bucket}/campaigns/c1", storage_options=gcs_options(gcs_emulator),
+    return bucket
+
+
+@pytest.fixture
+def gcs_store(gcs_emulator: str, gcs_bucket: str) -> Store:
+    return Store(f"gs://{gcs_bucket}/campaigns/c1", storage_options=gcs_options(gcs_emulator),
                  retry=RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.05, deadline_s=10))
 
 

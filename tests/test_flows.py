@@ -1,7 +1,7 @@
 """Flows against a real (ephemeral, temporary-database) Prefect API, shared by the whole module.
 
-The fast tests pin the pure pieces and the Prefect wiring (run records, artifacts, progress); the slow
-ones run a whole tiny campaign and a recovery with the real stages.
+These tests pin the pure pieces and the Prefect wiring (run records, artifacts, progress); whole campaigns and
+recoveries with the real stages are in ``test_campaign_smoke``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from prefect import flow, task
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.testing.utilities import prefect_test_harness
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
 from flows import artifacts
 from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
@@ -33,15 +31,9 @@ from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.common import run_record_path
 from tasks.init import init_campaign
+from tasks.prep import prep_dataset
 
 SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[None]:
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture
@@ -308,61 +300,50 @@ def test_learning_curve_artifact_embeds_the_png(prefect_api, campaign: Store) ->
     assert _artifacts("curve-my-campaign")[0].data == markdown
 
 
-# -- whole campaigns (real stages, tiny sizes) -------------------------------------------------------------
-TINY_RUN = {
-    "dataset.n_train": 256, "dataset.n_heldout": 8, "sft.steps": 10, "sft.n_demos": 64,
-    "trainer.max_steps": 4, "trainer.publish_every": 2, "trainer.checkpoint_every": 2, "trainer.batch_groups": 2,
-    # a 10-step warm start rarely solves a task: zero-advantage groups must still train, or the trainer starves
-    "trainer.skip_zero_advantage": False,
-    "eval.n_tasks": 4, "eval.samples": 1, "rollout.max_concurrency": 8, "engine.num_slots": 8,
-}
+class FlakyDataset(Store):
+    """Writes under ``dataset/`` fail ``failures`` times the way a storage outage surfaces once the store's own
+    retries ran out (a StorageError caused by a timeout), then work; ``error`` replaces that with a permanent one."""
+
+    failures = 0
+    error: type[Exception] | None = None
+
+    def create(self, rel: str, data: bytes) -> None:
+        if rel.startswith("dataset/") and (FlakyDataset.failures > 0 or FlakyDataset.error):
+            if FlakyDataset.error:
+                raise FlakyDataset.error(f"{rel}: refused")
+            FlakyDataset.failures -= 1
+            raise StorageError("create", self.uri(rel), "gave up after 6 tries") from TimeoutError("stalled")
+        super().create(rel, data)
 
 
-@pytest.mark.slow
-def test_tiny_campaign_runs_every_stage_and_publishes_its_artifacts(prefect_api, tmp_path) -> None:
-    from flows.campaign import campaign
-
-    url = str(tmp_path / "tiny_campaign")
-    state = campaign(url, overrides=TINY_RUN, workers=2, poll_s=1.0, return_state=True)
-    result = state.result()
-    store = Store(url)
-    assert result["train"]["steps"] == 4 and result["train"]["version"] == 2
-    assert sorted(result["evaluate"]) == [0, 1, 2] and result["audit"]["ok"]
-    assert all(c["stop_reason"] == "done marker" for c in result["collect"])
-    run_id = str(state.state_details.flow_run_id)
-    for key in ("init", "prep", "warm_start", "collect-w0", "collect-w1", "train", "evaluate-v00000000",
-                "evaluate-v00000002", "audit"):
-        assert store.read_json(run_record_path(key, run_id))["state"] == "completed", key
-    assert {v: _artifacts(f"eval-tiny-campaign-v{v}")[0].type for v in (0, 1, 2)} == dict.fromkeys((0, 1, 2), "table")
-    assert "data:image/png;base64," in _artifacts("curve-tiny-campaign")[0].data
-    assert float(_artifacts("progress-tiny-campaign-train")[0].data) == 100.0
-    # a second run of the finished campaign does no stage work and reaches the same verdict
-    again = campaign(url, overrides=TINY_RUN, workers=2, poll_s=1.0)
-    assert again["init"]["created"] is False and again["train"]["steps"] == 4 and again["evaluate"] == {}
+def _task_states(flow_run_id) -> list[str]:
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return [s.name for s in sorted(client.read_task_run_states(run.id), key=lambda s: s.timestamp)]
 
 
-@pytest.mark.slow
-def test_recover_finishes_a_campaign_whose_trainer_stopped_half_way(prefect_api, tmp_path) -> None:
-    from flows.campaign import build_config
-    from flows.recover import recover
-    from flows.stages import collect_flow, train_flow, warm_start_flow
-    from pipelines_lib.campaign import campaign_status
+@pytest.mark.parametrize(("failures", "error", "states", "failed_records"), [
+    (2, None, ["Pending", "Running", "Retrying", "Retrying", "Completed"], 2),  # no delay: straight to Retrying
+    (0, ValueError, ["Pending", "Running", "Failed"], 1),
+])
+def test_a_stage_task_retries_transient_storage_errors_only(prefect_api, campaign: Store, monkeypatch,
+                                                          failures: int, error: type | None, states: list[str],
+                                                          failed_records: int) -> None:
+    import tasks.common
 
-    url = str(tmp_path / "crashed")
-    init_campaign.fn(url, build_config(overrides=TINY_RUN, workers=2).to_dict())
-    prep_flow(url)
-    warm_start_flow(url)
-    collect_flow(url, worker_index=0, num_workers=2, target_groups=4)
-    train_flow(url, max_steps=2)  # stops at step 2: checkpointed, v1 published, no done marker
-    store = Store(url)
-    before = campaign_status(store)
-    assert (before["train_steps"], before["train_done"], before["published_versions"]) == (2, False, [0, 1])
+    monkeypatch.setattr(FlakyDataset, "failures", failures)
+    monkeypatch.setattr(FlakyDataset, "error", error)
+    monkeypatch.setattr(tasks.common, "Store", FlakyDataset)  # the store every stage task opens
 
-    result = recover(url, poll_s=1.0)
-    assert result["plan"] == ["collect", "train", "evaluate", "audit"]
-    after = campaign_status(store)
-    assert after["train_done"] and after["train_steps"] == 4 and after["published_versions"] == [0, 1, 2]
-    assert after["missing_eval"] == [] and after["todo"] == ["audit"]
-    assert result["audit"]["ok"]
-    consumed = store.list("train/consumed")
-    assert consumed == [f"{s:08d}.json" for s in (1, 2, 3, 4)]  # resumed: no step trained twice
+    @flow
+    def stage() -> dict:
+        return prep_dataset.with_options(retry_delay_seconds=0)(campaign.url)  # retries and condition as shipped
+
+    state = stage(return_state=True)
+    assert _task_states(state.state_details.flow_run_id) == states
+    failed = [n for n in campaign.list("runs") if n.startswith("prep-") and "-failed-" in n]
+    assert len(failed) == failed_records
+    if error is None:
+        assert state.is_completed() and campaign.exists(layout.DATASET_SUCCESS)
+    else:
+        assert state.is_failed() and not campaign.exists(layout.DATASET_SUCCESS)

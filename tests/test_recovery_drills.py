@@ -30,21 +30,18 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import prefect.settings
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from drills.supervisor import ROOT, KillDrill
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from tests.test_flows import TINY_RUN
 
-DRILL_RUN = {**TINY_RUN, "rollout.max_concurrency": 32, "rollout.max_groups_per_version": 8}
-"""The tiny campaign of ``test_flows``, with 8 group slots per worker over the engine's 8 sequence slots, and a
+DRILL_RUN = {"rollout.max_concurrency": 32, "rollout.max_groups_per_version": 8}
+"""The smoke preset, with 8 group slots per worker over the engine's 8 sequence slots, and a
 budget of 8 groups per worker and version (the trainer uses 4 per version; more only compete for the 2 cores)."""
 GROUP_SLOTS = 32 // 4
 
@@ -52,13 +49,6 @@ _COLLECT = ("import sys; from flows.stages import collect_flow; "
             "collect_flow(sys.argv[1], worker_index=int(sys.argv[2]), num_workers=2)")
 _TRAIN = "import sys; from flows.stages import train_flow; train_flow(sys.argv[1])"
 _COMMITTED = re.compile(r"rollout (?P<wid>rollout0\.\w+): committed (?P<path>\S+) \((?P<n>\d+) groups")
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[str]:
-    """One temporary Prefect API for the test and its stage subprocesses (they find it through the environment)."""
-    with prefect_test_harness(server_startup_timeout=120):
-        yield str(prefect.settings.PREFECT_API_URL.value())
 
 
 class _Lines(logging.Handler):
@@ -90,7 +80,6 @@ def _shard_groups(store: Store) -> dict[str, list[str]]:
 @pytest.mark.slow
 def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_failed_evaluation(
         prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.campaign import build_config
     from flows.recover import recover
     from flows.stages import evaluate_flow, prep_flow, warm_start_flow
     from pipelines_lib.campaign import campaign_status
@@ -99,7 +88,7 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the stage subprocesses report to this test's API
     url = str(tmp_path / "drilled")
-    init_campaign.fn(url, build_config(overrides=DRILL_RUN, workers=2).to_dict())
+    init_campaign.fn(url, CampaignConfig.smoke().with_overrides(DRILL_RUN).to_dict())
     prep_flow(url)
     warm_start_flow(url)
     store = Store(url)

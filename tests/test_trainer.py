@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -30,6 +30,8 @@ from pipelines_lib.publish import publish_weights
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
+from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer, train
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
@@ -49,16 +51,19 @@ def small_config(**trainer) -> CampaignConfig:
     )
 
 
-def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14) -> Store:
+def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14, versions: tuple[int, ...] = (0,)) -> Store:
+    """A campaign with v0 published and ``n_groups`` groups per version in ``versions`` (prompt ``v<V>p<i>``)."""
     store = Store(url)
     init_campaign(store, config)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)),
                     version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
-    for i in range(n_groups):
-        writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0,
-                                         seed=i, vocab_size=config.model.vocab_size, max_len=60))
-    writer.flush()
+    for v in versions:
+        writer = ShardWriter(store, worker_id=f"w{v}", config=WriterConfig(max_groups=3))
+        for i in range(n_groups):
+            prompt_id = f"p{i:03d}" if versions == (0,) else f"v{v}p{i}"
+            writer.add_group(synthetic_group(prompt_id=prompt_id, group_size=4, worker_id=f"w{v}", policy_version=v,
+                                             seed=i, vocab_size=config.model.vocab_size, max_len=60))
+        writer.flush()
     return store
 
 
@@ -107,10 +112,20 @@ _TRAIN_SCRIPT = """
 import sys
 from pipelines_lib.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
+from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.trainer import train
 store = Store(sys.argv[1])
 train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
+
+
+def _restart_path(store: Store) -> tuple[str | None, int]:
+    """What a restart must do now: the checkpoint it restores (None: none) and how many logged steps it replays."""
+    folders = committed_checkpoints(store)
+    k = int(folders[-1].rsplit("/", 1)[-1].split(".")[0]) if folders else 0
+    logged = len(store.list("train/consumed"))
+    return (folders[-1] if folders else None), logged - k
 
 
 @pytest.mark.parametrize("n_kills", [1, pytest.param(3, marks=pytest.mark.slow)])
@@ -121,24 +136,106 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
     expected = final_params(reference)
 
     store = seed_campaign(str(tmp_path / "killed"), config)
-    rng = random.Random(7)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    kills = 0
+    kills, expected_path = 0, None
     while not store.exists(layout.TRAIN_DONE):
         proc = subprocess.Popen([sys.executable, "-c", _TRAIN_SCRIPT, store.url], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        head = []
         if kills < n_kills:
-            # Let it make progress (past start-up and compilation), then kill at a random moment.
+            # The first life is killed as it logs step 5 (checkpoint 4 committed, step 5 only in its log), later
+            # ones at their first step: each kill lands mid-run, on a live process.
             for line in proc.stdout:
-                if line.startswith("trainer: step"):
+                head.append(line)
+                if line.startswith("trainer: step 5/" if kills == 0 else "trainer: step"):
                     break
-            time.sleep(rng.uniform(0.0, 0.8))
-            proc.send_signal(signal.SIGKILL)
+            assert proc.poll() is None, "".join(head)
+            proc.kill()
             kills += 1
-        out = proc.communicate(timeout=300)[0]
-        if proc.returncode not in (0, -signal.SIGKILL):
-            pytest.fail(f"trainer failed:\n{out}")
+        out = "".join(head) + proc.communicate(timeout=300)[0]
+        if expected_path is not None:  # this life restarted after a kill: it took the path storage dictated
+            folder, replayed = expected_path
+            restored = re.findall(r"trainer: restored checkpoint (\S+) \(step", out)
+            assert restored == ([folder] if folder else []), out
+            assert (f"replayed {replayed} logged step(s)" in out) == (replayed > 0), out
+        if kills and proc.returncode == -signal.SIGKILL:
+            expected_path = _restart_path(store)
+        elif proc.returncode != 0:
+            pytest.fail(f"trainer failed with {proc.returncode}:\n{out}")
+        if kills == 1 and n_kills == 1:
+            assert expected_path is not None and expected_path == ("train/checkpoints/00000004", 1)
     assert kills == n_kills
     groups = consumed_groups(store)
     assert len(groups) == len(set(groups)) == 12, "a group was trained twice or skipped"
     assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps([g.tolist() for g in expected])
+
+
+def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_bit_identical(tmp_path) -> None:
+    config = small_config(checkpoint_every=5)  # checkpoints at the publications (2, 4, 6): step 3 is log-only
+    reference = seed_campaign(str(tmp_path / "ref"), config)
+    train(reference, config, log=lambda s: None)
+    store = seed_campaign(str(tmp_path / "resumed"), config)
+    assert train(store, config, max_steps=3, log=lambda s: None)["steps"] == 3
+    assert not store.exists(layout.TRAIN_DONE) and committed_checkpoints(store) == ["train/checkpoints/00000002"]
+    logs: list[str] = []
+    assert train(store, config, log=logs.append)["steps"] == 6
+    assert logs[0] == "trainer: restored checkpoint train/checkpoints/00000002 (step 2, version 1)"
+    assert logs[1] == "trainer: replayed 1 logged step(s) after the checkpoint; now at step 3"
+    assert [line.split()[2] for line in logs[2:] if line.startswith("trainer: step")] == ["4/6", "5/6", "6/6"]
+    assert consumed_groups(store) == consumed_groups(reference)
+    assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps(
+        [g.tolist() for g in final_params(reference)])
+
+
+@pytest.mark.parametrize(("eta", "trained", "dropped"), [
+    # η = 0: only the current version trains; what the trainer's version has passed is dropped, logged in the step
+    # that passed it. Each step publishes, so the window moves by one version per step.
+    (0, [["v0p0@w0", "v0p1@w0"], ["v1p0@w1", "v1p1@w1"], ["v2p0@w2", "v2p1@w2"]],
+     [[], ["v0p2@w0", "v0p3@w0"], ["v1p2@w1", "v1p3@w1"]]),
+    # η = 1: one version behind still trains, so v0's last groups train at step 2 with staleness 1; nothing drops.
+    (1, [["v0p0@w0", "v0p1@w0"], ["v0p2@w0", "v0p3@w0"], ["v1p0@w1", "v1p1@w1"]], [[], [], []]),
+])
+def test_trainer_trains_only_groups_inside_the_staleness_window_and_logs_the_dropped(
+        tmp_path, eta: int, trained: list[list[str]], dropped: list[list[str]]) -> None:
+    config = small_config(max_steps=3, publish_every=1, checkpoint_every=5)
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, eta=eta))
+    store = seed_campaign(str(tmp_path / "c"), config, n_groups=4, versions=(0, 1, 2))
+    summary = train(store, config, log=lambda s: None)
+    logs = [store.read_json(f"train/consumed/{n}") for n in store.list("train/consumed")]
+    assert [[g["group_id"] for g in log["groups"]] for log in logs] == trained
+    assert [[gid for e in log["dropped_stale"] for gid in e["groups"]] for log in logs] == dropped
+    assert all(g["staleness"] == log["trainer_version"] - g["version"] <= eta for log in logs for g in log["groups"])
+    assert summary["groups_dropped_stale"] == sum(map(len, dropped))
+
+
+def _perturbed(tree):
+    return jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_written_folder(tmp_path) -> None:
+    config = small_config()
+    store = Store(str(tmp_path / "c"))
+    model = Decoder(config.model, rngs=nnx.Rngs(0))
+    optimizer = make_nnx_optimizer(model, config.trainer.optim)
+    assert restore_latest(store, model=model, optimizer=optimizer) is None
+    nnx.update(optimizer, _perturbed(nnx.state(optimizer)))  # non-trivial optimiser state to restore
+    saved = [np.asarray(x) for x in jax.tree.leaves((nnx.state(model, nnx.Param), nnx.state(optimizer)))]
+    rng = jax.random.key(5)
+    args = dict(version=1, cursor='{"c": 1}', rng=rng, model=model, optimizer=optimizer)
+    assert save_checkpoint(store, step=2, **args) == "train/checkpoints/00000002"
+    assert save_checkpoint(store, step=2, **args) == "train/checkpoints/00000002"  # a committed step: no-op
+    # A save of step 4 that died mid-write: a folder without COMMITTED. It is never restored, never written into.
+    store.create("train/checkpoints/00000004/state/partial", b"half")
+    assert committed_checkpoints(store) == ["train/checkpoints/00000002"]
+    fresh_model = Decoder(config.model, rngs=nnx.Rngs(1))
+    fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim)
+    meta = restore_latest(store, model=fresh_model, optimizer=fresh_opt)
+    assert (meta.step, meta.version, meta.cursor, meta.folder) == (2, 1, '{"c": 1}', "train/checkpoints/00000002")
+    assert meta.rng == [int(x) for x in jax.random.key_data(rng).ravel()]
+    got = [np.asarray(x) for x in jax.tree.leaves((nnx.state(fresh_model, nnx.Param), nnx.state(fresh_opt)))]
+    assert len(got) == len(saved) and all(np.array_equal(a, b) for a, b in zip(got, saved, strict=True))
+    # The retried save of step 4 lands in a fresh attempt folder, and is then the one restored.
+    assert save_checkpoint(store, step=4, **{**args, "version": 2}) == "train/checkpoints/00000004.1"
+    assert store.read("train/checkpoints/00000004/state/partial") == b"half"
+    assert committed_checkpoints(store) == ["train/checkpoints/00000002", "train/checkpoints/00000004.1"]
+    assert restore_latest(store, model=fresh_model, optimizer=fresh_opt).version == 2
