@@ -25,7 +25,13 @@ import pyarrow.compute as pc
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import Trajectory, group_min_version, table_group_versions, to_table, utc_now_iso
+from pipelines_lib.trajectory.record import (
+    Trajectory,
+    group_min_version,
+    table_group_versions,
+    to_table,
+    utc_now_iso,
+)
 from pipelines_lib.trajectory.schema import CAMPAIGN_KEY, MINOR_ADDITIONS, TRAJECTORY_SCHEMA, check_schema
 from pipelines_lib.trajectory.validate import validate_table
 
