@@ -139,6 +139,38 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- sql --------------------------------------------------------------------------------------------------
+
+def _sql_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
+                                 "(columns: README, 'SQL over a campaign')")
+    p.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
+    p.add_argument("--max-rows", type=int, default=200, metavar="N", help="rows printed as text (default 200)")
+    _add_storage_options(p)
+
+
+@subcommand("sql", "run a DuckDB SQL query over a campaign's shards, consumption logs and evaluations", _sql_args)
+def _sql(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from pipelines_lib.audit.sql import campaign_tables, render_text
+
+    store = open_store(args.url, args.storage_option)
+    if not store.list(""):
+        raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
+    tables = campaign_tables(store)
+    for shard, reason in tables.skipped:
+        _stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
+    try:
+        result = tables.query(args.query)
+    except duckdb.Error as e:
+        raise CommandError(f"query failed: {e}") from e
+    print(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
+          else render_text(result, max_rows=args.max_rows))
+    return 0
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
