@@ -49,7 +49,8 @@ def learning_curve_png(train: list[tuple[int, float]], evals: list[tuple[int, fl
         ax.plot(*zip(*evals, strict=True), "o-", color="tab:orange", label=f"eval {metric}")
     ax.set_xlabel("trainer step")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    if ax.get_legend_handles_labels()[0]:  # a campaign with no train step and no eval yet draws empty axes
+        ax.legend(loc="best")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
