@@ -308,8 +308,10 @@ function render() {
 }
 document.getElementById("prev").addEventListener("click", () => { page = Math.max(0, page - 1); render(); });
 document.getElementById("next").addEventListener("click", () => { page += 1; render(); });
-["input", "change"].forEach(ev => [document.getElementById("q"), statusSel, versionSel]
-  .forEach(x => x.addEventListener(ev, () => { page = 0; render(); })));
+// "input" only on the search box: its "change" fires on blur, i.e. when a row is clicked, and re-rendering
+// then would swallow that click.
+[[document.getElementById("q"), "input"], [statusSel, "change"], [versionSel, "change"]]
+  .forEach(([x, ev]) => x.addEventListener(ev, () => { page = 0; render(); }));
 render();
 </script></body></html>
 """
