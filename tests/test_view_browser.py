@@ -84,6 +84,7 @@ def test_the_report_opens_a_group_with_tokens_coloured_as_in_the_shard(demo_camp
     text = browser.find_element(By.ID, "detail").text
     assert "calculator" in text and "reward" in text and "correct=" in text
 
+    browser.execute_script("document.getElementById('detail').scrollIntoView()")
     shot = tmp_path / "viewer.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
