@@ -159,7 +159,10 @@ def _sql(args: argparse.Namespace) -> int:
     store = open_store(args.url, args.storage_option)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
-    tables = campaign_tables(store)
+    try:
+        tables = campaign_tables(store)
+    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
+        raise CommandError(f"{args.url}: {e}") from e
     for shard, reason in tables.skipped:
         _stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
     try:
@@ -189,7 +192,10 @@ def _view(args: argparse.Namespace) -> int:
     store = open_store(args.url, args.storage_option)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
-    view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
+    try:
+        view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
+    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
+        raise CommandError(f"{args.url}: {e}") from e
     for shard, reason in view.summary["skipped_shards"]:
         _stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
     path = write_view(store, view)

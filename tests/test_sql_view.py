@@ -145,3 +145,11 @@ def test_view_cli_prints_the_report_url(demo_campaign: Store, capsys) -> None:
     assert cli.main(["view", demo_campaign.url, "--max-groups", "5"]) == 0
     url = capsys.readouterr().out.strip()
     assert url.startswith(demo_campaign.url) and url.endswith("/report.html")
+
+
+@pytest.mark.parametrize("command", ["sql", "view"])
+def test_a_malformed_consumption_log_is_one_line_naming_it(local_store: Store, capsys, command: str) -> None:
+    _base(local_store)
+    local_store.create_json("train/consumed/00000001.json", [1])
+    assert cli.main([command, local_store.url, *(["SELECT 1"] if command == "sql" else [])]) == 2
+    assert "train/consumed/00000001.json: not a consumption log (no 'step')" in capsys.readouterr().err
