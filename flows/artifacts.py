@@ -15,14 +15,13 @@ The row/figure builders are pure; ``publish_*`` are the only functions that call
 from __future__ import annotations
 
 import base64
-import io
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from pipelines_lib.storage import layout
+from pipelines_lib.audit.curve import curve_metric, learning_curve_png, numeric_fields, read_curves
 from pipelines_lib.storage.store import Store
 
 HEADLINES: tuple[tuple[str, str, str], ...] = (
@@ -43,73 +42,14 @@ HEADLINES: tuple[tuple[str, str, str], ...] = (
 )
 """(label, ``telemetry.trace.summarize`` key, field) rows of the headline table; absent signals are left out."""
 
-CURVE_METRICS = ("greedy_success_rate", "sampled.pass@1", "greedy.mean_reward")
-"""Eval fields a learning curve plots, first found wins."""
-
-
 def campaign_slug(campaign_url: str) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only: the campaign folder's last name."""
     name = campaign_url.rstrip("/").rsplit("/", 1)[-1]
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "campaign"
 
 
-def numeric_fields(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Every number in a (nested) result, by dotted name; booleans and lists are left out."""
-    out: dict[str, float] = {}
-    for k, v in result.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(numeric_fields(v, f"{name}."))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[name] = float(v)
-    return out
-
-
 def eval_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"metric": k, "value": round(v, 6)} for k, v in numeric_fields(result).items()]
-
-
-def curve_metric(results: list[Mapping[str, Any]]) -> str | None:
-    fields = numeric_fields(results[0]) if results else {}
-    return next((m for m in CURVE_METRICS if m in fields), None)
-
-
-def learning_curve_png(train: list[tuple[int, float]], evals: list[tuple[int, float]], metric: str | None) -> bytes:
-    """Train mean reward per step, and the eval metric of each version at the step it was published."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display in workers; set before pyplot is imported
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    if train:
-        ax.plot(*zip(*train, strict=True), color="tab:blue", alpha=0.7, label="train batch mean reward")
-    if evals and metric:
-        ax.plot(*zip(*evals, strict=True), "o-", color="tab:orange", label=f"eval {metric}")
-    ax.set_xlabel("trainer step")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def read_curves(store: Store, steps: int) -> tuple[list[tuple[int, float]], list[tuple[int, int, dict]]]:
-    """(step, train mean reward) from the consumption logs; (version, step, eval result) of evaluated versions."""
-    train = []
-    for step in range(1, steps + 1):
-        if not store.exists(layout.consumed_log(step)):
-            break
-        train.append((step, float(store.read_json(layout.consumed_log(step))["mean_reward"])))
-    evals = []
-    for name in store.list(f"{layout.WEIGHTS_LATEST}.d"):
-        entry = store.read_json(f"{layout.WEIGHTS_LATEST}.d/{name}")
-        version = int(entry["version"])
-        if store.exists(layout.eval_path(version)):
-            evals.append((version, int(entry.get("step") or 0), store.read_json(layout.eval_path(version))))
-    return train, evals
 
 
 def publish_eval_table(campaign_url: str, version: int, result: Mapping[str, Any]) -> None:

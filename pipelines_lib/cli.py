@@ -139,6 +139,72 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- sql --------------------------------------------------------------------------------------------------
+
+def _sql_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
+                                 "(columns: README, 'SQL over a campaign')")
+    p.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
+    p.add_argument("--max-rows", type=int, default=200, metavar="N", help="rows printed as text (default 200)")
+    _add_storage_options(p)
+
+
+@subcommand("sql", "run a DuckDB SQL query over a campaign's shards, consumption logs and evaluations", _sql_args)
+def _sql(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from pipelines_lib.audit.sql import campaign_tables, render_text
+
+    store = open_store(args.url, args.storage_option)
+    if not store.list(""):
+        raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
+    try:
+        tables = campaign_tables(store)
+    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
+        raise CommandError(f"{args.url}: {e}") from e
+    for shard, reason in tables.skipped:
+        _stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
+    try:
+        result = tables.query(args.query)
+    except duckdb.Error as e:
+        raise CommandError(f"query failed: {e}") from e
+    print(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
+          else render_text(result, max_rows=args.max_rows))
+    return 0
+
+
+# -- view -------------------------------------------------------------------------------------------------
+
+def _view_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--max-groups", type=int, default=None, metavar="N",
+                   help="groups in the browsable list, sampled evenly across versions (default 400)")
+    p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--port", type=int, default=8765, help="port for --serve (0 picks a free one)")
+    _add_storage_options(p)
+
+
+@subcommand("view", "write a browsable HTML report (and the learning-curve PNG) into the campaign folder", _view_args)
+def _view(args: argparse.Namespace) -> int:
+    from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
+
+    store = open_store(args.url, args.storage_option)
+    if not store.list(""):
+        raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
+    try:
+        view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
+    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
+        raise CommandError(f"{args.url}: {e}") from e
+    for shard, reason in view.summary["skipped_shards"]:
+        _stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
+    path = write_view(store, view)
+    print(store.uri(path))
+    if args.serve:
+        serve(render_html(view), port=args.port, announce=_stderr)
+    return 0
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:

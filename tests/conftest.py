@@ -79,3 +79,11 @@ def local_store(tmp_path) -> Store:
 def store(request) -> Store:
     """The contract suite runs once per backend."""
     return request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture(scope="session")
+def demo_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A real campaign folder written by ``rollstream demo`` (shards, consumption logs, pointers; a second)."""
+    from pipelines_lib.demo import run_demo
+
+    return Store(run_demo(str(tmp_path_factory.mktemp("demo") / "demo"), echo=lambda _: None).url)

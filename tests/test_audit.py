@@ -26,7 +26,7 @@ from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig, encode_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.record import Turn, to_table
-from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 PLANTED = "trajectories/v00000000/bad-00000000.arrow"
@@ -135,7 +135,7 @@ def test_audit_counts_schema_versions_seen_including_unreadable_ones(local_store
     _base(local_store)
     local_store.create(PLANTED, _future_version_bytes())
     local_store.create("trajectories/v00000000/bad-00000001.arrow", encode_shard(pa.table({"x": [1]}), {}))
-    assert audit_campaign(local_store).schema_versions == {"1.0": 4, "9.0": 1, "none": 1}
+    assert audit_campaign(local_store).schema_versions == {SCHEMA_VERSION: 4, "9.0": 1, "none": 1}
 
 
 def test_audit_reports_foreign_names_under_trajectories(store: Store) -> None:
@@ -204,7 +204,7 @@ def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: St
     assert (report.shards, report.groups, report.trajectories) == (4, 8, 16)
     assert {v: (c.shards, c.trajectories, c.groups) for v, c in report.by_version.items()} == {0: (2, 8, 4), 1: (2, 8, 4)}
     assert {w: c.shards for w, c in report.by_worker.items()} == {"w0": 2, "w1": 2}
-    assert report.schema_versions == {"1.0": 4}
+    assert report.schema_versions == {SCHEMA_VERSION: 4}
     assert report.statuses == {"ok": 16} and report.tool_calls == {"calculator": 16} and report.tool_errors == {}
     assert report.turns.count == 16 and report.turns.max == 4.0
     assert report.generated_tokens.max <= report.tokens.max
@@ -301,6 +301,8 @@ def test_export_writes_one_parquet_file_per_version_with_the_same_rows(store: St
         (0, "written", 8, 2, 1), (1, "written", 8, 2, 0)]
     for version in (0, 1):
         table = pq.read_table(out.local_path(f"v{version:08d}.parquet"))
+        assert set(table.column("campaign").to_pylist()) == {"c1" if store.url.startswith("gs://") else "campaign"}
+        table = table.drop_columns(["campaign"])
         expected = pa.concat_tables([
             pa.ipc.open_file(pa.BufferReader(store.read(f"{layout.version_dir(version)}/{w}-{version:08d}.arrow")))
             .read_all().select(TRAJECTORY_SCHEMA.names) for w in ("w0", "w1")])

@@ -99,12 +99,6 @@ def test_artifact_keys_and_eval_rows() -> None:
     rows = artifacts.eval_rows({"version": 2, "accuracy": 0.5, "by_env": {"arith": {"n": 8}}, "ok": True})
     assert rows == [{"metric": "version", "value": 2.0}, {"metric": "accuracy", "value": 0.5},
                     {"metric": "by_env.arith.n", "value": 8.0}]
-    assert artifacts.curve_metric([{"greedy": {"mean_reward": 0.1}, "greedy_success_rate": 0.4}]) == "greedy_success_rate"
-
-
-def test_learning_curve_is_a_png() -> None:
-    png = artifacts.learning_curve_png([(1, 0.1), (2, 0.3)], [(0, 0.2), (2, 0.4)], "accuracy")
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # -- Prefect wiring ---------------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ from pipelines_lib.storage.shards import (
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer, TailCursor
 from pipelines_lib.trajectory.record import from_table, to_table
-from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.schema import (
+    CAMPAIGN_KEY,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    TRAJECTORY_SCHEMA,
+)
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 
@@ -226,3 +231,34 @@ def test_read_shard_names_the_shard_on_failure(local_store: Store) -> None:
     local_store.create("trajectories/v00000000/x-00000000.arrow", b"junk")
     with pytest.raises(ShardError, match=r"file://.*x-00000000\.arrow: unreadable"):
         read_shard(local_store, "trajectories/v00000000/x-00000000.arrow")
+
+
+def test_shards_carry_the_group_version_column_and_the_campaign_id(local_store: Store) -> None:
+    a, b = group("p", size=2)
+    w = ShardWriter(local_store, worker_id="w0")
+    w.add_group([_versions(a, [0, 1, 1], [-1, 5, 7]), _versions(b, [1, 0], [6, -1])])
+    w.add_group(group("q", version=5))
+    [info] = w.flush()
+    raw = pa.ipc.open_file(pa.BufferReader(local_store.read(info.path))).read_all()
+    assert raw.schema.metadata[SCHEMA_VERSION_KEY] == SCHEMA_VERSION.encode() == b"1.1"
+    assert raw.schema.metadata[CAMPAIGN_KEY] == b"campaign"  # the folder's name (local_store is <tmp>/campaign)
+    assert raw.column("version").to_pylist() == [5, 5, 5, 5, 5, 5]  # min(5, 7, 6) for p; q is all version 5
+
+
+def test_a_schema_1_0_shard_still_reads_with_its_version_derived(local_store: Store) -> None:
+    """Shards written before ``version`` existed: the reader fills it from the loss tokens, per group."""
+    rows = group("p", version=3, size=2) + group("q", version=2, size=3)
+    old = to_table(rows).drop_columns(["version"]).replace_schema_metadata({SCHEMA_VERSION_KEY: b"1.0"})
+    local_store.create("trajectories/v00000002/w0-00000000.arrow", encode_shard(old, {"worker_id": "w0"}))
+    table, prov = read_shard(local_store, "trajectories/v00000002/w0-00000000.arrow")
+    assert table.schema.names == TRAJECTORY_SCHEMA.names and prov == {"worker_id": "w0"}
+    assert table.column("version").to_pylist() == [3, 3, 2, 2, 2]
+    assert table.equals(to_table(rows))  # what a 1.1 writer would have written
+
+
+def test_validation_reports_a_version_that_is_not_the_groups_oldest(local_store: Store) -> None:
+    table = to_table(group("p", version=3))
+    bad = table.set_column(TRAJECTORY_SCHEMA.get_field_index("version"), "version", pa.array([3, 3, 2, 3], pa.int32()))
+    local_store.create("trajectories/v00000003/w0-00000000.arrow", encode_shard(bad, {}))
+    with pytest.raises(ShardError, match="version 2, but the group's oldest loss-token policy_version is 3"):
+        read_shard(local_store, "trajectories/v00000003/w0-00000000.arrow")

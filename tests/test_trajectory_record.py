@@ -16,10 +16,10 @@ INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _row(t: Trajectory) -> dict:
+def _row(t: Trajectory, version: int) -> dict:
     return {
         "trajectory_id": t.trajectory_id, "group_id": t.group_id, "prompt_id": t.prompt_id,
-        "sample_idx": t.sample_idx, "group_size": t.group_size, "worker_id": t.worker_id,
+        "sample_idx": t.sample_idx, "group_size": t.group_size, "worker_id": t.worker_id, "version": version,
         "tokens": list(t.tokens), "loss_mask": list(t.loss_mask), "logprobs": list(t.logprobs),
         "policy_version": list(t.policy_version), "prompt_len": t.prompt_len,
         "turns": [{"role": u.role, "start": u.start, "end": u.end, "tool_name": u.tool_name,
@@ -66,7 +66,10 @@ EDGE_GROUP = [
 
 @pytest.mark.parametrize("rows", [EDGE_GROUP, EDGE_GROUP[1:2], EDGE_GROUP[::-1]], ids=["group", "only-empty", "reversed"])
 def test_to_table_equals_pyarrow_row_wise_conversion(rows: list[Trajectory]) -> None:
-    expected = pa.Table.from_pylist([_row(t) for t in rows], schema=TRAJECTORY_SCHEMA)
+    # EDGE_GROUP's first row is a group of its own (oldest loss version 3); the other two share a group whose
+    # oldest loss-token version is row 2's 0; a group with no loss token at all is version 0.
+    version = {EDGE_GROUP[0].group_id: 3, EDGE_GROUP[1].group_id: 0}
+    expected = pa.Table.from_pylist([_row(t, version[t.group_id]) for t in rows], schema=TRAJECTORY_SCHEMA)
     table = to_table(rows)
     table.validate(full=True)
     assert table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=True)

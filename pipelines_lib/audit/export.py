@@ -5,7 +5,8 @@ per shard, in shard-name order); shards that do not are left out and listed in t
 key-value metadata ``rollstream.export`` records the shards listed when it was written, so a rerun is cheap
 and safe: the same listing means the file is ``unchanged`` (nothing is read); a version that gained shards
 since is reported ``stale`` and left alone, because exports are create-only like everything else: export a
-still-growing campaign into a new folder.
+still-growing campaign into a new folder. Rows carry the shard columns plus ``campaign`` (the campaign id), so
+exports of several campaigns can be queried together.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines_lib.storage import layout
@@ -24,6 +26,7 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"
+EXPORT_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("campaign", pa.string(), nullable=False))
 EXPORT_STATUSES = ("written", "unchanged", "stale", "empty")
 """``written`` now; ``unchanged``: an earlier export of the same shards exists; ``stale``: an earlier export
 exists but the version has other shards now (left as it was); ``empty``: no valid shard, no file."""
@@ -71,14 +74,17 @@ def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
     sink = io.BytesIO()
     skipped: list[tuple[str, str]] = []
     rows = shards = 0
-    with pq.ParquetWriter(sink, TRAJECTORY_SCHEMA, compression="zstd") as writer:
+    campaign = layout.campaign_id(store.url)
+    with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
         for path in listed:
             try:
                 table, _ = read_shard(store, path)
             except (ShardError, NotFoundError) as e:
                 skipped.append((path, str(e)))
                 continue
-            writer.write_table(table.replace_schema_metadata(TRAJECTORY_SCHEMA.metadata))
+            writer.write_table(table.append_column(EXPORT_SCHEMA.field("campaign"),
+                                                   pa.array([campaign] * table.num_rows, pa.string()))
+                               .replace_schema_metadata(EXPORT_SCHEMA.metadata))
             rows += table.num_rows
             shards += 1
         writer.add_key_value_metadata({

@@ -32,6 +32,11 @@ _SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})\.arrow$")
 _VERSION_RE = re.compile(r"^v(?P<version>\d{8})$")
 
 
+def campaign_id(url: str) -> str:
+    """A campaign's id: the name of its folder (``gs://b/campaigns/exp7`` -> ``exp7``)."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
 def check_worker_id(worker_id: str) -> str:
     if not _WORKER_RE.match(worker_id):
         raise ValueError(f"worker_id may only use letters, digits, '_' and '.', got {worker_id!r}")

@@ -18,7 +18,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import compress
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,8 +25,14 @@ import pyarrow.compute as pc
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import Trajectory, to_table, utc_now_iso
-from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA, check_schema
+from pipelines_lib.trajectory.record import (
+    Trajectory,
+    group_min_version,
+    table_group_versions,
+    to_table,
+    utc_now_iso,
+)
+from pipelines_lib.trajectory.schema import CAMPAIGN_KEY, MINOR_ADDITIONS, TRAJECTORY_SCHEMA, check_schema
 from pipelines_lib.trajectory.validate import validate_table
 
 SHARD_META_KEY = b"rollstream.shard"
@@ -38,20 +43,16 @@ class ShardError(ValueError):
     """A shard could not be read or failed validation; the message names the shard."""
 
 
-def group_min_version(group: Sequence[Trajectory]) -> int:
-    """Oldest policy version over the loss tokens of a group (0 if it has none)."""
-    for t in group:
-        if len(t.policy_version) != len(t.loss_mask):
-            raise ValueError(f"{t.trajectory_id}: policy_version has {len(t.policy_version)} entries, "
-                             f"loss_mask {len(t.loss_mask)}")
-    # ``compress`` walks the token lists in C: a per-token Python loop here cost as much as the Arrow conversion.
-    oldest = [min(compress(t.policy_version, t.loss_mask), default=None) for t in group]
-    return min((v for v in oldest if v is not None), default=0)
+DERIVED_COLUMNS = {"version": table_group_versions}
+"""How a reader fills each column of ``MINOR_ADDITIONS`` that a shard of an older minor lacks."""
 
 
-def encode_shard(table: pa.Table, provenance: dict) -> bytes:
+def encode_shard(table: pa.Table, provenance: dict, *, campaign: str | None = None) -> bytes:
+    """IPC bytes of ``table`` with ``provenance`` (and the campaign id, when given) in the schema metadata."""
     meta = dict(table.schema.metadata or {})
     meta[SHARD_META_KEY] = json.dumps(provenance, sort_keys=True).encode()
+    if campaign is not None:
+        meta[CAMPAIGN_KEY] = campaign.encode()
     table = table.replace_schema_metadata(meta)
     sink = io.BytesIO()
     options = pa.ipc.IpcWriteOptions(compression=COMPRESSION)
@@ -77,6 +78,9 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True) -> tuple[pa.
         raise ShardError(f"{where}: corrupt {SHARD_META_KEY.decode()} metadata ({e})") from e
     if not isinstance(provenance, dict):
         raise ShardError(f"{where}: {SHARD_META_KEY.decode()} metadata is {type(provenance).__name__}, not an object")
+    for name in MINOR_ADDITIONS:
+        if name not in table.schema.names:
+            table = table.append_column(TRAJECTORY_SCHEMA.field(name), DERIVED_COLUMNS[name](table))
     table = table.select(TRAJECTORY_SCHEMA.names)
     if validate:
         violations = validate_table(table)
@@ -196,7 +200,7 @@ class ShardWriter:
             "policy_versions": sorted(v for v in pc.unique(pc.list_flatten(table.column("policy_version"))).to_pylist()
                                       if v >= 0),
         }
-        data = encode_shard(table, provenance)
+        data = encode_shard(table, provenance, campaign=layout.campaign_id(self.store.url))
         try:
             self.store.create(path, data)
         except AlreadyExistsError:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate, chain, compress
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines_lib.trajectory.schema import ROLES, STATUSES, TOKEN_COLUMNS, TRAJECTORY_SCHEMA
 
@@ -105,6 +106,43 @@ def _struct_column(items: Sequence[object], type_: pa.StructType) -> pa.StructAr
         [pa.array([getattr(x, f.name) for x in items], f.type) for f in fields], fields=fields)
 
 
+def group_min_version(group: Sequence[Trajectory]) -> int:
+    """Oldest policy version over the loss tokens of a group (0 if it has none): the group's ``version``."""
+    for t in group:
+        if len(t.policy_version) != len(t.loss_mask):
+            raise ValueError(f"{t.trajectory_id}: policy_version has {len(t.policy_version)} entries, "
+                             f"loss_mask {len(t.loss_mask)}")
+    # ``compress`` walks the token lists in C: a per-token Python loop here cost as much as the Arrow conversion.
+    oldest = [min(compress(t.policy_version, t.loss_mask), default=None) for t in group]
+    return min((v for v in oldest if v is not None), default=0)
+
+
+def _group_versions(trajectories: Sequence[Trajectory]) -> list[int]:
+    """The ``version`` column: each row's group's ``group_min_version`` (rows grouped by ``group_id``)."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    version = {gid: group_min_version(g) for gid, g in groups.items()}
+    return [version[t.group_id] for t in trajectories]
+
+
+def table_group_versions(table: pa.Table) -> pa.Array:
+    """``group_min_version`` of each row's group, computed on a table (for shards written before ``version``).
+
+    Rows whose ``policy_version`` and ``loss_mask`` differ in length are left out of their group's minimum
+    (``validate_table`` reports them).
+    """
+    aligned = table.filter(pc.equal(pc.list_value_length(table.column("policy_version")),
+                                     pc.list_value_length(table.column("loss_mask"))))
+    parents = pc.list_parent_indices(aligned.column("policy_version"))
+    tokens = pa.table({"group_id": pc.take(aligned.column("group_id"), parents),
+                       "v": pc.list_flatten(aligned.column("policy_version"))})
+    on_loss = pc.equal(pc.list_flatten(aligned.column("loss_mask")), 1)
+    oldest = tokens.filter(on_loss).group_by("group_id").aggregate([("v", "min")])
+    by_group = dict(zip(oldest.column("group_id").to_pylist(), oldest.column("v_min").to_pylist(), strict=True))
+    return pa.array([by_group.get(g, 0) for g in table.column("group_id").to_pylist()], pa.int32())
+
+
 def to_table(trajectories: Iterable[Trajectory]) -> pa.Table:
     """Rows in the given order, typed by ``TRAJECTORY_SCHEMA`` (metadata included).
 
@@ -119,6 +157,7 @@ def to_table(trajectories: Iterable[Trajectory]) -> pa.Table:
         columns[name] = pa.array([getattr(t, name) for t in trajectories], TRAJECTORY_SCHEMA.field(name).type)
     for name in TOKEN_COLUMNS:
         columns[name] = _list_column([getattr(t, name) for t in trajectories], TRAJECTORY_SCHEMA.field(name).type)
+    columns["version"] = pa.array(_group_versions(trajectories), pa.int32())  # after policy_version: it checks the range
     turns_type = TRAJECTORY_SCHEMA.field("turns").type
     columns["turns"] = pa.ListArray.from_arrays(
         _offsets(len(t.turns) for t in trajectories),

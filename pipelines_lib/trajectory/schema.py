@@ -9,6 +9,9 @@ Token-level columns (``tokens``, ``loss_mask``, ``logprobs``, ``policy_version``
 position ``t`` describes ``tokens[t]``. Differences from DESIGN §3, and why:
 - ``group_size`` is stored per row so a reader can check a shard holds whole groups without other state.
 - ``worker_id`` is its own column (it is also the last part of ``trajectory_id``) so audits group by it cheaply.
+- ``version`` (since 1.1) is the group's policy version, the oldest ``policy_version`` over the group's loss
+  tokens: the number that names the shard's folder, as a scalar so SQL can ``GROUP BY version``. Readers derive
+  it for 1.0 shards (``MINOR_ADDITIONS``).
 - ``timings`` is a flat struct of seconds plus ISO-8601 UTC start/finish strings (not Arrow timestamps), so
   every reader sees the same value whatever its timezone handling.
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 SCHEMA_VERSION_KEY = b"rollstream.schema_version"
+CAMPAIGN_KEY = b"rollstream.campaign"
+"""Schema metadata (since 1.1): the campaign id, the name of the campaign folder the shard was written into."""
 
 STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout")
 """``status`` values. ``ok``: the episode ended normally (reward may still be 0). The others say why it
@@ -62,6 +67,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         _field("sample_idx", pa.int32(), "0..group_size-1 within the group"),
         _field("group_size", pa.int32(), "samples in the group; a shard holds every one of them"),
         _field("worker_id", pa.string(), "rollout worker that produced the trajectory"),
+        _field("version", pa.int32(), "group's policy version: oldest policy_version over the group's loss tokens "
+                                      "(0 if none); names the shard's folder"),
         _field("tokens", pa.list_(pa.int32()), "[T] exact ids the model saw and produced, prompt first"),
         _field("loss_mask", pa.list_(pa.int8()), "[T] 1 only on tokens the policy generated"),
         _field("logprobs", pa.list_(pa.float32()), "[T] engine logprob of each generated token, 0 elsewhere"),
@@ -82,6 +89,10 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 TOKEN_COLUMNS = ("tokens", "loss_mask", "logprobs", "policy_version")
 
+MINOR_ADDITIONS: dict[str, int] = {"version": 1}
+"""Columns added by a minor version: name -> the minor that added it. A shard of an older minor lacks them and
+its reader derives them (``storage.shards.decode_shard``)."""
+
 
 class SchemaVersionError(ValueError):
     """A shard was written with a schema major version this code cannot read."""
@@ -91,7 +102,7 @@ def check_schema(schema: pa.Schema, where: str) -> str:
     """Return the schema version of ``schema`` or raise with ``where`` (a URL) in the message.
 
     Accepts any minor version of our major when every column of ``TRAJECTORY_SCHEMA`` is present with the
-    same type (newer minors may add columns).
+    same type (newer minors may add columns), except the columns added after the shard's own minor.
     """
     meta = schema.metadata or {}
     raw = meta.get(SCHEMA_VERSION_KEY)
@@ -102,7 +113,7 @@ def check_schema(schema: pa.Schema, where: str) -> str:
     except UnicodeDecodeError:
         raise SchemaVersionError(f"{where}: schema version metadata is not text ({raw[:20]!r})") from None
     try:
-        major = int(version.split(".")[0])
+        major, minor = (int(x) for x in version.split("."))
     except ValueError:
         raise SchemaVersionError(f"{where}: unparseable schema version {version!r}") from None
     if major != SCHEMA_MAJOR:
@@ -112,6 +123,8 @@ def check_schema(schema: pa.Schema, where: str) -> str:
         )
     for field in TRAJECTORY_SCHEMA:
         idx = schema.get_field_index(field.name)
+        if idx < 0 and MINOR_ADDITIONS.get(field.name, 0) > minor:
+            continue
         if idx < 0:
             raise SchemaVersionError(f"{where}: column {field.name!r} is missing (schema {version})")
         if not schema.field(idx).type.equals(field.type):

@@ -8,6 +8,7 @@ every problem. The invariants (DESIGN §3):
 - loss only on policy tokens: ``policy_version >= 0`` exactly where ``loss_mask == 1``; logprobs are finite
   and <= 0 there, and exactly 0 elsewhere; nothing before ``prompt_len`` is a loss token;
 - turns are ordered, contiguous segments inside the sequence, the first starting at 0;
+- ``version`` is the group's oldest policy version over its loss tokens (0 if none);
 - the shard holds whole groups: each ``group_id`` appears ``group_size`` times with ``sample_idx`` 0..G-1;
 - ``status`` is known, ``reward`` is finite, ``trajectory_id`` is unique and well-formed.
 """
@@ -22,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines_lib.trajectory.record import table_group_versions
 from pipelines_lib.trajectory.schema import STATUSES, TOKEN_COLUMNS, TRAJECTORY_SCHEMA
 
 
@@ -127,6 +129,13 @@ def validate_table(table: pa.Table) -> list[Violation]:
         reward = scalars["reward"][i]
         if reward is None or not math.isfinite(reward):
             bad("reward", f"reward {reward} is not finite")
+    # Only on otherwise valid tokens: a damaged policy_version would also move its group's version, and one
+    # damaged token should be one finding.
+    stored, derived = table.column("version").to_pylist(), table_group_versions(table).to_pylist()
+    for i in np.flatnonzero(equal) if not token_found else ():
+        if stored[i] != derived[i]:
+            bad("version", f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}", int(i),
+                scalars["trajectory_id"][i])
     for i in sorted(by_row):
         violations.extend(by_row[i])
     seen: dict[str, int] = {}

@@ -1,0 +1,153 @@
+"""SQL over a campaign folder: DuckDB on the campaign's shards, consumption logs and evaluations.
+
+``campaign_tables`` reads the folder (local or ``gs://``) once into Arrow tables that DuckDB queries in place::
+
+    trajectories   one row per trajectory: every shard column (``version`` is the group's policy version),
+                   plus ``shard`` (path in the folder) and ``campaign`` (the campaign id)
+    consumed       one row per group a train step used: step, trainer_version, group_id, shard, version, staleness
+    dropped        one row per group the trainer dropped or skipped: step, kind (dropped_stale | skipped), shard,
+                   group_id (null for a skipped shard), reason
+    evals          one row per ``eval/vN.json``: version, greedy_success_rate, pass@k (as ``pass_at_k``), tasks, k
+    skipped_shards shards that did not read or validate: shard, reason (they are left out of ``trajectories``)
+
+A shard that does not read (truncated, foreign, newer major schema) is skipped and listed, never fatal: an
+auditor still gets answers from the rest. Everything is held in memory, so this suits campaigns up to a few
+million trajectories; ``export`` writes Parquet for anything larger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.errors import NotFoundError
+from pipelines_lib.storage.shards import ShardError, read_shard
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
+
+CONSUMED_SCHEMA = pa.schema([("step", pa.int64()), ("trainer_version", pa.int64()), ("group_id", pa.string()),
+                             ("shard", pa.string()), ("version", pa.int64()), ("staleness", pa.int64())])
+DROPPED_SCHEMA = pa.schema([("step", pa.int64()), ("kind", pa.string()), ("shard", pa.string()),
+                            ("group_id", pa.string()), ("reason", pa.string())])
+EVALS_SCHEMA = pa.schema([("version", pa.int64()), ("greedy_success_rate", pa.float64()), ("pass_at_k", pa.float64()),
+                          ("tasks", pa.int64()), ("k", pa.int64())])
+SKIPPED_SCHEMA = pa.schema([("shard", pa.string()), ("reason", pa.string())])
+TRAJECTORIES_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("shard", pa.string(), nullable=False)).append(
+    pa.field("campaign", pa.string(), nullable=False))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignTables:
+    """The campaign as named Arrow tables (see the module docstring for their columns)."""
+
+    tables: dict[str, pa.Table]
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        t = self.tables["skipped_shards"]
+        return list(zip(t.column("shard").to_pylist(), t.column("reason").to_pylist(), strict=True))
+
+    def query(self, sql: str) -> pa.Table:
+        """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name."""
+        import duckdb  # imported here: only ``rollstream sql`` and the viewer pay for it
+
+        con = duckdb.connect(":memory:")
+        try:
+            for name, table in self.tables.items():
+                con.register(name, table)
+            return con.sql(sql).to_arrow_table()
+        finally:
+            con.close()
+
+
+def shard_paths(store: Store) -> list[str]:
+    """Every shard name in the campaign folder, in version, worker, seq order."""
+    out = []
+    for folder in store.list(layout.TRAJECTORIES):
+        if layout.parse_version_dir(folder) is None:
+            continue
+        out += [p for n in store.list(f"{layout.TRAJECTORIES}/{folder}")
+                if layout.parse_shard_path(p := f"{layout.TRAJECTORIES}/{folder}/{n}") is not None]
+    return sorted(out, key=lambda p: layout.parse_shard_path(p))
+
+
+def read_trajectories(store: Store, *, progress: Callable[[str], None] | None = None,
+                      progress_every: int = 100) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """All readable shards as one table with ``shard`` and ``campaign`` columns; (shard, reason) of the others."""
+    campaign = layout.campaign_id(store.url)
+    parts, skipped = [], []
+    paths = shard_paths(store)
+    for i, path in enumerate(paths, 1):
+        try:
+            table, _ = read_shard(store, path)
+        except (ShardError, NotFoundError) as e:
+            skipped.append((path, str(e)))
+            if progress is not None:
+                progress(f"skipped {path}: {e}")
+            continue
+        n = table.num_rows
+        parts.append(table.replace_schema_metadata(None)
+                     .append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([path] * n, pa.string()))
+                     .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string())))
+        if progress is not None and i % progress_every == 0:
+            progress(f"read {i}/{len(paths)} shards")
+    table = pa.concat_tables(parts) if parts else TRAJECTORIES_SCHEMA.empty_table()
+    return table.cast(TRAJECTORIES_SCHEMA), skipped
+
+
+def _json_files(store: Store, folder: str) -> list[tuple[str, Any]]:
+    return [(f"{folder}/{n}", store.read_json(f"{folder}/{n}")) for n in store.list(folder) if n.endswith(".json")]
+
+
+def _log_rows(logs: list[tuple[str, Any]]) -> tuple[list[dict], list[dict]]:
+    consumed, dropped = [], []
+    for path, log in logs:
+        if not isinstance(log, dict) or "step" not in log:
+            raise ValueError(f"{path}: not a consumption log (no 'step')")
+        step, trainer_version = int(log["step"]), log.get("trainer_version")
+        for g in log.get("groups", []):
+            consumed.append({"step": step, "trainer_version": trainer_version, "group_id": g["group_id"],
+                             "shard": g["shard"], "version": g["version"], "staleness": g.get("staleness")})
+        for d in log.get("dropped_stale", []):
+            dropped += [{"step": step, "kind": "dropped_stale", "shard": d["shard"], "group_id": gid,
+                         "reason": d.get("reason")} for gid in d.get("groups", [])]
+        dropped += [{"step": step, "kind": "skipped", "shard": s["shard"], "group_id": None, "reason": s.get("reason")}
+                    for s in log.get("skipped", [])]
+    return consumed, dropped
+
+
+def _eval_row(raw: dict) -> dict:
+    return {"version": raw["version"], "greedy_success_rate": raw.get("greedy_success_rate"),
+            "pass_at_k": raw.get("pass@k"), "tasks": raw.get("tasks"), "k": raw.get("k")}
+
+
+def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = None) -> CampaignTables:
+    """Read the campaign at ``store`` into the tables ``rollstream sql`` and the viewer query."""
+    trajectories, skipped = read_trajectories(store, progress=progress)
+    consumed, dropped = _log_rows(_json_files(store, "train/consumed"))
+    evals = [_eval_row(raw) for _, raw in _json_files(store, "eval")]
+    return CampaignTables(tables={
+        "trajectories": trajectories,
+        "consumed": pa.Table.from_pylist(consumed, schema=CONSUMED_SCHEMA),
+        "dropped": pa.Table.from_pylist(dropped, schema=DROPPED_SCHEMA),
+        "evals": pa.Table.from_pylist(sorted(evals, key=lambda r: r["version"]), schema=EVALS_SCHEMA),
+        "skipped_shards": pa.Table.from_pylist([{"shard": s, "reason": r} for s, r in skipped], schema=SKIPPED_SCHEMA),
+    })
+
+
+def render_text(table: pa.Table, *, max_rows: int = 200) -> str:
+    """An aligned text table of the first ``max_rows`` rows (floats to 4 significant digits)."""
+    def cell(v: Any) -> str:
+        return "NULL" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    rows = [[cell(v) for v in r.values()] for r in table.slice(0, max_rows).to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(table.column_names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(table.column_names, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    if table.num_rows > max_rows:
+        lines.append(f"... {table.num_rows - max_rows} more rows")
+    return "\n".join(line.rstrip() for line in lines)
