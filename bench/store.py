@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import Trajectory, to_table
+from pipelines_lib.trajectory.record import Trajectory, group_min_version, to_table
 from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
@@ -64,8 +64,13 @@ def _pyarrow_write(path: Path, table: pa.Table) -> None:
 
 def _table_from_pylist(records: list[Trajectory]) -> pa.Table:
     """The records as the plain row dicts ``Table.from_pylist`` takes, converted by pyarrow's row path."""
+    by_group: dict[str, list[Trajectory]] = {}
+    for t in records:
+        by_group.setdefault(t.group_id, []).append(t)
+    version = {gid: group_min_version(g) for gid, g in by_group.items()}
     rows = [{**vars(t), "trajectory_id": t.trajectory_id, "turns": [vars(turn) for turn in t.turns],
-             "reward_parts": list(t.reward_parts.items()), "timings": vars(t.timings)} for t in records]
+             "reward_parts": list(t.reward_parts.items()), "timings": vars(t.timings), "version": version[t.group_id]}
+            for t in records]
     return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
 
 
