@@ -8,7 +8,6 @@ in a second copy of it, not in the parser that runs. Exit code 1 when a figure s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -28,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # gcsfs's zonal-bucket probe stalls against the emulator the fault drill starts (README, GCS notes).
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     from drills.runner import run_drills
     from drills.storage_faults import FAULT_FAILURES
 

@@ -15,6 +15,7 @@ import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pipelines_lib import telemetry
@@ -84,9 +85,9 @@ def wait_for_weights(store: Store, timeout_s: float, sleep: Callable[[float], No
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
-            target_groups: int | None = None, weights_timeout_s: float = 600.0,
+            target_groups: int | None = None, weights_timeout_s: float = 600.0, cache: Path | None = None,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The collect stage (docs/STAGES.md)."""
+    """The collect stage (docs/STAGES.md); ``cache`` is the process's cache folder (``Settings.cache``)."""
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
     layout.check_worker_id(worker)
@@ -97,7 +98,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
         return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
     started = utc_compact()
     worker_id = f"{worker}.{time.time_ns() // 1000:x}"
-    tokenizer = campaign_tokenizer(config)
+    tokenizer = campaign_tokenizer(config, cache=cache)
     model, version = load_published(store)
     skip = committed_groups(store, worker)
     tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)

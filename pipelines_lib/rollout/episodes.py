@@ -17,14 +17,20 @@ from pipelines_lib.engine.api import Engine, SamplingParams
 from pipelines_lib.envs import make_env
 from pipelines_lib.envs.base import Task, Tool
 from pipelines_lib.envs.tools.latency import LatencyTool
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import (
+    ChatTokenizer,
+    default_tokenizer_dir,
+    ensure_default_tokenizer,
+    load_tokenizer,
+)
 from pipelines_lib.rollout.orchestrator import EpisodeFn
 from pipelines_lib.trajectory.record import Trajectory
 
 
-def campaign_tokenizer(config: CampaignConfig) -> ChatTokenizer:
-    """The configured tokenizer folder, or the embedded default (built on first use)."""
-    path = Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer()
+def campaign_tokenizer(config: CampaignConfig, *, cache: Path | None = None) -> ChatTokenizer:
+    """The configured tokenizer folder, or the embedded default (built on first use under ``cache``, the
+    process's cache folder: ``Settings.cache``; None: the repository's ``build/``)."""
+    path = Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer(default_tokenizer_dir(cache))
     return load_tokenizer(path)
 
 
