@@ -26,7 +26,6 @@ import sys
 import time
 from typing import Any, Literal
 
-import yaml
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
@@ -37,6 +36,7 @@ from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from pipelines_lib.campaign import published_versions
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.configio import parse_yaml
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
@@ -188,7 +188,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set expects key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
+        out[key] = parse_yaml(value, f"--set {key}")
     return out
 
 
