@@ -6,7 +6,7 @@ not import hypothesis) with a ``check`` that states the entry point's contract a
 
 | target | entry point | contract |
 |---|---|---|
-| ``parsers`` | every ``PARSER_REGISTRY`` parser | never raises; errors are known kinds with a message; calls name offered tools with object arguments |
+| ``parsers`` | every ``PARSER_REGISTRY`` parser | never raises (huge JSON integers, floods of calls and unclosed tags included); errors are known kinds with a message; calls name offered tools with object arguments; at most ``max_calls + 2`` results |
 | ``calculator`` | ``Calculator`` tool, ``evaluate`` | a number or ``ToolError`` with a message, within ``CASE_TIME_S`` |
 | ``config`` | ``CampaignConfig.from_yaml`` | a bad config never loads: only ``ConfigError``, naming the file and the offending dotted key; "did you mean" for typos; aliases, duplicate keys, non-UTF-8 refused |
 | ``shards`` | ``decode_shard`` and ``ShardTailer`` | only ``ShardError`` naming the shard; the tailer never raises, it records a ``skipped`` event |
@@ -58,7 +58,14 @@ def _require(cond: bool, message: str) -> None:
 # -- checks ---------------------------------------------------------------------------------------------
 
 def check_parsers(text: str) -> None:
-    from pipelines_lib.agents.parsers import ERROR_KINDS, PARSER_REGISTRY, ParseResult, ToolCall, make_parser
+    from pipelines_lib.agents.parsers import (
+        ERROR_KINDS,
+        PARSER_REGISTRY,
+        ParseResult,
+        ParserLimits,
+        ToolCall,
+        make_parser,
+    )
 
     for name in {cls: name for name, cls in PARSER_REGISTRY.items()}.values():  # aliases share a class
         result = make_parser(name).parse(text, TOOLS)
@@ -68,6 +75,9 @@ def check_parsers(text: str) -> None:
                      f"{name}: accepted an invalid call {call!r}")
         for err in result.errors:
             _require(err.kind in ERROR_KINDS and bool(err.message.strip()), f"{name}: unclear error {err!r}")
+        limit = ParserLimits().max_calls
+        _require(len(result.tool_calls) + len(result.errors) <= limit + 2,
+                 f"{name}: {len(result.tool_calls)} calls and {len(result.errors)} errors (bound {limit + 2})")
 
 
 def check_calculator(case: str | dict[str, Any]) -> None:
@@ -201,7 +211,16 @@ def parser_inputs() -> Any:
     gemma_list = st.lists(py_call, min_size=1, max_size=10).map(lambda cs: "[" + ", ".join(cs) + "]")
     nested_py = st.integers(1, 3_000).map(lambda n: "```tool_code\ncalculator(expression=" + "[" * n + "]" * n
                                            + ")\n```")
-    return st.one_of(st.text(max_size=500), hermes, hermes_open, llama, gemma, gemma_list, nested_py,
+    big_int = st.integers(4_000, 12_000).map(lambda n: "9" * n)
+    huge_ints = big_int.flatmap(lambda d: st.sampled_from([
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": {d}}}}}</tool_call>',
+        f'<tool_call>{{"name": {d}, "arguments": {{}}}}</tool_call>',
+        f'{{"name": "search", "parameters": {{"query": "q", "k": -{d}}}}}',
+        f"```tool_code\ncalculator(expression={d})\n```"]))
+    flood_unit = st.sampled_from(["<tool_call>", "<tool_call>{", "```tool_code\n", "calculator(expression='1')\n",
+                                  '{"name": "calculator", "parameters": {}};', "</tool_call>"])
+    floods = st.tuples(flood_unit, st.integers(100, 20_000)).map(lambda t: t[0] * t[1])
+    return st.one_of(st.text(max_size=500), hermes, hermes_open, llama, gemma, gemma_list, nested_py, huge_ints, floods,
                      st.tuples(st.text(max_size=50), hermes | llama | gemma).map("".join))
 
 
