@@ -5,12 +5,15 @@ fuzz            drills/fuzz.py             hostile inputs × 5 entry points     
 sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes
 secrets         drills/secrets.py          planted credentials, tiny campaign   secret_leaks
 storage faults  drills/storage_faults.py   FaultProxy before a GCS emulator     fault_rate, fault_campaign_ok
+bounds          drills/bounds.py           black-hole endpoint, parser floods,  hangs, cli_tracebacks
+                                           config bombs, each under a deadline
 kills           drills/kills.py            SIGKILL trainer (also mid-publish),  kill_drills, lost_groups, ...
                                            rollout worker, evaluator
 ```
 
 Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
-run, ``quick`` says which sizes). The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
+run, ``quick`` says which sizes). A figure that several drills report (``hangs``, ``cli_tracebacks``: counts of the
+same failure over different cases) is their sum. The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
 last full drill.
@@ -32,6 +35,7 @@ from typing import Any
 
 from bench.registry import BenchResult
 from bench.runner import RESULTS, _write_atomically, machine_info, merge_results
+from drills.bounds import BOUNDS_MEASURED, render_bounds_section
 from drills.storage_faults import FAULT_MEASURED, render_fault_section
 
 DETAILS = Path("bench/reliability.json")
@@ -104,6 +108,13 @@ def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
     return fault_figures(out)
 
 
+def _bounds(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.bounds import bounds_figures, run_bounds
+
+    quick = sizes.fuzz_examples < 500
+    return bounds_figures(run_bounds(scratch, quick=quick), quick=quick)
+
+
 def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     from drills.kills import evaluator_kill_drill, rollout_kill_drill, trainer_kill_drill
 
@@ -143,7 +154,13 @@ DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, fl
 """``(sizes, scratch folder, progress) -> (figures, details)``."""
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
-                              "kills": _kills}
+                              "bounds": _bounds, "kills": _kills}
+
+
+def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
+    """Merge one drill's figures into ``total``; a figure already there (another drill's count) adds up."""
+    for key, value in got.items():
+        total[key] = total.get(key, 0.0) + value
 
 
 def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Callable[[str], None] = print,
@@ -167,7 +184,7 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         details[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        figures.update(got)
+        add_figures(figures, got)
         progress(f"drill {name}: {json.dumps(got)} in {details[name]['seconds']} s")
     run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
            "seconds": round(time.perf_counter() - start, 1), "machine": machine_info()}
@@ -223,6 +240,7 @@ MEASURED = {
                                          "parameters equal an uninterrupted run's on a copy of the same shards, bit "
                                          "for bit.",
     **FAULT_MEASURED,
+    **BOUNDS_MEASURED,
     "reliability.fuzz_cases": "Hypothesis cases over 5 entry points ({fuzz_examples} each): tool-call parsers, "
                               "calculator, YAML config, shards (+ tailer), dataset files.",
     "reliability.fuzz_crashes": "Cases where an entry point raised an undocumented exception, an error without the "
@@ -288,7 +306,9 @@ def render_report(record: dict[str, Any]) -> str:
                 f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
     if "faults" in details:
         out += render_fault_section(details["faults"])
+    if "bounds" in details:
+        out += render_bounds_section(details["bounds"])
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["DrillSizes", "render_report", "run_drills"]
+__all__ = ["DrillSizes", "add_figures", "render_report", "run_drills"]
