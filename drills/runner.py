@@ -12,7 +12,8 @@ kills           drills/kills.py            SIGKILL trainer (also mid-publish),  
 ```
 
 Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
-run, ``quick`` says which sizes). A figure that several drills report (``hangs``, ``cli_tracebacks``: counts of the
+run, ``quick`` says which sizes). A full run of some drills (``only``) updates their part of the report
+(``with_rerun``). A figure that several drills report (``hangs``, ``cli_tracebacks``: counts of the
 same failure over different cases) is their sum. The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
@@ -172,6 +173,7 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         raise ValueError(f"unknown drill(s) {unknown}; choose from {sorted(DRILLS)}")
     figures: dict[str, float] = {}
     details: dict[str, Any] = {}
+    by_drill: dict[str, dict[str, float]] = {}
     start = time.perf_counter()
     for name, fn in DRILLS.items():
         if only and name not in only:
@@ -185,6 +187,7 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
             shutil.rmtree(scratch, ignore_errors=True)
         details[name]["seconds"] = round(time.perf_counter() - t0, 1)
         add_figures(figures, got)
+        by_drill[name] = got
         progress(f"drill {name}: {json.dumps(got)} in {details[name]['seconds']} s")
     run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
            "seconds": round(time.perf_counter() - start, 1), "machine": machine_info()}
@@ -195,11 +198,29 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
                                                        notes=f"rollstream drills, sizes {dataclasses.asdict(sizes)}"),
                            run)
     _write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
-    if not quick and not only:
-        record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details}
-        _write_atomically(Path(out_dir) / DETAILS, json.dumps(record, indent=2, default=str) + "\n")
+    details_path = Path(out_dir) / DETAILS
+    if not quick and (not only or details_path.exists()):
+        record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details,
+                  "drill_figures": by_drill}
+        if only:  # a full rerun of some drills: the report keeps the others from the last full drill
+            record = with_rerun(json.loads(details_path.read_text()), run, by_drill, details)
+        _write_atomically(details_path, json.dumps(record, indent=2, default=str) + "\n")
         _write_atomically(Path(out_dir) / REPORT, render_report(record))
     return figures
+
+
+def with_rerun(record: dict[str, Any], run: dict[str, Any], by_drill: dict[str, dict[str, float]],
+               details: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (the last full drill) with some drills rerun in full: their figures replace theirs (a figure
+    several drills report is summed again), their details are merged in, and the rerun is listed (pure)."""
+    drill_figures = {**record.get("drill_figures", {}), **by_drill}
+    fresh = {k for got in drill_figures.values() for k in got}
+    figures = {k: v for k, v in record["figures"].items() if k not in fresh}
+    for got in drill_figures.values():
+        add_figures(figures, got)
+    merged = {**record["details"], **{name: {**record["details"].get(name, {}), **d} for name, d in details.items()}}
+    reruns = [*record.get("reruns", []), {"date": run["date"], "drills": sorted(by_drill), "machine": run["machine"]}]
+    return {**record, "figures": figures, "details": merged, "drill_figures": drill_figures, "reruns": reruns}
 
 
 def _cell(text: str, limit: int = 160) -> str:
@@ -264,6 +285,10 @@ def render_report(record: dict[str, Any]) -> str:
            "`bench/results.json`.", "",
            f"**Last full drill.** {run['date']}, {run['seconds']:.0f} s; {m.get('cpus')} CPUs, {m.get('memory_gb')} GiB, "
            f"load {m.get('load_1min')}, Python {m.get('python')}.", "",
+           *[f"**Rerun since.** {r['date']}: {', '.join(r['drills'])} in full (`rollstream drills --only NAME`); "
+             f"load {r['machine'].get('load_1min')}. Their figures and sections below are from that run." for r in
+             record.get("reruns", [])],
+           *([""] if record.get("reruns") else []),
            "| figure | value | how it was measured |", "|---|---|---|"]
     for key in sorted(figures):
         how = MEASURED.get(key, "")
@@ -306,9 +331,9 @@ def render_report(record: dict[str, Any]) -> str:
                 f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
     if "faults" in details:
         out += render_fault_section(details["faults"])
-    if "bounds" in details:
+    if "cases" in details.get("bounds", {}):
         out += render_bounds_section(details["bounds"])
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["DrillSizes", "add_figures", "render_report", "run_drills"]
+__all__ = ["DrillSizes", "add_figures", "render_report", "run_drills", "with_rerun"]
