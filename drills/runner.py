@@ -285,8 +285,8 @@ def render_report(record: dict[str, Any]) -> str:
            "`bench/results.json`.", "",
            f"**Last full drill.** {run['date']}, {run['seconds']:.0f} s; {m.get('cpus')} CPUs, {m.get('memory_gb')} GiB, "
            f"load {m.get('load_1min')}, Python {m.get('python')}.", "",
-           *[f"**Rerun since.** {r['date']}: {', '.join(r['drills'])} in full (`rollstream drills --only NAME`); "
-             f"load {r['machine'].get('load_1min')}. Their figures and sections below are from that run." for r in
+           *[f"**Rerun since.** {r['date']}: {', '.join(r['drills'])}, full sizes; load "
+             f"{r['machine'].get('load_1min')}. Their figures and sections below are from that run." for r in
              record.get("reruns", [])],
            *([""] if record.get("reruns") else []),
            "| figure | value | how it was measured |", "|---|---|---|"]
