@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from drills.bounds import CONFIG_FILES, PARSER_FLOODS, BoundsCase, bounds_figures, render_bounds_section, run_bounds
+from drills.bounds import (
+    CONFIG_FILES,
+    PARSER_FLOODS,
+    BoundsCase,
+    bounds_figures,
+    render_bounds_section,
+    run_bounds,
+)
 
 
 def _case(name: str, *, seconds: float = 1.0, code: int | None = 2, ok: bool = True,
