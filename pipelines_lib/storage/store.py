@@ -307,6 +307,10 @@ class Store:
         path = self._path(rel)
 
         def find() -> list[str]:
+            if self.protocol == "file":
+                # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
+                return [os.path.join(folder, n) for folder, dirs, files in os.walk(path)
+                        for n in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]]
             try:
                 self.fs.invalidate_cache()
                 return self.fs.find(path)
