@@ -46,8 +46,11 @@ from pipelines_lib.trajectory.synthetic import synthetic_group
 ROOT = Path(__file__).resolve().parents[1]
 CLI_DEADLINE_S = 120.0
 """Per subprocess: generous for a loaded machine (imports alone take seconds); a hang never ends."""
-GOOD_GROUPS = 4
-"""Valid groups in every poison campaign: two trainer steps of two groups."""
+GOOD_GROUPS = 6
+"""Valid groups in every poison campaign, two per shard: v0 holds four, v1 two; three trainer steps of two.
+Poisoned shards are named to sort before the good ones (worker ``a9``), so the trainer meets them before it
+can finish."""
+POISON_WORKER = "a9"
 
 
 def _config():  # noqa: ANN202 - CampaignConfig, imported lazily with the trainer's stack
@@ -59,7 +62,7 @@ def _config():  # noqa: ANN202 - CampaignConfig, imported lazily with the traine
                                 d_ff=128)
     return dataclasses.replace(
         base, model=model, rollout=dataclasses.replace(base.rollout, eta=100),
-        trainer=dataclasses.replace(base.trainer, batch_groups=2, max_steps=2, publish_every=2, checkpoint_every=2,
+        trainer=dataclasses.replace(base.trainer, batch_groups=2, max_steps=3, publish_every=1, checkpoint_every=3,
                                     skip_zero_advantage=False, poll_s=0.05, data_timeout_s=10))
 
 
@@ -120,17 +123,17 @@ class Poison:
 
 
 def _plant_wrong_size(store: Store, good: list[str]) -> tuple[str, ...]:
-    _shard(store, _group("small", size=3), worker="w9", seq=0)
+    _shard(store, _group("small", size=3), worker=POISON_WORKER, seq=0)
     return ("small@w0",)
 
 
 def _plant_long_row(store: Store, good: list[str]) -> tuple[str, ...]:
-    _shard(store, _rows(_group("long"), lambda rows: _lengthen(rows, 400)), worker="w9", seq=0)
+    _shard(store, _rows(_group("long"), lambda rows: _lengthen(rows, 400)), worker=POISON_WORKER, seq=0)
     return ("long@w0",)
 
 
 def _plant_huge_row(store: Store, good: list[str]) -> tuple[str, ...]:
-    _shard(store, _huge_row(_group("huge"), 20_000_000), worker="w9", seq=0)
+    _shard(store, _huge_row(_group("huge"), 20_000_000), worker=POISON_WORKER, seq=0)
     return ()  # refused before decoding: its group ids are never read
 
 
@@ -138,7 +141,7 @@ def _plant_out_of_vocab(store: Store, good: list[str]) -> tuple[str, ...]:
     def edit(rows: list[dict]) -> None:
         rows[0]["tokens"][0] = 10**6
 
-    _shard(store, _rows(_group("vocab"), edit), worker="w9", seq=0)
+    _shard(store, _rows(_group("vocab"), edit), worker=POISON_WORKER, seq=0)
     return ("vocab@w0",)
 
 
@@ -148,19 +151,19 @@ def _plant_future_version(store: Store, good: list[str]) -> tuple[str, ...]:
         last = max(i for i, m in enumerate(r["loss_mask"]) if m)
         r["policy_version"][last] = 50
 
-    _shard(store, _rows(_group("future"), edit), worker="w9", seq=0)
+    _shard(store, _rows(_group("future"), edit), worker=POISON_WORKER, seq=0)
     return ("future@w0",)
 
 
 def _plant_interleaved(store: Store, good: list[str]) -> tuple[str, ...]:
     a, b = _group("ia"), _group("ib")
     order = [i // 2 + (a.num_rows if i % 2 else 0) for i in range(2 * a.num_rows)]
-    _shard(store, pa.concat_tables([a, b]).take(order), worker="w9", seq=0)
+    _shard(store, pa.concat_tables([a, b]).take(order), worker=POISON_WORKER, seq=0)
     return ("ia@w0", "ib@w0")
 
 
 def _plant_copy(store: Store, good: list[str]) -> tuple[str, ...]:
-    store.create(layout.shard_path(0, "w0", 99), store.read(good[0]))
+    store.create(layout.shard_path(0, "a0", 0), store.read(good[0]))
     return ()  # the original's groups are trained once; the copy is skipped
 
 
@@ -175,19 +178,19 @@ def _plant_reencoded_copy(store: Store, good: list[str]) -> tuple[str, ...]:
     from pipelines_lib.storage.shards import read_shard
 
     table, _ = read_shard(store, good[0])
-    _shard(store, table, worker="w9", seq=0)  # same groups, provenance forged to match its new name
+    _shard(store, table, worker=POISON_WORKER, seq=0)  # same groups, provenance forged to match its new name
     return ()
 
 
 def _plant_fifo(store: Store, good: list[str]) -> tuple[str, ...]:
-    path = store.local_path(layout.shard_path(0, "w9", 0))
+    path = store.local_path(layout.shard_path(0, POISON_WORKER, 0))
     assert path is not None
     os.mkfifo(path)
     return ()
 
 
 def _plant_symlink_out(store: Store, good: list[str]) -> tuple[str, ...]:
-    path = store.local_path(layout.shard_path(0, "w9", 0))
+    path = store.local_path(layout.shard_path(0, POISON_WORKER, 0))
     outside = store.local_path("").parent / "outside.arrow"  # type: ignore[union-attr]
     outside.write_bytes(store.read(good[0]))
     assert path is not None
@@ -219,20 +222,23 @@ class CaseOutcome:
     detail: str = ""
 
 
-def seed_poison_campaign(root: Path, case: Poison) -> tuple[Store, object, tuple[str, ...]]:
-    """A campaign at ``root`` with published v0, ``GOOD_GROUPS`` valid groups, then ``case``'s poison."""
-    from flax import nnx
-
+def seed_poison_campaign(root: Path, case: Poison, *, publish: bool = True) -> tuple[Store, object, tuple[str, ...]]:
+    """A campaign at ``root`` with published v0 (unless ``publish`` is False: tailer-only tests), ``GOOD_GROUPS``
+    valid groups, then ``case``'s poison. Returns the store, the config and the group ids that must be skipped."""
     from pipelines_lib.campaign import init_campaign
-    from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.publish import publish_weights
 
     config = _config()
     store = Store(str(root / "campaign"))
     init_campaign(store, config)
-    publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    good = [_shard(store, pa.concat_tables([_group(f"g{2 * i}"), _group(f"g{2 * i + 1}")]), worker="w0", seq=i)
-            for i in range(GOOD_GROUPS // 2)]
+    if publish:
+        from flax import nnx
+
+        from pipelines_lib.model.decoder import Decoder
+        from pipelines_lib.publish import publish_weights
+
+        publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
+    good = [_shard(store, pa.concat_tables([_group(f"g{2 * i}", version=i // 2), _group(f"g{2 * i + 1}", version=i // 2)]),
+                   worker="w0", seq=i, version=i // 2) for i in range(GOOD_GROUPS // 2)]
     return store, config, case.plant(store, good)
 
 

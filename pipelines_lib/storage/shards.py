@@ -178,7 +178,8 @@ def identity_problem(path: str, provenance: dict) -> str | None:
     The writer records ``worker_id``, ``seq`` and ``version``; the same bytes under another name or version
     folder are a copy, whose groups are already in the original.
     """
-    sid = layout.parse_shard_path(path.split("/trajectories/", 1)[-1] if "/trajectories/" in path else path)
+    start = path.rfind(f"{layout.TRAJECTORIES}/")  # ``path`` may be relative or a full URL
+    sid = layout.parse_shard_path(path[max(start, 0):])
     if sid is None:
         return None
     expected = {"worker_id": sid.worker_id, "seq": sid.seq, "version": sid.version}
