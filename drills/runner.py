@@ -19,7 +19,9 @@ Figures are flat ``reliability.*`` keys merged with the bench framework's ``merg
 run, ``quick`` says which sizes). The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
-last full drill.
+last full drill of each drill. A full run of some drills (``--only``) replaces their details in
+``bench/reliability.json`` and keeps the others'; each drill's details carry its own figures and date, and the
+report's figures are summed from them.
 """
 
 from __future__ import annotations
@@ -185,6 +187,8 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         details[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        details[name]["figures"] = got
+        details[name]["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         figures = add_figures(figures, got)
         progress(f"drill {name}: {json.dumps(got)} in {details[name]['seconds']} s")
     run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
@@ -196,11 +200,31 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
                                                        notes=f"rollstream drills, sizes {dataclasses.asdict(sizes)}"),
                            run)
     _write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
-    if not quick and not only:
-        record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details}
+    if not quick:
+        previous_record = json.loads((Path(out_dir) / DETAILS).read_text()) if only and (Path(out_dir) / DETAILS).exists() \
+            else {}
+        record = merge_record(previous_record, {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures,
+                                                "details": details})
         _write_atomically(Path(out_dir) / DETAILS, json.dumps(record, indent=2, default=str) + "\n")
         _write_atomically(Path(out_dir) / REPORT, render_report(record))
     return figures
+
+
+def merge_record(previous: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The full-drill record after ``new`` (some or all drills) on top of ``previous`` (pure).
+
+    Drills in ``new`` replace their details; figures are summed over every drill's recorded figures, and a
+    figure of a drill recorded before drills kept their own figures is kept as it was.
+    """
+    if not previous:
+        return new
+    details = {**previous.get("details", {}), **new["details"]}
+    figures: dict[str, float] = {}
+    for d in details.values():
+        figures = add_figures(figures, d.get("figures", {}))
+    fresh = {k for d in new["details"].values() for k in d.get("figures", {})}
+    figures.update({k: v for k, v in previous.get("figures", {}).items() if k not in figures and k not in fresh})
+    return {**previous, "run": new["run"], "figures": figures, "details": details}
 
 
 def _cell(text: str, limit: int = 160) -> str:
@@ -287,7 +311,9 @@ def render_report(record: dict[str, Any]) -> str:
            "do not edit by hand. `rollstream drills --quick` runs the same drills smaller and only updates "
            "`bench/results.json`.", "",
            f"**Last full drill.** {run['date']}, {run['seconds']:.0f} s; {m.get('cpus')} CPUs, {m.get('memory_gb')} GiB, "
-           f"load {m.get('load_1min')}, Python {m.get('python')}.", "",
+           f"load {m.get('load_1min')}, Python {m.get('python')}. Each drill's own last full run: "
+           + ", ".join(f"{name} {d.get('date', '(before dates were kept)')} ({d.get('seconds')} s)"
+                       for name, d in details.items() if isinstance(d, dict)) + ".", "",
            "| figure | value | how it was measured |", "|---|---|---|"]
     for key in sorted(figures):
         how = MEASURED.get(key, "")
@@ -340,4 +366,4 @@ def render_report(record: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["DrillSizes", "render_report", "run_drills"]
+__all__ = ["DrillSizes", "add_figures", "merge_record", "render_report", "run_drills"]

@@ -120,3 +120,25 @@ def test_kill_figures_count_every_kill_and_the_report_describes_each_drill(
            "rollout worker (20) + evaluator (5)" in report
     assert "- Trainer, killed while publishing: 5 kills over 6 starts" in report
     assert "- Evaluator (v1): 5 kills over 6 starts" in report
+
+
+def test_a_full_run_of_one_drill_replaces_its_part_of_the_report_and_keeps_the_rest(
+        tmp_path: Path, fake_drills: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None)
+    monkeypatch.setitem(runner.DRILLS, "secrets", _fake({"reliability.secret_leaks": 3.0, "reliability.hangs": 1.0}))
+    monkeypatch.setitem(runner.DRILLS, "other", _fake({"reliability.hangs": 2.0}))
+    runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None, only=["secrets", "other"])
+    record = json.loads((tmp_path / "bench" / "reliability.json").read_text())
+    assert record["figures"] == {"reliability.fuzz_cases": 2500.0, "reliability.fuzz_crashes": 0.0,
+                                 "reliability.secret_leaks": 3.0, "reliability.hangs": 3.0}
+    assert sorted(record["details"]) == ["fuzz", "other", "secrets"]
+    assert "| `reliability.hangs` | 3 |" in (tmp_path / "RELIABILITY.md").read_text()
+
+
+def test_a_previous_record_without_per_drill_figures_keeps_its_figures() -> None:
+    old = {"run": {}, "figures": {"reliability.kill_drills": 40.0, "reliability.hangs": 0.0},
+           "details": {"kills": {"seconds": 1}}}
+    new = {"run": {"date": "now"}, "figures": {"reliability.hangs": 1.0},
+           "details": {"poison": {"figures": {"reliability.hangs": 1.0}}}}
+    merged = runner.merge_record(old, new)
+    assert merged["figures"] == {"reliability.kill_drills": 40.0, "reliability.hangs": 1.0}
