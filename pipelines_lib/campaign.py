@@ -88,6 +88,8 @@ def campaign_status(store: Store) -> dict[str, Any]:
     evaluated = _numbered(store, "eval", "eval", ignored)
     steps = _numbered(store, "train/consumed", "consumed", ignored)
     checkpoints = committed_checkpoints(store)
+    ignored += [f"train/checkpoints/{n}" for n in store.list("train/checkpoints")
+                if layout.parse_name("checkpoint", n) is None]
     status = {
         "campaign": store.exists(layout.CAMPAIGN_JSON),
         "dataset": store.exists(layout.DATASET_SUCCESS),

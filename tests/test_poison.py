@@ -173,3 +173,16 @@ def test_poison_figures_count_cases_and_failures() -> None:
     assert (figures["reliability.pointer_regressions"], figures["reliability.cli_tracebacks"]) == (0, 0)
     assert figures["reliability.hangs"] == 1
 
+
+
+def test_status_ignores_names_no_stage_writes_and_lists_them(tmp_path: Path) -> None:
+    from pipelines_lib.campaign import campaign_status
+
+    poison.garbage_campaign(tmp_path)
+    status = campaign_status(Store(str(tmp_path / "campaign")))
+    assert (status["published_versions"], status["evaluated_versions"], status["train_steps"]) == ([0], [], 0)
+    assert status["latest_checkpoint"] is None
+    assert sorted(status["ignored"]) == ["eval/notes.json", "eval/v1.json", "eval/vXXXXXXXX.json",
+                                         "train/checkpoints/00000001.x", "train/checkpoints/latest",
+                                         "train/consumed/0000001.json", "train/consumed/last.json",
+                                         "weights/LATEST.json.d/latest.json"]
