@@ -36,7 +36,7 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, measure_pickup_latency, publish_weights
-from pipelines_lib.storage import layout
+from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
@@ -74,8 +74,8 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     """(batch, loss tokens) of each step the trainer logged, rebuilt from the shard rows its log names."""
     out = []
     for step in steps:
-        entry = trainer.store.read_json(layout.consumed_log(step))
-        batch, _, n_tokens = batch_from_groups([trainer.reload_group(g) for g in entry["groups"]], trainer.config,
+        entry = ConsumptionLog.read(trainer.store, step)
+        batch, _, n_tokens = batch_from_groups([trainer.reload_group(g) for g in entry.groups], trainer.config,
                                                 trainer.pad_id)
         out.append((batch, n_tokens))
     return out

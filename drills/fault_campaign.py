@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from drills.faultproxy import FaultPlan, FaultProxy
+from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
 
@@ -289,7 +290,7 @@ def run_outage_campaign(emulator_url: str, scratch: Path, *, retry: RetryPolicy 
         env = _stage_env(proxy.url, scratch)
 
         def outage_after_step_1(proc: subprocess.Popen[bytes]) -> None:
-            if not opened and direct.exists("train/consumed/00000001.json"):
+            if not opened and ConsumptionLog.exists(direct, 1):
                 proxy.outage(True)
                 opened.append(time.monotonic())
             elif opened and time.monotonic() - opened[0] > hang_after_s:

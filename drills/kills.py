@@ -35,6 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
+from pipelines_lib.records import (
+    DoneMarker,
+    EvalResult,
+    Publication,
+    RecordError,
+    consumption_logs,
+    published_versions,
+)
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, read_shard
@@ -52,17 +60,14 @@ def _weights_folders(store: Store) -> list[int]:
 def publish_in_flight(store: Store) -> bool:
     """A publication has begun and not finished: the newest ``weights/v<N>/`` has no ``PUBLISHED.json`` yet, or
     LATEST (its newest entry or its mirror ``LATEST.json``) is behind it. The ``arm`` probe of publish kills."""
-    from pipelines_lib.publish import published_marker
-
     folders = _weights_folders(store)
     if not folders:
         return False
     newest = folders[-1]
-    if not store.exists(published_marker(newest)):
+    if not Publication.is_published(store, newest):
         return True
-    pointer = store.read_pointer(layout.WEIGHTS_LATEST)
-    return (pointer is None or pointer["version"] < newest
-            or store.read_json(layout.WEIGHTS_LATEST)["version"] < newest)
+    latest = Publication.latest(store)
+    return latest is None or latest.version < newest or Publication.mirror(store).version < newest
 
 
 def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
@@ -79,13 +84,12 @@ def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
 
     ``loaded`` holds versions already verified and grows with each call: a marked version is never rewritten.
     """
-    from pipelines_lib.campaign import published_versions
-    from pipelines_lib.publish import CampaignWeights, published_marker
+    from pipelines_lib.publish import CampaignWeights
 
     folders = _weights_folders(store)
-    marked = [v for v in folders if store.exists(published_marker(v))]
+    marked = [v for v in folders if Publication.is_published(store, v)]
     named = published_versions(store)
-    mirror = int(store.read_json(layout.WEIGHTS_LATEST)["version"])
+    mirror = Publication.mirror(store).version
     weights = CampaignWeights(store)
     unloadable: list[str] = []
     for version in sorted({*marked, *named, mirror} - loaded):
@@ -157,14 +161,12 @@ def _final_params(store: Store) -> str:
 
     from pipelines_lib.model.weights import load_weights
 
-    done = store.read_json(layout.TRAIN_DONE)
-    model = load_weights(store.uri(layout.weights_dir(done["version"])))
+    model = load_weights(store.uri(layout.weights_dir(DoneMarker.read(store).version)))
     return json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(nnx.state(model, nnx.Param))])
 
 
 def _consumed(store: Store) -> list[str]:
-    return [g["group_id"] for name in store.list("train/consumed")
-            for g in store.read_json(f"train/consumed/{name}")["groups"]]
+    return [g.group_id for log in consumption_logs(store) for g in log.groups]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +208,7 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
     killed = seed_trainer_campaign(str(root / "killed"), config, n_groups)
     loaded: set[int] = set()
     drill = KillDrill(argv=lambda: [sys.executable, "-c", _TRAIN_SCRIPT, killed.url],
-                      ready=re.compile(r"^trainer: step \d+/"), done=lambda: killed.exists(layout.TRAIN_DONE),
+                      ready=re.compile(r"^trainer: step \d+/"), done=lambda: DoneMarker.exists(killed),
                       kills=kills, seed=seed, max_delay_s=0.05 if at_publish else 0.8,
                       arm=(lambda: publish_in_flight(killed)) if at_publish else None,
                       inspect=lambda: check_publication(killed, loaded), log=log)
@@ -216,7 +218,7 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
     bad, orphans, _ = partial_visible(killed)
     return TrainerDrillResult(
         kills=len(records), at_publish=at_publish, starts=drill.starts,
-        steps=killed.read_json(layout.TRAIN_DONE)["steps"], groups_trained=len(groups),
+        steps=DoneMarker.read(killed).steps, groups_trained=len(groups),
         trained_twice=len(groups) - len(set(groups)), bit_identical=_final_params(killed) == _final_params(reference),
         partial_visible=bad, orphans=orphans, landed=tuple(r.found["landed"] for r in records),
         unloadable=sum(len(r.found["unloadable"]) for r in records) + len(final["unloadable"]),
@@ -393,12 +395,10 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
     version = int(train(store, config, log=lambda s: None)["version"])
     shutil.copytree(root / "evaluator", root / "reference")
     reference = Store(str(root / "reference"))
-    path = layout.eval_path(version)
-
     def argv(target: Store) -> Callable[[], list[str]]:
         return lambda: [sys.executable, "-c", _EVALUATE_SCRIPT, target.url, str(version)]
 
-    uninterrupted = KillDrill(argv=argv(reference), ready=_EVAL_STARTED, done=lambda: reference.exists(path),
+    uninterrupted = KillDrill(argv=argv(reference), ready=_EVAL_STARTED, done=lambda: EvalResult.exists(reference, version),
                               kills=0, log=log)
     uninterrupted.run()
     started = _first(uninterrupted.lines, _EVAL_STARTED)
@@ -407,23 +407,26 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
         raise RuntimeError("the uninterrupted evaluation did not print its started and committed lines:\n"
                            + "\n".join(line for _, line in uninterrupted.lines[-30:]))
     reference_s = committed - started
-    expected = reference.read_json(path)
+    expected = EvalResult.read(reference, version).to_dict()
 
     def inspect() -> dict[str, Any]:
         bad, orphans, _ = partial_visible(store)
         state = "absent"
-        if store.exists(path):
+        if EvalResult.exists(store, version):
             try:
-                state = "complete" if set(store.read_json(path)) == set(expected) else "incomplete"
+                EvalResult.read(store, version)
+                state = "complete"
+            except RecordError:
+                state = "incomplete"
             except StorageError:
                 state = "unreadable"
         return {"eval_file": state, "partial_visible": bad, "orphans": orphans}
 
-    drill = KillDrill(argv=argv(store), ready=_EVAL_STARTED, done=lambda: store.exists(path), kills=kills, seed=seed,
+    drill = KillDrill(argv=argv(store), ready=_EVAL_STARTED, done=lambda: EvalResult.exists(store, version), kills=kills, seed=seed,
                       max_delay_s=0.8 * reference_s, inspect=inspect, log=log)
     records = drill.run()
     final = inspect()
-    got = store.read_json(path)
+    got = EvalResult.read(store, version).to_dict()
     done_at = _first(drill.lines, _EVAL_COMMITTED, after=records[-1].kill_at) if records else None
 
     def deterministic(results: dict[str, Any]) -> dict[str, Any]:

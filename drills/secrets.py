@@ -137,6 +137,7 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
     from pipelines_lib.dataset import prep
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.records import AuditRecord
     from pipelines_lib.storage.store import Store
     from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
 
@@ -164,7 +165,8 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
         (root / "trace.json").write_text(json.dumps(to_chrome_trace(read_records(store))))
         stages.append("telemetry")
         report = audit_campaign(store, progress=print)
-        store.create("audit/report.json", report.to_json().encode())
+        AuditRecord(audited_at=report.audited_at, ok=report.ok, warnings=report.warnings,
+                    report=report.to_dict()).write(store, report.render_text())
         print(report.render_text())
         stages.append("audit")
         code = cli_main(["audit", url, "--json", "--storage-option", f"token={STORAGE_TOKEN}"])

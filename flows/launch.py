@@ -25,9 +25,10 @@ from prefect.futures import PrefectFuture
 
 from flows.resources import resources_for
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import RunRecord
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
-from tasks.common import open_store, run_record_path, stage_key
+from tasks.common import open_store, stage_key
 from tasks.evaluate import evaluate_version
 from tasks.prep import prep_dataset
 from tasks.train import train
@@ -53,7 +54,10 @@ def run_stage_deployment(stage: str, key: str, parameters: dict[str, Any], job_v
         raise StageRunFailed(f"{key}: flow run {run.name} ({run.id}) of {DEPLOYMENTS[stage]} ended {state}: "
                              f"{run.state.message if run.state else ''}")
     store = open_store(parameters["campaign_url"], parameters.get("storage_options"))
-    return store.read_json(run_record_path(key, str(run.id)))["manifest"]
+    manifest = RunRecord.read(store, key, str(run.id)).manifest
+    if manifest is None:
+        raise StageRunFailed(f"{key}: flow run {run.name} ({run.id}) completed without a manifest in its run record")
+    return manifest
 
 
 @dataclass(frozen=True, kw_only=True)

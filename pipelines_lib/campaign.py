@@ -11,7 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
@@ -35,15 +37,15 @@ def code_version() -> str:
 
 
 def init_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
-    snapshot = {"schema_version": SCHEMA_VERSION, "code_version": code_version(), "created_at": utc_now_iso(),
-                "config": config.to_dict()}
+    snapshot = CampaignManifest(schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
+                                config=config.to_dict())
     try:
-        store.create_json(layout.CAMPAIGN_JSON, snapshot)
+        snapshot.write(store)
         return {"campaign": store.url, "created": True}
     except AlreadyExistsError:
-        existing = store.read_json(layout.CAMPAIGN_JSON)
-        if existing.get("config") != config.to_dict():
-            theirs, ours = existing.get("config", {}), config.to_dict()
+        existing = CampaignManifest.read(store)
+        if existing.config != config.to_dict():
+            theirs, ours = existing.config, config.to_dict()
             diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
             raise CampaignMismatchError(
                 f"{store.uri(layout.CAMPAIGN_JSON)}: this campaign was started with a different config "
@@ -54,24 +56,23 @@ def init_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
 def load_campaign_config(store: Store) -> CampaignConfig:
     if not store.exists(layout.CAMPAIGN_JSON):
         raise FileNotFoundError(f"{store.uri(layout.CAMPAIGN_JSON)}: not a campaign folder (no campaign.json)")
-    return CampaignConfig.from_mapping(store.read_json(layout.CAMPAIGN_JSON)["config"])
-
-
-def published_versions(store: Store) -> list[int]:
-    return sorted(int(n.removesuffix(".json")) for n in store.list(f"{layout.WEIGHTS_LATEST}.d") if n.endswith(".json"))
+    manifest = CampaignManifest.read(store)
+    if manifest.kind != "campaign":
+        raise ValueError(f"{store.uri(layout.CAMPAIGN_JSON)}: a {manifest.kind} folder, not a training campaign")
+    return CampaignConfig.from_mapping(manifest.config)
 
 
 def campaign_status(store: Store) -> dict[str, Any]:
     """What each stage has committed; ``todo`` lists the stages a recovery must run, in order."""
-    versions = published_versions(store)
-    evaluated = sorted(int(n[1:9]) for n in store.list("eval") if n.startswith("v") and n.endswith(".json"))
-    steps = sorted(int(n[:8]) for n in store.list("train/consumed") if n.endswith(".json"))
+    versions = records.published_versions(store)
+    evaluated = records.evaluated_versions(store)
+    steps = records.consumption_steps(store)
     checkpoints = committed_checkpoints(store)
     status = {
-        "campaign": store.exists(layout.CAMPAIGN_JSON),
-        "dataset": store.exists(layout.DATASET_SUCCESS),
+        "campaign": store.exists(CampaignManifest.PATH),
+        "dataset": store.exists(DatasetSuccess.PATH),
         "warm_start": 0 in versions,
-        "train_done": store.exists(layout.TRAIN_DONE),
+        "train_done": DoneMarker.exists(store),
         "train_steps": steps[-1] if steps else 0,
         "latest_checkpoint": checkpoints[-1] if checkpoints else None,
         "published_versions": versions,

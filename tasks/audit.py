@@ -6,24 +6,23 @@ Each audit is a snapshot of a folder that may still grow, so reports are named b
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from prefect import get_run_logger, task
 
 from pipelines_lib.audit import audit_campaign
+from pipelines_lib.records import AuditRecord
 from pipelines_lib.storage.store import Store
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_store, retry_transient, stage_key, stage_run
 
 
 def _audit_and_keep(store: Store) -> dict[str, Any]:
     report = audit_campaign(store, progress=get_run_logger().info)
-    stamp = dt.datetime.fromisoformat(report.audited_at).strftime("%Y%m%dT%H%M%S.%fZ")
-    store.create(f"audit/{stamp}.json", report.to_json().encode())
-    store.create(f"audit/{stamp}.txt", report.render_text().encode())
-    return {"ok": report.ok, "warnings": report.warnings, "report": f"audit/{stamp}.json",
-            "text": f"audit/{stamp}.txt", "shards": report.shards, "trajectories": report.trajectories,
-            "groups": report.groups, "violations": sum(report.violation_counts.values()),
+    kept = AuditRecord(audited_at=report.audited_at, ok=report.ok, warnings=report.warnings,
+                       report=report.to_dict())
+    json_path, text_path = kept.write(store, report.render_text())
+    return {"ok": report.ok, "warnings": report.warnings, "report": json_path, "text": text_path,
+            "shards": report.shards, "trajectories": report.trajectories, "groups": report.groups, "violations": sum(report.violation_counts.values()),
             "bad_files": len(report.bad_files), "seconds": report.seconds}
 
 

@@ -17,4 +17,4 @@ def evaluate_version(campaign_url: str, version: int, storage_options: dict[str,
     """No-op when ``eval/v<version>.json`` exists."""
     store, config = open_campaign(campaign_url, storage_options)
     return stage_run(store, stage_key("evaluate", version=version),
-                     lambda: evaluate(store, config, version=version))
+                     lambda: evaluate(store, config, version=version).to_dict())

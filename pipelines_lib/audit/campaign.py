@@ -7,8 +7,9 @@ One listing of the folder drives everything:
   and row), counted per version and worker, and folded into the distributions (``stats``). A trajectory id
   seen in two shards is a ``duplicate_trajectory``.
 - anything whose name carries ``TEMP_MARKER``, anywhere: an orphaned temporary (a warning).
-- ``train/consumed/*.json`` and ``weights/LATEST.json.d/*.json``: handed to ``lineage.reconcile``.
-- ``campaign.json`` and ``eval/v*.json``: reported as found.
+- consumption logs and the ``weights/LATEST`` pointer's entries, read as ``records``: handed to
+  ``lineage.reconcile``; one that does not read as its record is a finding.
+- ``campaign.json`` and the evaluations: reported as found.
 
 Shards are fetched ``read_ahead`` at a time on a thread pool (a GCS audit is bound by request latency) and
 processed in name order, so the report does not depend on timing. ``progress`` gets a line every
@@ -18,20 +19,20 @@ processed in name order, so the report does not depend on timing. ``progress`` g
 from __future__ import annotations
 
 import itertools
-import json
-import re
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 import pyarrow as pa
 
+from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
 from pipelines_lib.audit.report import AuditReport, BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution, shard_figures
+from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication, Record, RecordError
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.shards import ShardError, decode_shard
@@ -40,9 +41,7 @@ from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionError
 from pipelines_lib.trajectory.validate import validate_table
 
-_CONSUMED_RE = re.compile(r"^train/consumed/\d{8}\.json$")
-_EVAL_RE = re.compile(r"^eval/v\d{8}\.json$")
-_POINTER_ENTRIES = f"{layout.WEIGHTS_LATEST}.d/"
+R = TypeVar("R", bound=Record)
 
 
 def _read(store: Store, path: str) -> bytes | NotFoundError:
@@ -155,17 +154,17 @@ class _Accumulator:
         self.tool_errors.update(fig.tool_errors)
 
 
-def _json_objects(store: Store, paths: list[str], read_ahead: int, kind: str,
-                  findings: list[Finding]) -> list[tuple[str, Any]]:
-    """Parsed JSON of ``paths`` (in order); unparseable ones become findings of ``kind``."""
+def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
+             findings: list[Finding]) -> list[tuple[str, R]]:
+    """Records ``cls`` at ``paths`` (in order); unreadable or invalid ones become findings of ``kind``."""
     out = []
     for path, data in _prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError):
-                raise ValueError(str(data))
-            out.append((path, json.loads(data)))
-        except ValueError as e:
-            findings.append(Finding(kind=kind, path=path, row=None, trajectory_id=None, message=f"not readable JSON: {e}"))
+                raise RecordError(str(data))
+            out.append((path, cls.from_bytes(data, where=path)))
+        except RecordError as e:
+            findings.append(Finding(kind=kind, path=path, row=None, trajectory_id=None, message=str(e)))
     return out
 
 
@@ -197,31 +196,22 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
             progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
 
     findings = acc.findings
-    consumed = [f for f in visible if f.startswith("train/consumed/")]
+    consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
+    log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
     findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
                          message="not a consumption log name (train/consumed/<step:08d>.json)")
-                 for f in consumed if not _CONSUMED_RE.match(f)]
-    logs = _json_objects(store, [f for f in consumed if _CONSUMED_RE.match(f)], read_ahead,
-                         "bad_consumption_log", findings)
-    entries = []
-    for path, raw in _json_objects(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
-                                   "bad_pointer_entry", findings):
-        if isinstance(raw, dict) and isinstance(raw.get("version"), int) and isinstance(raw.get("step"), int | None):
-            entries.append(raw)
-        else:
-            findings.append(Finding(kind="bad_pointer_entry", path=path, row=None, trajectory_id=None,
-                                    message="a weights pointer entry needs an integer 'version' and 'step'"))
+                 for f in consumed if f not in log_paths]
+    logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
+    entries = [p for _, p in _records(store, [store.pointer_entry(layout.WEIGHTS_LATEST, v)
+                                              for v in records.published_versions(store)],
+                                      Publication, read_ahead, "bad_pointer_entry", findings)]
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
 
     campaign = None
     if layout.CAMPAIGN_JSON in visible:
-        parsed = _json_objects(store, [layout.CAMPAIGN_JSON], 1, "bad_campaign_json", findings)
-        campaign = parsed[0][1] if parsed else None
-        if parsed and not isinstance(campaign, dict):
-            findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None,
-                                    trajectory_id=None, message="campaign.json is not a JSON object"))
-            campaign = None
+        parsed = _records(store, [layout.CAMPAIGN_JSON], CampaignManifest, 1, "bad_campaign_json", findings)
+        campaign = parsed[0][1].to_dict() if parsed else None
 
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)
@@ -247,6 +237,6 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         tool_errors=dict(tool_errors),
         lineage=lineage,
         campaign=campaign,
-        evals=tuple(f for f in visible if _EVAL_RE.match(f)),
+        evals=tuple(layout.eval_path(v) for v in records.evaluated_versions(store)),
         **dists,
     )

@@ -34,9 +34,9 @@ from pipelines_lib.envs import Task, make_env
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published
+from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.episodes import campaign_tokenizer
 from pipelines_lib.storage.errors import AlreadyExistsError
-from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory
 
@@ -89,7 +89,7 @@ def summarize(greedy: Sequence[Trajectory], sampled: Sequence[Sequence[Trajector
             f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(correct),
         }
     out["greedy_success_rate"] = out["greedy"]["success_rate"]
-    out["pass@k"] = out["sampled"][f"pass@{k}"] if k else None
+    out["pass_at_k"] = out["sampled"][f"pass@{k}"] if k else None
     return out
 
 
@@ -132,24 +132,23 @@ def evaluate_model(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Tas
     return asyncio.run(evaluate_model_async(model, tokenizer, tasks, config))
 
 
-def evaluate(store: Store, config: CampaignConfig, *, version: int) -> dict[str, Any]:
+def evaluate(store: Store, config: CampaignConfig, *, version: int) -> EvalResult:
     """Score published ``version`` on the first ``config.eval.n_tasks`` held-out tasks; writes ``eval/v<N>.json``.
 
     A no-op returning the stored results when that file exists.
     """
-    path = eval_path(version)
-    if store.exists(path):
-        return store.read_json(path)
+    if EvalResult.exists(store, version):
+        return EvalResult.read(store, version)
     model, _ = load_published(store, version)
     tokenizer = campaign_tokenizer(config)
     tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
-    results = {"version": version, "split": HELDOUT, "temperature": config.eval.temperature,
-               **evaluate_model(model, tokenizer, tasks, config)}
+    result = EvalResult(version=version, split=HELDOUT, temperature=config.eval.temperature,
+                        **evaluate_model(model, tokenizer, tasks, config))
     try:
-        store.create_json(path, results)
+        result.write(store)
     except AlreadyExistsError:
-        return store.read_json(path)  # a concurrent evaluation of the same version committed first
-    return results
+        return EvalResult.read(store, version)  # a concurrent evaluation of the same version committed first
+    return result
 
 
 __all__ = ["SUCCESS_REWARD", "evaluate", "evaluate_model", "evaluate_model_async", "pass_at_k", "solved",

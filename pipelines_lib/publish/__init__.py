@@ -26,7 +26,6 @@ import: ``ORBAX_DEADLINE_S``), the one knob a stage process has before any confi
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import threading
 import time
@@ -37,9 +36,11 @@ from flax import nnx
 
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.records import Publication
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
 from pipelines_lib.storage.store import Store, call_with_deadline
+from pipelines_lib.trajectory.record import utc_now_iso
 
 
 def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
@@ -58,20 +59,8 @@ def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
 ORBAX_DEADLINE_S = _orbax_deadline_s(os.environ.get("ROLLSTREAM_ORBAX_DEADLINE_S"))
 """Longest an Orbax save or load of published weights or a checkpoint may take before the stage fails (naming op
 and URL): 600 s, or ``ROLLSTREAM_ORBAX_DEADLINE_S`` (the storage-fault drill's outage uses 30 s)."""
-PUBLISHED = "PUBLISHED.json"
-"""Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
-
-
 class PublishError(ValueError):
     """A publish would give one version number two different sets of weights."""
-
-
-def published_marker(version: int) -> str:
-    return f"{weights_dir(version)}/{PUBLISHED}"
-
-
-def _utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def publish_weights(store: Store, model: Decoder, *, version: int, step: int) -> dict[str, Any]:
@@ -84,26 +73,24 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int) ->
     if step < 0:
         raise ValueError(f"publish_weights: step must be >= 0, got {step}")
     rel = weights_dir(version)
-    marker = published_marker(version)
     created = False
-    if not store.exists(marker):
+    if not Publication.is_published(store, version):
         if store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
         call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
                            ORBAX_DEADLINE_S)
-        payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
         try:
-            store.create_json(marker, payload)
+            Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
             created = True
         except AlreadyExistsError:
             pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
-    payload = store.read_json(marker)
-    if payload["step"] != step:
-        raise PublishError(f"{store.uri(rel)} is already published from step {payload['step']}; "
+    publication = Publication.read(store, version)
+    if publication.step != step:
+        raise PublishError(f"{store.uri(rel)} is already published from step {publication.step}; "
                            f"refusing to publish step {step} as the same version {version}")
-    store.advance_pointer(WEIGHTS_LATEST, payload)
-    return {**payload, "created": created}
+    publication.advance(store)
+    return {**publication.to_dict(), "created": created}
 
 
 class CampaignWeights:
@@ -114,11 +101,11 @@ class CampaignWeights:
 
     def latest(self) -> int | None:
         """The newest published version, or None before the first publication."""
-        pointer = self.store.read_pointer(WEIGHTS_LATEST)
-        return None if pointer is None else int(pointer["version"])
+        latest = Publication.latest(self.store)
+        return None if latest is None else latest.version
 
     def load_model(self, version: int) -> Decoder:
-        if not self.store.exists(published_marker(version)):
+        if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
         return call_with_deadline("load weights", url, lambda: load_weights(url), ORBAX_DEADLINE_S)
@@ -189,11 +176,9 @@ def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: 
 
 
 __all__ = [
-    "PUBLISHED",
     "CampaignWeights",
     "PublishError",
     "load_published",
     "measure_pickup_latency",
     "publish_weights",
-    "published_marker",
 ]

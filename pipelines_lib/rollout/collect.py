@@ -23,6 +23,7 @@ from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.publish import CampaignWeights, load_published
+from pipelines_lib.records import DoneMarker, Publication, StopRequest
 from pipelines_lib.rollout.episodes import campaign_tokenizer, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage import layout
@@ -60,27 +61,22 @@ def utc_compact(when: dt.datetime | None = None) -> str:
 
 def request_stop(store: Store, reason: str) -> str:
     """Ask every rollout worker running now to stop (workers started later are not affected)."""
-    path = layout.stop_marker(utc_compact())
-    store.create_json(path, {"reason": reason})
-    return path
+    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
 
 
 def stop_requested(store: Store, *, since: str) -> bool:
     """The trainer is done, or a stop marker newer than ``since`` (a ``utc_compact`` time) exists."""
-    if store.exists(layout.TRAIN_DONE):
-        return True
-    return any(n.startswith("STOP-") and n.removeprefix("STOP-").removesuffix(".json") > since
-               for n in store.list(layout.ROLLOUT_STOPS))
+    return DoneMarker.exists(store) or StopRequest.newer_than(store, since)
 
 
 def wait_for_weights(store: Store, timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> int:
     deadline = time.monotonic() + timeout_s
-    while (pointer := store.read_pointer(layout.WEIGHTS_LATEST)) is None:
+    while (latest := Publication.latest(store)) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{store.uri(layout.WEIGHTS_LATEST)}: no published weights after {timeout_s:.0f}s "
                                "(has the warm-start stage run?)")
         sleep(1.0)
-    return int(pointer["version"])
+    return latest.version
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,

@@ -290,7 +290,7 @@ class Store:
         if value < 0:
             raise ValueError(f"pointer {rel}: {key} must be >= 0, got {value}")
         try:
-            self.create_json(f"{rel}.d/{value:012d}.json", payload)
+            self.create_json(self.pointer_entry(rel, value), payload)
         except AlreadyExistsError:
             return False
         current = self.read_pointer(rel, key=key)
@@ -301,10 +301,18 @@ class Store:
 
     def read_pointer(self, rel: str, *, key: str = "version") -> dict[str, Any] | None:
         """The pointer's current payload (the largest entry), or None if it was never set."""
-        entries = [n for n in self.list(f"{rel}.d") if n.endswith(".json")]
-        if not entries:
-            return None
-        return self.read_json(f"{rel}.d/{max(entries)}")
+        keys = self.pointer_keys(rel)
+        return self.read_json(self.pointer_entry(rel, keys[-1])) if keys else None
+
+    def pointer_keys(self, rel: str) -> list[int]:
+        """Every value pointer ``rel`` has been advanced to, ascending."""
+        return sorted(int(n.removesuffix(".json")) for n in self.list(f"{rel}.d")
+                      if n.endswith(".json") and n.removesuffix(".json").isdigit())
+
+    @staticmethod
+    def pointer_entry(rel: str, value: int) -> str:
+        """The object that recorded pointer ``rel`` moving to ``value``."""
+        return f"{rel}.d/{value:012d}.json"
 
     def _write_mirror(self, rel: str, payload: dict[str, Any]) -> None:
         data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()

@@ -16,14 +16,16 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 
 def read_records(store: Store) -> list[dict[str, Any]]:
     records = []
-    for name in store.list("telemetry"):
+    for name in store.list(layout.TELEMETRY):
         if name.endswith(".jsonl"):
-            records.extend(json.loads(line) for line in store.read(f"telemetry/{name}").decode().splitlines() if line)
+            lines = store.read(layout.telemetry_file(name)).decode().splitlines()
+            records.extend(json.loads(line) for line in lines if line)
     return sorted(records, key=lambda r: r["ts_us"])
 
 

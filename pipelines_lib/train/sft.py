@@ -35,7 +35,8 @@ from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.publish import load_published, publish_weights, published_marker
+from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.records import Publication
 from pipelines_lib.rollout.episodes import campaign_tokenizer
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
@@ -145,8 +146,8 @@ def _import_weights(init_from: str, store: Store) -> tuple[Decoder, dict[str, An
 
 def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published."""
-    if store.exists(published_marker(0)):
-        return {**store.read_json(published_marker(0)), "skipped": True}
+    if Publication.is_published(store, 0):
+        return {**Publication.read(store, 0).to_dict(), "skipped": True}
     started = time.perf_counter()
     if config.init_from is not None:
         model, info = _import_weights(config.init_from, store)

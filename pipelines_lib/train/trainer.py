@@ -36,10 +36,11 @@ import pyarrow as pa
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor
+from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, TailEvent
 from pipelines_lib.train.advantages import compute_advantages
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
@@ -126,57 +127,53 @@ class StreamingTrainer:
 
     # -- resume ------------------------------------------------------------------------------------------
     def restore(self) -> None:
-        meta = restore_latest(self.store, model=self.model, optimizer=self.optimizer)
-        if meta is not None:
+        restored = restore_latest(self.store, model=self.model, optimizer=self.optimizer)
+        if restored is not None:
+            folder, meta = restored
             self.step, self.version = meta.step, meta.version
             self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor))
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
-            self.log(f"trainer: restored checkpoint {meta.folder} (step {meta.step}, version {meta.version})")
+            self.log(f"trainer: restored checkpoint {folder} (step {meta.step}, version {meta.version})")
         replayed = 0
-        while self.store.exists(layout.consumed_log(self.step + 1)):
-            entry = self.store.read_json(layout.consumed_log(self.step + 1))
-            groups = [self.reload_group(g) for g in entry["groups"]]
+        while ConsumptionLog.exists(self.store, self.step + 1):
+            entry = ConsumptionLog.read(self.store, self.step + 1)
+            if entry.cursor_after is None:
+                raise ValueError(f"{self.store.uri(ConsumptionLog.path(entry.step))}: no cursor_after; a trainer "
+                                 "cannot resume from this log")
+            groups = [self.reload_group(g) for g in entry.groups]
             self._train_on(groups, replay=entry)
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]))
+            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry.cursor_after))
             replayed += 1
         if replayed:
             self.log(
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
 
-    def reload_group(self, g: dict[str, Any]) -> GroupSlice:
+    def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
-        table, _ = read_shard(self.store, g["shard"])
-        part = table.slice(g["row_start"], g["row_end"] - g["row_start"])
+        table, _ = read_shard(self.store, g.shard)
+        part = table.slice(g.row_start, g.row_end - g.row_start)
         return GroupSlice(
-            shard=g["shard"],
-            version=g["version"],
-            row_start=g["row_start"],
-            row_end=g["row_end"],
-            group_id=g["group_id"],
-            table=part,
+            shard=g.shard, version=g.version, row_start=g.row_start, row_end=g.row_end, group_id=g.group_id, table=part
         )
 
     # -- data --------------------------------------------------------------------------------------------
-    def _gather(self) -> tuple[list[GroupSlice], list[dict], list[dict]]:
+    def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]]:
         """``batch_groups`` useful groups from the window; waits while short (idle time)."""
         groups: list[GroupSlice] = []
-        zero_adv: list[dict] = []
-        events: list[dict] = []
+        zero_adv: list[ZeroAdvantageGroup] = []
+        events: list[TailEvent] = []
         waited_since = None
         while len(groups) < self.tc.batch_groups:
             lo = max(0, self.version - self.eta)
             got = self.tailer.next_groups(
                 self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version
             )
-            for e in self.tailer.drain_events():
-                events.append(
-                    {"kind": e.kind, "shard": e.shard, "reason": e.reason, "groups": list(e.groups)}
-                )
+            events += self.tailer.drain_events()
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
                 if self.tc.skip_zero_advantage and len(set(rewards)) == 1:
-                    zero_adv.append({"group_id": g.group_id, "shard": g.shard, "reward": rewards[0]})
+                    zero_adv.append(ZeroAdvantageGroup(group_id=g.group_id, shard=g.shard, reward=rewards[0]))
                 else:
                     groups.append(g)
             if got:
@@ -190,7 +187,7 @@ class StreamingTrainer:
                     # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
                     self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups; "
                              f"{len(zero_adv)} groups skipped so far had all-equal rewards "
-                             f"(mean {np.mean([z['reward'] for z in zero_adv]):.2f}); waiting for more")
+                             f"(mean {np.mean([z.reward for z in zero_adv]):.2f}); waiting for more")
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
@@ -208,10 +205,10 @@ class StreamingTrainer:
         self,
         groups: list[GroupSlice],
         *,
-        replay: dict | None = None,
-        zero_adv: list | None = None,
-        events: list | None = None,
-    ) -> dict[str, Any]:
+        replay: ConsumptionLog | None = None,
+        zero_adv: list[ZeroAdvantageGroup] | None = None,
+        events: list[TailEvent] | None = None,
+    ) -> ConsumptionLog:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
@@ -220,31 +217,12 @@ class StreamingTrainer:
         self.step += 1
         self.tokens_trained += n_tokens
         publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
-        record = {
-            "step": self.step,
-            "trainer_version": self.version,
-            "created_at": utc_now_iso(),
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "shard": g.shard,
-                    "row_start": g.row_start,
-                    "row_end": g.row_end,
-                    "version": g.version,
-                    "staleness": self.version - g.version,
-                }
-                for g in groups
-            ],
-            "skipped_zero_advantage": zero_adv or [],
-            "dropped_stale": [e for e in events or [] if e["kind"] == "dropped_stale"],
-            "skipped": [e for e in events or [] if e["kind"] == "skipped"],
-            "published_version": self.version + 1 if publish else None,
-            "cursor_after": self.tailer.cursor.to_json(),
-            "metrics": metrics,
-            "mean_reward": float(np.mean([r for g in groups for r in g.table.column("reward").to_pylist()])),
-        }
         if replay is None:
-            self.store.create_json(layout.consumed_log(self.step), record)  # the write-ahead record
+            record = ConsumptionLog.of_step(
+                step=self.step, trainer_version=self.version, groups=groups, events=events or [],
+                zero_advantage=zero_adv or [], published_version=self.version + 1 if publish else None,
+                cursor_after=self.tailer.cursor.to_json(), metrics=metrics)
+            record.write(self.store)  # the write-ahead record
         else:
             record = replay
         if publish:
@@ -257,23 +235,18 @@ class StreamingTrainer:
                     self.store,
                     step=self.step,
                     version=self.version,
-                    cursor=record["cursor_after"],
+                    cursor=record.cursor_after,  # never None: restore refuses logs without one
                     rng=self.rng,
                     model=self.model,
                     optimizer=self.optimizer,
                 )
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
-        for g in record["groups"]:
-            telemetry.count(f"staleness.{g['staleness']}")
+        for g in record.groups:
+            telemetry.count(f"staleness.{g.staleness}")
         self.busy_s += self.clock() - t0
         self.metrics.append(
-            {
-                "step": self.step,
-                **metrics,
-                "mean_reward": record["mean_reward"],
-                "staleness_max": max((g["staleness"] for g in record["groups"]), default=0),
-            }
+            {"step": self.step, **metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}
         )
         return record
 
@@ -283,36 +256,35 @@ class StreamingTrainer:
         while self.step < target:
             groups, zero_adv, events = self._gather()
             record = self._train_on(groups, zero_adv=zero_adv, events=events)
-            m = record["metrics"]
             self.log(
-                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {m['loss']:+.4f} "
-                f"reward {record['mean_reward']:.3f} staleness<= "
-                f"{max((g['staleness'] for g in record['groups']), default=0)} "
+                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {record.metrics['loss']:+.4f} "
+                f"reward {record.mean_reward:.3f} staleness<= {record.staleness_max} "
                 f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s"
             )
         wall = self.clock() - t_start
-        summary = {
-            "steps": self.step,
-            "version": self.version,
-            "groups_consumed": self.tailer.cursor.groups_consumed,
-            "groups_dropped_stale": self.tailer.cursor.groups_dropped_stale,
-            "shards_skipped": self.tailer.cursor.shards_skipped,
-            "idle_s": round(self.idle_s, 3),
-            "busy_s": round(self.busy_s, 3),
-            "wall_s": round(wall, 3),
-            "tokens_trained": self.tokens_trained,
-        }
-        if self.step >= self.tc.max_steps and not self.store.exists(layout.TRAIN_DONE):
-            self.store.create_json(layout.TRAIN_DONE, {**summary, "finished_at": utc_now_iso()})
-        return summary
+        done = DoneMarker(
+            steps=self.step,
+            version=self.version,
+            groups_consumed=self.tailer.cursor.groups_consumed,
+            groups_dropped_stale=self.tailer.cursor.groups_dropped_stale,
+            shards_skipped=self.tailer.cursor.shards_skipped,
+            idle_s=round(self.idle_s, 3),
+            busy_s=round(self.busy_s, 3),
+            wall_s=round(wall, 3),
+            tokens_trained=self.tokens_trained,
+            finished_at=utc_now_iso(),
+        )
+        if self.step >= self.tc.max_steps and not DoneMarker.exists(self.store):
+            done.write(self.store)
+        return done.to_dict()
 
 
 def train(
     store: Store, config: CampaignConfig, *, max_steps: int | None = None, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
-    if store.exists(layout.TRAIN_DONE):
-        return store.read_json(layout.TRAIN_DONE)
+    if DoneMarker.exists(store):
+        return DoneMarker.read(store).to_dict()
     with telemetry.recording(store, "trainer"):
         trainer = StreamingTrainer(store, config, log=log)
         trainer.restore()
