@@ -22,7 +22,6 @@ moments after a progress line, optionally armed by a storage probe; resume gaps 
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 import re
 import shutil
@@ -34,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
 from pipelines_lib.records import (
     DoneMarker,
     EvalResult,
     Publication,
     RecordError,
-    consumption_logs,
     published_versions,
 )
 from pipelines_lib.storage import layout
@@ -119,56 +118,6 @@ train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
 
 
-def drill_trainer_config(max_steps: int) -> Any:
-    """A 1-layer model and small batches: steps of a few hundred milliseconds on CPU."""
-    from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.model.config import ModelConfig
-
-    base = CampaignConfig.tiny()
-    model = dataclasses.replace(ModelConfig.tiny(), n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32,
-                                d_ff=128)
-    return dataclasses.replace(base, model=model, rollout=dataclasses.replace(base.rollout, eta=10_000),
-                               trainer=dataclasses.replace(base.trainer, batch_groups=2, max_steps=max_steps,
-                                                           publish_every=2, checkpoint_every=3,
-                                                           skip_zero_advantage=False, poll_s=0.05, data_timeout_s=30))
-
-
-def seed_trainer_campaign(url: str, config: Any, n_groups: int) -> Store:
-    """init, a random-init v0, and ``n_groups`` synthetic groups in shards of 3."""
-    from flax import nnx
-
-    from pipelines_lib.campaign import init_campaign
-    from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.publish import publish_weights
-    from pipelines_lib.storage.shards import ShardWriter, WriterConfig
-    from pipelines_lib.trajectory.synthetic import synthetic_group
-
-    store = Store(url)
-    init_campaign(store, config)
-    publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
-    for i in range(n_groups):
-        writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0,
-                                         seed=i, vocab_size=config.model.vocab_size, max_len=60))
-    writer.flush()
-    return store
-
-
-def _final_params(store: Store) -> str:
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from pipelines_lib.model.weights import load_weights
-
-    model = load_weights(store.uri(layout.weights_dir(DoneMarker.read(store).version)))
-    return json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(nnx.state(model, nnx.Param))])
-
-
-def _consumed(store: Store) -> list[str]:
-    return [g.group_id for log in consumption_logs(store) for g in log.groups]
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainerDrillResult:
     kills: int
@@ -201,7 +150,7 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
 
     start = time.monotonic()
     steps = max_steps or 3 * kills + 6  # room for every kill before the run ends (a publish every 2 steps)
-    config = drill_trainer_config(steps)
+    config = small_trainer_config(steps)
     n_groups = 2 * steps
     reference = seed_trainer_campaign(str(root / "reference"), config, n_groups)
     train(reference, config, log=lambda s: None)
@@ -214,12 +163,12 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
                       inspect=lambda: check_publication(killed, loaded), log=log)
     records = drill.run()
     final = check_publication(killed, loaded)
-    groups = _consumed(killed)
+    groups = consumed_group_ids(killed)
     bad, orphans, _ = partial_visible(killed)
     return TrainerDrillResult(
         kills=len(records), at_publish=at_publish, starts=drill.starts,
         steps=DoneMarker.read(killed).steps, groups_trained=len(groups),
-        trained_twice=len(groups) - len(set(groups)), bit_identical=_final_params(killed) == _final_params(reference),
+        trained_twice=len(groups) - len(set(groups)), bit_identical=final_params(killed) == final_params(reference),
         partial_visible=bad, orphans=orphans, landed=tuple(r.found["landed"] for r in records),
         unloadable=sum(len(r.found["unloadable"]) for r in records) + len(final["unloadable"]),
         leftovers_at_end=len(final["unmarked"]), resume_gaps_s=tuple(resume_gaps(records)),
@@ -339,7 +288,7 @@ def drill_evaluator_config() -> Any:
     greedily and twice sampled: a few seconds of evaluation on CPU."""
     from pipelines_lib.config import EvalConfig
 
-    return dataclasses.replace(drill_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
+    return dataclasses.replace(small_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
 
 
 def _first(lines: list[tuple[float, str]], pattern: re.Pattern[str], after: float = 0.0) -> float | None:

@@ -475,8 +475,17 @@ class StopRequest(Record):
         return rel
 
     @classmethod
+    def times(cls, store: Store) -> list[str]:
+        """``requested_at`` of every stop request, oldest first."""
+        return sorted(t for n in store.list(layout.ROLLOUT_STOPS) if (t := layout.parse_stop_name(n)))
+
+    @classmethod
     def newer_than(cls, store: Store, since: str) -> bool:
-        return any(t > since for n in store.list(layout.ROLLOUT_STOPS) if (t := layout.parse_stop_name(n)))
+        return any(t > since for t in cls.times(store))
+
+    @classmethod
+    def read(cls, store: Store, requested_at: str) -> Self:
+        return cls._read(store, layout.stop_marker(requested_at))
 
 
 # -- runs/<key>-<flow_run_id>.json ------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
 
     from drills.kills import drill_trainer_config
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.publish import publish_weights, published_marker
+    from pipelines_lib.publish import publish_weights
+    from pipelines_lib.records import Publication
     from pipelines_lib.storage.layout import weights_dir
 
     store = Store(str(tmp_path / "c"))
@@ -114,7 +115,7 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
     found = check_publication(store, loaded)
     assert (found["unmarked"], found["unloadable"], found["landed"]) == ([1], [], "save")
     # The same folder with a marker is visible, and it does not load: that is what the drill must never see.
-    store.create_json(published_marker(1), {"version": 1, "path": weights_dir(1), "step": 2, "published_at": "x"})
+    Publication(version=1, path=weights_dir(1), step=2, published_at="x").write(store)
     found = check_publication(store, loaded)
     assert (found["unmarked"], found["landed"], found["latest"]) == ([], "pointer", 0)
     assert len(found["unloadable"]) == 1 and found["unloadable"][0].startswith("v1: ")

@@ -38,6 +38,7 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from drills.supervisor import ROOT, KillDrill
+from pipelines_lib.records import run_records
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
@@ -154,8 +155,8 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
     finally:
         hidden.rename(weights)
     assert failed.is_failed()
-    (record,) = [n for n in store.list("runs") if n.startswith("evaluate-v00000001-") and "-failed-" in n]
-    assert "weights/v00000001" in store.read_json(f"runs/{record}")["error"]  # it failed for the injected reason
+    (record,) = [r for r in run_records(store) if r.key == "evaluate-v00000001" and r.state == "failed"]
+    assert "weights/v00000001" in (record.error or "")  # it failed for the injected reason
     assert campaign_status(store)["missing_eval"] == [1]
 
     # -- 6: recover ---------------------------------------------------------------------------------------------

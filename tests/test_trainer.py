@@ -7,8 +7,6 @@ group trained exactly once.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import random
 import signal
@@ -17,86 +15,41 @@ import sys
 import time
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
-from flax import nnx
 
-from pipelines_lib.campaign import init_campaign
+from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.publish import publish_weights
+from pipelines_lib.records import DoneMarker, Publication
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
-from pipelines_lib.storage.store import Store
+from pipelines_lib.train.checkpoint import committed_checkpoints
 from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer, train
-from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def small_config(**trainer) -> CampaignConfig:
-    base = CampaignConfig.tiny()
-    model = dataclasses.replace(ModelConfig.tiny(), n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32,
-                                d_ff=128)
-    return dataclasses.replace(
-        base, model=model,
-        rollout=dataclasses.replace(base.rollout, eta=100),
-        trainer=dataclasses.replace(base.trainer, **{
-            "batch_groups": 2, "max_steps": 6, "publish_every": 2, "checkpoint_every": 3,
-            "skip_zero_advantage": False, "poll_s": 0.05, "data_timeout_s": 5, **trainer}),
-    )
-
-
-def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14) -> Store:
-    store = Store(url)
-    init_campaign(store, config)
-    publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)),
-                    version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
-    for i in range(n_groups):
-        writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0,
-                                         seed=i, vocab_size=config.model.vocab_size, max_len=60))
-    writer.flush()
-    return store
-
-
-def final_params(store: Store) -> list[np.ndarray]:
-    from pipelines_lib.model.weights import load_weights
-
-    done = store.read_json(layout.TRAIN_DONE)
-    model = load_weights(store.uri(layout.weights_dir(done["version"])))
-    from flax import nnx
-
-    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
-
-
-def consumed_groups(store: Store) -> list[str]:
-    out = []
-    for name in store.list("train/consumed"):
-        out.extend(g["group_id"] for g in store.read_json(f"train/consumed/{name}")["groups"])
-    return out
+def small_config(**trainer: object) -> CampaignConfig:
+    return small_trainer_config(6, eta=100, **{"data_timeout_s": 5, **trainer})
 
 
 def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) -> None:
     config = small_config()
-    store = seed_campaign(str(tmp_path / "c"), config)
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 14)
     logs: list[str] = []
     summary = train(store, config, log=logs.append)
     assert summary["steps"] == 6 and summary["version"] == 3  # published at steps 2, 4, 6
-    assert store.read_pointer(layout.WEIGHTS_LATEST)["version"] == 3
-    groups = consumed_groups(store)
+    latest = Publication.latest(store)
+    assert latest is not None and latest.version == 3
+    groups = consumed_group_ids(store)
     assert len(groups) == 12 == len(set(groups))
-    assert store.exists(layout.TRAIN_DONE)
-    assert [n for n in store.list("train/checkpoints")] == ["00000002", "00000003", "00000004", "00000006"]
-    assert train(store, config) == store.read_json(layout.TRAIN_DONE)  # a rerun is a no-op
+    assert DoneMarker.exists(store)
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (2, 3, 4, 6)]
+    assert train(store, config) == DoneMarker.read(store).to_dict()  # a rerun is a no-op
     assert any("step 6/6" in line for line in logs)
 
 
 def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     config = small_config(data_timeout_s=0.2)
-    store = seed_campaign(str(tmp_path / "c"), config, n_groups=1)
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 1)
     trainer = StreamingTrainer(store, config, log=lambda s: None)
     with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
         trainer.run()
@@ -116,15 +69,15 @@ train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 @pytest.mark.parametrize("n_kills", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> None:
     config = small_config()
-    reference = seed_campaign(str(tmp_path / "ref"), config)
+    reference = seed_trainer_campaign(str(tmp_path / "ref"), config, 14)
     train(reference, config, log=lambda s: None)
     expected = final_params(reference)
 
-    store = seed_campaign(str(tmp_path / "killed"), config)
+    store = seed_trainer_campaign(str(tmp_path / "killed"), config, 14)
     rng = random.Random(7)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     kills = 0
-    while not store.exists(layout.TRAIN_DONE):
+    while not DoneMarker.exists(store):
         proc = subprocess.Popen([sys.executable, "-c", _TRAIN_SCRIPT, store.url], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if kills < n_kills:
@@ -139,6 +92,6 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
         if proc.returncode not in (0, -signal.SIGKILL):
             pytest.fail(f"trainer failed:\n{out}")
     assert kills == n_kills
-    groups = consumed_groups(store)
+    groups = consumed_group_ids(store)
     assert len(groups) == len(set(groups)) == 12, "a group was trained twice or skipped"
-    assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps([g.tolist() for g in expected])
+    assert final_params(store) == expected
