@@ -97,14 +97,14 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
         tmp_path: Path) -> None:
     from flax import nnx
 
-    from drills.kills import drill_trainer_config
+    from drills.fixtures import small_trainer_config
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
     from pipelines_lib.records import Publication
     from pipelines_lib.storage.layout import weights_dir
 
     store = Store(str(tmp_path / "c"))
-    publish_weights(store, Decoder(drill_trainer_config(2).model, rngs=nnx.Rngs(0)), version=0, step=0)
+    publish_weights(store, Decoder(small_trainer_config(2).model, rngs=nnx.Rngs(0)), version=0, step=0)
     loaded: set[int] = set()
     assert not publish_in_flight(store)
     assert check_publication(store, loaded) == {"latest": 0, "mirror": 0, "marked": 1, "unmarked": [],
