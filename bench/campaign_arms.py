@@ -288,7 +288,7 @@ def headline_figures(name: str, arms: Mapping[str, Mapping[str, float]]) -> dict
 
 def run_arms(ctx: BenchContext, name: str, profile: str, arm_names: Sequence[str]) -> BenchResult:
     """Benchmark ``name``: one warm start, then ``arm_names`` in turn under tool-latency ``profile``."""
-    from pipelines_lib.train.sft import warm_start
+    from pipelines_lib.stages.warm_start import warm_start
 
     sizes = QUICK if ctx.quick else FULL
     shared = shared_config(sizes, profile)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import records
-from pipelines_lib.campaign import load_campaign_config
-from pipelines_lib.evaluate import evaluate
 from pipelines_lib.records import EvalResult, Publication
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.store import Store
 
 QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_steps=4", "eval.n_tasks=16",

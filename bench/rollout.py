@@ -77,9 +77,9 @@ from pipelines_lib.envs.base import Task, Tool, hermes_tool_call
 from pipelines_lib.envs.coding import CodeEnv
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer, open_tokenizer
 from pipelines_lib.rollout.collect import worker_tasks
-from pipelines_lib.rollout.episodes import campaign_tokenizer, sample_seed
+from pipelines_lib.rollout.episodes import sample_seed
 from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator, RolloutConfig
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
@@ -260,7 +260,7 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
     """Every repetition runs the ceiling, then sync and async per profile, on one engine; returns the
     repetitions (arm name -> result) and K."""
     config = CampaignConfig.tiny()
-    tokenizer = campaign_tokenizer(config)
+    tokenizer = open_tokenizer(config.tokenizer)
     model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
     size = QUICK if quick else FULL
     slots, skip = config.engine.num_slots, size["skip"]

@@ -147,7 +147,7 @@ class CampaignResult:
 
 def _audit(emulator_url: str, url: str) -> tuple[bool, str, dict[str, Any]]:
     from pipelines_lib.audit import audit_campaign
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
     store = Store(url, storage_options=drill_storage_options(emulator_url))
     try:
@@ -185,13 +185,13 @@ def run_fault_campaign(emulator_url: str, scratch: Path, *, plan: FaultPlan | No
 
 _STAGES_SCRIPT = """
 import json, sys, threading
-from pipelines_lib.campaign import init_campaign
+from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.collect import collect
 from pipelines_lib.storage.store import RetryPolicy, Store
-from pipelines_lib.train.sft import warm_start
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.warm_start import warm_start
+from pipelines_lib.stages.train import train
 
 url, options, retry, overrides = sys.argv[1], *map(json.loads, sys.argv[2:5])
 store = Store(url, storage_options=options, retry=RetryPolicy(**retry))

@@ -48,9 +48,9 @@ def seed_trainer_campaign(url: str, config: CampaignConfig, n_groups: int) -> St
     """init, a random-init v0, and ``n_groups`` synthetic groups in shards of 3."""
     from flax import nnx
 
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.storage.shards import ShardWriter, WriterConfig
     from pipelines_lib.trajectory.synthetic import synthetic_group
 

@@ -110,9 +110,9 @@ def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
 
 _TRAIN_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.train import train
 store = Store(sys.argv[1])
 train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
@@ -146,7 +146,7 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
     ``at_publish``: arm each kill when ``publish_in_flight`` holds and kill within 0.05 s (a publication of the
     drill model takes about 0.1 s on CPU), instead of 0-0.8 s after a step line.
     """
-    from pipelines_lib.train.trainer import train
+    from pipelines_lib.stages.train import train
 
     start = time.monotonic()
     steps = max_steps or 3 * kills + 6  # room for every kill before the run ends (a publish every 2 steps)
@@ -179,8 +179,8 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
 
 _COLLECT_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.collect import collect
 from pipelines_lib.storage.store import Store
 store = Store(sys.argv[1])
 collect(store, load_campaign_config(store), worker="w", worker_index=0, num_workers=1,
@@ -236,10 +236,10 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
     """A tiny campaign (random-init v0), then ``collect`` killed and restarted ``kills`` times."""
     from flax import nnx
 
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.dataset import prep
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.stages.campaign import init_campaign
 
     start = time.monotonic()
     config = drill_rollout_config()
@@ -268,8 +268,8 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
 
 _EVALUATE_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
-from pipelines_lib.evaluate import evaluate
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
 store, version = Store(sys.argv[1]), int(sys.argv[2])
@@ -286,7 +286,7 @@ NOT_DETERMINISTIC = ("wall_s",)
 def drill_evaluator_config() -> Any:
     """The trainer drill's campaign trained 2 steps (the trainer publishes v1), scoring 8 held-out tasks once
     greedily and twice sampled: a few seconds of evaluation on CPU."""
-    from pipelines_lib.config import EvalConfig
+    from pipelines_lib.evaluate import EvalConfig
 
     return dataclasses.replace(small_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
 
@@ -335,7 +335,7 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
     or engine configs (slot count, buckets), where logits may differ in the last bits and flip a greedy token.
     """
     from pipelines_lib.dataset import prep
-    from pipelines_lib.train.trainer import train
+    from pipelines_lib.stages.train import train
 
     start = time.monotonic()
     config = drill_evaluator_config()

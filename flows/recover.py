@@ -21,7 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.campaign import STAGE_ORDER, EvalChoice, run_stages
 from flows.launch import Launcher
-from pipelines_lib.campaign import campaign_status
+from pipelines_lib.stages.campaign import campaign_status
 from tasks.common import open_campaign, open_store
 
 

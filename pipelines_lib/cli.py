@@ -219,7 +219,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("status", "what each stage of a campaign has committed, and what a recovery would run", _status_args)
 def _status(args: argparse.Namespace) -> int:
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
     print(json.dumps(campaign_status(open_store(args.url, args.storage_option)), indent=2, default=str))
     return 0

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines_lib.audit import AuditReport, audit_campaign
-from pipelines_lib.campaign import code_version
 from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
+from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store

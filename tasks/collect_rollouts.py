@@ -11,7 +11,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.collect import collect
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 

@@ -22,9 +22,9 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import deployment, flow_run, task_run
 from prefect.states import State
 
-from pipelines_lib.campaign import load_campaign_config
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import RunRecord
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store, is_transient
 from pipelines_lib.trajectory.record import utc_now_iso

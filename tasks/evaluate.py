@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import task
 
-from pipelines_lib.evaluate import evaluate
+from pipelines_lib.stages.evaluate import evaluate
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 

@@ -1,4 +1,4 @@
-"""Prep stage: the dataset splits under ``dataset/`` (``pipelines_lib.dataset.prep``)."""
+"""Prep stage task: the dataset splits under ``dataset/`` (``pipelines_lib.stages.prep``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pipelines_lib.dataset import prep
+from pipelines_lib.stages.prep import prep
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 
@@ -16,7 +16,7 @@ def prep_dataset(campaign_url: str, storage_options: dict[str, Any] | None = Non
     """``source_storage_options`` open the source file when it is a URL (e.g. another bucket)."""
     store, config = open_campaign(campaign_url, storage_options)
     manifest = stage_run(store, stage_key("prep"),
-                         lambda: prep(store, config.dataset, storage_options=source_storage_options))
+                         lambda: prep(store, config, source_storage_options=source_storage_options))
     splits = ", ".join(f"{name} {s['rows']} rows" for name, s in manifest["splits"].items())
     get_run_logger().info("prep: %s (%s bad rows)", splits, len(manifest["bad_rows"]))
     return manifest

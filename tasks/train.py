@@ -10,7 +10,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pipelines_lib.train.trainer import train as train_policy
+from pipelines_lib.stages.train import train as train_policy
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pipelines_lib.train.sft import warm_start as warm_start_weights
+from pipelines_lib.stages.warm_start import warm_start as warm_start_weights
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines_lib.campaign import CampaignMismatchError, campaign_status, init_campaign, load_campaign_config
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.stages.campaign import (
+    CampaignMismatchError,
+    campaign_status,
+    init_campaign,
+    load_campaign_config,
+)
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 

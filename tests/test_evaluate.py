@@ -9,14 +9,15 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.agents import AgentConfig
-from pipelines_lib.config import CampaignConfig, EvalConfig
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import DatasetConfig, prep
 from pipelines_lib.engine import EngineConfig
-from pipelines_lib.evaluate import evaluate, pass_at_k, summarize
+from pipelines_lib.evaluate import EvalConfig, pass_at_k, summarize
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import publish_weights
 from pipelines_lib.records import EvalResult
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory, Turn

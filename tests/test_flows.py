@@ -345,7 +345,7 @@ def test_recover_finishes_a_campaign_whose_trainer_stopped_half_way(prefect_api,
     from flows.campaign import build_config
     from flows.recover import recover
     from flows.stages import collect_flow, train_flow, warm_start_flow
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
     url = str(tmp_path / "crashed")
     init_campaign.fn(url, build_config(overrides=TINY_RUN, workers=2).to_dict())

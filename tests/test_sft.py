@@ -13,17 +13,18 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.agents import AgentConfig
-from pipelines_lib.config import CampaignConfig, SFTConfig
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs import env_class
-from pipelines_lib.evaluate import evaluate_model
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
 from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
 from pipelines_lib.publish import CampaignWeights, load_published, publish_weights
+from pipelines_lib.stages.evaluate import score
+from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.optim import OptimConfig
-from pipelines_lib.train.sft import demonstration_rows, mean_nll, sft_train, warm_start
+from pipelines_lib.train.sft import SFTConfig, demonstration_rows, mean_nll, sft_train
 
 LLAMA_FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "llama"
 # The tiny model's vocabulary (the default tokenizer's) with every other dimension shrunk for compile speed.
@@ -145,6 +146,6 @@ def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
     model = Decoder(config.model, rngs=nnx.Rngs(config.sft.seed))
     sft_train(model, rows, config.sft, pad_id=tok.pad_id)
     tasks = env_class("arithmetic").generate_tasks(seed=0, n=32, split="heldout")
-    results = evaluate_model(model, tok, tasks, config)
+    results = score(model, tok, tasks, config)
     print(f"held-out greedy success after SFT: {results['greedy_success_rate']:.3f}")
     assert results["greedy_success_rate"] >= 0.5

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prefect.logging import disable_run_logger
 
-from pipelines_lib.campaign import CampaignMismatchError
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import AuditRecord
+from pipelines_lib.stages.campaign import CampaignMismatchError
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store
 from tasks.audit import audit

@@ -20,9 +20,10 @@ import pytest
 from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import DoneMarker, Publication
+from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage import layout
 from pipelines_lib.train.checkpoint import committed_checkpoints
-from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer, train
+from pipelines_lib.train.trainer import DataTimeoutError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,7 @@ def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) ->
 def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     config = small_config(data_timeout_s=0.2)
     store = seed_trainer_campaign(str(tmp_path / "c"), config, 1)
-    trainer = StreamingTrainer(store, config, log=lambda s: None)
+    trainer = trainer_for(store, config, log=lambda s: None)
     with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
         trainer.run()
     assert trainer.idle_s > 0
@@ -58,9 +59,9 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
 
 _TRAIN_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.train import train
 store = Store(sys.argv[1])
 train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """

@@ -340,3 +340,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
     if not getattr(hf, "chat_template", None):
         raise ValueError(f"tokenizer at {path} has no chat_template")
     return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))
+
+
+def open_tokenizer(path: str | os.PathLike[str] | None) -> ChatTokenizer:
+    """The tokenizer folder at ``path``, or the embedded default (built on first use) when it is None."""
+    return load_tokenizer(ensure_default_tokenizer() if path is None else path)

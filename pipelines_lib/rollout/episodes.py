@@ -1,31 +1,25 @@
-"""How the campaign turns (task, group, sample) into an episode: one place for rollout and evaluation.
+"""How (task, group, sample) becomes an episode: the one factory for rollout and evaluation, and its seed.
 
 ``make_episode_fn`` binds the env registry, the latency profile around the env's tools, the agent and the
-engine into the ``EpisodeFn`` the orchestrator calls. Each episode gets a fresh env and agent (they hold
-per-episode state) and a per-sample seed, so sampling is reproducible whatever else runs concurrently.
+engine into the ``EpisodeFn`` the orchestrator (and the evaluator) calls. Each episode gets a fresh env and agent
+(they hold per-episode state) and a per-sample seed from ``sample_seed``, so sampling is reproducible whatever
+else runs concurrently. Rollout samples at ``rollout.temperature`` with the campaign's latency profile;
+evaluation passes its own temperature, group size and no latency.
 """
 
 from __future__ import annotations
 
 import random
 import zlib
-from pathlib import Path
 
-from pipelines_lib.agents import make_agent, run_episode
-from pipelines_lib.config import CampaignConfig
+from pipelines_lib.agents import AgentConfig, make_agent, run_episode
 from pipelines_lib.engine.api import Engine, SamplingParams
 from pipelines_lib.envs import make_env
-from pipelines_lib.envs.base import Task, Tool
-from pipelines_lib.envs.tools.latency import LatencyTool
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
-from pipelines_lib.rollout.orchestrator import EpisodeFn
+from pipelines_lib.envs.base import Task
+from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
+from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.rollout.orchestrator import EpisodeFn, RolloutConfig
 from pipelines_lib.trajectory.record import Trajectory
-
-
-def campaign_tokenizer(config: CampaignConfig) -> ChatTokenizer:
-    """The configured tokenizer folder, or the embedded default (built on first use)."""
-    path = Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer()
-    return load_tokenizer(path)
 
 
 def sample_seed(*parts: object) -> int:
@@ -33,26 +27,29 @@ def sample_seed(*parts: object) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
-def make_episode_fn(config: CampaignConfig, *, engine: Engine, tokenizer: ChatTokenizer, worker_id: str,
-                    temperature: float | None = None, seed_salt: str = "") -> EpisodeFn:
-    rc = config.rollout
-    profile = config.env.tool_latency
+def make_episode_fn(rollout: RolloutConfig, agent: AgentConfig, *, engine: Engine, tokenizer: ChatTokenizer,
+                    worker_id: str, tool_latency: LatencyProfile | None = None, temperature: float | None = None,
+                    group_size: int | None = None, seed_salt: str = "") -> EpisodeFn:
+    """Episodes under ``rollout``'s budgets and sampling; ``temperature``/``group_size`` override its own."""
+    profile = tool_latency or LatencyProfile.none()
+    delayed = profile.kind != "fixed" or profile.value_s > 0
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         env = make_env(task.env_name)
-        if profile.kind != "fixed" or profile.value_s > 0:
+        if delayed:
             rng = random.Random(sample_seed("latency", seed_salt, group_id, sample_idx))
-            env.wrap_tools(lambda tool: _with_latency(tool, rng))
-        sampling = SamplingParams(temperature=rc.temperature if temperature is None else temperature,
-                                  top_p=rc.top_p, top_k=rc.top_k, max_new_tokens=rc.max_new_tokens,
+            env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))
+        sampling = SamplingParams(temperature=rollout.temperature if temperature is None else temperature,
+                                  top_p=rollout.top_p, top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
                                   seed=sample_seed(seed_salt, group_id, sample_idx))
         return await run_episode(
-            env=env, task=task, agent=make_agent(config.agent, tokenizer), engine=engine, tokenizer=tokenizer,
-            sampling=sampling, group_id=group_id, sample_idx=sample_idx, group_size=rc.group_size,
-            worker_id=worker_id, episode_timeout_s=rc.episode_timeout_s, tool_timeout_s=rc.tool_timeout_s,
-            max_tokens=rc.max_tokens, failure_reward=rc.failure_reward)
-
-    def _with_latency(tool: Tool, rng: random.Random) -> Tool:
-        return LatencyTool(tool, profile, rng=rng)
+            env=env, task=task, agent=make_agent(agent, tokenizer), engine=engine, tokenizer=tokenizer,
+            sampling=sampling, group_id=group_id, sample_idx=sample_idx,
+            group_size=rollout.group_size if group_size is None else group_size, worker_id=worker_id,
+            episode_timeout_s=rollout.episode_timeout_s, tool_timeout_s=rollout.tool_timeout_s,
+            max_tokens=rollout.max_tokens, failure_reward=rollout.failure_reward)
 
     return episode
+
+
+__all__ = ["make_episode_fn", "sample_seed"]

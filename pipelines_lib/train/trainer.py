@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -34,7 +35,6 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import telemetry
-from pipelines_lib.config import CampaignConfig
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
 from pipelines_lib.storage import layout
@@ -44,9 +44,51 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, Ta
 from pipelines_lib.train.advantages import compute_advantages
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.optim import make_nnx_optimizer
-from pipelines_lib.train.step import train_step
+from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """The streaming GRPO trainer (DESIGN §4, §6). η is ``rollout.eta``: one bound for both sides."""
+
+    batch_groups: int = 4
+    """Whole groups per optimizer step."""
+    max_steps: int = 100
+    """The trainer writes ``train/DONE.json`` after this many steps."""
+    checkpoint_every: int = 5
+    """Steps between Orbax checkpoints (params, optimiser, RNG, step and tail cursor)."""
+    publish_every: int = 2
+    """Steps between weight publications (a new policy version each time)."""
+    advantage: str = "grpo"
+    """A key of the advantage registry: ``grpo``, ``drgrpo``, ``rloo``."""
+    seq_buckets: tuple[int, ...] = (64, 128, 256)
+    """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
+    data_timeout_s: float = 600.0
+    """Longest wait for enough groups before the trainer fails saying what it waited for."""
+    poll_s: float = 0.5
+    """Sleep between polls of storage when data is short (counted as idle time)."""
+    skip_zero_advantage: bool = True
+    """Leave groups whose advantages are all zero out of the batch (they carry no gradient)."""
+    step: StepConfig = field(default_factory=StepConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    """Seed of the trainer's RNG (saved in every checkpoint)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
+            raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
+        if self.data_timeout_s <= 0 or self.poll_s <= 0:
+            raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
+                             f"{self.data_timeout_s}, {self.poll_s}")
+        from pipelines_lib.train.advantages import ADVANTAGE_ESTIMATORS
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"TrainerConfig.advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
 
 
 class DataTimeoutError(TimeoutError):
@@ -59,9 +101,11 @@ def _rows(table: pa.Table) -> dict[str, list]:
     }
 
 
-def batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: int):
-    """Whole groups → (TrainBatch, per-group advantages, degenerate mask, token count)."""
-    g_size = config.rollout.group_size
+def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
+                      batch_size: int, pad_id: int):
+    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, degenerate-group mask, loss
+    tokens); advantages per group from the ``advantage`` estimator."""
+    g_size = group_size
     tokens, masks, logps, rewards = [], [], [], []
     for g in groups:
         rows = _rows(g.table)
@@ -76,37 +120,40 @@ def batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: 
             masks.append(rows["loss_mask"][i])
             logps.append(rows["logprobs"][i])
         rewards.append([rows["reward"][i] for i in order])
-    adv_gk, degenerate_g = compute_advantages(
-        np.asarray(rewards, np.float32), estimator=config.trainer.advantage
-    )
+    adv_gk, degenerate_g = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
     batch = build_train_batch(
         tokens,
         masks,
         logps,
         np.asarray(adv_gk).reshape(-1).tolist(),
-        seq_buckets=config.trainer.seq_buckets,
-        batch_size=config.trainer.batch_groups * g_size,
+        seq_buckets=seq_buckets,
+        batch_size=batch_size,
         pad_id=pad_id,
     )
     return batch, np.asarray(degenerate_g), int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
-    """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected."""
+    """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected.
+
+    ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the
+    campaign's ``rollout.group_size``) is checked against every group it reads."""
 
     def __init__(
         self,
         store: Store,
-        config: CampaignConfig,
+        config: TrainerConfig,
         *,
+        eta: int,
+        group_size: int,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
-        self.config = config
-        self.tc = config.trainer
-        self.eta = config.rollout.eta
+        self.tc = config
+        self.eta = eta
+        self.group_size = group_size
         self.log = log
         self.clock = clock
         self.sleep = sleep
@@ -201,6 +248,12 @@ class StreamingTrainer:
         return groups, zero_adv, events
 
     # -- one step ----------------------------------------------------------------------------------------
+    def batch(self, groups: list[GroupSlice]):
+        """``batch_from_groups`` with this trainer's sizes and estimator."""
+        return batch_from_groups(groups, group_size=self.group_size, advantage=self.tc.advantage,
+                                 seq_buckets=self.tc.seq_buckets, batch_size=self.tc.batch_groups * self.group_size,
+                                 pad_id=self.pad_id)
+
     def _train_on(
         self,
         groups: list[GroupSlice],
@@ -211,7 +264,7 @@ class StreamingTrainer:
     ) -> ConsumptionLog:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
-            batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
+            batch, degenerate, n_tokens = self.batch(groups)
             metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
@@ -279,16 +332,4 @@ class StreamingTrainer:
         return done.to_dict()
 
 
-def train(
-    store: Store, config: CampaignConfig, *, max_steps: int | None = None, log: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
-    if DoneMarker.exists(store):
-        return DoneMarker.read(store).to_dict()
-    with telemetry.recording(store, "trainer"):
-        trainer = StreamingTrainer(store, config, log=log)
-        trainer.restore()
-        return trainer.run(max_steps)
-
-
-__all__ = ["DataTimeoutError", "StreamingTrainer", "train"]
+__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig", "batch_from_groups"]
