@@ -39,12 +39,14 @@ from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.common import open_store
 from tasks.init import init_campaign
 
-STAGE_ORDER = ("prep", "warm_start", "collect", "train", "evaluate", "audit")
+STAGE_ORDER = STAGE_NAMES
+"""The stage table's order (``pipelines_lib.stages.table``)."""
 EvalChoice = Literal["all", "ends"]
 
 
@@ -138,9 +140,8 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
         out["collect"] = [c.result() for c in collectors]
     if "evaluate" in stages:
-        evaluated = set(store.list("eval"))
-        todo = [v for v in versions_to_evaluate(records.published_versions(store), evaluate)
-                if f"v{v:08d}.json" not in evaluated]
+        evaluated = set(records.evaluated_versions(store))
+        todo = [v for v in versions_to_evaluate(records.published_versions(store), evaluate) if v not in evaluated]
         futures = {v: launcher.submit("evaluate", version=v) for v in todo}
         out["evaluate"] = {v: f.result() for v, f in futures.items()}
         if not launcher.use_deployments:  # a deployment's stage flow publishes its own table

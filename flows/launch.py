@@ -23,9 +23,9 @@ from prefect import task
 from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
 
-from flows.resources import resources_for
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import RunRecord
+from pipelines_lib.stages.table import STAGES, resources_for
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
 from tasks.common import open_store, stage_key
@@ -36,7 +36,8 @@ from tasks.warm_start import warm_start
 
 STAGE_TASKS = {"prep": prep_dataset, "warm_start": warm_start, "collect": collect_rollouts, "train": train,
                "evaluate": evaluate_version, "audit": audit}
-DEPLOYMENTS = {stage: f"rollstream-{stage.replace('_', '-')}/{stage.replace('_', '-')}" for stage in STAGE_TASKS}
+"""Stage -> its Prefect task; the keys are the stage table's names (``tests/test_stage_table.py``)."""
+DEPLOYMENTS = {s.name: s.deployment for s in STAGES}
 """Stage -> ``<flow name>/<deployment name>`` as ``infra/prefect.yaml`` declares them."""
 
 

@@ -7,10 +7,11 @@ from typing import Any
 from prefect import task
 
 from pipelines_lib.stages.evaluate import evaluate
-from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
+from pipelines_lib.stages.table import stage
+from tasks.common import IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 
-@task(name="evaluate", retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient,
+@task(name="evaluate", retries=stage("evaluate").retries, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient,
       task_run_name="evaluate-v{version}")
 def evaluate_version(campaign_url: str, version: int, storage_options: dict[str, Any] | None = None
                      ) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from pipelines_lib.stages.prep import prep
-from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
+from pipelines_lib.stages.table import stage
+from tasks.common import IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 
-@task(name="prep", retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient)
+@task(name="prep", retries=stage("prep").retries, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient)
 def prep_dataset(campaign_url: str, storage_options: dict[str, Any] | None = None,
                  source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``source_storage_options`` open the source file when it is a URL (e.g. another bucket)."""

@@ -1,8 +1,9 @@
 """Campaign-level state read from the folder itself: ``campaign.json`` and what each stage has committed.
 
 ``init_campaign`` writes the config snapshot once (create-only; a rerun with the same config is a no-op, a
-different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers and
-says, per stage, whether it is done, partial or missing — the recover flow runs exactly the stages it lists.
+different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers;
+its ``todo`` lists the stages of the stage table whose marker record is missing, which is exactly what the
+recover flow runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker
+from pipelines_lib.stages.table import STAGES
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
@@ -80,15 +82,9 @@ def campaign_status(store: Store) -> dict[str, Any]:
         "missing_eval": [v for v in versions if v not in evaluated],
         "shards": sum(len(store.list(f"{layout.TRAJECTORIES}/{d}")) for d in store.list(layout.TRAJECTORIES)),
     }
-    todo = []
-    for stage, done in (("init", status["campaign"]), ("prep", status["dataset"]),
-                        ("warm_start", status["warm_start"]), ("train", status["train_done"])):
-        if not done:
-            todo.append(stage)
-    if not status["train_done"]:
-        todo.insert(todo.index("train"), "collect")
-    if status["missing_eval"] or not status["train_done"]:
-        todo.append("evaluate")
-    todo.append("audit")
+    # What a recovery must run: every stage whose marker record is missing, in table order; init first when
+    # there is no campaign.json at all.
+    todo = [] if status["campaign"] else ["init"]
+    todo += [s.name for s in STAGES if not s.done(store)]
     status["todo"] = todo
     return status
