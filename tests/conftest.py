@@ -63,3 +63,37 @@ def local_store(tmp_path) -> Store:
 def store(request) -> Store:
     """The contract suite runs once per backend."""
     return request.getfixturevalue(f"{request.param}_store")
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The embedded default tokenizer (built offline on first use)."""
+    from pipelines_lib.model.tokenizer import open_tokenizer
+
+    return open_tokenizer(None)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One temporary Prefect API for the session's flow tests and their stage subprocesses (which find it through
+    ``PREFECT_API_URL``); yields its URL."""
+    import prefect.settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(prefect.settings.PREFECT_API_URL.value())
+
+
+SMALL_CAMPAIGN = {"dataset": {"n_train": 16, "n_heldout": 8}}
+"""The tiny preset with a 16-task train split: prep and the Prefect wiring in seconds."""
+
+
+@pytest.fixture
+def campaign(tmp_path) -> Store:
+    """An initialised campaign (``campaign.json`` of ``SMALL_CAMPAIGN``) named ``my_campaign``."""
+    from pipelines_lib.config import CampaignConfig
+    from tasks.init import init_campaign
+
+    store = Store(str(tmp_path / "my_campaign"))
+    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL_CAMPAIGN).to_dict())
+    return store

@@ -95,7 +95,7 @@ def test_demo_writes_an_audited_campaign_where_asked(tmp_path, capsys) -> None:
 
 
 def test_every_subcommand_is_in_the_parser_and_names_are_unique() -> None:
-    assert {"audit", "export", "demo", "bench"} <= set(cli.SUBCOMMANDS)
+    assert {"audit", "export", "demo"} <= set(cli.SUBCOMMANDS) and {"bench", "drills"} <= set(cli.commands())
     parser = cli.build_parser()
     assert parser.parse_args(["demo"]).command == "demo"
     with pytest.raises(ValueError, match="registered twice"):

@@ -12,13 +12,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.testing.utilities import prefect_test_harness
 
 from drills.fixtures import consumption_log
 from flows import artifacts
@@ -33,22 +31,6 @@ from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.init import init_campaign
-
-SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[None]:
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture
-def campaign(tmp_path) -> Store:
-    store = Store(str(tmp_path / "my_campaign"))
-    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL).to_dict())
-    return store
 
 
 def _artifacts(key: str) -> list:

@@ -30,12 +30,9 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import prefect.settings
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from drills.supervisor import ROOT, KillDrill
 from pipelines_lib.records import run_records
@@ -53,13 +50,6 @@ _COLLECT = ("import sys; from flows.stages import collect_flow; "
             "collect_flow(sys.argv[1], worker_index=int(sys.argv[2]), num_workers=2)")
 _TRAIN = "import sys; from flows.stages import train_flow; train_flow(sys.argv[1])"
 _COMMITTED = re.compile(r"rollout (?P<wid>rollout0\.\w+): committed (?P<path>\S+) \((?P<n>\d+) groups")
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[str]:
-    """One temporary Prefect API for the test and its stage subprocesses (they find it through the environment)."""
-    with prefect_test_harness(server_startup_timeout=120):
-        yield str(prefect.settings.PREFECT_API_URL.value())
 
 
 class _Lines(logging.Handler):

@@ -14,15 +14,7 @@ from tasks.audit import audit
 from tasks.common import stage_key, stage_run, worth_retrying
 from tasks.init import init_campaign
 from tasks.prep import prep_dataset
-
-SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
-
-
-@pytest.fixture
-def campaign(tmp_path) -> Store:
-    store = Store(str(tmp_path / "c"))
-    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL).to_dict())
-    return store
+from tests.conftest import SMALL_CAMPAIGN
 
 
 def test_prep_task_rerun_after_success_is_a_no_op(campaign: Store) -> None:
@@ -36,8 +28,8 @@ def test_prep_task_rerun_after_success_is_a_no_op(campaign: Store) -> None:
 
 
 def test_init_task_refuses_a_different_config_for_the_same_folder(campaign: Store) -> None:
-    assert init_campaign.fn(campaign.url, CampaignConfig.from_mapping(SMALL).to_dict())["created"] is False
-    other = CampaignConfig.from_mapping({**SMALL, "seed": 7}).to_dict()
+    assert init_campaign.fn(campaign.url, CampaignConfig.from_mapping(SMALL_CAMPAIGN).to_dict())["created"] is False
+    other = CampaignConfig.from_mapping({**SMALL_CAMPAIGN, "seed": 7}).to_dict()
     with pytest.raises(CampaignMismatchError, match="different config"):
         init_campaign.fn(campaign.url, other)
 

@@ -163,7 +163,7 @@ class AuditReport:
                f"{self.trajectories} trajectories, {self.groups} groups",
                f"schema versions: {_kv(self.schema_versions) or '-'}"]
         if self.campaign is not None:
-            out.append(f"campaign.json: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
+            out.append(f"campaign manifest: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
         out += ["", "per version:", _counts_table("version", self.by_version),
                 "", "per worker:", _counts_table("worker", self.by_worker)]
         out += ["", "distributions:", _table(

@@ -118,12 +118,12 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     started = time.perf_counter()
     async with JaxEngine(model, engine) as jax_engine:
         episodes = [make_episode_fn(rollout, agent, engine=jax_engine, tokenizer=tokenizer, worker_id="eval",
-                                    temperature=temperature, group_size=k + 1, seed_salt=f"eval/{seed}")
+                                    temperature=temperature, group_size=k + 1, seed_salt=f"eval.{seed}")
                     for temperature in (0.0, cfg.temperature)]
 
         async def episode(task: Task, idx: int) -> Trajectory:
             async with semaphore:
-                return await episodes[min(idx, 1)](task, f"eval/{task.task_id}", idx)
+                return await episodes[min(idx, 1)](task, f"{HELDOUT}.{task.task_id}", idx)
 
         runs = await asyncio.gather(*(asyncio.gather(*(episode(t, i) for i in range(k + 1))) for t in tasks))
         engine_stats = jax_engine.stats()
