@@ -76,7 +76,7 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     out = []
     for step in steps:
         entry = ConsumptionLog.read(trainer.store, step)
-        batch, _, n_tokens = trainer.batch([trainer.reload_group(g) for g in entry.groups])
+        batch, n_tokens = trainer.batch([trainer.reload_group(g) for g in entry.groups])
         out.append((batch, n_tokens))
     return out
 

@@ -34,6 +34,7 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
+from pipelines_lib.train.advantages import zero_advantage
 from pipelines_lib.trajectory.record import Trajectory
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
@@ -55,8 +56,8 @@ class RolloutConfig:
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
-    whose rewards are all equal gives its place back: its advantages are zero under every estimator, so the
-    trainer never consumes it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
+    whose rewards are all equal gives its place back (``train.advantages.zero_advantage``): the
+    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
     backpressure_max_wait_s: float = 10.0
     """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
     groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
@@ -261,7 +262,7 @@ class Orchestrator:
 
     async def _group(self, task: Task, group_id: str, done: asyncio.Queue, version: int) -> None:
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
-        if len({t.reward for t in group}) == 1:
+        if zero_advantage([t.reward for t in group]):
             self._refunded[version] += 1
         await done.put(list(group))
 

@@ -15,7 +15,7 @@ what is implemented.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,12 @@ def rloo_advantages(rewards_gk: jax.Array, eps: float) -> jax.Array:
         raise ValueError(f"rloo needs group_size >= 2, got {group_size}")
     leave_one_out_mean_gk = (rewards_gk.sum(axis=1, keepdims=True) - rewards_gk) / (group_size - 1)
     return rewards_gk - leave_one_out_mean_gk
+
+
+def zero_advantage(rewards: Sequence[float]) -> bool:
+    """Whether one group's rewards are all equal: its advantages are zero under every estimator (the module's
+    rule). The rollout side gives such a group's admission back; the trainer leaves it out of the batch."""
+    return len(set(rewards)) == 1
 
 
 def degenerate_groups(rewards_gk: jax.Array) -> jax.Array:

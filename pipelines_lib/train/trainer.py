@@ -41,7 +41,7 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, TailEvent
-from pipelines_lib.train.advantages import compute_advantages
+from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
@@ -103,8 +103,8 @@ def _rows(table: pa.Table) -> dict[str, list]:
 
 def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
                       batch_size: int, pad_id: int):
-    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, degenerate-group mask, loss
-    tokens); advantages per group from the ``advantage`` estimator."""
+    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, loss tokens); advantages per
+    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``advantages.zero_advantage``)."""
     g_size = group_size
     tokens, masks, logps, rewards = [], [], [], []
     for g in groups:
@@ -120,7 +120,7 @@ def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: s
             masks.append(rows["loss_mask"][i])
             logps.append(rows["logprobs"][i])
         rewards.append([rows["reward"][i] for i in order])
-    adv_gk, degenerate_g = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
+    adv_gk, _ = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
     batch = build_train_batch(
         tokens,
         masks,
@@ -130,7 +130,7 @@ def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: s
         batch_size=batch_size,
         pad_id=pad_id,
     )
-    return batch, np.asarray(degenerate_g), int(sum(sum(m) for m in masks))
+    return batch, int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
@@ -219,7 +219,7 @@ class StreamingTrainer:
             events += self.tailer.drain_events()
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
-                if self.tc.skip_zero_advantage and len(set(rewards)) == 1:
+                if self.tc.skip_zero_advantage and zero_advantage(rewards):
                     zero_adv.append(ZeroAdvantageGroup(group_id=g.group_id, shard=g.shard, reward=rewards[0]))
                 else:
                     groups.append(g)
@@ -264,7 +264,7 @@ class StreamingTrainer:
     ) -> ConsumptionLog:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
-            batch, degenerate, n_tokens = self.batch(groups)
+            batch, n_tokens = self.batch(groups)
             metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
