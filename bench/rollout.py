@@ -5,7 +5,7 @@ every arm, the same arithmetic tasks in the same order, the same per-sample samp
 per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
 
 ```
-ceiling            async, max_concurrency 96, no tool latency    (DESIGN §7: every slot kept full)
+ceiling            async, max_concurrency 96, no tool latency    (ARCHITECTURE §7: every slot kept full)
 <profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
                                                                   the next starts after its slowest episode)
 <profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)

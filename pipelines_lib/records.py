@@ -220,7 +220,7 @@ class ConsumedGroup(_Record):
     version: int
     """The shard's policy version."""
     staleness: int
-    """Trainer version at the step minus ``version`` (DESIGN §6)."""
+    """Trainer version at the step minus ``version`` (ARCHITECTURE §6)."""
 
 
 @dataclass(frozen=True, kw_only=True)

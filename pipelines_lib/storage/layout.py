@@ -1,4 +1,4 @@
-"""Names of everything in a campaign folder (DESIGN §2). Stages build paths only through these functions.
+"""Names of everything in a campaign folder (ARCHITECTURE §2). Stages build paths only through these functions.
 
 ```
 campaign.json

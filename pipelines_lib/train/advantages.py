@@ -6,7 +6,7 @@ sample's advantage over that sample's loss tokens (``batch.py``).
 
 A group whose rewards are all equal carries no learning signal: every estimator returns exactly
 ``0.0`` for it (not a rounding residue), and ``compute_advantages`` reports those groups in a mask so
-the trainer can count "useful training samples" (DESIGN §7) without recomputing anything.
+the trainer can count "useful training samples" (ARCHITECTURE §7) without recomputing anything.
 
 Estimators are registered by name (``@register_advantage("grpo")``); configs name an estimator and
 are validated against ``ADVANTAGE_ESTIMATORS`` itself, so the allowed names can never drift from

@@ -51,7 +51,7 @@ from pipelines_lib.trajectory.record import utc_now_iso
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-    """The streaming GRPO trainer (DESIGN §4, §6). η is ``rollout.eta``: one bound for both sides."""
+    """The streaming GRPO trainer (ARCHITECTURE §4, §6). η is ``rollout.eta``: one bound for both sides."""
 
     batch_groups: int = 4
     """Whole groups per optimizer step."""
