@@ -194,7 +194,8 @@ class Orchestrator:
                 await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
 
     async def _admit(self) -> None:
-        """Hold a new group until the engine's weights are within η of the latest published version.
+        """Hold a new group until this version's budget allows it (backpressure), then until the engine's weights
+        are within η of the latest published version (admission).
 
         The pointer is read fresh for every group (one small read per G episodes), so the bound holds against
         what storage says now, not against the poller's last look."""
@@ -204,21 +205,32 @@ class Orchestrator:
         if latest is None:
             return
         self._latest = max(self._latest, latest)
+        await self._wait_for_budget()
+        await self._wait_for_fresh_weights()
+
+    async def _wait_for_budget(self) -> None:
+        """Backpressure: at most ``max_groups_per_version`` groups on one version, widened by another budget
+        after ``backpressure_max_wait_s`` without a new version (so a budget never stalls the trainer)."""
         step = self.config.max_groups_per_version
         version = self.engine.policy_version
-        if step is not None and self._spent(version) >= self._budget.setdefault(version, step):
-            t0 = self.clock()
-            with telemetry.span("backpressure_wait", track="weights", version=version):
-                while (self.engine.policy_version == version and not self._stopping.is_set()
-                       and self._spent(version) >= self._budget[version]):
-                    if self.clock() - t0 >= self.config.backpressure_max_wait_s:
-                        self._budget[version] += step
-                        break
-                    await self._refresh()
-                    if self.engine.policy_version == version:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
-            self.stats.backpressure_s += self.clock() - t0
+        if step is None or self._spent(version) < self._budget.setdefault(version, step):
+            return
+        t0 = self.clock()
+        with telemetry.span("backpressure_wait", track="weights", version=version):
+            while (self.engine.policy_version == version and not self._stopping.is_set()
+                   and self._spent(version) >= self._budget[version]):
+                if self.clock() - t0 >= self.config.backpressure_max_wait_s:
+                    self._budget[version] += step
+                    break
+                await self._refresh()
+                if self.engine.policy_version == version:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+        self.stats.backpressure_s += self.clock() - t0
+
+    async def _wait_for_fresh_weights(self) -> None:
+        """η admission: load weights until the engine's version is at least ``latest − η`` (each refresh may
+        see a newer latest, which raises the floor)."""
         if self.engine.policy_version >= self._latest - self.config.eta:
             return
         t0 = self.clock()
