@@ -73,10 +73,11 @@ def tok():
     return open_tokenizer(None)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_api() -> Iterator[str]:
-    """One temporary Prefect API for the session's flow tests and their stage subprocesses (which find it through
-    ``PREFECT_API_URL``); yields its URL."""
+    """A temporary Prefect API for one test module's flows and their stage subprocesses (which find it through
+    ``PREFECT_API_URL``); yields its URL. Per module, so its server process is gone before other modules count
+    their child processes."""
     import prefect.settings
     from prefect.testing.utilities import prefect_test_harness
 
