@@ -215,7 +215,7 @@ def test_a_campaign_whose_monitor_gives_up_stops_its_stages_and_waits_for_them(p
             _wait_training(trainer, [worker], progress, poll_s=0.02)
         # Only once both had ended: no stage thread outlives the run.
         assert trainer.state.is_final() and worker.state.is_final()
-        (requested_at,) = StopRequest.times(campaign)
+        requested_at = StopRequest.times(campaign)[0]
         return worker.result(), StopRequest.read(campaign, requested_at).reason
 
     worker, reason = run()
