@@ -18,6 +18,7 @@ score soft-cap, and a gated MLP (SwiGLU or GeGLU).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -238,12 +239,22 @@ class Decoder(nnx.Module):
                 cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
             )
 
-    def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
-        """Causal logits_btv (float32) over the given tokens, no cache."""
+    def __call__(
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: bool = False
+    ) -> jax.Array:
+        """Causal logits_btv (float32) over the given tokens, no cache.
+
+        ``remat``: under differentiation, keep only each layer's input and recompute the layer in the
+        backward pass (gradient checkpointing); the values are the same either way."""
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
-        h_btd, _ = self._trunk(tokens_bt, positions_bt, None)
-        return self.unembed(h_btd)
+        if not remat:
+            h_btd, _ = self._trunk(tokens_bt, positions_bt, None)
+            return self.unembed(h_btd)
+        x = self._embed(tokens_bt)
+        for layer in self.layers:
+            x = _remat_layer(layer, x, positions_bt)
+        return self.unembed(self.final_norm(x))
 
     def hidden(
         self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache
@@ -258,15 +269,39 @@ class Decoder(nnx.Module):
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
-    def _trunk(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache | None
-    ) -> tuple[jax.Array, KVCache | None]:
+    def _embed(self, tokens_bt: jax.Array) -> jax.Array:
         x = self.embed(tokens_bt)
         if self.cfg.embed_scale:
             # The scale is rounded to the parameter dtype, as in Gemma's reference code.
             x = x * jnp.asarray(self.cfg.d_model**0.5, x.dtype)
+        return x
+
+    def _trunk(
+        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache | None
+    ) -> tuple[jax.Array, KVCache | None]:
+        x = self._embed(tokens_bt)
         new_cache = []
         for i, layer in enumerate(self.layers):
             x, layer_cache = layer(x, positions_bt, None if cache is None else cache[i])
             new_cache.append(layer_cache)
         return self.final_norm(x), (None if cache is None else tuple(new_cache))
+
+
+@nnx.remat
+def _remat_layer(layer: Block, x_btd: jax.Array, positions_bt: jax.Array) -> jax.Array:
+    return layer(x_btd, positions_bt, None)[0]
+
+
+def with_dtype(model: Decoder, dtype: str) -> Decoder:
+    """``model`` computing in ``dtype``: the same structure built for ``dtype``, parameters cast into it.
+
+    Differentiable (the cast is part of the graph), so a loss of the copy has gradients in the original
+    dtype: the mixed-precision forward of ``train.step``. Also the compute-dtype copy the trainer
+    publishes. Returns ``model`` itself when it already is in ``dtype``.
+    """
+    if model.cfg.dtype == dtype:
+        return model
+    cfg = dataclasses.replace(model.cfg, dtype=dtype)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    params = jax.tree.map(lambda p: p.astype(dtype), nnx.state(model, nnx.Param))
+    return nnx.merge(graphdef, params)
