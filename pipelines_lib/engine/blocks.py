@@ -56,3 +56,49 @@ class BlockTable:
 
     def release(self, slot: int) -> None:
         self.assign(slot, 0)
+
+
+class SlotMemory:
+    """What each slot's blocks hold: a running request's reservation, or, for a free slot with prefix reuse,
+    the tokens of its finished request (``retained``) that a later prompt extending them can skip."""
+
+    def __init__(self, blocks: BlockTable) -> None:
+        self.blocks = blocks
+        self.retained: list[list[int]] = [[] for _ in range(len(blocks.table))]
+
+    def reusable(self, slot: int, prompt: list[int]) -> int:
+        """Leading prompt tokens whose keys/values ``slot`` still holds (never the last prompt token,
+        which the decode step feeds)."""
+        retained = self.retained[slot]
+        limit = min(len(retained), len(prompt) - 1)
+        n = 0
+        while n < limit and retained[n] == prompt[n]:
+            n += 1
+        return n
+
+    def choose(self, free: list[int], prompt: list[int]) -> int:
+        """The free slot holding the longest prefix of ``prompt``, else one holding nothing (keeping other
+        retained prefixes), else the lowest-numbered."""
+        return max(free, key=lambda i: (self.reusable(i, prompt), not self.retained[i], -i))
+
+    def reserve(self, slot: int, positions: int, reused: int, idle: list[int]) -> bool:
+        """Give ``slot`` blocks for ``positions`` positions, keeping its ``reused`` prefix and evicting prefixes
+        retained by the ``idle`` slots while that is short; False if even evicting them all is."""
+        evictable = [i for i in idle if i != slot and self.blocks.held(i)]
+        while not self.blocks.fits(slot, positions, keep=reused) and evictable:
+            self.forget([evictable.pop()])
+        if not self.blocks.fits(slot, positions, keep=reused):
+            return False
+        self.blocks.assign(slot, positions, keep=reused)
+        self.retained[slot] = []
+        return True
+
+    def finish(self, slot: int, retained: list[int]) -> None:
+        """The slot's request finished: keep the blocks of ``retained`` (empty: return them all)."""
+        self.retained[slot] = retained
+        self.blocks.assign(slot, len(retained), keep=len(retained))
+
+    def forget(self, slots: list[int]) -> None:
+        for i in slots:
+            self.retained[i] = []
+            self.blocks.release(i)

@@ -70,7 +70,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from pipelines_lib.engine.api import Completion, SamplingParams
-from pipelines_lib.engine.blocks import BlockTable
+from pipelines_lib.engine.blocks import BlockTable, SlotMemory
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import DecodeRows, DeviceRunner, Dispatched, steps_for
 from pipelines_lib.model.decoder import Decoder, init_cache
@@ -185,11 +185,9 @@ class JaxEngine:
             clock,
         )
         self._rows = DecodeRows(config.num_slots, config.max_seq_len)
-        self._blocks = BlockTable(num_blocks=config.pool_blocks, block_size=config.block_size,
-                                  num_slots=config.num_slots, max_seq_len=config.max_seq_len)
+        self._memory = SlotMemory(BlockTable(num_blocks=config.pool_blocks, block_size=config.block_size,
+                                             num_slots=config.num_slots, max_seq_len=config.max_seq_len))
         self._slots: list[_Request | None] = [None] * config.num_slots
-        self._retained: list[list[int]] = [[] for _ in range(config.num_slots)]
-        """Per free slot: the tokens whose keys/values its cache rows still hold (prefix reuse)."""
         self._queue: deque[_Request] = deque()
         self._detached: list[_Request] = []
         """Requests that left their slot to a new one while their last token was in flight."""
@@ -400,10 +398,8 @@ class JaxEngine:
             if self._pending_swap is not None:
                 self._params, self._version = self._pending_swap
                 self._pending_swap = None
-                self._retained = [[] for _ in self._slots]  # computed by the old weights
-                for i, request in enumerate(self._slots):
-                    if request is None:
-                        self._blocks.release(i)
+                # Retained prefixes were computed by the old weights.
+                self._memory.forget([i for i, request in enumerate(self._slots) if request is None])
             return self._params, self._version
 
     def _drop_cancelled(self) -> None:
@@ -411,7 +407,7 @@ class JaxEngine:
             if request is not None and request.future.cancelled():
                 self._slots[i] = None
                 self._rows.stop(i)
-                self._blocks.release(i)
+                self._memory.forget([i])
 
     def _admit(self) -> list[int]:
         if self.config.mode == "static":
@@ -430,16 +426,14 @@ class JaxEngine:
             if request.future.cancelled():
                 self._queue.popleft()
                 continue
-            # With prefix reuse: the free slot holding the longest prefix of this prompt, else one
-            # holding nothing (keeping other retained prefixes), else the lowest-numbered.
-            slot = max(free, key=lambda i: (self._reusable(i, request.prompt), not self._retained[i], -i))
-            reused = self._reusable(slot, request.prompt)
-            if not self._reserve(slot, request, reused, free):
+            slot = self._memory.choose(free, request.prompt)
+            reused = self._memory.reusable(slot, request.prompt)
+            positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
+            if not self._memory.reserve(slot, positions, reused, [i for i in free if self._slots[i] is None]):
                 break  # first come, first served: the head of the queue waits for blocks
             self._queue.popleft()
             free.remove(slot)
             request.reused = reused
-            self._retained[slot] = []
             request.admitted_at = now
             if self._slots[slot] is not None:
                 self._detached.append(self._slots[slot])  # type: ignore[arg-type]
@@ -447,30 +441,6 @@ class JaxEngine:
             self._rows.start(slot, request.prompt, 0, request.sampling)
             admitted.append(slot)
         return admitted
-
-    def _reserve(self, slot: int, request: _Request, reused: int, free: list[int]) -> bool:
-        """Give ``slot`` the blocks ``request`` can fill (keeping its ``reused`` prefix), evicting prefixes
-        retained by other free slots if that is what it takes; False (nothing changed) if even that is short."""
-        positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
-        evictable = [i for i in free if i != slot and self._slots[i] is None and self._blocks.held(i)]
-        while not self._blocks.fits(slot, positions, keep=reused) and evictable:
-            victim = evictable.pop()
-            self._blocks.release(victim)
-            self._retained[victim] = []
-        if not self._blocks.fits(slot, positions, keep=reused):
-            return False
-        self._blocks.assign(slot, positions, keep=reused)
-        return True
-
-    def _reusable(self, slot: int, prompt: list[int]) -> int:
-        """Leading prompt tokens whose keys/values ``slot`` still holds (never the last prompt token,
-        which the decode step feeds)."""
-        retained = self._retained[slot]
-        limit = min(len(retained), len(prompt) - 1)
-        n = 0
-        while n < limit and retained[n] == prompt[n]:
-            n += 1
-        return n
 
     def _plan(self, admitted: list[int], params: dict[Any, Any], version: int) -> _Step | None:
         """The next dispatch, or None when no slot has tokens left to sample. Rows of requests in flight
@@ -492,7 +462,7 @@ class JaxEngine:
         requests = [self._slots[i] for i in slots]
         span = self.config.span_for(int(self._rows.position[active].max()) + 1)
         rows = self._rows.take(active)
-        return _Step(params, version, prefills, rows, self._blocks.table.copy(), span, slots, requests)  # type: ignore[arg-type]
+        return _Step(params, version, prefills, rows, self._memory.blocks.table.copy(), span, slots, requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
         """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""
@@ -545,11 +515,8 @@ class JaxEngine:
             request = self._slots[i]
             assert request is not None
             self._slots[i] = None
-            if self.config.prefix_reuse:  # every token but the newest has its keys/values in the slot
-                self._retained[i] = (request.prompt + request.tokens)[:-1]
-                self._blocks.assign(i, len(self._retained[i]), keep=len(self._retained[i]))
-            else:
-                self._blocks.release(i)
+            # Every token but the newest has its keys/values in the slot's blocks.
+            self._memory.finish(i, (request.prompt + request.tokens)[:-1] if self.config.prefix_reuse else [])
             self._resolve(request, now)
 
     def _resolve(self, request: _Request, now: float) -> None:
@@ -576,8 +543,7 @@ class JaxEngine:
     def _fail_all(self, error: BaseException) -> None:
         requests = [r for r in self._slots if r is not None] + self._detached + list(self._queue)
         self._slots = [None] * self.config.num_slots
-        for i in range(self.config.num_slots):
-            self._blocks.release(i)
+        self._memory.forget(list(range(self.config.num_slots)))
         self._detached = []
         self._queue.clear()
         for request in requests:

@@ -292,8 +292,12 @@ class Decoder(nnx.Module):
 
     def unembed(self, h_btd: jax.Array) -> jax.Array:
         """Float32 logits of final-norm hidden states (with the final soft-cap if configured)."""
-        logits = self.embed.attend(h_btd) if self.cfg.tie_embeddings else self.lm_head(h_btd)
-        logits = logits.astype(jnp.float32)
+        # Accumulated and returned in float32 whatever the compute dtype: rounding logits to bfloat16
+        # would be the largest error of a bfloat16 step (the loss and its gradient start here).
+        if self.cfg.tie_embeddings:
+            logits = jnp.einsum("...d,vd->...v", h_btd, self.embed.embedding[...], preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("...d,dv->...v", h_btd, self.lm_head.kernel[...], preferred_element_type=jnp.float32)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
