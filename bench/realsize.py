@@ -3,9 +3,9 @@
 ```
 parent (this process, holds no model)      one subprocess per part, so each part's peak RSS is its own
   train       float32 GRPO step, rows × length; XLA's memory analysis of the compiled step (aliased bytes
-              over parameter + optimiser bytes), peak RSS, seconds per step; then `growth_steps` more steps
-              with RSS and live JAX array bytes after each (a leak grows the live bytes, allocator drift
-              only the RSS)
+              over parameter + optimiser bytes), peak RSS, seconds per step
+  growth      the same step on rows × growth_length, `growth_steps` steps with RSS and live JAX array bytes
+              after each (a leak grows the live bytes, allocator drift only the RSS)
   remat       the same step with per-layer rematerialisation: peak RSS and seconds per step
   bf16        one SGD step (lr 1: the update is the gradient) in float32 and one with bfloat16 compute on
               float32 masters, from the same weights on the same batch: relative error of the update
@@ -45,9 +45,9 @@ QWEN3_0P6B = {
 SMALL = {**QWEN3_0P6B, "vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384}
 """The ``--quick`` model: the same architecture, every dimension shrunk."""
-FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "bf16_rows": 2, "bf16_length": 64,
+FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 64,
         "requests": 32, "prompt": 24, "new_tokens": 32, "max_seq_len": 1024, "num_blocks": 128}
-QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "bf16_rows": 2, "bf16_length": 32,
+QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 32,
          "requests": 16, "prompt": 12, "new_tokens": 8, "max_seq_len": 256, "num_blocks": 48}
 MIN_AVAILABLE_GIB = 14.0
 """The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
@@ -216,8 +216,9 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
              "engine tokens/s at 16 over 4 slots with short requests, and the engine warmup's memory peak.",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
            "part in its own subprocess. Train: batch 4 × 256 (GRPO, AdamW), XLA memory analysis of the compiled "
-           "step, peak RSS (`ru_maxrss`, model init and compilation included), then 20 more steps with RSS and "
-           "live JAX array bytes after each. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
+           "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
+           "32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX array bytes after the first and the "
+           "last. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
            "(lr 1) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` from the same weights, "
            "‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖. Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
            "`max_seq_len` 1024, a pool of 128 blocks of 16, at 16 then 4 slots, warmed up before timing; "
@@ -239,8 +240,11 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
     if not ctx.quick and _available_gib() < MIN_AVAILABLE_GIB:
         raise RuntimeError(f"realsize needs {MIN_AVAILABLE_GIB} GiB available, the machine has "
                            f"{_available_gib():.1f} (run --quick, or wait)")
-    train = _run_part("train", {**size, "remat": False, "steps": size["growth_steps"]}, ctx)
-    remat = _run_part("train", {**size, "remat": True, "steps": 2}, ctx)
+    train = _run_part("train", {**size, "remat": False, "steps": 1}, ctx)
+    remat = _run_part("train", {**size, "remat": True, "steps": 1}, ctx)
+    # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
+    growth = _run_part("train", {**size, "length": size["growth_length"], "remat": False,
+                                 "steps": size["growth_steps"]}, ctx)
     bf16 = _run_part("bf16", size, ctx)
     engine = _run_part("engine", size, ctx)
     figures = {
@@ -249,8 +253,8 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         "realsize.train_xla_step_gib": train["xla_step_gib"],
         "realsize.train_state_gib": train["state_gib"],
         "realsize.train_step_s": train["step_s"],
-        "realsize.train_rss_growth_gib_20_steps": train["rss_growth_gib"],
-        "realsize.train_live_bytes_growth_gib_20_steps": train["live_growth_gib"],
+        "realsize.train_rss_growth_gib_20_steps": growth["rss_growth_gib"],
+        "realsize.train_live_bytes_growth_gib_20_steps": growth["live_growth_gib"],
         "realsize.remat_peak_gib": remat["peak_gib"],
         "realsize.remat_xla_step_gib": remat["xla_step_gib"],
         "realsize.remat_step_s": remat["step_s"],
