@@ -21,7 +21,7 @@ SCHEMA_VERSION = "1.0"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 SCHEMA_VERSION_KEY = b"rollstream.schema_version"
 
-STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout")
+STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout", "engine_error")
 """``status`` values. ``ok``: the episode ended normally (reward may still be 0). The others say why it
 stopped early or what failed; a failed sample still completes its group with the configured reward."""
 
