@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -83,6 +84,8 @@ class VllmServer:
         self.log = log
         self.port = config.port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.model_dir: str | None = None
+        """The HF folder whose weights the server holds now (kept current by the engine's reloads)."""
 
     @property
     def url(self) -> str:
@@ -90,7 +93,11 @@ class VllmServer:
 
     def command(self, model_dir: str | Path) -> list[str]:
         python = Path(self.config.python) if self.config.python else default_python()
+        # The checkpoint's own dtype: vLLM's "auto" runs float32 checkpoints in bfloat16 on CPU, which moves
+        # logprobs by ~1e-2 against the trainer's.
+        dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("dtype") or "auto"
         return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                "--dtype", dtype,
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.config.max_num_seqs),
                 "--logprobs-mode", "processed_logprobs",
@@ -118,6 +125,7 @@ class VllmServer:
                                          stdin=subprocess.DEVNULL, env=self.environment(), start_new_session=True)
         self.log(f"vllm: started server pid {self.proc.pid} on {self.url} for {model_dir} (log {self.log_path})")
         await wait_healthy(self.url, self.config.startup_timeout_s, alive=self.alive, log_tail=self.log_tail)
+        self.model_dir = str(model_dir)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -163,17 +171,22 @@ class VllmEngine:
     """``Engine`` over a vLLM server (see the module docstring). Use as ``async with``."""
 
     def __init__(self, config: VllmConfig, *, model_dir: str | Path, policy_version: int, max_seq_len: int,
-                 log_path: Path | None = None, log: Callable[[str], None] = print,
+                 log_path: Path | None = None, server: VllmServer | None = None, log: Callable[[str], None] = print,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        """``server``: supervise this (possibly running) server instead of launching one; it is left running on
+        exit. Otherwise ``config.url`` connects to a server, and without it one is launched (and stopped on exit)."""
         self.config = config
         self._model_dir = str(model_dir)
         self._version = policy_version
         self._max_seq_len = max_seq_len
         self.log = log
         self._clock = clock
-        self.server = None if config.url else VllmServer(
-            config, max_model_len=max_seq_len, log_path=log_path or Path("vllm-server.log"), log=log)
-        self._url = config.url.rstrip("/") if config.url else self.server.url
+        self._owns_server = server is None and config.url is None
+        if self._owns_server:
+            server = VllmServer(config, max_model_len=max_seq_len, log_path=log_path or Path("vllm-server.log"),
+                                log=log)
+        self.server = server
+        self._url = self.server.url if self.server is not None else str(config.url).rstrip("/")
         self._client: httpx.AsyncClient | None = None
         self._open = asyncio.Event()  # the gate: cleared while a reload or restart is under way
         self._idle = asyncio.Event()  # set while no request is in flight
@@ -192,12 +205,15 @@ class VllmEngine:
     async def __aenter__(self) -> VllmEngine:
         self._client = httpx.AsyncClient(base_url=self._url, timeout=self.config.request_timeout_s,
                                          limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        if self.server is not None:
+        self._idle.set()
+        if self.server is not None and not self.server.alive():
             await self.server.start(self._model_dir)
         else:
             await wait_healthy(self._url, self.config.startup_timeout_s)
+        if self.server is not None and self.server.model_dir != self._model_dir:  # an adopted server: load ours
+            await asyncio.wait_for(self._sync(self._model_dir, self._version, initial=True),
+                                   self.config.reload_timeout_s)
         self._open.set()
-        self._idle.set()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -207,7 +223,7 @@ class VllmEngine:
                 await self._restart
         if self._client is not None:
             await self._client.aclose()
-        if self.server is not None:
+        if self.server is not None and self._owns_server:
             await self.server.stop()
 
     @property
@@ -366,9 +382,21 @@ class VllmEngine:
             self._counters["weight_sync_s"] += took
             self._counters["weight_sync_max_s"] = max(self._counters["weight_sync_max_s"], took)
 
-    async def _sync(self, folder: str, version: int) -> None:
+    async def _sync(self, folder: str, version: int, *, initial: bool = False) -> None:
+        if initial:
+            await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [folder]})
+            self.server.model_dir = folder
+            await self._post("/reset_prefix_cache")
+            return
         if self.config.in_flight_on_reload == "abort":
             await self._post("/pause", params={"mode": "abort"})
+            # A request that reached the server after the pause is held there, not aborted: abort again until every
+            # request this engine sent has come back.
+            while not self._idle.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), 0.2)
+                if not self._idle.is_set():
+                    await self._post("/abort_requests", json={})
         await self._idle.wait()
         if self.config.in_flight_on_reload == "finish":
             await self._post("/pause", params={"mode": "wait"})
@@ -383,12 +411,22 @@ class VllmEngine:
             await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [self._model_dir]})
         else:
             self._version, self._model_dir = version, folder
+            if self.server is not None:
+                self.server.model_dir = folder
             self._counters["weight_syncs"] += 1
         await self._post("/reset_prefix_cache")
         await self._post("/resume")
 
     async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
-        response = await self._client.post(path, timeout=self.config.reload_timeout_s, **kwargs)
+        """A control call (idempotent); retried on a reset connection: after an error answer the server may close
+        the kept-alive connection the next call would have used."""
+        for attempt in range(3):
+            try:
+                response = await self._client.post(path, timeout=self.config.reload_timeout_s, **kwargs)
+                break
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                if attempt == 2:
+                    raise
         if response.status_code != 200:
             raise RuntimeError(f"vLLM server at {self._url}: POST {path} answered HTTP {response.status_code}: "
                                f"{response.text[:1000]}")
