@@ -23,6 +23,9 @@ class VllmConfig:
     ``<repository>/.venv-vllm/bin/python``."""
     port: int = 0
     """Port of a launched server on 127.0.0.1; 0 picks a free one."""
+    weights_dir: str | None = None
+    """Local folder the worker downloads published HF folders into (from ``gs://`` campaigns); with a sidecar
+    server (``url``) a volume both containers mount at the same path. None: a temporary folder of the worker."""
     max_num_seqs: int = 64
     """Requests the server decodes together (vLLM ``--max-num-seqs``)."""
     cpu_kv_cache_gib: int = 1

@@ -210,7 +210,7 @@ class VllmEngine:
             await self.server.start(self._model_dir)
         else:
             await wait_healthy(self._url, self.config.startup_timeout_s)
-        if self.server is not None and self.server.model_dir != self._model_dir:  # an adopted server: load ours
+        if self.server is None or self.server.model_dir != self._model_dir:  # not launched by us: load ours
             await asyncio.wait_for(self._sync(self._model_dir, self._version, initial=True),
                                    self.config.reload_timeout_s)
         self._open.set()
@@ -385,7 +385,8 @@ class VllmEngine:
     async def _sync(self, folder: str, version: int, *, initial: bool = False) -> None:
         if initial:
             await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [folder]})
-            self.server.model_dir = folder
+            if self.server is not None:
+                self.server.model_dir = folder
             await self._post("/reset_prefix_cache")
             return
         if self.config.in_flight_on_reload == "abort":

@@ -103,7 +103,7 @@ def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
 
 def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
                   log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
-    weights = CampaignHFWeights(store, scratch / "hf")
+    weights = CampaignHFWeights(store, Path(config.engine.vllm.weights_dir or scratch / "hf"))
     version = weights.latest()
     assert version is not None  # collect waited for it
     engine = VllmEngine(config.engine.vllm, model_dir=weights.load(version), policy_version=version,
