@@ -59,7 +59,7 @@ test: $(STAMP) $(VLLM_STAMP) sysdeps
 test-all: $(STAMP) $(VLLM_STAMP) sysdeps
 	ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m ''
 
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollstream bench
 
 drills: $(STAMP) sysdeps

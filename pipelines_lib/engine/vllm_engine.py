@@ -203,8 +203,11 @@ class VllmEngine:
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def __aenter__(self) -> VllmEngine:
+        # Idle connections are dropped before the server's own keep-alive timeout (uvicorn: 5 s) closes them:
+        # reusing one the server has just closed fails the request with a ReadError.
         self._client = httpx.AsyncClient(base_url=self._url, timeout=self.config.request_timeout_s,
-                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                                             keepalive_expiry=2.0))
         self._idle.set()
         if self.server is not None and not self.server.alive():
             await self.server.start(self._model_dir)
