@@ -33,7 +33,10 @@ def vllm_campaign_config() -> CampaignConfig:
         "engine.vllm.max_num_seqs": 16,
         "sft.steps": 20, "sft.n_demos": 64,
         "dataset.n_train": 64,
-        "rollout.group_size": 4, "rollout.max_concurrency": 16, "rollout.max_groups_per_version": 4,
+        "rollout.group_size": 4, "rollout.max_concurrency": 16,
+        # A 20-step warm start rarely solves a task: groups whose rewards are all zero still train (zero
+        # advantage, but the mismatch metric is over their tokens all the same).
+        "trainer.skip_zero_advantage": False, "rollout.max_groups_per_version": 4,
         "trainer.max_steps": 4, "trainer.batch_groups": 2, "trainer.publish_every": 2, "trainer.checkpoint_every": 2,
         "rollout.eta": 1,
     })

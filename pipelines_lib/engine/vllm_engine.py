@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import socket
@@ -65,6 +66,15 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 def default_python() -> Path:
     """``<repository>/.venv-vllm/bin/python``, the virtualenv ``make vllm-venv`` creates."""
     return _REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def _own_group_dying_with_parent() -> None:
+    """In the server's child process before exec: lead a process group (``stop`` signals the server and its
+    engine processes together) and, on Linux, get SIGTERM when the worker dies, so a killed worker leaves no
+    server behind."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 def free_port() -> int:
@@ -122,7 +132,8 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.command(model_dir), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.environment(), start_new_session=True)
+                                         stdin=subprocess.DEVNULL, env=self.environment(),
+                                         preexec_fn=_own_group_dying_with_parent)
         self.log(f"vllm: started server pid {self.proc.pid} on {self.url} for {model_dir} (log {self.log_path})")
         await wait_healthy(self.url, self.config.startup_timeout_s, alive=self.alive, log_tail=self.log_tail)
         self.model_dir = str(model_dir)
