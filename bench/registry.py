@@ -21,6 +21,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.campaign_arms",
     "bench.engine",
     "bench.learning",
+    "bench.realsize",
     "bench.rollout",
     "bench.store",
     "bench.telemetry",

@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.engine import Engine, EngineClosedError, EngineConfig, JaxEngine, SamplingParams
+from pipelines_lib.engine.blocks import BlockTable
 from pipelines_lib.engine.device import DeviceRunner, Dispatched, steps_for
 from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
@@ -478,3 +479,45 @@ def test_busy_time_counts_overlapping_steps_once_and_host_bound_steps_not_at_all
     assert collect(4.0, 15.0, ready=False) == (5.0, False)  # dispatched at 4 while the first ran: 10..15 only
     assert collect(20.0, 30.0, ready=True) == (0.0, True)  # already done when read: when it ended is unknown
     assert collect(22.0, 35.0, ready=False) == (13.0, False)
+
+
+SCARCE = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32), block_size=16, num_blocks=8)
+"""Blocks for two requests of 52 positions (4 blocks each) although four slots are free."""
+
+
+def test_requests_wait_for_free_blocks_and_reuse_them_with_the_same_greedy_tokens(model: Decoder) -> None:
+    requests = [(prompt(40, k), GREEDY) for k in range(4)]  # 40 + 12 positions: 4 blocks of 16
+    solos = [run(model, lambda e, r=r: e.generate(*r)) for r in requests]
+
+    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
+        engine.reset_stats()
+        completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
+        return completions, engine.stats()
+
+    completions, stats = run(model, body, SCARCE)
+    assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
+    for c, s in zip(completions, solos, strict=True):
+        np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-5)
+    # Admitted two at a time by blocks, not four by slots: at least two waves of 12 decode steps.
+    assert stats["decode_steps"] >= 24 and stats["slot_occupancy"] <= 0.5
+
+
+def test_block_table_reserves_keeps_prefixes_and_returns_blocks() -> None:
+    table = BlockTable(num_blocks=6, block_size=4, num_slots=2, max_seq_len=16)
+    table.assign(0, 10)  # 3 blocks
+    assert table.table[0].tolist() == [0, 1, 2, 6] and table.free_blocks == 3
+    assert table.fits(1, 12) and not table.fits(1, 13)
+    table.assign(0, 16, keep=5)  # keeps the 2 blocks of positions 0..4, returns block 2, takes 2 more
+    assert table.table[0].tolist()[:2] == [0, 1] and table.held(0) == 4 and table.free_blocks == 2
+    table.release(0)
+    assert table.table[0].tolist() == [6, 6, 6, 6] and table.free_blocks == 6
+    with pytest.raises(RuntimeError, match="free blocks"):
+        table.assign(1, 17 * 4)
+
+
+def test_attention_spans_are_powers_of_two_blocks_up_to_a_full_sequence() -> None:
+    config = EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16)
+    assert config.attention_spans == (1, 2, 4, 6)
+    assert [config.span_for(n) for n in (1, 16, 17, 33, 65, 96)] == [1, 1, 2, 4, 6, 6]
+    with pytest.raises(ValueError, match="num_blocks=5 cannot hold one sequence"):
+        EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16, num_blocks=5)

@@ -73,3 +73,31 @@ def test_keys_depend_only_on_seed_and_index() -> None:
     assert not np.array_equal(keys[0], keys[1])
     shifted = jax.random.key_data(request_keys(jnp.asarray([1], jnp.uint32), jnp.asarray([6])))
     assert not np.array_equal(keys[0], shifted[0])
+
+
+def _sorted_reference(z: np.ndarray, k: int, p: float) -> np.ndarray:
+    """The filter's definition spelled out with a full sort (float64), one row."""
+    order = np.argsort(-z, kind="stable")
+    keep_k = z >= z[order[min(k, len(z)) - 1]] if k else np.ones(len(z), bool)
+    kept = np.where(keep_k, z, -np.inf)
+    probs = np.exp(kept - kept.max())
+    probs /= probs.sum()
+    ranked = probs[order]
+    n_keep = int(np.sum((np.cumsum(ranked) - ranked < p) & keep_k[order]))
+    return np.where(keep_k & (z >= z[order[n_keep - 1]]), z, -np.inf)
+
+
+def test_search_without_sort_matches_the_sorted_definition_on_a_large_vocabulary() -> None:
+    rng = np.random.default_rng(0)
+    vocab = 5000
+    z = rng.normal(size=(6, vocab)).astype(np.float32)
+    z[1, :50] = z[1, 0]  # a tie across the top-k threshold
+    ks, ps = [0, 1, 40, 0, 7, 4999], [0.9, 1.0, 0.5, 0.3, 0.99, 1.0]
+    got = np.asarray(_filtered(jnp.asarray(z), jnp.ones(6), jnp.asarray(ks), jnp.asarray(ps, np.float32)))
+    for row in range(6):
+        np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(_sorted_reference(z[row], ks[row], ps[row])))
+
+
+def test_rows_without_filters_draw_from_the_plain_scaled_logits() -> None:
+    out = _filtered(jnp.asarray([[1.0, 4.0, 2.0]]), jnp.asarray([2.0]), jnp.asarray([0]), jnp.asarray([1.0]))
+    np.testing.assert_array_equal(np.asarray(out), [[0.5, 2.0, 1.0]])

@@ -24,8 +24,8 @@ def forward(model: Decoder, tokens_bt: jax.Array) -> jax.Array:
 
 
 @nnx.jit
-def cached_hidden(model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache):
-    return model.hidden(tokens_bt, positions_bt, cache)
+def cached_hidden(model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, table_bn):
+    return model.hidden(tokens_bt, positions_bt, cache, table_bn)
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +79,21 @@ def test_forward_is_causal_and_float32(model: Decoder) -> None:
     assert not np.allclose(logits[0, 4:], logits_changed[0, 4:])
 
 
-def test_chunked_cache_path_equals_plain_forward(model: Decoder) -> None:
+def test_chunked_paged_cache_path_equals_plain_forward(model: Decoder) -> None:
     tokens = jnp.asarray(
         [[(11 * i) % 512 for i in range(20)], [(5 * i + 1) % 512 for i in range(20)]], jnp.int32
     )
     expected = np.asarray(forward(model, tokens))
-    cache = init_cache(TINY, 2, 32)
+    # Blocks of 8 positions, scattered over a pool of 9 with stale values in it; row 1's third block
+    # is not assigned until it is needed (9 = "no block": its writes are dropped, its reads masked).
+    cache = jax.tree.map(lambda c: c + 5.0, init_cache(TINY, 9, 8))
+    table = np.asarray([[4, 0, 7, 9], [2, 6, 9, 9]], np.int32)
     positions = jnp.broadcast_to(jnp.arange(20), (2, 20))
-    h_first, cache = cached_hidden(model, tokens[:, :13], positions[:, :13], cache)  # prefill
+    h_first, cache = cached_hidden(model, tokens[:, :13], positions[:, :13], cache, table)  # prefill
+    table[1, 2] = 3
     steps = [h_first]
-    for t in range(13, 20):  # then one token at a time
-        h, cache = cached_hidden(model, tokens[:, t : t + 1], positions[:, t : t + 1], cache)
+    for t in range(13, 20):  # then one token at a time, attending over three blocks only
+        h, cache = cached_hidden(model, tokens[:, t : t + 1], positions[:, t : t + 1], cache, table[:, :3])
         steps.append(h)
     got = np.asarray(nnx.jit(lambda m, h: m.unembed(h))(model, jnp.concatenate(steps, axis=1)))
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)

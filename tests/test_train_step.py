@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
-from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
+from pipelines_lib.train.step import Precision, StepConfig, logprobs_fn, train_step
 
 # ModelConfig.tiny() with every dimension shrunk (one layer): the same code paths, a fraction of the
 # compile time, which dominates these tests.
@@ -35,8 +35,11 @@ def _initial_model() -> Decoder:
 
 
 def make_model() -> Decoder:
-    """A fresh copy of one initial model (cloning skips re-running the initialisers)."""
-    return nnx.clone(_initial_model())
+    """A fresh copy of one initial model (cloning skips re-running the initialisers). The arrays are
+    copied too: ``train_step`` donates the model's buffers, which a plain clone would share."""
+    model = nnx.clone(_initial_model())
+    nnx.update(model, jax.tree.map(jnp.copy, nnx.state(model)))
+    return model
 
 
 # One transformation object for every test: it is static in the optimizer's graph, so a fresh
@@ -331,3 +334,72 @@ def test_optimizer_clips_the_global_norm_and_decays_only_matrices() -> None:
 def test_optim_config_rejects_bad_values_by_name(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         OptimConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------- memory and precision
+
+
+def test_the_step_updates_parameters_and_optimizer_state_in_their_own_buffers() -> None:
+    model = make_model()
+    optimizer = make_nnx_optimizer(model, OptimConfig())
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    memory = train_step.lower(model, optimizer, batch, cfg=SEQ_MEAN).compile().memory_analysis()
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
+    # Every parameter and Adam moment (and the step counter) is an input aliased to its output.
+    assert memory.alias_size_in_bytes >= state_bytes > 0
+    before = nnx.state(model, nnx.Param)["embed"]["embedding"][...]
+    train_step(model, optimizer, batch, cfg=SEQ_MEAN)
+    assert before.is_deleted()  # donated: the old buffer now holds the new values
+
+
+BF16 = dataclasses.replace(SEQ_MEAN, precision=Precision(params="float32", compute="bfloat16"))
+
+
+def test_a_1e6_update_moves_float32_master_weights_as_predicted_under_bfloat16_compute() -> None:
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    w0 = params_of(make_model())
+    # The step's gradient: plain SGD with lr 1 moves each weight by -g.
+    probe = make_model()
+    train_step(probe, sgd(probe), batch, cfg=BF16)
+    g = [p0 - p for p0, p in zip(w0, params_of(probe), strict=True)]
+    # Adam's first update is -lr · g / (|g| + eps): about 1e-6 for every weight with a gradient.
+    model = make_model()
+    train_step(model, nnx.Optimizer(model, ADAM_1E6, wrt=nnx.Param), batch, cfg=BF16)
+    moved = 0
+    for p0, p1, gi in zip(w0, params_of(model), g, strict=True):
+        assert p1.dtype == np.float32
+        predicted = -1e-6 * gi / (np.abs(gi) + 1e-8)
+        known = np.abs(gi) > 1e-5  # where g, read back from a float32 difference, is accurate to 1e-3
+        # The only error left is float32's rounding of w + Δ.
+        assert np.all(np.abs((p1 - p0) - predicted)[known] <= np.abs(np.spacing(p0))[known] + 1e-9)
+        moved += int(known.sum())
+    assert moved > 0.9 * sum(p.size for p in w0)
+    # The same step on bfloat16 parameters loses nearly all of it to rounding (the case master weights fix).
+    bf16_model = with_dtype(make_model(), "bfloat16")
+    all_bf16 = dataclasses.replace(BF16, precision=Precision(params="bfloat16", compute="bfloat16"))
+    before = params_of(bf16_model)
+    train_step(bf16_model, nnx.Optimizer(bf16_model, ADAM_1E6, wrt=nnx.Param), batch, cfg=all_bf16)
+    unchanged = sum(int((a == b).sum()) for a, b in zip(before, params_of(bf16_model), strict=True))
+    assert unchanged > 0.9 * sum(p.size for p in before)
+
+
+ADAM_1E6 = optax.adam(1e-6)
+
+
+def test_the_step_rejects_parameters_in_another_dtype_than_precision_params() -> None:
+    model = with_dtype(make_model(), "bfloat16")
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    with pytest.raises(ValueError, match="model parameters are bfloat16, precision.params is float32"):
+        train_step(model, sgd(model), batch, cfg=BF16)
+    with pytest.raises(ValueError, match="Precision.compute must be one of"):
+        Precision(compute="float8")
+
+
+def test_rematerialised_layers_give_the_same_update() -> None:
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    init_params = params_of(make_model())
+    plain, remat = make_model(), make_model()
+    m_plain = train_step(plain, sgd(plain), batch, cfg=SEQ_MEAN)
+    m_remat = train_step(remat, sgd(remat), batch, cfg=dataclasses.replace(SEQ_MEAN, remat=True))
+    np.testing.assert_allclose(m_remat["loss"], m_plain["loss"], rtol=1e-6)
+    assert_same_gradient(params_of(remat), params_of(plain), init_params)

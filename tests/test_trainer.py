@@ -26,12 +26,13 @@ from pipelines_lib.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.publish import publish_weights
+from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
+from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer, train
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
@@ -97,6 +98,22 @@ def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) ->
     assert [n for n in store.list("train/checkpoints")] == ["00000002", "00000003", "00000004", "00000006"]
     assert train(store, config) == store.read_json(layout.TRAIN_DONE)  # a rerun is a no-op
     assert any("step 6/6" in line for line in logs)
+
+
+def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tmp_path) -> None:
+    base = small_config(max_steps=2)
+    step = dataclasses.replace(base.trainer.step, precision=Precision(params="float32", compute="bfloat16"))
+    config = dataclasses.replace(base, trainer=dataclasses.replace(base.trainer, step=step))
+    store = seed_campaign(str(tmp_path / "c"), config)
+    trainer = StreamingTrainer(store, config, log=lambda s: None)
+    trainer.run()
+    published, version = load_published(store)
+    assert version == 1 and published.cfg.dtype == "bfloat16"
+    masters = jax.tree.leaves(nnx.state(trainer.model, nnx.Param))
+    assert {x.dtype for x in masters} == {np.dtype("float32")}
+    # The published copy is the master weights rounded to bfloat16, nothing else.
+    for master, served in zip(masters, jax.tree.leaves(nnx.state(published, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(np.asarray(served), np.asarray(master.astype("bfloat16")))
 
 
 def test_trainer_reports_what_it_waited_for(tmp_path) -> None:

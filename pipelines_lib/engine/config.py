@@ -12,9 +12,16 @@ class EngineConfig:
     """Shapes fixed at construction: nothing the engine compiles depends on the requests it serves."""
 
     num_slots: int = 8
-    """Sequences decoded together; the KV cache is preallocated for this many."""
+    """Sequences decoded together (rows of the decode step)."""
     max_seq_len: int = 256
-    """KV-cache length: prompt + completion never exceed it (finish reason ``context``)."""
+    """Context limit: prompt + completion never exceed it (finish reason ``context``)."""
+    block_size: int = 16
+    """Positions per KV-cache block (``engine.blocks``); a decode step attends over the smallest
+    power-of-two number of blocks covering its longest sequence (``attention_spans``)."""
+    num_blocks: int | None = None
+    """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; fewer makes the cache
+    follow the tokens actually held: a request is admitted when the blocks of its prompt and
+    ``max_new_tokens`` are free. At least one full-length sequence's worth."""
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
     """Prompt chunks are padded to the smallest bucket that fits; longer prompts are prefilled in
     chunks of the largest bucket. One compilation per bucket, made once."""
@@ -48,6 +55,13 @@ class EngineConfig:
             )
         if self.mode not in MODES:
             raise ValueError(f"EngineConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if self.block_size < 1:
+            raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < self.blocks_per_sequence:
+            raise ValueError(
+                f"EngineConfig.num_blocks={self.num_blocks} cannot hold one sequence of max_seq_len="
+                f"{self.max_seq_len} ({self.blocks_per_sequence} blocks of {self.block_size})"
+            )
         if self.close_timeout_s <= 0:
             raise ValueError(f"EngineConfig.close_timeout_s must be > 0, got {self.close_timeout_s}")
 
@@ -55,6 +69,27 @@ class EngineConfig:
     def tiny(cls) -> EngineConfig:
         """Small slots and buckets for the tiny model on CPU."""
         return cls(num_slots=4, max_seq_len=128, prefill_buckets=(16, 32, 64))
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        return -(-self.max_seq_len // self.block_size)
+
+    @property
+    def pool_blocks(self) -> int:
+        """``num_blocks``, or enough for every slot at full length."""
+        return self.num_blocks if self.num_blocks is not None else self.num_slots * self.blocks_per_sequence
+
+    @property
+    def attention_spans(self) -> tuple[int, ...]:
+        """Block counts a decode step may attend over (one compilation each): powers of two below
+        ``blocks_per_sequence``, then it."""
+        spans = [1 << i for i in range(self.blocks_per_sequence.bit_length()) if 1 << i < self.blocks_per_sequence]
+        return (*spans, self.blocks_per_sequence)
+
+    def span_for(self, positions: int) -> int:
+        """Smallest attention span (in blocks) covering ``positions`` positions."""
+        blocks = -(-positions // self.block_size)
+        return next(s for s in self.attention_spans if s >= blocks)
 
     def bucket_for(self, length: int) -> int:
         """Smallest bucket holding ``length`` tokens (the largest one when none does)."""

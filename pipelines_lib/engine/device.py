@@ -10,6 +10,12 @@ How the pieces fit::
     DeviceRunner (the engine's worker thread; it alone touches the KV cache)
         dispatch(): prefill chunks, then one decode step; returns at once (JAX dispatch is asynchronous)
         collect():  waits until a dispatched step's tokens and logprobs are on the host
+        warmup():   compiles every step variant on the live cache, writing nowhere
+
+The KV cache is paged (``model.decoder``, ``engine.blocks``): each step receives the block table. A
+prefill chunk attends over its slot's whole table row; a decode step over the first ``span`` blocks of
+every row, ``span`` the smallest of ``EngineConfig.attention_spans`` covering the longest sequence, so
+its attention costs what the sequences hold, not the context limit.
 
 The scheduler dispatches step N+1 *before* collecting step N, so the device computes N+1 while the host
 records N, admits requests and plans N+2 (as vLLM's async scheduling does). A row that continues feeds
@@ -49,28 +55,26 @@ def _prefill_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
     cache: KVCache,
-    slot: jax.Array,
+    table_1n: jax.Array,
     tokens_1t: jax.Array,
     start: jax.Array,
 ) -> KVCache:
-    """Write the keys/values of one prompt chunk of one slot at positions ``start + [0, T)``.
+    """Write the keys/values of one prompt chunk of one slot (block table row ``table_1n``) at positions
+    ``start + [0, T)``.
 
     Prefill covers the prompt minus its last token; the decode step feeds that token and samples the
     first completion token, so sampling has one code path.
     """
     model = nnx.merge(graphdef, params)
-    slot_cache = jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=0), cache)
     positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
-    _, slot_cache = model.hidden(tokens_1t, positions_1t, slot_cache)
-    return jax.tree.map(
-        lambda c, s: jax.lax.dynamic_update_slice_in_dim(c, s, slot, axis=0), cache, slot_cache
-    )
+    return model.hidden(tokens_1t, positions_1t, cache, table_1n)[1]
 
 
 def _decode_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
     cache: KVCache,
+    table_bn: jax.Array,
     carry_b: jax.Array,
     tokens_b: jax.Array,
     from_carry_b: jax.Array,
@@ -81,13 +85,14 @@ def _decode_step(
     seed_b: jax.Array,
     index_b: jax.Array,
 ) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Feed each slot's newest token at its position and sample completion token ``index_b``.
+    """Feed each slot's newest token at its position and sample completion token ``index_b``, attending
+    over the ``table_bn`` blocks of each row.
 
     The newest token is ``carry_b`` (the previous step's sampled token, still on the device) where
     ``from_carry_b``, else ``tokens_b`` from the host (a row's first step)."""
     model = nnx.merge(graphdef, params)
     fed_b = jnp.where(from_carry_b, carry_b, tokens_b)
-    h_b1d, cache = model.hidden(fed_b[:, None], positions_b[:, None], cache)
+    h_b1d, cache = model.hidden(fed_b[:, None], positions_b[:, None], cache, table_bn)
     logits_bv = model.unembed(h_b1d[:, 0])
     token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
     return cache, token_b, logprob_b
@@ -98,7 +103,7 @@ class Steps(NamedTuple):
     decode: Any
 
     def compilations(self) -> int:
-        """Compiled variants so far (one per prefill bucket, one for decode, per cache shape)."""
+        """Compiled variants so far (one per prefill bucket, one per decode attention span, per cache shape)."""
         return self.prefill._cache_size() + self.decode._cache_size()
 
 
@@ -193,15 +198,34 @@ class DeviceRunner:
         self._credited_until = -math.inf
 
     def dispatch(
-        self, params: dict[Any, Any], prefills: list[tuple[int, np.ndarray, int]], rows: tuple[np.ndarray, ...]
+        self,
+        params: dict[Any, Any],
+        prefills: list[tuple[int, np.ndarray, int]],
+        rows: tuple[np.ndarray, ...],
+        table: np.ndarray,
+        span: int,
     ) -> Dispatched:
-        """Enqueue the prefill chunks (slot, padded tokens, start), then one decode step over every slot."""
+        """Enqueue the prefill chunks (slot, padded tokens, start), then one decode step over every slot
+        attending over the first ``span`` blocks of ``table``."""
         at = self._clock()
         for slot, tokens, start in prefills:
-            self.cache = self.steps.prefill(params, self.cache, np.int32(slot), tokens[None, :], np.int32(start))
-        self.cache, token_b, logprob_b = self.steps.decode(params, self.cache, self._carry_b, *rows)
+            self.cache = self.steps.prefill(params, self.cache, table[slot : slot + 1], tokens[None, :], np.int32(start))
+        self.cache, token_b, logprob_b = self.steps.decode(params, self.cache, table[:, :span], self._carry_b, *rows)
         self._carry_b = token_b
         return Dispatched(token_b, logprob_b, at)
+
+    def warmup(self, params: dict[Any, Any], buckets: tuple[int, ...], spans: tuple[int, ...], width: int) -> None:
+        """Compile every prefill bucket and decode span on the live cache (no second cache): every table
+        entry is "no block", so nothing is written and requests in flight are untouched."""
+        n = len(self._carry_b)
+        nowhere = np.full((n, width), self.cache[0].k_nskd.shape[0], np.int32)
+        for bucket in buckets:
+            self.cache = self.steps.prefill(params, self.cache, nowhere[:1], np.zeros((1, bucket), np.int32), np.int32(0))
+        idle = DecodeRows(n, width * self.cache[0].k_nskd.shape[1])
+        rows = idle.take(idle.active())
+        for span in spans:
+            self.cache, *_ = self.steps.decode(params, self.cache, nowhere[:, :span], self._carry_b, *rows)
+        jax.block_until_ready(self.cache)
 
     def collect(self, step: Dispatched) -> tuple[np.ndarray, np.ndarray, float, bool]:
         """(tokens, logprobs, busy seconds to credit, host_bound) of a dispatched step, waiting for it."""

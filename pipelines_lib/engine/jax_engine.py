@@ -4,8 +4,8 @@ How the pieces fit::
 
     generate() ──► queue ──► scheduler task (asyncio, owns all request state)
                                │ each iteration, at a decode-step boundary:
-                               │   install pending swapped weights, admit queued requests into free slots,
-                               │   take the next step's inputs from ``DecodeRows``
+                               │   install pending swapped weights, admit queued requests into free slots
+                               │   while their KV blocks are free, take the next step's inputs from ``DecodeRows``
                                ▼
                   worker thread (one, ``engine.device.DeviceRunner``): dispatch prefill(admitted) + one
                   decode step over all slots, then wait for the *previous* step's tokens
@@ -19,14 +19,17 @@ How the pieces fit::
   was also decoded in N+1; that token is discarded. A request whose last token (by ``max_new_tokens``
   or the context) is in flight hands its slot to the next queued request at once, so a known ending
   costs no idle slot-step (in continuous mode).
-* **Slots and cache.** ``num_slots`` rows of a preallocated KV cache ``[slots, max_seq_len, kv_heads,
-  head_dim]`` per layer. Row ``s`` of a slot always holds position ``s`` (see ``model.decoder``), so a
-  slot is reused without clearing it.
+* **Slots and cache.** ``num_slots`` rows of the decode step over a paged KV cache: a pool of
+  ``num_blocks`` blocks per layer and a block table per slot (``engine.blocks``). A request is admitted
+  when a slot is free *and* the blocks of its prompt and ``max_new_tokens`` are, and its blocks return to
+  the pool when it finishes, so memory follows the tokens held, not ``slots × max_seq_len``. Each decode
+  step attends over the smallest power-of-two number of blocks covering its longest sequence. A block
+  is reused without clearing it (see ``model.decoder``).
 * **No recompilation per request.** Prefill pads each prompt chunk to one of the configured buckets
   (prompts longer than the largest bucket are prefilled in chunks of it); decode always runs every
   slot, idle rows writing to a position past the cache end, which is dropped. Slot index, positions and
-  sampling settings are traced arguments, so after ``warmup()`` (one compile per bucket plus one for
-  decode) nothing compiles again; ``stats()["compilations"]`` counts compiled variants to prove it.
+  sampling settings are traced arguments, so after ``warmup()`` (one compile per bucket plus one per
+  decode attention span, on the live cache) nothing compiles again; ``stats()["compilations"]`` counts compiled variants to prove it.
   The steps are shared by every engine over an equally shaped model, so they compile once per process.
 * **The event loop never blocks on compute.** Device calls run in a dedicated worker thread; the
   scheduler awaits them, so tools and agents keep running while the engine computes.
@@ -41,8 +44,9 @@ How the pieces fit::
   produced it (``Completion.policy_versions``); note that the KV cache of their earlier tokens was
   computed by the older weights.
 * **Prefix reuse** (``EngineConfig.prefix_reuse``, off by default): a finished request leaves its
-  keys/values in its slot; a later prompt extending them (the next turn of the same conversation) goes
-  to that slot and prefills only what is new. Swapped weights discard every retained prefix.
+  keys/values (its blocks) with its slot; a later prompt extending them (the next turn of the same
+  conversation) goes to that slot and prefills only what is new. Swapped weights discard every retained
+  prefix, and so does admission when it needs the blocks.
 * **Static mode** (``EngineConfig.mode = "static"``) uses the same machinery but admits a batch only
   when all slots are free and returns its completions together once the longest one finishes.
 * **Finish reasons**: ``stop`` (a stop id was emitted, and is included), ``length`` (max_new_tokens),
@@ -66,6 +70,7 @@ import numpy as np
 from flax import nnx, traverse_util
 
 from pipelines_lib.engine.api import Completion, SamplingParams
+from pipelines_lib.engine.blocks import BlockTable, SlotMemory
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import DecodeRows, DeviceRunner, Dispatched, steps_for
 from pipelines_lib.model.decoder import Decoder, init_cache
@@ -98,12 +103,15 @@ class _Request:
 @dataclass
 class _Step:
     """One dispatch: the prefill chunks (slot, padded tokens, start) of the admitted prompts, then one decode
-    step; ``slots``/``requests`` are the rows it samples for, ``version`` the weights it runs with."""
+    step attending over ``span`` blocks of ``table``; ``slots``/``requests`` are the rows it samples for,
+    ``version`` the weights it runs with."""
 
     params: dict[Any, Any]
     version: int
     prefills: list[tuple[int, np.ndarray, int]]
     rows: tuple[np.ndarray, ...]
+    table: np.ndarray
+    span: int
     slots: list[int]
     requests: list[_Request]
 
@@ -171,15 +179,15 @@ class JaxEngine:
         self._steps = steps_for(self._graphdef)
         self._runner = DeviceRunner(
             self._steps,
-            jax.device_put(init_cache(model.cfg, config.num_slots, config.max_seq_len), self._device),
+            jax.device_put(init_cache(model.cfg, config.pool_blocks, config.block_size), self._device),
             config.num_slots,
             self._device,
             clock,
         )
         self._rows = DecodeRows(config.num_slots, config.max_seq_len)
+        self._memory = SlotMemory(BlockTable(num_blocks=config.pool_blocks, block_size=config.block_size,
+                                             num_slots=config.num_slots, max_seq_len=config.max_seq_len))
         self._slots: list[_Request | None] = [None] * config.num_slots
-        self._retained: list[list[int]] = [[] for _ in range(config.num_slots)]
-        """Per free slot: the tokens whose keys/values its cache rows still hold (prefix reuse)."""
         self._queue: deque[_Request] = deque()
         self._detached: list[_Request] = []
         """Requests that left their slot to a new one while their last token was in flight."""
@@ -256,8 +264,8 @@ class JaxEngine:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def warmup(self) -> None:
-        """Compile every prefill bucket and the decode step now (on a scratch cache, so in-flight
-        requests are untouched)."""
+        """Compile every prefill bucket and decode attention span now, on the engine's own cache (writing
+        nothing into it, so in-flight requests are untouched)."""
         self._ensure_running()
         assert self._loop is not None
         await self._loop.run_in_executor(self._executor, self._warmup_sync)
@@ -333,21 +341,14 @@ class JaxEngine:
         host-bound); runs in the worker thread only (it alone touches the cache)."""
         inflight = None
         if step is not None:
-            inflight = _InFlight(step, self._runner.dispatch(step.params, step.prefills, step.rows))
+            inflight = _InFlight(
+                step, self._runner.dispatch(step.params, step.prefills, step.rows, step.table, step.span)
+            )
         return inflight, self._runner.collect(previous.dispatched) if previous is not None else None
 
     def _warmup_sync(self) -> None:
-        scratch = jax.device_put(
-            init_cache(self.model_cfg, self.config.num_slots, self.config.max_seq_len), self._device
-        )
-        for bucket in self.config.prefill_buckets:
-            scratch = self._steps.prefill(
-                self._params, scratch, np.int32(0), np.zeros((1, bucket), np.int32), np.int32(0)
-            )
-        idle = DecodeRows(self.config.num_slots, self.config.max_seq_len)
-        carry = jax.device_put(np.zeros(self.config.num_slots, np.int32), self._device)
-        rows = idle.take(idle.active())
-        jax.block_until_ready(self._steps.decode(self._params, scratch, carry, *rows))
+        cfg = self.config
+        self._runner.warmup(self._params, cfg.prefill_buckets, cfg.attention_spans, cfg.blocks_per_sequence)
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
@@ -397,7 +398,8 @@ class JaxEngine:
             if self._pending_swap is not None:
                 self._params, self._version = self._pending_swap
                 self._pending_swap = None
-                self._retained = [[] for _ in self._slots]  # computed by the old weights
+                # Retained prefixes were computed by the old weights.
+                self._memory.forget([i for i, request in enumerate(self._slots) if request is None])
             return self._params, self._version
 
     def _drop_cancelled(self) -> None:
@@ -405,6 +407,7 @@ class JaxEngine:
             if request is not None and request.future.cancelled():
                 self._slots[i] = None
                 self._rows.stop(i)
+                self._memory.forget([i])
 
     def _admit(self) -> list[int]:
         if self.config.mode == "static":
@@ -419,15 +422,18 @@ class JaxEngine:
         admitted = []
         now = self._clock()
         while free and self._queue:
-            request = self._queue.popleft()
+            request = self._queue[0]
             if request.future.cancelled():
+                self._queue.popleft()
                 continue
-            # With prefix reuse: the free slot holding the longest prefix of this prompt, else one
-            # holding nothing (keeping other retained prefixes), else the lowest-numbered.
-            slot = max(free, key=lambda i: (self._reusable(i, request.prompt), not self._retained[i], -i))
+            slot = self._memory.choose(free, request.prompt)
+            reused = self._memory.reusable(slot, request.prompt)
+            positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
+            if not self._memory.reserve(slot, positions, reused, [i for i in free if self._slots[i] is None]):
+                break  # first come, first served: the head of the queue waits for blocks
+            self._queue.popleft()
             free.remove(slot)
-            request.reused = self._reusable(slot, request.prompt)
-            self._retained[slot] = []
+            request.reused = reused
             request.admitted_at = now
             if self._slots[slot] is not None:
                 self._detached.append(self._slots[slot])  # type: ignore[arg-type]
@@ -435,16 +441,6 @@ class JaxEngine:
             self._rows.start(slot, request.prompt, 0, request.sampling)
             admitted.append(slot)
         return admitted
-
-    def _reusable(self, slot: int, prompt: list[int]) -> int:
-        """Leading prompt tokens whose keys/values ``slot`` still holds (never the last prompt token,
-        which the decode step feeds)."""
-        retained = self._retained[slot]
-        limit = min(len(retained), len(prompt) - 1)
-        n = 0
-        while n < limit and retained[n] == prompt[n]:
-            n += 1
-        return n
 
     def _plan(self, admitted: list[int], params: dict[Any, Any], version: int) -> _Step | None:
         """The next dispatch, or None when no slot has tokens left to sample. Rows of requests in flight
@@ -464,7 +460,9 @@ class JaxEngine:
             self._counters.reused_prefix_tokens += request.reused
         slots = np.flatnonzero(active).tolist()
         requests = [self._slots[i] for i in slots]
-        return _Step(params, version, prefills, self._rows.take(active), slots, requests)  # type: ignore[arg-type]
+        span = self.config.span_for(int(self._rows.position[active].max()) + 1)
+        rows = self._rows.take(active)
+        return _Step(params, version, prefills, rows, self._memory.blocks.table.copy(), span, slots, requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
         """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""
@@ -517,8 +515,8 @@ class JaxEngine:
             request = self._slots[i]
             assert request is not None
             self._slots[i] = None
-            if self.config.prefix_reuse:  # every token but the newest has its keys/values in the slot
-                self._retained[i] = (request.prompt + request.tokens)[:-1]
+            # Every token but the newest has its keys/values in the slot's blocks.
+            self._memory.finish(i, (request.prompt + request.tokens)[:-1] if self.config.prefix_reuse else [])
             self._resolve(request, now)
 
     def _resolve(self, request: _Request, now: float) -> None:
@@ -545,6 +543,7 @@ class JaxEngine:
     def _fail_all(self, error: BaseException) -> None:
         requests = [r for r in self._slots if r is not None] + self._detached + list(self._queue)
         self._slots = [None] * self.config.num_slots
+        self._memory.forget(list(range(self.config.num_slots)))
         self._detached = []
         self._queue.clear()
         for request in requests:

@@ -7,6 +7,8 @@ draws depend only on its seed and position, never on what else is in the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -15,6 +17,23 @@ def request_keys(seed_b: jax.Array, token_index_b: jax.Array) -> jax.Array:
     """One PRNG key per row from the request seed (uint32) and the completion token index."""
     base = jax.random.key(0)
     return jax.vmap(lambda s, i: jax.random.fold_in(jax.random.fold_in(base, s), i))(seed_b, token_index_b)
+
+
+def _ordered_keys(x_bv: jax.Array) -> jax.Array:
+    """uint32 keys ordered as the float32 values are (sign bit flipped for positives, all bits for negatives)."""
+    bits_bv = jax.lax.bitcast_convert_type(x_bv.astype(jnp.float32), jnp.uint32)
+    return jnp.where(bits_bv >> 31 == 1, ~bits_bv, bits_bv | jnp.uint32(0x80000000))
+
+
+def _largest_key(keys_bv: jax.Array, holds: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Per row, the largest uint32 ``t`` with ``holds(t)`` (monotone: true up to some key, false after), built
+    bit by bit from the top: 32 passes over the vocabulary instead of a sort. ``holds(0)`` is taken as true."""
+
+    def step(i: jax.Array, t_b: jax.Array) -> jax.Array:
+        candidate_b = t_b | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+        return jnp.where(holds(candidate_b), candidate_b, t_b)
+
+    return jax.lax.fori_loop(0, 32, step, jnp.zeros(keys_bv.shape[0], jnp.uint32))
 
 
 def filtered_logits(
@@ -26,18 +45,26 @@ def filtered_logits(
     smallest prefix of the remaining tokens, most likely first, whose probability mass reaches ``p``
     (the token crossing ``p`` is kept). Removed tokens get ``-inf``. Ties at a threshold are all kept.
     Rows with ``T == 0`` are scaled by 1 (the caller takes their argmax).
+
+    No sort: each threshold is found by a bitwise search over the float keys (``_largest_key``), the
+    k-th best as the largest ``t`` with ``#{z >= t} >= k`` and the top-p cut as the largest ``t`` with
+    ``mass{z >= t} >= p``, both exact. When no row filters, the search is skipped altogether.
     """
-    vocab = logits_bv.shape[-1]
     scaled_bv = logits_bv / jnp.where(temperature_b > 0, temperature_b, 1.0)[:, None]
-    sorted_bv = jnp.flip(jnp.sort(scaled_bv, axis=-1), axis=-1)
-    k_b = jnp.where(top_k_b > 0, jnp.minimum(top_k_b, vocab), vocab)
-    rank_v = jnp.arange(vocab)
-    sorted_bv = jnp.where(rank_v[None, :] < k_b[:, None], sorted_bv, -jnp.inf)
-    probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
-    mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
-    n_keep_b = jnp.sum((mass_before_bv < top_p_b[:, None]) & (rank_v[None, :] < k_b[:, None]), axis=-1)
-    threshold_b = jnp.take_along_axis(sorted_bv, (n_keep_b - 1)[:, None], axis=-1)[:, 0]
-    return jnp.where(scaled_bv >= threshold_b[:, None], scaled_bv, -jnp.inf)
+
+    def cut(scaled_bv: jax.Array) -> jax.Array:
+        keys_bv = _ordered_keys(scaled_bv)
+        k_b = jnp.where(top_k_b > 0, top_k_b, scaled_bv.shape[-1])[:, None]
+        kth_b = _largest_key(keys_bv, lambda t_b: jnp.sum(keys_bv >= t_b[:, None], axis=-1) >= k_b[:, 0])
+        top_k_bv = jnp.where(keys_bv >= kth_b[:, None], scaled_bv, -jnp.inf)
+        probs_bv = jax.nn.softmax(top_k_bv, axis=-1)
+        cut_b = _largest_key(
+            keys_bv, lambda t_b: jnp.sum(jnp.where(keys_bv >= t_b[:, None], probs_bv, 0.0), axis=-1) >= top_p_b
+        )
+        return jnp.where(keys_bv >= jnp.maximum(kth_b, cut_b)[:, None], scaled_bv, -jnp.inf)
+
+    filtering = jnp.any(((top_k_b > 0) | (top_p_b < 1.0)) & (temperature_b > 0))
+    return jax.lax.cond(filtering, cut, lambda x: x, scaled_bv)
 
 
 def sample(

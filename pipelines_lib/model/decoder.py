@@ -4,11 +4,15 @@ One attention implementation serves both uses:
 
 * training / scoring: ``model(tokens_bt, positions_bt) -> logits_btv`` attends over the tokens it is
   given, causally by position (sequences are right-padded, so causal is enough);
-* inference: ``model.hidden(tokens_bt, positions_bt, cache) -> (h_btd, cache)`` first writes the new
-  keys/values into a preallocated ``KVCache`` at their absolute positions, then attends over the whole
-  cache with the same causal-by-position mask. Cache row ``s`` always holds position ``s``, so entries
-  beyond a sequence's current position (stale keys of an earlier request in the same slot, or padding of
-  a prefill bucket) are masked out by causality alone and never need clearing. ``model.unembed(h)``
+* inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
+  paged ``KVCache``: a pool of fixed-size blocks per layer, shared by all sequences, and a block table
+  per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``. It
+  first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``,
+  the table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the
+  same causal-by-position mask. Gathered position ``s`` always holds position ``s``, so entries beyond a
+  sequence's current position (stale keys of an earlier request in a reused block, padding of a prefill
+  bucket, blocks not assigned yet) are masked out by causality alone and never need clearing. Writes to
+  positions outside the table (or to the "no block" id ``num_blocks``) are dropped. ``model.unembed(h)``
   turns the hidden states the engine picks into float32 logits.
 
 Layer ``i`` is: x += post_norm?(attn(attn_norm(x))); x += post_norm?(mlp(mlp_norm(x))), with rope on
@@ -18,6 +22,7 @@ score soft-cap, and a gated MLP (SwiGLU or GeGLU).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -31,20 +36,38 @@ from pipelines_lib.model.config import ModelConfig, RopeScaling
 
 
 class LayerCache(NamedTuple):
-    """Keys and values of one layer; row ``s`` of axis 1 holds absolute position ``s``."""
+    """Keys and values of one layer in blocks: ``[num_blocks, block_size, kv_heads, head_dim]``."""
 
-    k_bskd: jax.Array
-    v_bskd: jax.Array
+    k_nskd: jax.Array
+    v_nskd: jax.Array
 
 
 KVCache = tuple[LayerCache, ...]
 
 
-def init_cache(cfg: ModelConfig, batch: int, length: int) -> KVCache:
-    """Zeroed cache for ``batch`` sequences of up to ``length`` positions."""
-    shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+def init_cache(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
+    """Zeroed pool of ``num_blocks`` blocks of ``block_size`` positions per layer."""
+    shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
     dtype = jnp.dtype(cfg.dtype)
     return tuple(LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.n_layers))
+
+
+def write_and_gather(
+    pool_nskd: jax.Array, new_btkd: jax.Array, positions_bt: jax.Array, table_bn: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """(pool with ``new`` written at each row's positions, the row's ``[b, n · block_size, ...]`` view).
+
+    Position ``p`` of row ``b`` lives at offset ``p % block_size`` of block ``table_bn[b, p // block_size]``;
+    positions at or past ``n · block_size`` and table entries ``>= num_blocks`` ("no block") are dropped.
+    """
+    num_blocks, block_size = pool_nskd.shape[:2]
+    b, n = table_bn.shape
+    j_bt = positions_bt // block_size
+    block_bt = jnp.take_along_axis(table_bn, jnp.minimum(j_bt, n - 1), axis=1)
+    block_bt = jnp.where(j_bt < n, block_bt, num_blocks)
+    pool_nskd = pool_nskd.at[block_bt, positions_bt % block_size].set(new_btkd.astype(pool_nskd.dtype), mode="drop")
+    view = jnp.take(pool_nskd, table_bn, axis=0, mode="clip")  # unassigned blocks: masked by causality
+    return pool_nskd, view.reshape(b, n * block_size, *pool_nskd.shape[2:])
 
 
 @functools.cache
@@ -149,7 +172,7 @@ class Attention(nnx.Module):
         self.softcap = cfg.attn_logit_softcap
 
     def __call__(
-        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None
+        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None, table_bn: jax.Array | None
     ) -> tuple[jax.Array, LayerCache | None]:
         b, t, _ = x_btd.shape
         q = self.q_proj(x_btd).reshape(b, t, self.n_heads, self.head_dim)
@@ -163,12 +186,11 @@ class Attention(nnx.Module):
         if cache is None:
             keys, values, k_pos_bs = k, v, positions_bt
         else:
-            rows_b1 = jnp.arange(b)[:, None]
-            # Positions past the cache end (padding of a long prefill bucket) are dropped.
-            keys = cache.k_bskd.at[rows_b1, positions_bt].set(k, mode="drop")
-            values = cache.v_bskd.at[rows_b1, positions_bt].set(v, mode="drop")
+            assert table_bn is not None
+            k_pool, keys = write_and_gather(cache.k_nskd, k, positions_bt, table_bn)
+            v_pool, values = write_and_gather(cache.v_nskd, v, positions_bt, table_bn)
             k_pos_bs = jnp.broadcast_to(jnp.arange(keys.shape[1]), (b, keys.shape[1]))
-            cache = LayerCache(keys, values)
+            cache = LayerCache(k_pool, v_pool)
         o = attention(
             q,
             keys,
@@ -212,9 +234,13 @@ class Block(nnx.Module):
             self.mlp_post_norm = RMSNorm(cfg.d_model, **norm)
 
     def __call__(
-        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None
+        self,
+        x_btd: jax.Array,
+        positions_bt: jax.Array,
+        cache: LayerCache | None = None,
+        table_bn: jax.Array | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
-        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, cache)
+        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, cache, table_bn)
         if self.post_norms:
             a = self.attn_post_norm(a)
         x_btd = x_btd + a
@@ -238,35 +264,66 @@ class Decoder(nnx.Module):
                 cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
             )
 
-    def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None) -> jax.Array:
-        """Causal logits_btv (float32) over the given tokens, no cache."""
+    def __call__(
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: bool = False
+    ) -> jax.Array:
+        """Causal logits_btv (float32) over the given tokens, no cache.
+
+        ``remat``: under differentiation, keep only each layer's input and recompute the layer in the
+        backward pass (gradient checkpointing); the values are the same either way."""
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
-        h_btd, _ = self._trunk(tokens_bt, positions_bt, None)
-        return self.unembed(h_btd)
+        x = self._embed(tokens_bt)
+        for layer in self.layers:
+            x = _remat_layer(layer, x, positions_bt) if remat else layer(x, positions_bt)[0]
+        return self.unembed(self.final_norm(x))
 
     def hidden(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache
+        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, table_bn: jax.Array
     ) -> tuple[jax.Array, KVCache]:
-        """Final-norm hidden states of the new tokens, and the cache with their keys/values written."""
-        return self._trunk(tokens_bt, positions_bt, cache)
+        """Final-norm hidden states of the new tokens, and the cache with their keys/values written into
+        the blocks ``table_bn`` names (see the module docstring)."""
+        x = self._embed(tokens_bt)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, layer_cache = layer(x, positions_bt, layer_cache, table_bn)
+            new_cache.append(layer_cache)
+        return self.final_norm(x), tuple(new_cache)
 
     def unembed(self, h_btd: jax.Array) -> jax.Array:
         """Float32 logits of final-norm hidden states (with the final soft-cap if configured)."""
-        logits = self.embed.attend(h_btd) if self.cfg.tie_embeddings else self.lm_head(h_btd)
-        logits = logits.astype(jnp.float32)
+        # Accumulated and returned in float32 whatever the compute dtype: rounding logits to bfloat16
+        # would be the largest error of a bfloat16 step (the loss and its gradient start here).
+        if self.cfg.tie_embeddings:
+            logits = jnp.einsum("...d,vd->...v", h_btd, self.embed.embedding[...], preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("...d,dv->...v", h_btd, self.lm_head.kernel[...], preferred_element_type=jnp.float32)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
-    def _trunk(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache | None
-    ) -> tuple[jax.Array, KVCache | None]:
+    def _embed(self, tokens_bt: jax.Array) -> jax.Array:
         x = self.embed(tokens_bt)
         if self.cfg.embed_scale:
             # The scale is rounded to the parameter dtype, as in Gemma's reference code.
             x = x * jnp.asarray(self.cfg.d_model**0.5, x.dtype)
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions_bt, None if cache is None else cache[i])
-            new_cache.append(layer_cache)
-        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+        return x
+
+
+@nnx.remat
+def _remat_layer(layer: Block, x_btd: jax.Array, positions_bt: jax.Array) -> jax.Array:
+    return layer(x_btd, positions_bt)[0]
+
+
+def with_dtype(model: Decoder, dtype: str) -> Decoder:
+    """``model`` computing in ``dtype``: the same structure built for ``dtype``, parameters cast into it.
+
+    Differentiable (the cast is part of the graph), so a loss of the copy has gradients in the original
+    dtype: the mixed-precision forward of ``train.step``. Also the compute-dtype copy the trainer
+    publishes. Returns ``model`` itself when it already is in ``dtype``.
+    """
+    if model.cfg.dtype == dtype:
+        return model
+    cfg = dataclasses.replace(model.cfg, dtype=dtype)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    params = jax.tree.map(lambda p: p.astype(dtype), nnx.state(model, nnx.Param))
+    return nnx.merge(graphdef, params)

@@ -12,7 +12,12 @@ Inside, in order:
    penalty on, its reference log-probs) are alive at a time.
    Because step 1 fixed the normaliser, the summed loss and gradient equal the full-batch ones
    (exact up to float summation order) for every aggregation;
-3. one optimizer update with the summed gradient.
+3. one optimizer update with the summed gradient, in place: model and optimizer are donated.
+
+Precision (``StepConfig.precision``): the parameters and Adam's moments stay in ``precision.params``;
+each micro-batch's forward/backward runs on a ``precision.compute`` copy (``model.decoder.with_dtype``),
+so the summed gradient and the update are in the master dtype. ``StepConfig.remat`` recomputes each
+layer's activations in the backward pass instead of keeping them.
 
 Proximal log-probs: ``batch.prox_logp_bt = None`` uses the current parameters (stop-gradient),
 which *is* the proximal policy when the batch receives one optimizer update — it saves a forward
@@ -33,6 +38,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from pipelines_lib.model.config import DTYPES
+from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.losses import (
     LossConfig,
@@ -44,12 +51,38 @@ from pipelines_lib.train.losses import (
 
 
 @dataclass(frozen=True, kw_only=True)
+class Precision:
+    """Dtypes of training: master weights and optimiser state in ``params``, forward/backward in ``compute``.
+
+    ``{params: float32, compute: bfloat16}`` is mixed precision as accelerators run it: each micro-batch
+    casts the float32 master weights to bfloat16, the gradient flows back through that cast into float32,
+    and the update lands on float32 weights, so steps far below bfloat16's spacing (≈ 1.2e-4 at |w| ≈
+    0.02) still accumulate. The trainer publishes the compute-dtype copy for the engines.
+    """
+
+    params: str = "float32"
+    """Dtype of the trained parameters (and so of Adam's moments); the model must hold them in it."""
+    compute: str = "float32"
+    """Dtype of the forward and backward passes; logits, log-probs and the loss are float32 regardless."""
+
+    def __post_init__(self) -> None:
+        for name in ("params", "compute"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"Precision.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepConfig:
     """What one optimizer step computes (static under jit: changing it recompiles)."""
 
     loss: LossConfig = field(default_factory=LossConfig)
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; must divide the batch's row count."""
+    precision: Precision = field(default_factory=Precision)
+    """Master and compute dtypes (mixed precision when they differ)."""
+    remat: bool = False
+    """Gradient checkpointing: keep only each decoder layer's input for the backward pass and recompute
+    the layer's activations there (less activation memory for about one more forward pass)."""
 
     def __post_init__(self) -> None:
         if self.grad_accum_steps < 1:
@@ -57,9 +90,9 @@ class StepConfig:
 
 
 def _forward_logp_entropy(
-    model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array
+    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, remat: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    return token_logp_and_entropy(model(tokens_bt, positions_bt), tokens_bt)
+    return token_logp_and_entropy(model(tokens_bt, positions_bt, remat=remat), tokens_bt)
 
 
 @nnx.jit
@@ -83,16 +116,21 @@ def _split_micro(x_b: jax.Array | None, n_micro: int) -> jax.Array | None:
     return x_b.reshape(x_b.shape[0] // n_micro, n_micro, *x_b.shape[1:]).swapaxes(0, 1)
 
 
-@partial(nnx.jit, static_argnames=("cfg",))
+@partial(nnx.jit, static_argnames=("cfg",), donate_argnums=(0, 1))
 def train_step(
-    model: nnx.Module,
+    model: Decoder,
     optimizer: nnx.Optimizer,
     batch: TrainBatch,
-    ref_model: nnx.Module | None = None,
+    ref_model: Decoder | None = None,
     *,
     cfg: StepConfig,
 ) -> dict[str, jax.Array]:
     """One optimizer update of ``model`` on ``batch``; returns scalar metrics.
+
+    ``model`` and ``optimizer`` are donated: the update writes the new parameters and Adam moments
+    into the buffers of the old ones, so they exist once, not twice, at the step's peak. Their arrays
+    from before the call are invalid after it (``model`` and ``optimizer`` themselves hold the new ones);
+    anything else holding those arrays (an engine given the same parameters) must hold a copy.
 
     Metrics: ``loss``, ``grad_norm`` (before clipping), ``loss_tokens``, ``entropy``, ``kl`` (with
     a reference) and the loss's own (``losses.grpo_loss``: clip fractions, ratio and behaviour
@@ -121,20 +159,23 @@ def train_step(
     micro_batches = {k: _split_micro(v, n_micro) for k, v in per_row.items()}
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    wrong = next((p for p in jax.tree.leaves(params) if p.dtype != jnp.dtype(cfg.precision.params)), None)
+    if wrong is not None:
+        raise ValueError(f"train_step: model parameters are {wrong.dtype}, precision.params is {cfg.precision.params}")
     # The reference runs inside the scan too, so its logits also exist for one micro-batch at a time.
     use_ref = cfg.loss.kl_coef > 0
     ref_graphdef, ref_state = nnx.split(ref_model) if use_ref else (None, None)
 
     def micro_loss(params: nnx.State, micro: dict[str, jax.Array | None]):
+        compute_model = with_dtype(nnx.merge(graphdef, params, rest), cfg.precision.compute)
         logp_bt, entropy_bt = _forward_logp_entropy(
-            nnx.merge(graphdef, params, rest), micro["tokens_bt"], micro["positions_bt"]
+            compute_model, micro["tokens_bt"], micro["positions_bt"], remat=cfg.remat
         )
         prox_logp_bt = micro["prox_logp_bt"]
         ref_logp_bt = None
         if use_ref:
-            ref_logp_bt = _forward_logp_entropy(
-                nnx.merge(ref_graphdef, ref_state), micro["tokens_bt"], micro["positions_bt"]
-            )[0]
+            ref_model_c = with_dtype(nnx.merge(ref_graphdef, ref_state), cfg.precision.compute)
+            ref_logp_bt = _forward_logp_entropy(ref_model_c, micro["tokens_bt"], micro["positions_bt"])[0]
         inputs = LossInputs(
             logp_bt=logp_bt,
             prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,

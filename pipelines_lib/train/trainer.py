@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
@@ -109,9 +110,11 @@ class StreamingTrainer:
         self.log = log
         self.clock = clock
         self.sleep = sleep
-        self.model, base_version = load_published(store, 0)
+        model, base_version = load_published(store, 0)
         if base_version != 0:
             raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
+        self.precision = self.tc.step.precision
+        self.model = with_dtype(model, self.precision.params)  # the master weights
         self.optimizer = make_nnx_optimizer(self.model, self.tc.optim)
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
@@ -250,7 +253,10 @@ class StreamingTrainer:
         if publish:
             self.version += 1
             with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
-                publish_weights(self.store, self.model, version=self.version, step=self.step)
+                # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
+                publish_weights(
+                    self.store, with_dtype(self.model, self.precision.compute), version=self.version, step=self.step
+                )
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
                 save_checkpoint(

@@ -1,0 +1,281 @@
+"""Benchmark ``realsize``: a Qwen3-0.6B-shaped model (random weights) trained and served on one CPU device.
+
+```
+parent (this process, holds no model)      one subprocess per part, so each part's peak RSS is its own
+  train       float32 GRPO step, rows × length; XLA's memory analysis of the compiled step (aliased bytes
+              over parameter + optimiser bytes), peak RSS, seconds per step
+  growth      the same step on rows × growth_length, `growth_steps` steps with RSS and live JAX array bytes
+              after each (a leak grows the live bytes, allocator drift only the RSS)
+  remat       the same step with per-layer rematerialisation: peak RSS and seconds per step
+  bf16        one SGD step (lr 1: the update is the gradient) in float32 and one with bfloat16 compute on
+              float32 masters, from the same weights on the same batch: relative error of the update
+  engine      JaxEngine at 16 slots, then at 4, on the same short requests (a paged cache sized for what
+              they hold): tokens/s of each, and RSS sampled every 5 ms during the 16-slot warmup over the
+              RSS once it has served (steady)
+```
+
+The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
+``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
+``--quick`` runs the same parts on a small model in seconds. A part's subprocess runs ``python -m
+bench.realsize PART ARGS_JSON`` and prints one JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
+
+QWEN3_0P6B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "tie_word_embeddings": True, "hidden_act": "silu",
+}
+"""The shape fields of Qwen3-0.6B's ``config.json``."""
+SMALL = {**QWEN3_0P6B, "vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384}
+"""The ``--quick`` model: the same architecture, every dimension shrunk."""
+FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 64,
+        "requests": 32, "prompt": 24, "new_tokens": 32, "max_seq_len": 1024, "num_blocks": 128}
+QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 32,
+         "requests": 16, "prompt": 12, "new_tokens": 8, "max_seq_len": 256, "num_blocks": 48}
+MIN_AVAILABLE_GIB = 14.0
+"""The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
+GIB = 2**30
+
+
+def _rss_gib() -> float:
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb / 2**20
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    return kb / 2**20
+
+
+def _model(args: dict[str, Any], dtype: str = "float32"):
+    import jax
+    from flax import nnx
+
+    from pipelines_lib.model.config import ModelConfig
+    from pipelines_lib.model.decoder import Decoder
+
+    cfg = ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"])
+    model = Decoder(ModelConfig.from_dict({**cfg.to_dict(), "dtype": dtype}), rngs=nnx.Rngs(0))
+    nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))  # committed, as step outputs are
+    return model
+
+
+def _batch(args: dict[str, Any], rows: int, length: int, vocab: int):
+    import numpy as np
+
+    from pipelines_lib.train.batch import build_train_batch
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, vocab, size=(rows, length)).tolist()
+    masks = [[0] * (length // 4) + [1] * (length - length // 4)] * rows
+    behav = (-rng.uniform(0.5, 5.0, size=(rows, length))).tolist()
+    return build_train_batch(tokens, masks, behav, rng.normal(size=rows).tolist(), seq_buckets=(length,))
+
+
+def part_train(args: dict[str, Any]) -> dict[str, float]:
+    import jax
+    from flax import nnx
+
+    from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+    from pipelines_lib.train.step import StepConfig, train_step
+
+    model = _model(args)
+    optimizer = make_nnx_optimizer(model, OptimConfig())
+    batch = _batch(args, args["rows"], args["length"], model.cfg.vocab_size)
+    cfg = StepConfig(remat=args["remat"])
+    memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
+    times, rss, live = [], [], []
+    for _ in range(1 + args["steps"]):
+        t0 = time.perf_counter()
+        float(train_step(model, optimizer, batch, cfg=cfg)["loss"])
+        times.append(time.perf_counter() - t0)
+        rss.append(_rss_gib())
+        live.append(sum(x.nbytes for x in jax.live_arrays()) / GIB)
+    return {
+        "peak_gib": _peak_rss_gib(),
+        "aliased_fraction": memory.alias_size_in_bytes / state_bytes,
+        "xla_step_gib": (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                         - memory.alias_size_in_bytes) / GIB,
+        "state_gib": state_bytes / GIB,
+        "first_step_s": times[0],
+        "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
+        "rss_growth_gib": rss[-1] - rss[0],
+        "live_growth_gib": live[-1] - live[0],
+    }
+
+
+def part_bf16(args: dict[str, Any]) -> dict[str, float]:
+    import dataclasses
+
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    from pipelines_lib.train.step import Precision, StepConfig, train_step
+
+    model = _model(args)
+    batch = _batch(args, args["bf16_rows"], args["bf16_length"], model.cfg.vocab_size)
+    w0 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+    sgd = optax.sgd(1.0)
+    deltas = {}
+    for compute in ("float32", "bfloat16"):
+        nnx.update(model, jax.tree.unflatten(jax.tree.structure(nnx.state(model, nnx.Param)),
+                                             [jax.device_put(w, jax.devices()[0]) for w in w0]))
+        cfg = dataclasses.replace(StepConfig(), precision=Precision(params="float32", compute=compute))
+        train_step(model, nnx.Optimizer(model, sgd, wrt=nnx.Param), batch, cfg=cfg)
+        deltas[compute] = [np.asarray(x) - w for x, w in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), w0,
+                                                               strict=True)]
+    err = sum(float(np.sum((b.astype(np.float64) - f) ** 2)) for b, f in zip(deltas["bfloat16"], deltas["float32"],
+                                                                              strict=True))
+    ref = sum(float(np.sum(f.astype(np.float64) ** 2)) for f in deltas["float32"])
+    return {"update_rel_error": (err / ref) ** 0.5}
+
+
+def part_engine(args: dict[str, Any]) -> dict[str, float]:
+    from pipelines_lib.engine import EngineConfig, JaxEngine, SamplingParams
+
+    model = _model(args)
+    out: dict[str, float] = {}
+    for slots in (16, 4):  # 16 first: its warmup runs in a process that has served nothing yet
+        config = EngineConfig(num_slots=slots, max_seq_len=args["max_seq_len"], prefill_buckets=(32,),
+                              block_size=16, num_blocks=args["num_blocks"])
+        engine = JaxEngine(model, config)
+        peak = [_rss_gib()]
+        done = threading.Event()
+
+        def sample(peak: list[float] = peak, done: threading.Event = done) -> None:
+            while not done.wait(0.005):
+                peak[0] = max(peak[0], _rss_gib())
+
+        async def serve(engine: JaxEngine = engine, done: threading.Event = done) -> dict[str, float]:
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            await engine.warmup()
+            done.set()
+            sampler.join()
+            engine.reset_stats()
+            await asyncio.gather(*[
+                engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
+                                SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
+                for k in range(args["requests"])])
+            stats = engine.stats()
+            await engine.close()
+            return stats
+
+        stats = asyncio.run(serve())
+        out[f"tokens_per_s_{slots}"] = stats["tokens_per_s"]
+        out[f"ms_per_step_{slots}"] = 1000 * stats["wall_s"] / stats["decode_steps"]
+        if slots == 16:
+            out["warmup_peak_gib"], out["steady_gib"] = peak[0], _rss_gib()
+    return out
+
+
+PARTS = {"train": part_train, "bf16": part_bf16, "engine": part_engine}
+
+
+def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, float]:
+    ctx.progress(f"realsize: {part} {json.dumps({k: v for k, v in args.items() if k != 'hf'})}")
+    done = subprocess.run([sys.executable, "-m", "bench.realsize", part, json.dumps(args)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"realsize part {part!r} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@register_bench(
+    "realsize",
+    title="A Qwen3-0.6B-shaped model on one CPU device",
+    measures="Memory and speed of the train step and the engine at a real model size: peak RSS of a float32 GRPO "
+             "step and how much of the parameter + Adam state XLA aliases (donation), RSS growth over 20 steps, "
+             "the same with per-layer remat, the update error of bfloat16 compute on float32 master weights, "
+             "engine tokens/s at 16 over 4 slots with short requests, and the engine warmup's memory peak.",
+    method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
+           "part in its own subprocess. Train: batch 4 × 256 (GRPO, AdamW), XLA memory analysis of the compiled "
+           "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
+           "32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX array bytes after the first and the "
+           "last. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
+           "(lr 1) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` from the same weights, "
+           "‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖. Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
+           "`max_seq_len` 1024, a pool of 128 blocks of 16, at 16 then 4 slots, warmed up before timing; "
+           "warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over the RSS after serving.",
+    goals=(
+        Goal(key="realsize.train_peak_gib", op="<=", value=10.0, why="≈ 9 GiB of state; donation keeps one copy"),
+        Goal(key="realsize.train_aliased_fraction", op=">=", value=0.9,
+             why="parameters and optimiser state updated in place"),
+        Goal(key="realsize.train_rss_growth_gib_20_steps", op="<=", value=0.2, why="flat memory over a run"),
+        Goal(key="realsize.bf16_update_rel_error", op="<=", value=1e-2,
+             why="bfloat16 compute must not change what a step learns"),
+        Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
+             why="attention and cache follow the tokens held, so more slots pay"),
+        Goal(key="realsize.warmup_peak_over_steady", op="<=", value=1.1, why="warmup allocates no second cache"),
+    ),
+)
+def bench_realsize(ctx: BenchContext) -> BenchResult:
+    size = QUICK if ctx.quick else FULL
+    if not ctx.quick and _available_gib() < MIN_AVAILABLE_GIB:
+        raise RuntimeError(f"realsize needs {MIN_AVAILABLE_GIB} GiB available, the machine has "
+                           f"{_available_gib():.1f} (run --quick, or wait)")
+    train = _run_part("train", {**size, "remat": False, "steps": 1}, ctx)
+    remat = _run_part("train", {**size, "remat": True, "steps": 1}, ctx)
+    # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
+    growth = _run_part("train", {**size, "length": size["growth_length"], "remat": False,
+                                 "steps": size["growth_steps"]}, ctx)
+    bf16 = _run_part("bf16", size, ctx)
+    engine = _run_part("engine", size, ctx)
+    figures = {
+        "realsize.train_peak_gib": train["peak_gib"],
+        "realsize.train_aliased_fraction": train["aliased_fraction"],
+        "realsize.train_xla_step_gib": train["xla_step_gib"],
+        "realsize.train_state_gib": train["state_gib"],
+        "realsize.train_step_s": train["step_s"],
+        "realsize.train_rss_growth_gib_20_steps": growth["rss_growth_gib"],
+        "realsize.train_live_bytes_growth_gib_20_steps": growth["live_growth_gib"],
+        "realsize.remat_peak_gib": remat["peak_gib"],
+        "realsize.remat_xla_step_gib": remat["xla_step_gib"],
+        "realsize.remat_step_s": remat["step_s"],
+        "realsize.bf16_update_rel_error": bf16["update_rel_error"],
+        "realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
+        "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
+        "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
+        "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
+    }
+    rows = [
+        {"run": "train step", "peak RSS GiB": train["peak_gib"], "XLA step GiB": train["xla_step_gib"],
+         "s/step": train["step_s"]},
+        {"run": "train step, remat", "peak RSS GiB": remat["peak_gib"], "XLA step GiB": remat["xla_step_gib"],
+         "s/step": remat["step_s"]},
+    ]
+    notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; train batch {size['rows']} × "
+             f"{size['length']}; parameter + optimiser state {train['state_gib']:.2f} GiB; engine ms/step "
+             f"{engine['ms_per_step_16']:.0f} at 16 slots, {engine['ms_per_step_4']:.0f} at 4; warmup peak "
+             f"{engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB.")
+    return BenchResult(figures=figures, rows=rows, notes=notes)
+
+
+if __name__ == "__main__":
+    print(json.dumps(PARTS[sys.argv[1]](json.loads(sys.argv[2]))), flush=True)
