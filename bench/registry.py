@@ -26,6 +26,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.store",
     "bench.telemetry",
     "bench.trainer",
+    "bench.vllm",
 )
 """Modules whose import registers benchmarks."""
 
@@ -87,25 +88,40 @@ class Bench:
     """How: sizes, repetitions, what is timed and what is not."""
     goals: tuple[Goal, ...]
     fn: BenchFn
+    prefixes: tuple[str, ...] = ()
+    """Key prefixes this benchmark owns besides ``<name>.`` (a figure named after what it measures, e.g.
+    ``engine.vllm.``, written by a benchmark of its own); the longest matching prefix owns a key."""
+
+    def owned_prefixes(self) -> tuple[str, ...]:
+        return (f"{self.name}.", *self.prefixes)
 
 
 BENCHES: dict[str, Bench] = {}
 
 
-def register_bench(name: str, *, title: str, measures: str, method: str,
-                   goals: tuple[Goal, ...] = ()) -> Callable[[BenchFn], BenchFn]:
+def register_bench(name: str, *, title: str, measures: str, method: str, goals: tuple[Goal, ...] = (),
+                   prefixes: tuple[str, ...] = ()) -> Callable[[BenchFn], BenchFn]:
     if not name.isidentifier():
         raise ValueError(f"benchmark name must be an identifier, got {name!r}")
     for g in goals:
-        if not g.key.startswith(f"{name}."):
-            raise ValueError(f"benchmark {name!r}: goal key {g.key!r} must start with '{name}.'")
+        if not g.key.startswith((f"{name}.", *prefixes)):
+            raise ValueError(f"benchmark {name!r}: goal key {g.key!r} must start with one of "
+                             f"{[f'{name}.', *prefixes]}")
 
     def register(fn: BenchFn) -> BenchFn:
         if name in BENCHES:
             raise ValueError(f"benchmark {name!r} is registered twice")
-        BENCHES[name] = Bench(name=name, title=title, measures=measures, method=method, goals=goals, fn=fn)
+        BENCHES[name] = Bench(name=name, title=title, measures=measures, method=method, goals=goals, fn=fn,
+                              prefixes=prefixes)
         return fn
     return register
+
+
+def key_owner(key: str, benches: dict[str, Bench]) -> str:
+    """Name of the benchmark owning figure ``key``: the longest owned prefix it starts with, else the part
+    before its first dot (figures of no registered benchmark, or of another command)."""
+    matches = [(len(p), b.name) for b in benches.values() for p in b.owned_prefixes() if key.startswith(p)]
+    return max(matches)[1] if matches else key.split(".", 1)[0]
 
 
 def load_benches() -> dict[str, Bench]:

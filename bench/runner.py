@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.registry import Bench, BenchContext, BenchResult, load_benches
+from bench.registry import Bench, BenchContext, BenchResult, key_owner, load_benches
 
 RESULTS = Path("bench/results.json")
 REPORT = Path("BENCHMARKS.md")
@@ -49,17 +49,23 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def check_result(name: str, result: BenchResult) -> None:
+def check_result(name: str, result: BenchResult, benches: Mapping[str, Bench] | None = None) -> None:
     for key, value in result.figures.items():
-        if not key.startswith(f"{name}."):
-            raise ValueError(f"benchmark {name!r} returned figure {key!r}: keys must start with '{name}.'")
+        owner = key_owner(key, dict(benches)) if benches else key.split(".", 1)[0]
+        if owner != name:
+            raise ValueError(f"benchmark {name!r} returned figure {key!r}: keys must start with '{name}.' "
+                             "or a prefix it registered")
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"benchmark {name!r} returned figure {key!r} = {value!r}: must be a finite number")
 
 
-def merge_results(previous: Mapping[str, Any], name: str, result: BenchResult, run: Mapping[str, Any]) -> dict[str, Any]:
+def merge_results(previous: Mapping[str, Any], name: str, result: BenchResult, run: Mapping[str, Any],
+                  benches: Mapping[str, Bench] | None = None) -> dict[str, Any]:
     """``previous`` with benchmark ``name``'s figures and run record replaced by this run's (pure)."""
-    figures = {k: v for k, v in previous.get("figures", {}).items() if not k.startswith(f"{name}.")}
+    def owner(key: str) -> str:
+        return key_owner(key, dict(benches)) if benches else key.split(".", 1)[0]
+
+    figures = {k: v for k, v in previous.get("figures", {}).items() if owner(k) != name}
     figures.update({k: float(v) for k, v in result.figures.items()})
     runs = dict(previous.get("runs", {}))
     runs[name] = {**run, "rows": result.rows, "plots": result.plots, "notes": result.notes}
@@ -106,7 +112,8 @@ def render_markdown(results: Mapping[str, Any], benches: Mapping[str, Bench]) ->
                   "why": g.why} for b in benches.values() for g in b.goals if g.key in figures]
     if goal_rows:
         out += ["## Goals", "", *_md_table(goal_rows), ""]
-    for name in sorted(set(runs) | {k.split(".", 1)[0] for k in figures}):
+    owners = {k: key_owner(k, dict(benches)) for k in figures}
+    for name in sorted(set(runs) | set(owners.values())):
         bench = benches.get(name)
         run = runs.get(name, {})
         title, pointer = OTHER_WRITERS.get(name, ("(benchmark no longer registered)", ""))
@@ -121,7 +128,7 @@ def render_markdown(results: Mapping[str, Any], benches: Mapping[str, Bench]) ->
                     f"{m.get('memory_gb', '?')} GiB, load {m.get('load_1min', '?')}, Python {m.get('python', '?')}, "
                     f"pyarrow {m.get('pyarrow', '?')}.", ""]
             out += [*_md_table(run.get("rows", [])), ""] if run.get("rows") else []
-        keys = sorted(k for k in figures if k.startswith(f"{name}."))
+        keys = sorted(k for k in figures if owners[k] == name)
         out += ["| figure | value | goal |", "|---|---|---|"]
         out += [f"| `{k}` | {_fmt(figures[k])} | {_goal_cell(bench, k, figures[k])} |" for k in keys]
         out.append("")
@@ -167,12 +174,12 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         seconds = clock() - start
-        check_result(name, result)
+        check_result(name, result, benches)
         run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
                "seconds": round(seconds, 2), "machine": machine_info()}
         # Re-read first: another process (the drills) may have written its figures since we started.
         results = json.loads(results_path.read_text()) if results_path.exists() else results
-        results = merge_results(results, name, result, run)
+        results = merge_results(results, name, result, run, benches)
         figures.update(result.figures)
         # Saved after each benchmark: a later one failing does not lose this one's figures.
         _write_atomically(results_path, json.dumps(results, indent=2) + "\n")

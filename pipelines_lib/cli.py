@@ -202,6 +202,30 @@ def _view(args: argparse.Namespace) -> int:
     print(store.uri(path))
     if args.serve:
         serve(render_html(view), port=args.port, announce=_stderr)
+
+
+def _export_weights_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--version", type=int, default=None, help="published version (default: the one LATEST points at)")
+    p.add_argument("out", help="local folder to create: a Hugging Face checkpoint (config.json, safetensors, "
+                               "the campaign's tokenizer, generation_config.json)")
+    _add_storage_options(p)
+
+
+@subcommand("export-weights", "write a published version as a Hugging Face checkpoint folder", _export_weights_args)
+def _export_weights(args: argparse.Namespace) -> int:
+    from pipelines_lib.campaign import load_campaign_config
+    from pipelines_lib.model.hf_export import save_hf_checkpoint
+    from pipelines_lib.publish import load_published
+    from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
+
+    store = open_store(args.url, args.storage_option)
+    model, version = load_published(store, args.version)
+    try:
+        folder = save_hf_checkpoint(model, args.out, tokenizer_dir=campaign_tokenizer_dir(load_campaign_config(store)))
+    except FileExistsError as e:
+        raise CommandError(str(e)) from e
+    print(json.dumps({"version": version, "out": str(folder), "files": sorted(p.name for p in folder.iterdir())}))
     return 0
 
 

@@ -75,7 +75,7 @@ def test_figures_must_carry_the_benchmark_prefix(monkeypatch, tmp_path: Path) ->
 
 
 def test_registration_checks_names_and_goal_keys() -> None:
-    with pytest.raises(ValueError, match="goal key 'other.x' must start with 'x.'"):
+    with pytest.raises(ValueError, match="goal key 'other.x' must start with one of \\['x.'\\]"):
         register_bench("x", title="", measures="", method="", goals=(Goal(key="other.x", op=">=", value=1),))
     with pytest.raises(ValueError, match="registered twice"):
         register_bench("store", title="", measures="", method="")(lambda ctx: BenchResult(figures={}))
@@ -89,3 +89,14 @@ def test_store_benchmark_quick_via_the_cli(tmp_path: Path, capsys) -> None:
     assert figures["store.shard_mb"] < figures["store.table_mb"]  # zstd shrinks token lists
     assert (tmp_path / "bench" / "store_throughput.png").stat().st_size > 1000
     assert "store.read_over_pyarrow = " in capsys.readouterr().out
+
+
+def test_a_registered_prefix_owns_its_keys_over_the_benchmark_named_by_their_first_part() -> None:
+    from bench.registry import Bench, key_owner
+
+    benches = {n: Bench(name=n, title="", measures="", method="", goals=(), fn=lambda ctx: None, prefixes=p)
+               for n, p in (("engine", ()), ("vllm", ("engine.vllm.", "engine.jax_over_vllm.")))}
+    assert key_owner("engine.vllm.traj_per_hour.none", benches) == "vllm"
+    assert key_owner("engine.jax_over_vllm.none", benches) == "vllm"
+    assert key_owner("engine.continuous_over_ceiling", benches) == "engine"
+    assert key_owner("reliability.kills", benches) == "reliability"

@@ -114,3 +114,25 @@ def test_python_dash_m_and_the_console_script_are_the_same_command_line() -> Non
     helps = [subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60, check=True).stdout
              for argv in ([sys.executable, "-m", "pipelines_lib.cli"], [ROLLSTREAM])]
     assert helps[0] == helps[1] and "drills" in helps[0] and "audit" in helps[0]
+
+
+def test_export_weights_writes_a_published_version_as_an_hf_folder(local_store: Store, tmp_path, capsys) -> None:
+    import numpy as np
+    from flax import nnx
+
+    from pipelines_lib.campaign import init_campaign
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.model.hf_import import load_hf_checkpoint
+    from pipelines_lib.publish import publish_weights
+
+    config = CampaignConfig.tiny()
+    init_campaign(local_store, config)
+    model = Decoder(config.model, rngs=nnx.Rngs(3))
+    publish_weights(local_store, model, version=0, step=0)
+    assert cli.main(["export-weights", local_store.url, "--version", "0", str(tmp_path / "hf")]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == 0
+    loaded = load_hf_checkpoint(tmp_path / "hf")
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    np.testing.assert_array_equal(np.asarray(loaded.embed.embedding[...]), np.asarray(model.embed.embedding[...]))
+    assert cli.main(["export-weights", local_store.url, str(tmp_path / "hf")]) == 2  # create-only

@@ -78,7 +78,7 @@ def test_prefect_yaml_has_one_deployment_per_stage_and_a_nightly_campaign() -> N
 
 
 @pytest.mark.parametrize("template", ["process-job-template.json", "kubernetes-cpu-job-template.json",
-                                      "kubernetes-accel-job-template.json"])
+                                      "kubernetes-accel-job-template.json", "kubernetes-vllm-job-template.json"])
 def test_every_work_pool_template_declares_the_resource_variables(template: str) -> None:
     spec = json.loads((INFRA / template).read_text())
     assert set(resources_for("train", TINY).job_variables()) <= set(spec["variables"]["properties"])
@@ -87,3 +87,15 @@ def test_every_work_pool_template_declares_the_resource_variables(template: str)
 
 def test_all_stages_are_sized() -> None:
     assert all(resources_for(s, TINY).memory_gib >= 2 for s in STAGES)
+
+
+def test_the_vllm_sidecar_listens_only_inside_the_pod_and_shares_the_weights_volume() -> None:
+    spec = json.loads((INFRA / "kubernetes-vllm-job-template.json").read_text())
+    pod = spec["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    worker, sidecar = pod["containers"]
+    args = sidecar["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1" and "ports" not in sidecar
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in sidecar["env"]
+    assert "rollstream_vllm.WorkerExtension" in args and "processed_logprobs" in args
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts["weights"] == {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}["weights"]

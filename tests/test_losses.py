@@ -237,3 +237,13 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss(aggregation: str, n_micro
 def test_loss_config_rejects_bad_values_by_name(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         LossConfig(**kwargs)
+
+
+def test_masked_quantile_is_the_nearest_rank_over_masked_in_tokens() -> None:
+    from pipelines_lib.train.losses import masked_quantile
+
+    x_bt = jnp.asarray([[5.0, 1.0, 9.0, 3.0], [2.0, 100.0, 4.0, 0.0]])
+    mask_bt = jnp.asarray([[1, 1, 0, 1], [1, 0, 1, 1]])  # valid: 5 1 3 2 4 0 -> sorted 0 1 2 3 4 5
+    assert float(masked_quantile(x_bt, mask_bt, 0.99)) == 5.0  # ceil(0.99 * 6) = 6th smallest
+    assert float(masked_quantile(x_bt, mask_bt, 0.5)) == 2.0  # ceil(3) = 3rd smallest
+    assert float(masked_quantile(x_bt, jnp.zeros_like(mask_bt), 0.99)) == 0.0

@@ -162,9 +162,26 @@ def test_behaviour_logprobs_from_the_same_weights_give_unit_importance_weights()
     batch = draft.replace(behav_logp_bt=behav_logp_bt * draft.loss_mask_bt)
     metrics = train_step(model, sgd(model), batch, cfg=SEQ_MEAN)
     assert float(metrics["prox_behav_logp_abs_diff"]) < 1e-5
+    assert float(metrics["prox_behav_logp_abs_diff_p99"]) < 1e-5
     np.testing.assert_allclose(metrics["behav_weight_mean"], 1.0, rtol=1e-5)
     np.testing.assert_allclose(metrics["ratio_max"], 1.0, rtol=1e-6)
     assert float(metrics["clip_frac_low"]) == float(metrics["clip_frac_high"]) == 0.0
+
+
+def test_the_mismatch_p99_is_taken_over_the_loss_tokens_of_the_whole_batch() -> None:
+    # A sampler whose logprobs sit 0.5 below the trainer's on one loss token and exactly on the rest: the mean
+    # moves by 0.5 / n, the p99 is the largest gap once there are fewer than 100 loss tokens.
+    model = make_model()
+    tokens, masks, _, advantages = ragged_rows()
+    draft = build_train_batch(tokens, masks, None, advantages, seq_buckets=BUCKETS)
+    behav_logp_bt = np.asarray(logprobs_fn(model, draft.tokens_bt, draft.positions_bt)) * draft.loss_mask_bt
+    b, t = np.argwhere(np.asarray(draft.loss_mask_bt) > 0)[-1]
+    behav_logp_bt[b, t] -= 0.5
+    metrics = train_step(model, sgd(model), draft.replace(behav_logp_bt=behav_logp_bt), cfg=SEQ_MEAN)
+    n = float(np.asarray(draft.loss_mask_bt).sum())
+    assert n < 100
+    np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff_p99"], 0.5, rtol=1e-5)
+    np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff"], 0.5 / n, rtol=1e-3)
 
 
 def test_padding_rows_and_longer_buckets_leave_the_update_unchanged() -> None:

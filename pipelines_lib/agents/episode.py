@@ -23,11 +23,14 @@ Statuses (``pipelines_lib/trajectory/schema.py: STATUSES``):
 - ``env_error``: ``env.reset`` or ``env.step`` raised (a reset failure records the bare task prompt), or
   ``env.step`` continued the episode without a message for the model.
 - ``timeout``: ``episode_timeout_s`` passed; the trajectory holds what was done before the deadline.
+- ``engine_error``: the engine could not serve a generation (``EngineUnavailableError``: its server died, timed
+  out or is restarting); the trajectory holds the turns before it.
 
 Rewards: ``ok`` gets the env's final reward; ``max_turns``/``max_tokens`` the last ``env.step`` reward (the env's
 running score) or ``failure_reward`` when the env never scored; the failures get ``failure_reward``.
-Exceptions from the env become ``env_error`` here and only here; exceptions from the engine, the tokenizer or
-the agent itself are bugs or infrastructure failures and propagate (the rollout worker decides to restart).
+Exceptions from the env become ``env_error`` here and only here, and ``EngineUnavailableError`` becomes
+``engine_error``; other exceptions from the engine, the tokenizer or the agent itself are bugs or infrastructure
+failures and propagate (the rollout worker decides to restart).
 
 Telemetry (recorded only under ``telemetry.recording``, on the caller's track, see ``pipelines_lib/telemetry``):
 an ``episode`` span (group, sample, policy version at the start, status) holding ``env_reset``, one ``generate``
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 
 from pipelines_lib import telemetry
 from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo, ToolMessages
-from pipelines_lib.engine.api import Completion, Engine, SamplingParams
+from pipelines_lib.engine.api import Completion, Engine, EngineUnavailableError, SamplingParams
 from pipelines_lib.envs.base import BaseTaskEnv, Message, StepResult, Task
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
@@ -133,9 +136,15 @@ async def _loop(
         t = clock()
         with telemetry.span("generate", turn=turn, prompt_tokens=len(agent.tokens)) as gen:
             generate_start = telemetry.now()
-            completion = await engine.generate(
-                list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
-            )
+            try:
+                completion = await engine.generate(
+                    list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
+                )
+            except EngineUnavailableError as err:
+                log.warning("episode %s: engine unavailable: %s", task.task_id, err)
+                gen.tags["error"] = str(err)[:200]
+                out.status = "engine_error"
+                return
             gen.tags.update(tokens=len(completion.token_ids), version=completion.policy_version,
                             finish=completion.finish_reason)
             _queue_wait_span(generate_start, completion)

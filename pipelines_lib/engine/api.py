@@ -6,11 +6,18 @@ sampled, one logprob and one policy version per sampled token. Text never crosse
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 FINISH_REASONS = ("stop", "length", "context")
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine could not serve a request (its server died, timed out or is restarting).
+
+    An infrastructure failure of one request, not a bug: the episode runner records it as status
+    ``engine_error``, and an engine that supervises a server restarts it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +81,8 @@ class Engine(Protocol):
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion: ...
 
-    def swap_weights(self, params: Any, version: int) -> None:
-        """Install new weights; takes effect at the next decode-step boundary."""
+    def swap_weights(self, params: Any, version: int) -> Awaitable[None] | None:
+        """Install new weights. The in-process engine takes them at its next decode-step boundary and returns
+        None; an engine that reloads a server returns an awaitable that completes once the new weights serve
+        (callers await it before they count the swap as done)."""
         ...

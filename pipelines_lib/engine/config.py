@@ -1,10 +1,68 @@
-"""Configuration of the JAX inference engine."""
+"""Configuration of the inference engines: the built-in JAX engine's shapes, and the vLLM server backend."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MODES = ("continuous", "static")
+ENGINE_KINDS = ("jax", "vllm")
+"""``jax``: the built-in ``JaxEngine`` in the worker process (the embedded default and the reference).
+``vllm``: a vLLM OpenAI-compatible server beside the worker, driven over HTTP (``engine.vllm``)."""
+IN_FLIGHT_ON_RELOAD = ("finish", "abort")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VllmConfig:
+    """The vLLM backend: a server the worker launches and supervises, or one it connects to."""
+
+    url: str | None = None
+    """Base URL of a running server (``http://127.0.0.1:8000``) whose reload endpoints this worker may use; None
+    launches one per worker with ``python`` and supervises it (readiness probe, restart on crash)."""
+    python: str | None = None
+    """Interpreter of the virtualenv with vLLM installed (``make vllm-venv`` makes ``.venv-vllm``); None means
+    ``<repository>/.venv-vllm/bin/python``."""
+    port: int = 0
+    """Port of a launched server on 127.0.0.1; 0 picks a free one."""
+    weights_dir: str | None = None
+    """Local folder the worker downloads published HF folders into (from ``gs://`` campaigns); with a sidecar
+    server (``url``) a volume both containers mount at the same path. None: a temporary folder of the worker."""
+    max_num_seqs: int = 64
+    """Requests the server decodes together (vLLM ``--max-num-seqs``)."""
+    cpu_kv_cache_gib: int = 1
+    """KV-cache size of a CPU server in GiB (``VLLM_CPU_KVCACHE_SPACE``); ignored on GPU/TPU builds."""
+    extra_args: tuple[str, ...] = ()
+    """More ``vllm serve`` flags for a launched server (``--gpu-memory-utilization``, ``--tensor-parallel-size``)."""
+    startup_timeout_s: float = 600.0
+    """Longest wait for a launched server to answer its health probe (start, restart)."""
+    request_timeout_s: float = 300.0
+    """Longest one completion request may take; past it the episode fails as ``engine_error``."""
+    reload_timeout_s: float = 300.0
+    """Longest a weight sync (drain, reload, prefix-cache reset, resume) may take."""
+    reload_retry_s: float = 30.0
+    """After a failed reload, the same version is not tried again for this long (the old version keeps serving)."""
+    in_flight_on_reload: str = "finish"
+    """What happens to requests in flight when new weights arrive: ``finish`` lets them complete on the old
+    weights before the reload; ``abort`` stops them at once and continues them on the new weights (each token
+    keeps the version that produced it)."""
+    max_restarts: int = 3
+    """Crashes of a launched server the worker recovers from by restarting it; one more stops the worker."""
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"VllmConfig.url must be an http(s) URL or null, got {self.url!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"VllmConfig.port must be in [0, 65535], got {self.port}")
+        for name in ("max_num_seqs", "cpu_kv_cache_gib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VllmConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("startup_timeout_s", "request_timeout_s", "reload_timeout_s", "reload_retry_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"VllmConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.in_flight_on_reload not in IN_FLIGHT_ON_RELOAD:
+            raise ValueError(f"VllmConfig.in_flight_on_reload must be one of {IN_FLIGHT_ON_RELOAD}, "
+                             f"got {self.in_flight_on_reload!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"VllmConfig.max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +95,11 @@ class EngineConfig:
     gives the same tokens whatever else ran before" to "the same up to rounding"."""
     close_timeout_s: float = 60.0
     """How long ``close()`` waits for the compute step in flight before giving up."""
+    kind: str = "jax"
+    """Which engine serves rollouts: ``jax`` (built in, uses the fields above) or ``vllm`` (uses ``vllm`` and
+    ``max_seq_len``)."""
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    """The vLLM backend, when ``kind`` is ``vllm``."""
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
@@ -64,6 +127,8 @@ class EngineConfig:
             )
         if self.close_timeout_s <= 0:
             raise ValueError(f"EngineConfig.close_timeout_s must be > 0, got {self.close_timeout_s}")
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"EngineConfig.kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
 
     @classmethod
     def tiny(cls) -> EngineConfig:

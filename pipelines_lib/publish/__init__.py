@@ -1,15 +1,23 @@
-"""Weight publication: versioned Orbax folders in the campaign, and the ``weights/LATEST`` pointer over them.
+"""Weight publication: versioned Orbax + Hugging Face folders in the campaign, and the ``weights/LATEST`` pointer.
 
 ```
-publish_weights(store, model, version=N, step=S)
+publish_weights(store, model, version=N, step=S, tokenizer_dir=T)
     weights/v<N:08d>/state/, model_config.json     model.weights.save_weights (Orbax, then the config)
+    weights/v<N:08d>/hf/                           model.hf_export.hf_files: config.json, safetensors, tokenizer
+                                                   files of T, generation_config.json (each file create-only)
     weights/v<N:08d>/PUBLISHED.json                create-only commit marker {"version","path","step","published_at"}
     weights/LATEST.json                            store.advance_pointer(...) with the same payload, LAST
 
 CampaignWeights(store).latest() -> N | None          the pointer (what rollout workers poll)
 CampaignWeights(store).load(N)  -> nnx.State          what JaxEngine.swap_weights installs
+CampaignHFWeights(store, cache).load(N) -> Path       a local HF folder of version N (downloaded once from gs://),
+                                                   what VllmEngine.swap_weights reloads its server from
 load_published(store, N=None)   -> (Decoder, N)       a published version (default LATEST) as a model
 ```
+
+The HF folder lets anything outside the project serve, evaluate or share a version (vLLM, transformers,
+``rollstream export-weights`` writes one anywhere). Versions published before it existed have none; the
+Orbax item stays the source of truth for the trainer and the built-in engine.
 
 Readers trust only the marker and the pointer: a folder without ``PUBLISHED.json`` is the leftover of a crashed
 publish and is never loaded. A rerun of a finished publish (same version, same step) re-advances the pointer
@@ -28,14 +36,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flax import nnx
 
 from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
@@ -58,6 +70,8 @@ def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
 ORBAX_DEADLINE_S = _orbax_deadline_s(os.environ.get("ROLLSTREAM_ORBAX_DEADLINE_S"))
 """Longest an Orbax save or load of published weights or a checkpoint may take before the stage fails (naming op
 and URL): 600 s, or ``ROLLSTREAM_ORBAX_DEADLINE_S`` (the storage-fault drill's outage uses 30 s)."""
+HF_DIR = "hf"
+"""Subfolder of a weights folder holding its Hugging Face checkpoint."""
 PUBLISHED = "PUBLISHED.json"
 """Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
 
@@ -70,12 +84,18 @@ def published_marker(version: int) -> str:
     return f"{weights_dir(version)}/{PUBLISHED}"
 
 
+def hf_dir(version: int) -> str:
+    return f"{weights_dir(version)}/{HF_DIR}"
+
+
 def _utc_now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
-def publish_weights(store: Store, model: Decoder, *, version: int, step: int) -> dict[str, Any]:
-    """Save ``model``'s parameters as ``weights/v<version>`` and move ``weights/LATEST`` to it (last).
+def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
+                    tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
+    """Save ``model``'s parameters as ``weights/v<version>`` (Orbax and HF, with the tokenizer files of
+    ``tokenizer_dir`` when given) and move ``weights/LATEST`` to it (last).
 
     Returns the manifest ``{"version", "path", "step", "published_at", "created"}``; ``created`` is False when
     the version was already published from the same ``step`` (a rerun). Raises ``PublishError`` if it was
@@ -92,6 +112,8 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int) ->
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
         call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
                            ORBAX_DEADLINE_S)
+        for name, data in hf_files(model, tokenizer_dir=tokenizer_dir).items():
+            store.create(f"{hf_dir(version)}/{name}", data)
         payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
         try:
             store.create_json(marker, payload)
@@ -126,6 +148,39 @@ class CampaignWeights:
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""
         return nnx.state(self.load_model(version), nnx.Param)
+
+
+class CampaignHFWeights(CampaignWeights):
+    """The rollout ``WeightSource`` of an engine that loads HF folders from local disk (vLLM)."""
+
+    def __init__(self, store: Store, cache_dir: str | Path) -> None:
+        super().__init__(store)
+        self.cache_dir = Path(cache_dir)
+
+    def load(self, version: int) -> Path:  # type: ignore[override] - an HF folder, not parameters
+        """A local folder holding version ``version``'s HF checkpoint: the campaign's own when it is on local
+        disk, else a copy downloaded once into ``cache_dir`` (complete before it is renamed into place)."""
+        if not self.store.exists(published_marker(version)):
+            raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
+        names = self.store.list(hf_dir(version))
+        if "config.json" not in names:
+            raise NotFoundError("load", self.store.uri(hf_dir(version)),
+                                f"version {version} has no HF folder (published before HF export); "
+                                "write one with `rollstream export-weights`")
+        local = self.store.local_path(hf_dir(version))
+        if local is not None:
+            return local
+        out = self.cache_dir / f"v{version:08d}"
+        if not out.exists():
+            tmp = self.cache_dir / f".v{version:08d}.{uuid.uuid4().hex[:8]}"
+            tmp.mkdir(parents=True)
+            for name in names:
+                (tmp / name).write_bytes(self.store.read(f"{hf_dir(version)}/{name}"))
+            try:
+                tmp.rename(out)
+            except OSError:  # another loader finished first: its copy is as good
+                shutil.rmtree(tmp, ignore_errors=True)
+        return out
 
 
 def load_published(store: Store, version: int | None = None) -> tuple[Decoder, int]:
@@ -189,9 +244,12 @@ def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: 
 
 
 __all__ = [
+    "HF_DIR",
     "PUBLISHED",
+    "CampaignHFWeights",
     "CampaignWeights",
     "PublishError",
+    "hf_dir",
     "load_published",
     "measure_pickup_latency",
     "publish_weights",

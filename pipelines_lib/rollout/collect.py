@@ -1,6 +1,8 @@
 """The rollout stage: one worker process collecting groups for a campaign until the trainer is done.
 
-``collect`` waits for published weights, loads the latest version into a ``JaxEngine``, takes its share of
+``collect`` waits for published weights, opens the configured engine on the latest version (``ENGINE_BACKENDS``:
+``jax`` loads the Orbax parameters into a ``JaxEngine``; ``vllm`` serves the version's HF folder from a vLLM
+server, whose log ends up in ``telemetry/engine-<worker id>.log``), takes its share of
 the train split (task i belongs to worker ``i % num_workers``), skips groups this logical worker already
 committed in earlier runs, and runs the orchestrator. Group ids are ``<task_id>.e<epoch>``: deterministic,
 so a restarted worker knows what it has done; the shard-name worker id is ``<worker>.<start-nonce>``, unique
@@ -10,21 +12,26 @@ per process start, so a restarted worker never collides with its previous life's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import itertools
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine
+from pipelines_lib.engine.api import Engine
+from pipelines_lib.engine.vllm_engine import VllmEngine
 from pipelines_lib.envs.base import Task
-from pipelines_lib.publish import CampaignWeights, load_published
+from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
 from pipelines_lib.rollout.episodes import campaign_tokenizer, env_sandbox, make_episode_fn
-from pipelines_lib.rollout.orchestrator import Orchestrator
+from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, read_shard
 from pipelines_lib.storage.store import Store
@@ -83,6 +90,31 @@ def wait_for_weights(store: Store, timeout_s: float, sleep: Callable[[float], No
     return int(pointer["version"])
 
 
+EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
+                         tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
+"""``(store, config, scratch dir, log) -> (engine to enter, where its new weights come from)``, on LATEST."""
+
+
+def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
+                 log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
+    model, version = load_published(store)
+    return JaxEngine(model, config.engine, policy_version=version), CampaignWeights(store)
+
+
+def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
+                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
+    weights = CampaignHFWeights(store, Path(config.engine.vllm.weights_dir or scratch / "hf"))
+    version = weights.latest()
+    assert version is not None  # collect waited for it
+    engine = VllmEngine(config.engine.vllm, model_dir=weights.load(version), policy_version=version,
+                        max_seq_len=config.engine.max_seq_len, log_path=scratch / "vllm-server.log", log=log)
+    return engine, weights
+
+
+ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_backend}
+"""``engine.kind`` -> how a rollout worker opens it (keys: ``engine.config.ENGINE_KINDS``)."""
+
+
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
             target_groups: int | None = None, weights_timeout_s: float = 600.0,
             log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -98,7 +130,6 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     started = utc_compact()
     worker_id = f"{worker}.{time.time_ns() // 1000:x}"
     tokenizer = campaign_tokenizer(config)
-    model, version = load_published(store)
     skip = committed_groups(store, worker)
     tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
     rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)
@@ -109,21 +140,28 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
         commits += info.n_groups
         log(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
 
-    async def run() -> Any:
-        async with JaxEngine(model, config.engine, policy_version=version) as engine, \
-                env_sandbox(config) as sandbox:
+    async def run(scratch: Path) -> Any:
+        opened, weights = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
+        async with opened as engine, env_sandbox(config) as sandbox:
             orchestrator = Orchestrator(
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(config, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
                                            sandbox=sandbox),
                 tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
-                weights=CampaignWeights(store), should_stop=lambda: stop_requested(store, since=started),
+                weights=weights, should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
             return stats, engine.stats()
 
-    with telemetry.recording(store, f"rollout-{worker}"):
-        stats, engine_stats = asyncio.run(run())
+    with tempfile.TemporaryDirectory(prefix=f"rollstream-{worker}-") as tmp, \
+            telemetry.recording(store, f"rollout-{worker}"):
+        scratch = Path(tmp)
+        try:
+            stats, engine_stats = asyncio.run(run(scratch))
+        finally:
+            server_log = scratch / "vllm-server.log"
+            if server_log.exists():
+                store.create(f"telemetry/engine-{worker_id}.log", server_log.read_bytes())
     log(f"rollout {worker_id}: stopped ({stats.stop_reason}); {stats.groups_committed} groups, "
         f"statuses {dict(stats.statuses)}")
     return {"worker": worker, "worker_id": worker_id, "skipped_done_groups": len(skip), **stats.to_dict(),

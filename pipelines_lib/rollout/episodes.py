@@ -25,10 +25,13 @@ from pipelines_lib.rollout.orchestrator import EpisodeFn
 from pipelines_lib.trajectory.record import Trajectory
 
 
+def campaign_tokenizer_dir(config: CampaignConfig) -> Path:
+    """The configured tokenizer folder, or the embedded default's (built on first use)."""
+    return Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer()
+
+
 def campaign_tokenizer(config: CampaignConfig) -> ChatTokenizer:
-    """The configured tokenizer folder, or the embedded default (built on first use)."""
-    path = Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer()
-    return load_tokenizer(path)
+    return load_tokenizer(campaign_tokenizer_dir(config))
 
 
 def sample_seed(*parts: object) -> int:

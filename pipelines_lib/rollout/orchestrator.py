@@ -183,7 +183,9 @@ class Orchestrator:
                 return
             with telemetry.span("weight_swap", track="weights", version=latest):
                 params = await asyncio.to_thread(self.weights.load, latest)
-                self.engine.swap_weights(params, latest)
+                installing = self.engine.swap_weights(params, latest)
+                if installing is not None:  # a server reload: done when the new weights serve
+                    await installing
             self.stats.weight_swaps += 1
 
     async def _poll_weights(self) -> None:

@@ -151,6 +151,20 @@ def _masked_max(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
     return jnp.where(mask_bt > 0, x_bt, 0.0).max()
 
 
+def masked_quantile(x_bt: jax.Array, mask_bt: jax.Array, q: float) -> jax.Array:
+    """Nearest-rank ``q``-quantile of ``x_bt`` over the entries where ``mask_bt > 0`` (0 when there are none).
+
+    With ``n`` masked-in values sorted ascending ``x_(1) <= ... <= x_(n)`` it is ``x_(k)``, ``k = max(1, ⌈q·n⌉)``:
+    the p99 of 200 values is the 198th smallest. Masked-out entries sort first as ``-inf``, so the k-th of the
+    n valid values sits at index ``size − n + k − 1`` of the whole sorted array.
+    """
+    flat = jnp.where(mask_bt > 0, x_bt, -jnp.inf).ravel()
+    n = (mask_bt > 0).sum()
+    k = jnp.maximum(1, jnp.ceil(q * n).astype(jnp.int32))
+    value = jnp.sort(flat)[jnp.clip(flat.size - n + k - 1, 0, flat.size - 1)]
+    return jnp.where(n > 0, value, 0.0)
+
+
 def k3_kl_bt(logp_bt: jax.Array, ref_logp_bt: jax.Array) -> jax.Array:
     """Per-token k3 estimator of KL(π_θ ‖ π_ref) (Schulman 2020, "Approximating KL divergence").
 

@@ -36,7 +36,7 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import load_published, publish_weights, published_marker
-from pipelines_lib.rollout.episodes import campaign_tokenizer
+from pipelines_lib.rollout.episodes import campaign_tokenizer, campaign_tokenizer_dir
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
@@ -180,7 +180,7 @@ def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], Non
                 model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
             ),
         }
-    manifest = publish_weights(store, model, version=0, step=0)
+    manifest = publish_weights(store, model, version=0, step=0, tokenizer_dir=campaign_tokenizer_dir(config))
     return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
 
 

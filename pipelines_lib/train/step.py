@@ -45,6 +45,7 @@ from pipelines_lib.train.losses import (
     LossConfig,
     LossInputs,
     get_loss,
+    masked_quantile,
     token_logp_and_entropy,
     token_weights_bt,
 )
@@ -136,6 +137,12 @@ def train_step(
     a reference) and the loss's own (``losses.grpo_loss``: clip fractions, ratio and behaviour
     weight statistics, ``prox_behav_logp_abs_diff``; ``losses.nll_loss``: ``nll``). Token means are
     over the loss tokens of the whole batch.
+
+    The training–inference mismatch, per step, on loss tokens: ``prox_behav_logp_abs_diff`` (mean) and
+    ``prox_behav_logp_abs_diff_p99`` of ``|logp_trainer − logp_sampler|`` (the trainer's logprob before the
+    update against the engine's recorded one), and ``behav_weight_capped_frac``, the share of tokens whose
+    correction weight hit its cap. ~0 for the built-in engine (same numerics) on fresh data; an inference
+    server's kernels show up here.
     """
     n_rows = batch.tokens_bt.shape[0]
     n_micro = cfg.grad_accum_steps
@@ -187,7 +194,11 @@ def train_step(
             entropy_bt=entropy_bt,
             ref_logp_bt=None if ref_logp_bt is None else jax.lax.stop_gradient(ref_logp_bt),
         )
-        return loss_fn(inputs, cfg.loss)
+        loss, metrics = loss_fn(inputs, cfg.loss)
+        # Per token, for the batch-wide p99 of the training–inference mismatch (a quantile does not add up over
+        # micro-batches as the means do).
+        mismatch_bt = jax.lax.stop_gradient(jnp.abs(inputs.prox_logp_bt - inputs.behav_logp_bt))
+        return loss, (metrics, mismatch_bt)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
@@ -196,13 +207,16 @@ def train_step(
         return jax.tree.map(jnp.add, grads_sum, grads), (loss, metrics)
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, (loss_m, metrics_m) = jax.lax.scan(accumulate, zeros, micro_batches)
+    grads, (loss_m, (metrics_m, mismatch_m)) = jax.lax.scan(accumulate, zeros, micro_batches)
     optimizer.update(model, grads)
 
-    return {
+    out = {
         "loss": loss_m.sum(),
         "grad_norm": optax.global_norm(grads),
         "loss_tokens": loss_mask_bt.sum(),
         **{k: v.sum() for k, v in metrics_m.means.items()},
         **{k: v.max() for k, v in metrics_m.maxes.items()},
     }
+    if "prox_behav_logp_abs_diff" in out:  # a loss that uses the sampler's logprobs: report the mismatch's tail
+        out["prox_behav_logp_abs_diff_p99"] = masked_quantile(mismatch_m, micro_batches["loss_mask_bt"], 0.99)
+    return out

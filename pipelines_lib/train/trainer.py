@@ -37,6 +37,7 @@ from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
@@ -254,9 +255,8 @@ class StreamingTrainer:
             self.version += 1
             with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
                 # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
-                publish_weights(
-                    self.store, with_dtype(self.model, self.precision.compute), version=self.version, step=self.step
-                )
+                publish_weights(self.store, with_dtype(self.model, self.precision.compute), version=self.version,
+                                step=self.step, tokenizer_dir=campaign_tokenizer_dir(self.config))
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
                 save_checkpoint(

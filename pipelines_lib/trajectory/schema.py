@@ -26,7 +26,7 @@ SCHEMA_VERSION_KEY = b"rollstream.schema_version"
 CAMPAIGN_KEY = b"rollstream.campaign"
 """Schema metadata (since 1.1): the campaign id, the name of the campaign folder the shard was written into."""
 
-STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout")
+STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout", "engine_error")
 """``status`` values. ``ok``: the episode ended normally (reward may still be 0). The others say why it
 stopped early or what failed; a failed sample still completes its group with the configured reward."""
 

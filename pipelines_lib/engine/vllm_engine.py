@@ -1,0 +1,471 @@
+"""The vLLM backend of the ``Engine`` protocol: a vLLM OpenAI-compatible server, driven over HTTP.
+
+```
+VllmEngine(config.engine.vllm, model_dir=<HF folder of version v>, policy_version=v)
+  launched (url: null)    VllmServer: `python -m vllm.entrypoints.openai.api_server` from the configured
+                          virtualenv on 127.0.0.1, log to a file, /health probe with a deadline, restarted
+                          (from the version it last served) when it dies, up to max_restarts times
+  connected (url: ...)    an existing server (a sidecar in the same pod); nothing to launch or restart
+generate(ids, sampling)   POST /v1/completions {prompt: ids, return_token_ids, logprobs: 0, stop_token_ids}
+swap_weights(folder, v)   -> awaitable: close the gate to new requests, drain (finish) or abort in-flight ones,
+                          /pause, /collective_rpc rollstream_reload(folder), /reset_prefix_cache, /resume
+```
+
+Strict token-in/token-out: the prompt goes over as ids and the completion comes back as ids
+(``return_token_ids``), never through text. The server runs with ``--logprobs-mode processed_logprobs``, so a
+token's logprob is taken from the distribution it was sampled from (after temperature, top-k and top-p), as the
+trainer's off-policy correction expects; a greedy request reports the unscaled log-softmax (as ``JaxEngine``
+does). Only the request's ``stop_ids`` end a generation (the model's own EOS is ignored), and the stop id is
+part of the output.
+
+Versions: every request records the version loaded when it was sent. A reload first closes a gate that new
+requests wait at, then waits until no request is in flight (``finish``), or aborts them on the server
+(``abort``: the server answers with the tokens produced so far, and the request continues from there on the new
+weights). So no request ever runs across a reload and each token carries the version that produced it. A
+reload that fails reloads the previous folder and keeps its version (the worker log and
+``stats()["reload_failures"]`` say so); that version is retried after ``reload_retry_s``.
+
+Failures: a request the server cannot answer (connection refused or reset, HTTP 5xx, past
+``request_timeout_s``) raises ``EngineUnavailableError``, which the episode runner records as ``engine_error``;
+a launched server found dead is restarted once, behind the same gate, while other episodes wait.
+
+The reload goes through the worker extension in ``vllm_server/rollstream_vllm.py`` (why: see there), which
+the launched server loads with ``--worker-extension-cls``; a connected server must be started with the same
+flags (``VllmServer.command`` shows them; infra/ has the pod templates). The reload endpoints need
+``VLLM_SERVER_DEV_MODE=1``: keep the port reachable only inside the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipelines_lib import telemetry
+from pipelines_lib.engine.api import Completion, EngineUnavailableError, SamplingParams
+from pipelines_lib.engine.config import VllmConfig
+
+EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_server"
+"""Put on the server's ``PYTHONPATH``: holds ``rollstream_vllm.WorkerExtension`` (and nothing that imports
+rollstream, which the server's virtualenv does not have)."""
+SERVED_NAME = "rollstream"
+"""The model name requests use; it stays the same across reloads."""
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_python() -> Path:
+    """``<repository>/.venv-vllm/bin/python``, the virtualenv ``make vllm-venv`` creates."""
+    return _REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def _own_group_dying_with_parent() -> None:
+    """In the server's child process before exec: lead a process group (``stop`` signals the server and its
+    engine processes together) and, on Linux, get SIGTERM when the worker dies, so a killed worker leaves no
+    server behind."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """One supervised vLLM server subprocess on 127.0.0.1."""
+
+    def __init__(self, config: VllmConfig, *, max_model_len: int, log_path: Path,
+                 log: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.log_path = log_path
+        self.log = log
+        self.port = config.port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.model_dir: str | None = None
+        """The HF folder whose weights the server holds now (kept current by the engine's reloads)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self, model_dir: str | Path) -> list[str]:
+        python = Path(self.config.python) if self.config.python else default_python()
+        # The checkpoint's own dtype: vLLM's "auto" runs float32 checkpoints in bfloat16 on CPU, which moves
+        # logprobs by ~1e-2 against the trainer's.
+        dtype = json.loads((Path(model_dir) / "config.json").read_text()).get("dtype") or "auto"
+        return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+                "--dtype", dtype,
+                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.config.max_num_seqs),
+                "--logprobs-mode", "processed_logprobs",
+                "--worker-extension-cls", "rollstream_vllm.WorkerExtension", "--seed", "0",
+                *self.config.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The reload endpoints (/collective_rpc, /reset_prefix_cache) exist only in dev mode; the server listens on
+        # 127.0.0.1 only, so nothing outside the worker's host (pod) reaches them.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.cpu_kv_cache_gib)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXTENSION_DIR), env.get("PYTHONPATH")) if p)
+        return env
+
+    async def start(self, model_dir: str | Path) -> None:
+        """Launch the server on ``model_dir`` and wait until it answers its health probe."""
+        python = Path(self.command(model_dir)[0])
+        if not python.exists():
+            raise FileNotFoundError(f"vLLM interpreter {python} not found: run `make vllm-venv` or set "
+                                    "engine.vllm.python (or engine.vllm.url for a running server)")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.command(model_dir), stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.environment(),
+                                         preexec_fn=_own_group_dying_with_parent)
+        self.log(f"vllm: started server pid {self.proc.pid} on {self.url} for {model_dir} (log {self.log_path})")
+        await wait_healthy(self.url, self.config.startup_timeout_s, alive=self.alive, log_tail=self.log_tail)
+        self.model_dir = str(model_dir)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Terminate the server (and its engine-core children: it leads its own process group)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            await asyncio.to_thread(proc.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            await asyncio.to_thread(proc.wait, timeout_s)
+
+
+async def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] = lambda: True,
+                       log_tail: Callable[[], str] = lambda: "", poll_s: float = 0.5) -> None:
+    """Poll ``url/health`` until it answers 200; fail after ``timeout_s`` or when the process has died."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while True:
+            if not alive():
+                raise RuntimeError(f"vLLM server at {url} exited during startup; last log lines:\n{log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{url}/health")).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vLLM server at {url} not healthy after {timeout_s:.0f}s; last log lines:\n"
+                                   f"{log_tail()}")
+            await asyncio.sleep(poll_s)
+
+
+class VllmEngine:
+    """``Engine`` over a vLLM server (see the module docstring). Use as ``async with``."""
+
+    def __init__(self, config: VllmConfig, *, model_dir: str | Path, policy_version: int, max_seq_len: int,
+                 log_path: Path | None = None, server: VllmServer | None = None, log: Callable[[str], None] = print,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """``server``: supervise this (possibly running) server instead of launching one; it is left running on
+        exit. Otherwise ``config.url`` connects to a server, and without it one is launched (and stopped on exit)."""
+        self.config = config
+        self._model_dir = str(model_dir)
+        self._version = policy_version
+        self._max_seq_len = max_seq_len
+        self.log = log
+        self._clock = clock
+        self._owns_server = server is None and config.url is None
+        if self._owns_server:
+            server = VllmServer(config, max_model_len=max_seq_len, log_path=log_path or Path("vllm-server.log"),
+                                log=log)
+        self.server = server
+        self._url = self.server.url if self.server is not None else str(config.url).rstrip("/")
+        self._client: httpx.AsyncClient | None = None
+        self._open = asyncio.Event()  # the gate: cleared while a reload or restart is under way
+        self._idle = asyncio.Event()  # set while no request is in flight
+        self._in_flight = 0
+        self._reload_lock = asyncio.Lock()
+        self._restart: asyncio.Task | None = None
+        self._fatal: BaseException | None = None
+        self._retry_after: dict[int, float] = {}
+        self._busy_since: float | None = None
+        self._counters: dict[str, float] = dict.fromkeys(
+            ("requests", "generated_tokens", "prompt_tokens", "busy_s", "weight_syncs", "weight_sync_s",
+             "weight_sync_max_s", "reload_failures", "aborted_requests", "restarts", "failed_requests"), 0.0)
+        self._window_start = clock()
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    async def __aenter__(self) -> VllmEngine:
+        # Idle connections are dropped before the server's own keep-alive timeout (uvicorn: 5 s) closes them:
+        # reusing one the server has just closed fails the request with a ReadError.
+        self._client = httpx.AsyncClient(base_url=self._url, timeout=self.config.request_timeout_s,
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                                             keepalive_expiry=2.0))
+        self._idle.set()
+        if self.server is not None and not self.server.alive():
+            await self.server.start(self._model_dir)
+        else:
+            await wait_healthy(self._url, self.config.startup_timeout_s)
+        if self.server is None or self.server.model_dir != self._model_dir:  # not launched by us: load ours
+            await asyncio.wait_for(self._sync(self._model_dir, self._version, initial=True),
+                                   self.config.reload_timeout_s)
+        self._open.set()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._restart is not None:
+            self._restart.cancel()
+            with contextlib.suppress(BaseException):
+                await self._restart
+        if self._client is not None:
+            await self._client.aclose()
+        if self.server is not None and self._owns_server:
+            await self.server.stop()
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._max_seq_len
+
+    @property
+    def model_dir(self) -> str:
+        """The HF folder of the weights being served."""
+        return self._model_dir
+
+    # -- generation ----------------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Completion:
+        prompt = [int(t) for t in prompt_ids]
+        room = self._max_seq_len - len(prompt)
+        if room <= 0:
+            return Completion(token_ids=[], logprobs=[], policy_versions=[], finish_reason="context")
+        budget = min(sampling.max_new_tokens, room)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        t0 = self._clock()
+        while True:
+            await self._wait_open()
+            version = self._version
+            choice = await self._complete(prompt + tokens, sampling, budget - len(tokens), len(tokens))
+            ids = [int(t) for t in choice["token_ids"]]
+            tokens += ids
+            logprobs += [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
+            versions += [version] * len(ids)
+            reason = choice["finish_reason"]
+            if reason != "abort" or len(tokens) >= budget:
+                break
+            self._counters["aborted_requests"] += 1  # stopped by a reload: continue on the new weights
+        if tokens and tokens[-1] in sampling.stop_ids:
+            finish = "stop"
+        else:
+            finish = "length" if len(tokens) >= sampling.max_new_tokens else "context"
+        return Completion(token_ids=tokens, logprobs=logprobs, policy_versions=versions, finish_reason=finish,
+                          timings={"generate_s": self._clock() - t0})
+
+    async def _complete(self, prompt: list[int], sampling: SamplingParams, max_tokens: int,
+                        done: int) -> dict[str, Any]:
+        body = {
+            "model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k or -1,
+            # A continuation after an abort must not replay the first part's random stream.
+            "seed": sampling.seed + done, "logprobs": 0, "return_token_ids": True,
+            "stop_token_ids": list(sampling.stop_ids), "ignore_eos": True, "skip_special_tokens": False,
+        }
+        self._enter()
+        try:
+            response = await self._client.post("/v1/completions", json=body)
+        except (httpx.TransportError, httpx.TimeoutException) as err:
+            self._counters["failed_requests"] += 1
+            self._on_failure()
+            raise EngineUnavailableError(f"vLLM server at {self._url}: {type(err).__name__}: {err}") from err
+        finally:
+            self._leave()
+        if response.status_code >= 500:
+            self._counters["failed_requests"] += 1
+            self._on_failure()
+            raise EngineUnavailableError(f"vLLM server at {self._url}: HTTP {response.status_code}: "
+                                         f"{response.text[:500]}")
+        if response.status_code != 200:  # a request this client should never make
+            raise RuntimeError(f"vLLM server at {self._url} refused a completion request: HTTP "
+                               f"{response.status_code}: {response.text[:500]}")
+        choice = response.json()["choices"][0]
+        self._counters["requests"] += 1
+        self._counters["prompt_tokens"] += len(prompt)
+        self._counters["generated_tokens"] += len(choice["token_ids"])
+        return choice
+
+    def _enter(self) -> None:
+        if self._in_flight == 0:
+            self._busy_since = self._clock()
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._counters["busy_s"] += self._clock() - (self._busy_since or self._clock())
+            self._busy_since = None
+            self._idle.set()
+
+    async def _wait_open(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            async with asyncio.timeout(self.config.startup_timeout_s + self.config.reload_timeout_s):
+                # A loop, not one wait: the gate may close again between being opened and this task resuming. From
+                # the last check until the request is counted in flight nothing yields, so no request starts
+                # while the gate is closed.
+                while not self._open.is_set():
+                    await self._open.wait()
+        except TimeoutError:
+            raise EngineUnavailableError(f"vLLM server at {self._url}: still reloading or restarting") from None
+        if self._fatal is not None:
+            raise self._fatal
+        if self.server is not None and not self.server.alive():
+            self._on_failure()
+            raise EngineUnavailableError(f"vLLM server at {self._url} is not running (restarting it)")
+
+    # -- supervision ---------------------------------------------------------------------------------------
+    def _on_failure(self) -> None:
+        """A request failed: if the launched server has died, restart it (once, whoever notices first)."""
+        if self.server is None or self.server.alive() or (self._restart is not None and not self._restart.done()):
+            return
+        self._open.clear()
+        self._restart = asyncio.get_running_loop().create_task(self._restart_server())
+
+    async def _restart_server(self) -> None:
+        assert self.server is not None
+        try:
+            if self._counters["restarts"] >= self.config.max_restarts:
+                self._fatal = RuntimeError(f"vLLM server at {self._url} died again after "
+                                           f"{self.config.max_restarts} restarts; last log lines:\n"
+                                           f"{self.server.log_tail()}")
+                return
+            self._counters["restarts"] += 1
+            self.log(f"vllm: server at {self._url} died; restarting it on v{self._version} "
+                     f"(restart {int(self._counters['restarts'])} of at most {self.config.max_restarts})")
+            with telemetry.span("engine_restart", track="weights", version=self._version):
+                await self.server.stop()
+                await self.server.start(self._model_dir)
+        except Exception as err:  # noqa: BLE001 - every waiting request must see it
+            self._fatal = err
+        finally:
+            self._open.set()
+
+    # -- weights -------------------------------------------------------------------------------------------
+    def swap_weights(self, params: Any, version: int) -> asyncio.Task:
+        """Reload the server from the HF folder ``params`` as ``version``; await the returned task."""
+        return asyncio.get_running_loop().create_task(self._reload(str(params), version))
+
+    async def _reload(self, folder: str, version: int) -> None:
+        async with self._reload_lock:
+            if version <= self._version:
+                return
+            wait = self._retry_after.get(version, 0.0) - self._clock()
+            if wait > 0:  # this version failed to load recently; do not hammer the server with it
+                await asyncio.sleep(wait)
+            self._open.clear()
+            t0 = self._clock()
+            try:
+                with telemetry.span("weight_sync", track="weights", version=version):
+                    await asyncio.wait_for(self._sync(folder, version), self.config.reload_timeout_s)
+            finally:
+                self._open.set()
+            took = self._clock() - t0
+            self._counters["weight_sync_s"] += took
+            self._counters["weight_sync_max_s"] = max(self._counters["weight_sync_max_s"], took)
+
+    async def _sync(self, folder: str, version: int, *, initial: bool = False) -> None:
+        if initial:
+            await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [folder]})
+            if self.server is not None:
+                self.server.model_dir = folder
+            await self._post("/reset_prefix_cache")
+            return
+        if self.config.in_flight_on_reload == "abort":
+            await self._post("/pause", params={"mode": "abort"})
+            # A request that reached the server after the pause is held there, not aborted: abort again until every
+            # request this engine sent has come back.
+            while not self._idle.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), 0.2)
+                if not self._idle.is_set():
+                    await self._post("/abort_requests", json={})
+        await self._idle.wait()
+        if self.config.in_flight_on_reload == "finish":
+            await self._post("/pause", params={"mode": "wait"})
+        try:
+            await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [folder]})
+        except (httpx.HTTPError, RuntimeError) as err:
+            self._counters["reload_failures"] += 1
+            self._retry_after[version] = self._clock() + self.config.reload_retry_s
+            self.log(f"vllm: reload to v{version} from {folder} failed ({err}); keeping v{self._version}")
+            telemetry.count("engine.reload_failures")
+            # A reload that failed half-way may have replaced some tensors: load the old version again.
+            await self._post("/collective_rpc", json={"method": "rollstream_reload", "args": [self._model_dir]})
+        else:
+            self._version, self._model_dir = version, folder
+            if self.server is not None:
+                self.server.model_dir = folder
+            self._counters["weight_syncs"] += 1
+        await self._post("/reset_prefix_cache")
+        await self._post("/resume")
+
+    async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """A control call (idempotent); retried on a reset connection: after an error answer the server may close
+        the kept-alive connection the next call would have used."""
+        for attempt in range(3):
+            try:
+                response = await self._client.post(path, timeout=self.config.reload_timeout_s, **kwargs)
+                break
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                if attempt == 2:
+                    raise
+        if response.status_code != 200:
+            raise RuntimeError(f"vLLM server at {self._url}: POST {path} answered HTTP {response.status_code}: "
+                               f"{response.text[:1000]}")
+        return response
+
+    # -- measurement ---------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Counters since construction or ``reset_stats()``.
+
+        busy_s: time with at least one request in flight (the server's view is not visible from here);
+        weight_sync_s / weight_sync_max_s: total and longest gate-closed time of the reloads; the rest count
+        requests, tokens, aborted (continued) requests, failed requests, restarts and failed reloads.
+        """
+        c = dict(self._counters)
+        if self._busy_since is not None:
+            c["busy_s"] += self._clock() - self._busy_since
+        wall = self._clock() - self._window_start
+        return {**c, "wall_s": wall, "busy_fraction": c["busy_s"] / wall if wall > 0 else 0.0,
+                "tokens_per_s": c["generated_tokens"] / wall if wall > 0 else 0.0}
+
+    def reset_stats(self) -> None:
+        self._counters = dict.fromkeys(self._counters, 0.0)
+        self._busy_since = self._clock() if self._in_flight else None
+        self._window_start = self._clock()
+
+
+__all__ = ["EXTENSION_DIR", "SERVED_NAME", "VllmEngine", "VllmServer", "default_python"]
