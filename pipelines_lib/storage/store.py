@@ -17,7 +17,10 @@ emulators do not honour non-zero generation preconditions, so rather than trusti
 never lower the maximum. ``LATEST.json`` itself is then rewritten as a plain-tool mirror of that maximum.
 
 Transient errors (HTTP 408/429/5xx, connection resets, timeouts) are retried with capped exponential backoff
-inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL.
+inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL. Every
+request has a timeout (``RetryPolicy.request_timeout_s``, gcsfs's ``requests_timeout``), so an endpoint that
+accepts connections and never answers costs at most ``deadline_s`` plus one request timeout per operation; calls
+made by other clients (Orbax) are bounded by ``Store.external_deadline_s`` (``call_external``).
 """
 
 from __future__ import annotations
@@ -56,8 +59,12 @@ class RetryPolicy:
     """Tries in all, the first included."""
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
-    deadline_s: float = 120.0
-    """No new try starts after this many seconds since the first."""
+    deadline_s: float = 60.0
+    """No new try starts after this many seconds since the first: an operation on unreachable storage fails
+    within ``deadline_s`` plus one ``request_timeout_s``."""
+    request_timeout_s: float = 30.0
+    """Longest one storage request may take (gcsfs ``requests_timeout``); a request past it is a transient
+    timeout, retried within the deadline. An explicit ``requests_timeout`` storage option wins."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -67,8 +74,10 @@ class RetryPolicy:
                 f"RetryPolicy delays must satisfy 0 <= base_delay_s <= max_delay_s, "
                 f"got {self.base_delay_s}, {self.max_delay_s}"
             )
-        if self.deadline_s <= 0:
-            raise ValueError(f"RetryPolicy.deadline_s must be > 0, got {self.deadline_s}")
+        for name in ("deadline_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):  # also refuses nan
+                raise ValueError(f"RetryPolicy.{name} must be a finite number of seconds > 0, got {value}")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -127,12 +136,20 @@ class Store:
     """Create-only object storage rooted at one campaign URL."""
 
     def __init__(self, url: str, *, retry: RetryPolicy | None = None, storage_options: dict[str, Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 external_deadline_s: float = 600.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = normalize_url(url)
         self.protocol = self.url.split("://", 1)[0]
         self.retry = retry or RetryPolicy()
+        if not 0 < external_deadline_s < float("inf"):
+            raise ValueError(f"Store.external_deadline_s must be a finite number of seconds > 0, "
+                             f"got {external_deadline_s}")
+        self.external_deadline_s = external_deadline_s
+        """Longest a call by another client of this storage (an Orbax save or restore) may take."""
         self._sleep = sleep
-        self.fs = fsspec.filesystem(self.protocol, **(storage_options or {}))
+        options = dict(storage_options or {})
+        if self.protocol in ("gs", "gcs"):
+            options.setdefault("requests_timeout", self.retry.request_timeout_s)
+        self.fs = fsspec.filesystem(self.protocol, **options)
         self._root = self.fs._strip_protocol(self.url).rstrip("/")
         self._create_lock = threading.Lock()
         self.retries = 0
@@ -140,6 +157,17 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    def other(self, url: str) -> Store:
+        """A store at another URL with this one's budgets; on the same backend also its options (credentials,
+        endpoint), as when a campaign starts from another campaign's weights."""
+        same = normalize_url(url).split("://", 1)[0] == self.protocol
+        return Store(url, retry=self.retry, storage_options=self.fs.storage_options if same else None,
+                     external_deadline_s=self.external_deadline_s, sleep=self._sleep)
+
+    def call_external(self, op: str, rel: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (another client's call on ``rel``, e.g. an Orbax save) within ``external_deadline_s``."""
+        return call_with_deadline(op, self.uri(rel), fn, self.external_deadline_s)
 
     # -- paths -------------------------------------------------------------------------------------------
     def uri(self, rel: str = "") -> str:

@@ -19,9 +19,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from pipelines_lib.model.weights import _path as orbax_path
-from pipelines_lib.publish import ORBAX_DEADLINE_S
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.store import Store, call_with_deadline
+from pipelines_lib.storage.store import Store
 
 COMMITTED = "COMMITTED"
 ROOT = "train/checkpoints"
@@ -65,7 +64,7 @@ def save_checkpoint(
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
 
-    call_with_deadline("save checkpoint", store.uri(f"{folder}/state"), save, ORBAX_DEADLINE_S)
+    store.call_external("save checkpoint", f"{folder}/state", save)
     store.create_json(
         f"{folder}/meta.json",
         {
@@ -99,7 +98,7 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
 
-    restored = call_with_deadline("restore checkpoint", store.uri(f"{folder}/state"), restore, ORBAX_DEADLINE_S)
+    restored = store.call_external("restore checkpoint", f"{folder}/state", restore)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
     meta = store.read_json(f"{folder}/meta.json")
