@@ -9,7 +9,13 @@ bounds          drills/bounds.py           black-hole endpoint, parser floods,  
                                            config bombs, each under a deadline
 kills           drills/kills.py            SIGKILL trainer (also mid-publish),  kill_drills, lost_groups, ...
                                            rollout worker, evaluator
+poison          drills/poison.py           poisoned shards on a real trainer,   trainer_poison_crashes,
+                                           pointer junk, CLI over garbage,      pointer_regressions,
+                                           FIFOs/devices under a deadline       cli_tracebacks, hangs
 ```
+
+A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
+own cases) is summed over the drills that ran.
 
 Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
 run, ``quick`` says which sizes). A full run of some drills (``only``) updates their part of the report
@@ -17,7 +23,9 @@ run, ``quick`` says which sizes). A full run of some drills (``only``) updates t
 same failure over different cases) is their sum. The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
-last full drill.
+last full drill of each drill. A full run of some drills (``--only``) replaces their details in
+``bench/reliability.json`` and keeps the others'; each drill's details carry its own figures and date, and the
+report's figures are summed from them.
 """
 
 from __future__ import annotations
@@ -152,11 +160,19 @@ def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) ->
                      "evaluator": _plain(evaluator)}
 
 
+def _poison(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.poison import run_poison_drill
+
+    report = run_poison_drill(scratch, progress)
+    return report.figures(), _plain(report)
+
+
 DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, float], dict[str, Any]]]
 """``(sizes, scratch folder, progress) -> (figures, details)``."""
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
-                              "bounds": _bounds, "kills": _kills}
+                              "bounds": _bounds, "kills": _kills,
+                              "poison": _poison}
 
 
 def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
@@ -191,7 +207,7 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         by_drill[name] = got
         progress(f"drill {name}: {json.dumps(got)} in {details[name]['seconds']} s")
     run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
-           "seconds": round(time.perf_counter() - start, 1), "machine": machine_info()}
+           "seconds": round(time.perf_counter() - start, 1), "machine": machine_info(), "drills": sorted(details)}
     results_path = Path(out_dir) / RESULTS
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
     kept = {k: v for k, v in previous.get("figures", {}).items() if k.startswith(f"{NAME}.") and k not in figures}
@@ -273,6 +289,30 @@ MEASURED = {
                                    "marker, wherever reparented) / folders were left behind.",
     "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
                                     "isolation backend; about half attack the containment mechanism itself.",
+    "reliability.trainer_poison_cases": "Poisoned-shard cases, each a real trainer (tiny decoder) run to its last "
+                                        "step over a real campaign folder holding valid shards and one poisoned "
+                                        "shard: wrong group size, row over the largest bucket, 20 M-token row "
+                                        "declared in a small file, out-of-vocabulary ids, unpublished policy "
+                                        "version, interleaved groups, copies (same folder, other version, "
+                                        "re-encoded), FIFO and symlink-out named like a shard.",
+    "reliability.trainer_poison_crashes": "Poisoned-shard cases where the trainer raised, did not finish, trained a "
+                                          "poisoned group or a group twice, left a poisoned group out of its "
+                                          "consumption logs' `skipped` entries, or the audit did not report it.",
+    "reliability.pointer_cases": "Junk entries planted beside `weights/LATEST` at v2: `latest.json`, `zzz.json`, a "
+                                 "name disagreeing with its version, negative or string version, non-JSON, non-object, "
+                                 "FIFO, symlink out of the campaign.",
+    "reliability.pointer_regressions": "Pointer cases where LATEST read as anything but v2, the next advance did not "
+                                       "take, or the audit did not report the entry.",
+    "reliability.cli_cases": "`rollstream` subprocess runs over garbage metadata (eval, consumption-log, checkpoint "
+                             "and pointer names, truncated and malformed telemetry lines, a foreign file in the export "
+                             "folder) and over folders that are no campaign (`file:///etc`, `\"\"`), plus the URL "
+                             "and timeout cases of other drills.",
+    "reliability.cli_tracebacks": "Of those runs: a traceback, an exit code other than documented (audits of a "
+                                  "non-campaign: 2 with `not a campaign`) or no end within the deadline.",
+    "reliability.hang_cases": "Runs with a FIFO and a character device named like a shard, a FIFO as pointer entry "
+                              "and as telemetry file: `audit`, `export`, `status`, `metrics` and the tailer, each a "
+                              "subprocess with a 120 s deadline (plus other drills' deadline cases).",
+    "reliability.hangs": "Of those runs: still running at the deadline (killed), or failed.",
     "reliability.secret_leaks": "(secret, file) pairs where a planted fake credential appears in the campaign "
                                 "folder, trace, audit report or captured logs (Arrow files searched decoded).",
 }
@@ -340,6 +380,13 @@ def render_report(record: dict[str, Any]) -> str:
                 f"each kill: {dict(Counter(e['eval_file_after_kill']))}, results identical to an uninterrupted evaluation: "
                 f"{e['results_identical']} (greedy: {e['greedy_identical']}), uninterrupted {e['reference_s']} s, "
                 f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
+    if "poison" in details:
+        out += ["## Poisoned data and junk metadata", "", "| catalogue | case | held | seconds | problems |",
+                "|---|---|---|---|---|"]
+        for group in ("poison", "pointers", "metadata", "fifos"):
+            out += [f"| {group} | {c['name']} | {'yes' if c['ok'] else '**NO**'} | {c['seconds']} | "
+                    f"{_cell('; '.join(c['problems']), 300)} |" for c in details["poison"][group]]
+        out.append("")
     if "faults" in details:
         out += render_fault_section(details["faults"])
     if "cases" in details.get("bounds", {}):

@@ -272,7 +272,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
 
-    records = read_records(open_store(args, args.url))
+    records = read_records(open_store(args, args.url), on_skip=_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
     trace = to_chrome_trace(records)
@@ -291,7 +291,7 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
 def _metrics(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, summarize
 
-    summary = summarize(read_records(open_store(args, args.url)))
+    summary = summarize(read_records(open_store(args, args.url), on_skip=_stderr))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0

@@ -79,12 +79,12 @@ def save_checkpoint(
 
 
 def committed_checkpoints(store: Store) -> list[str]:
-    """Committed checkpoint folders, oldest first."""
+    """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
     out = []
     for name in store.list(ROOT):
-        if store.exists(f"{ROOT}/{name}/{COMMITTED}"):
+        if layout.parse_name("checkpoint", name) is not None and store.exists(f"{ROOT}/{name}/{COMMITTED}"):
             out.append(f"{ROOT}/{name}")
-    return sorted(out, key=lambda f: int(f.rsplit("/", 1)[-1].split(".")[0]))
+    return sorted(out, key=lambda f: layout.parse_name("checkpoint", f.rsplit("/", 1)[-1]) or 0)
 
 
 def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer) -> CheckpointMeta | None:
