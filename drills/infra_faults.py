@@ -97,6 +97,7 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
     from pipelines_lib.storage.shards import ShardWriter, WriterConfig
     from pipelines_lib.storage.store import Store
     from pipelines_lib.trajectory.schema import INFRA_STATUSES
+    from pipelines_lib.trajectory.trainable import INFRA_REASON
 
     if n_groups % 3 != 0:
         raise ValueError(f"n_groups must be a multiple of 3 (the plan's period), got {n_groups}")
@@ -149,7 +150,7 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
 
     logs = consumption_logs(store)
     trained = [g.group_id for log in logs for g in log.groups]
-    skipped = [gid for log in logs for s in log.skipped if s.reason.startswith("infrastructure failure")
+    skipped = [gid for log in logs for s in log.skipped if s.reason.startswith(INFRA_REASON)
                for gid in s.groups]
     return InfraDrillReport(
         injected=len(injected), injected_sandbox_start=injected.count(SANDBOX_START),

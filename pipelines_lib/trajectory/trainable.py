@@ -88,6 +88,10 @@ def group_problem(group: pa.Table, needs: TrainerNeeds, *, folder_version: int |
     return None
 
 
+INFRA_REASON = "infrastructure failure"
+"""How every ``infra_problem`` reason starts (what the trainer's metrics and the drills count by)."""
+
+
 def infra_problem(group: pa.Table) -> str | None:
     """Why ``group`` is kept out of the loss for an infrastructure failure, or None.
 
@@ -100,6 +104,6 @@ def infra_problem(group: pa.Table) -> str | None:
     if not failed:
         return None
     i = failed[0]
-    return (f"infrastructure failure: group {group.column('group_id')[0].as_py()} has {len(failed)} "
+    return (f"{INFRA_REASON}: group {group.column('group_id')[0].as_py()} has {len(failed)} "
             f"trajectory(ies) with status in {INFRA_STATUSES} (sample {group.column('sample_idx')[i].as_py()}: "
             f"{statuses[i]}: {group.column('status_reason')[i].as_py()})")
