@@ -327,6 +327,35 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if result["identical"] or what_if else 1
 
 
+# -- fork -------------------------------------------------------------------------------------------------
+
+def _fork_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the parent campaign folder (only read)")
+    p.add_argument("--from-step", type=int, required=True, help="a step with a committed checkpoint")
+    p.add_argument("new_url", help="the fork's campaign folder")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a setting in the fork, repeatable (rollout.eta=0, trainer.optim.lr=1e-4); "
+                        "model.* and tokenizer are refused")
+    _add_storage_options(p)
+
+
+@subcommand("fork", "start a new campaign from a checkpoint of another, under changed settings", _fork_args)
+def _fork(args: argparse.Namespace) -> int:
+    from pipelines_lib.configio import ConfigError, parse_overrides
+    from pipelines_lib.stages.fork import fork_campaign
+
+    try:
+        result = fork_campaign(open_store(args, args.url), args.from_step, open_store(args, args.new_url),
+                               parse_overrides(args.set))
+    except (ConfigError, ValueError, FileNotFoundError) as e:  # model/tokenizer keys, no checkpoint, no campaign
+        raise CommandError(str(e)) from e
+    parent = result["parent"]
+    changed = ", ".join(f"{k}={v['fork']}" for k, v in parent["config_diff"].items()) or "nothing"
+    print(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
+          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}")
+    return 0
+
+
 # -- campaign status ---------------------------------------------------------------------------------------
 
 def _status_args(p: argparse.ArgumentParser) -> None:

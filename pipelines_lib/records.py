@@ -2,7 +2,7 @@
 
 ```
 record              path (storage/layout)                          written by
-CampaignManifest    campaign.json                                   campaign.init_campaign, demo
+CampaignManifest    campaign.json                                   campaign.init_campaign, demo, fork
 DatasetSuccess      dataset/_SUCCESS                                dataset.prep
 ConsumptionLog      train/consumed/<step:08d>.json                  train.trainer (the write-ahead log)
 CheckpointMeta      train/checkpoints/<step:08d>[.n]/meta.json      train.checkpoint.save_checkpoint
@@ -157,6 +157,19 @@ class Record(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ForkParent(_Record):
+    """Where a forked campaign came from: the parent's URL, the step whose checkpoint it started from, and
+    the settings it changed."""
+
+    url: str
+    step: int
+    version: int
+    """The parent's policy version at ``step`` (the fork publishes it as its own starting version)."""
+    config_diff: dict[str, Any]
+    """Dotted config key → ``{"parent": value, "fork": value}`` for every setting the fork changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class CampaignManifest(Record):
     """The campaign's config snapshot, written once when it starts."""
 
@@ -166,6 +179,8 @@ class CampaignManifest(Record):
     code_version: str
     created_at: str
     config: dict[str, Any]
+    parent: ForkParent | None = None
+    """Set for a fork (``stages.fork``); absent in campaigns started from scratch and in older manifests."""
 
     PATH: ClassVar[str] = layout.CAMPAIGN_JSON
 
@@ -576,6 +591,7 @@ __all__ = [
     "DoneMarker",
     "DroppedStale",
     "EvalResult",
+    "ForkParent",
     "Publication",
     "Record",
     "RecordError",

@@ -168,6 +168,9 @@ class AuditReport:
                f"schema versions: {_kv(self.schema_versions) or '-'}"]
         if self.campaign is not None:
             out.append(f"campaign manifest: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
+            if (parent := self.campaign.get("parent")) is not None:
+                out.append(f"forked from {parent['url']} at step {parent['step']} (version {parent['version']}); "
+                           f"changed: {_kv({k: v['fork'] for k, v in parent['config_diff'].items()}) or '-'}")
         out += ["", "per version:", _counts_table("version", self.by_version),
                 "", "per worker:", _counts_table("worker", self.by_worker)]
         out += ["", "distributions:", _table(

@@ -89,8 +89,11 @@ def campaign_status(store: Store) -> dict[str, Any]:
     checkpoints = committed_checkpoints(store)
     ignored += [f"{layout.CHECKPOINTS}/{n}" for n in store.list(layout.CHECKPOINTS)
                 if layout.checkpoint_step(n) is None]
+    manifest = CampaignManifest.read(store) if store.exists(CampaignManifest.PATH) else None
     status = {
-        "campaign": store.exists(CampaignManifest.PATH),
+        "campaign": manifest is not None,
+        "parent": None if manifest is None or manifest.parent is None else {
+            "url": manifest.parent.url, "step": manifest.parent.step, "version": manifest.parent.version},
         "dataset": store.exists(DatasetSuccess.PATH),
         "warm_start": 0 in versions,
         "train_done": DoneMarker.exists(store),

@@ -1,0 +1,107 @@
+"""Forking a finished campaign from a checkpoint: a new folder that trains on from the parent's exact state.
+
+One small trainer campaign (4 steps of 2 synthetic groups, checkpoints at steps 2 and 4, version 1 published at
+step 2) is the parent. A fork from step 2 with η = 0 gets the same four groups its parent trained on at steps
+3 and 4, written as a rollout worker on version 1 would; restoring the parent's parameters, optimiser state and
+RNG exactly makes the fork's steps 3 and 4 the same floats as the parent's, and its final parameters equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from drills.fixtures import final_params, seed_trainer_campaign, small_trainer_config
+from pipelines_lib.cli import main
+from pipelines_lib.records import CampaignManifest, ConsumptionLog, DoneMarker, consumption_steps
+from pipelines_lib.stages.audit import audit
+from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
+from pipelines_lib.stages.fork import fork_campaign
+from pipelines_lib.stages.train import train
+from pipelines_lib.storage.shards import ShardWriter, WriterConfig
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.synthetic import synthetic_group
+
+
+def checksums(store: Store) -> dict[str, str]:
+    return {rel: hashlib.sha256(store.read(rel)).hexdigest() for rel in store.walk()}
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    config = small_trainer_config(4, checkpoint_every=4)
+    store = seed_trainer_campaign(str(tmp_path_factory.mktemp("fork") / "parent"), config, 8)
+    train(store, config, log=lambda _: None)
+    return store
+
+
+def write_groups(store: Store, seeds: range, *, version: int) -> None:
+    """The synthetic groups ``seeds`` (as ``seed_trainer_campaign`` makes them), from a worker on ``version``."""
+    vocab = load_campaign_config(store).model.vocab_size
+    writer = ShardWriter(store, worker_id="w1", config=WriterConfig(max_groups=3))
+    for i in seeds:
+        writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w1", policy_version=version,
+                                         seed=i, vocab_size=vocab, max_len=60))
+    writer.flush()
+
+
+def test_a_fork_with_another_eta_resumes_the_parents_exact_state_and_never_writes_into_it(
+        parent: Store, tmp_path) -> None:
+    before = checksums(parent)
+    fork = Store(str(tmp_path / "fork"))
+    result = fork_campaign(parent, 2, fork, {"rollout.eta": 0})
+    assert result["created"]
+    manifest = CampaignManifest.read(fork)
+    assert manifest.parent is not None
+    assert (manifest.parent.url, manifest.parent.step, manifest.parent.version) == (parent.url, 2, 1)
+    assert manifest.parent.config_diff == {"rollout.eta": {"parent": 10_000, "fork": 0}}
+    assert load_campaign_config(fork).rollout.eta == 0
+    status = campaign_status(fork)
+    assert status["parent"] == {"url": parent.url, "step": 2, "version": 1}
+    assert status["warm_start"] and status["published_versions"] == [0, 1] and "warm_start" not in status["todo"]
+    # A rerun of the same fork does nothing.
+    assert not fork_campaign(parent, 2, fork, {"rollout.eta": 0})["created"]
+
+    write_groups(fork, range(4, 8), version=1)  # the groups the parent trained on at steps 3 and 4
+    done = train(fork, load_campaign_config(fork), log=lambda _: None)
+    assert (done["steps"], done["version"], done["groups_consumed"]) == (4, 2, 4)
+    assert consumption_steps(fork) == [3, 4]
+    for step in (3, 4):
+        ours, theirs = ConsumptionLog.read(fork, step), ConsumptionLog.read(parent, step)
+        assert [g.group_id.split("@")[0] for g in ours.groups] == [g.group_id.split("@")[0] for g in theirs.groups]
+        assert ours.staleness_max == 0
+        assert ours.metrics == theirs.metrics  # same state, same rows: the same floats
+    assert final_params(fork) == final_params(parent)
+    assert DoneMarker.read(fork).steps == 4
+
+    kept = audit(fork)
+    assert kept["ok"] and kept["violations"] == 0
+    report = json.loads(fork.read(kept["report"]))
+    assert report["report"]["campaign"]["parent"]["url"] == parent.url
+    assert "forked from " + parent.url + " at step 2" in fork.read(kept["text"]).decode()
+    assert checksums(parent) == before
+
+
+def test_a_fork_refuses_the_model_and_the_tokenizer_naming_the_key(parent: Store, tmp_path) -> None:
+    for key in ("model.n_layers", "tokenizer"):
+        with pytest.raises(ValueError, match=rf"--set {key}: a fork keeps its parent's"):
+            fork_campaign(parent, 2, Store(str(tmp_path / "f")), {key: 2})
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_fork_from_a_step_without_a_checkpoint_names_the_steps_with_one(parent: Store, tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"step 3 has no committed checkpoint to fork from \(steps with one: 2, 4\)"):
+        fork_campaign(parent, 3, Store(str(tmp_path / "f")), {})
+
+
+def test_fork_command_creates_the_fork_and_refuses_a_model_change(parent: Store, tmp_path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    url = str(tmp_path / "f")
+    assert main(["fork", parent.url, "--from-step", "4", url, "--set", "trainer.optim.lr=0.001"]) == 0
+    assert f"forked {parent.url} at step 4" in capsys.readouterr().out
+    manifest = CampaignManifest.read(Store(url))
+    assert manifest.parent is not None and manifest.parent.config_diff["trainer.optim.lr"]["fork"] == 0.001
+    assert main(["fork", parent.url, "--from-step", "4", str(tmp_path / "g"), "--set", "model.d_model=8"]) == 2
+    assert "--set model.d_model: a fork keeps its parent's model" in capsys.readouterr().err
