@@ -81,6 +81,22 @@ def test_a_fork_with_another_eta_resumes_the_parents_exact_state_and_never_write
     report = json.loads(fork.read(kept["report"]))
     assert report["report"]["campaign"]["parent"]["url"] == parent.url
     assert "forked from " + parent.url + " at step 2" in fork.read(kept["text"]).decode()
+    # Lineage walks back from the fork's starting version into the parent's shards, read-only.
+    (ancestor,) = report["report"]["ancestry"]
+    assert (ancestor["url"], ancestor["step"], ancestor["version"]) == (parent.url, 2, 1)
+    by_version = {p["version"]: p for p in ancestor["published"]}
+    assert sorted(by_version) == [0, 1]
+    steps_1_2 = [ConsumptionLog.read(parent, s) for s in (1, 2)]
+    assert by_version[1]["steps"] == [1, 2] and by_version[1]["groups"] == 4
+    assert by_version[1]["shards"] == sorted({g.shard for log in steps_1_2 for g in log.groups})
+
+    # A fork of the fork walks back through both.
+    grandchild = Store(str(tmp_path / "fork2"))
+    fork_campaign(fork, 4, grandchild, {"trainer.optim.lr": 0.001})
+    kept = audit(grandchild)
+    assert kept["ok"]
+    chain = json.loads(grandchild.read(kept["report"]))["report"]["ancestry"]
+    assert [(a["url"], a["step"], a["version"]) for a in chain] == [(fork.url, 4, 2), (parent.url, 2, 1)]
     assert checksums(parent) == before
 
 

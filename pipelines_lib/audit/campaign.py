@@ -18,6 +18,10 @@ say "OK". One listing of the folder drives everything:
   ``lineage.reconcile``; one that does not read as its record is a finding, and so is a pointer entry whose name
   and content disagree (``bad_pointer_entry``: readers skip it).
 - ``campaign.json`` and the evaluations: reported as found.
+- for a fork (``campaign.json`` names a ``parent``): the parent, read-only and only up to the fork point (its
+  consumption logs up to the step, its publications up to the version, the shards those logs name), reconciled
+  the same way, then the parent's parent: the ``ancestry``, nearest first, so lineage walks back from the fork's
+  versions through the shards its starting version was trained on.
 
 Shards are fetched ``read_ahead`` at a time on a thread pool (a GCS audit is bound by request latency) and
 processed in name order, so the report does not depend on timing. ``progress`` gets a line every
@@ -26,6 +30,7 @@ processed in name order, so the report does not depend on timing. ``progress`` g
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import Counter, defaultdict, deque
@@ -38,7 +43,7 @@ import pyarrow as pa
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
-from pipelines_lib.audit.report import AuditReport, BadFile, Counts, Finding
+from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution, shard_figures
 from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication, Record, RecordError
 from pipelines_lib.storage import layout
@@ -258,6 +263,44 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
         return None
 
 
+def _ancestry(store: Store, campaign: dict[str, Any] | None, read_ahead: int,
+              findings: list[Finding]) -> tuple[Ancestor, ...]:
+    """A fork's parents, nearest first, each read only up to its fork point: the consumption logs up to the
+    step, the publications up to the version and the shards those logs name, reconciled like the campaign's
+    own. What is wrong there is a finding (with the parent's URL in its path); nothing is written there."""
+    out: list[Ancestor] = []
+    seen = {store.uri()}
+    parent = (campaign or {}).get("parent")
+    while parent is not None:
+        up = store.other(parent["url"])
+        if up.uri() in seen:
+            findings.append(Finding(kind="fork_cycle", path=up.uri(layout.CAMPAIGN_JSON), row=None,
+                                    trajectory_id=None, message=f"{parent['url']} is its own fork ancestor"))
+            break
+        seen.add(up.uri())
+        found: list[Finding] = []
+        manifest = _campaign(up, found)
+        log_paths = [layout.consumed_log(s) for s in records.consumption_steps(up) if s <= parent["step"]]
+        logs = _records(up, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", found)
+        versions = records.published_versions(up)
+        entries = _pointer_entries(up, [up.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions
+                                        if v <= parent["version"]], read_ahead, found)
+        acc = _Accumulator(needs=_needs(manifest, found), newest_version=max(versions, default=None))
+        named = {g.shard for _, log in logs for g in log.groups} | {d.shard for _, log in logs
+                                                                    for d in log.dropped_stale}
+        shards = sorted((sid, f) for f in named if (sid := layout.parse_shard_path(f)) is not None)
+        for (sid, _), (path, data) in zip(shards, _prefetch(up, [f for _, f in shards], read_ahead), strict=True):
+            acc.add_shard_object(up, path, sid, data)
+        lineage, lineage_findings = reconcile(acc.committed, logs, entries)
+        findings += [dataclasses.replace(f, path=up.uri(f.path)) for f in found + acc.findings + lineage_findings]
+        findings += [Finding(kind=f"parent_{b.kind}", path=up.uri(b.path), row=None, trajectory_id=None,
+                             message=b.reason) for b in acc.bad_files]
+        out.append(Ancestor(url=parent["url"], step=parent["step"], version=parent["version"],
+                            published=lineage.published if lineage is not None else ()))
+        parent = (manifest or {}).get("parent")
+    return tuple(out)
+
+
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
                    read_ahead: int = 8, max_listed: int = 1000,
                    clock: Callable[[], float] = time.monotonic) -> AuditReport:
@@ -301,6 +344,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
+    ancestry = _ancestry(store, campaign, read_ahead, findings)
 
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)
@@ -327,5 +371,6 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         lineage=lineage,
         campaign=campaign,
         evals=tuple(layout.eval_path(v) for v in records.evaluated_versions(store)),
+        ancestry=ancestry,
         **dists,
     )

@@ -109,6 +109,18 @@ class Lineage:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Ancestor:
+    """A campaign this one was forked from (directly or through other forks), read up to the fork point."""
+
+    url: str
+    step: int
+    """The step its fork started from: only its consumption logs up to this step are followed."""
+    version: int
+    published: tuple[PublishedVersion, ...]
+    """Its versions up to ``version``, each with the steps, shards and groups behind it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class AuditReport:
     url: str
     audited_at: str
@@ -141,6 +153,8 @@ class AuditReport:
     campaign: dict[str, Any] | None
     """``campaign.json`` as written (the config snapshot), when present."""
     evals: tuple[str, ...]
+    ancestry: tuple[Ancestor, ...] = ()
+    """For a fork: its parent, the parent's parent, …, each followed read-only up to the fork point."""
 
     @property
     def ok(self) -> bool:
@@ -183,6 +197,9 @@ class AuditReport:
         errors = {f"{tool}/{kind}": n for tool, kinds in self.tool_errors.items() for kind, n in kinds.items()}
         out.append(f"tool errors: {_kv(errors) or '-'}")
         out += ["", self._render_lineage()]
+        for a in self.ancestry:
+            out += [f"forked from {a.url} at step {a.step} (version {a.version}); its lineage up to there:",
+                    _published_table(a.published)]
         if self.evals:
             out += ["", f"evaluations: {', '.join(self.evals)}"]
         out += ["", f"violations: {_kv(self.violation_counts) or 'none'}"]
@@ -212,11 +229,14 @@ class AuditReport:
             out.append(f"shards the trainer skipped: {len(lin.trainer_skipped)}")
             out += [f"  step {s.step}: {s.shard}: {s.reason}" for s in lin.trainer_skipped[:10]]
         if lin.published:
-            out += ["published versions:", _table(
-                ["version", "step", "steps", "shards", "groups", "prompts", "published_at"],
-                [[p.version, _opt(p.step), _span(p.steps), len(p.shards), p.groups, p.prompts, p.published_at]
-                 for p in lin.published])]
+            out += ["published versions:", _published_table(lin.published)]
         return "\n".join(out)
+
+
+def _published_table(published: Sequence[PublishedVersion]) -> str:
+    return _table(["version", "step", "steps", "shards", "groups", "prompts", "published_at"],
+                  [[p.version, _opt(p.step), _span(p.steps), len(p.shards), p.groups, p.prompts, p.published_at]
+                   for p in published])
 
 
 def _opt(x: object) -> str:
