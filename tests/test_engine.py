@@ -25,6 +25,8 @@ from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.publish import CampaignWeights, publish_weights
+from pipelines_lib.storage.store import Store
 
 CONFIG = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32))
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -181,6 +183,62 @@ def test_swap_under_load_keeps_requests_alive_and_stamps_versions(model: Decoder
         lambda e: e.generate(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=40)),
     )
     assert solo.token_ids == c.token_ids
+
+
+def test_orbax_load_in_a_thread_races_full_slots_and_every_token_carries_the_weights_that_made_it(
+    model: Decoder, tmp_path
+) -> None:
+    """The rollout worker's path: version 1 is published (Orbax) and loaded from the campaign in a thread while
+    twice as many greedy requests as slots keep the engine saturated; the loading thread installs it.
+
+    Each client resubmits its own prompt until one of its requests was submitted after the swap. Greedy
+    tokens of the two weight sets differ, so a token stamped with the wrong version, or weights installed in
+    the middle of a step, would break the comparison with solo runs of each version."""
+    store = Store(str(tmp_path / "c"))
+    clients = 2 * CONFIG.num_slots
+    requests = [(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=24)) for k in range(clients)]
+
+    def publish_load_and_swap(engine: JaxEngine) -> None:
+        publish_weights(store, lively_model(1), version=1, step=2)
+        engine.swap_weights(CampaignWeights(store).load(1), 1)
+
+    async def body(engine: JaxEngine) -> tuple[list[tuple[int, bool, Any]], int]:
+        loader: asyncio.Task | None = None
+        runs: list[tuple[int, bool, Any]] = []  # (client, submitted after the swap returned, completion)
+
+        async def client(k: int) -> None:
+            while True:
+                after_swap = loader is not None and loader.done()
+                runs.append((k, after_swap, await engine.generate(*requests[k])))
+                if after_swap:
+                    return
+
+        clients_done = asyncio.gather(*[client(k) for k in range(clients)])
+        while engine.stats()["generated_tokens"] < clients:  # every slot is decoding before the load starts
+            await asyncio.sleep(0.001)
+        loader = asyncio.create_task(asyncio.to_thread(publish_load_and_swap, engine))
+        await loader
+        await clients_done
+        return runs, engine.policy_version
+
+    runs, version = run(model, body)
+    solo = {v: run(m, lambda e: asyncio.gather(*[e.generate(*r) for r in requests]))
+            for v, m in ((0, model), (1, lively_model(1)))}
+    assert version == 1
+    for k, after_swap, c in runs:
+        assert len(c.token_ids) == 24 and c.policy_versions == sorted(c.policy_versions)
+        n_old = c.policy_versions.count(0)
+        assert n_old + c.policy_versions.count(1) == 24
+        if after_swap:
+            assert n_old == 0
+        # Tokens stamped 0 are exactly what the old weights generate; a request wholly on version 1 is exactly
+        # what the published weights generate (tokens after a mid-request swap attend to old keys/values).
+        assert c.token_ids[:n_old] == solo[0][k].token_ids[:n_old]
+        np.testing.assert_allclose(c.logprobs[:n_old], solo[0][k].logprobs[:n_old], rtol=0, atol=1e-4)
+        if n_old == 0:
+            assert c.token_ids == solo[1][k].token_ids
+    assert solo[0][0].token_ids != solo[1][0].token_ids
+    assert any(0 in c.policy_versions for _, _, c in runs)  # requests decoding on v0 while the load ran
 
 
 def test_swap_rejects_mismatched_weights(model: Decoder) -> None:
