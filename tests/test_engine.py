@@ -7,8 +7,8 @@ repeating one token, which would make "same tokens" comparisons weak.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +52,12 @@ def run(model: Decoder, body: Callable[[JaxEngine], Awaitable[Any]], config: Eng
             return await asyncio.wait_for(body(engine), timeout=120)  # a broken engine fails, not hangs
 
     return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the engine until ``condition`` holds (``run`` bounds the whole body's time)."""
+    while not condition():
+        await asyncio.sleep(0.001)
 
 
 @nnx.jit
@@ -112,7 +118,7 @@ def test_seeded_request_is_independent_of_batch_composition(model: Decoder) -> N
 
     async def crowded(engine: JaxEngine) -> Any:
         early = [asyncio.create_task(engine.generate(*o)) for o in others[:3]]
-        await asyncio.sleep(0.01)  # the target joins a batch already decoding
+        await until(lambda: engine.stats()["generated_tokens"] >= 3)  # the target joins a batch already decoding
         results = await asyncio.gather(
             engine.generate(*target), *[engine.generate(*o) for o in others[3:]], *early
         )
@@ -161,8 +167,7 @@ def test_swap_under_load_keeps_requests_alive_and_stamps_versions(model: Decoder
             )
             for k in range(6)  # more requests than slots: two join after the swap
         ]
-        while engine.stats()["generated_tokens"] < 20:
-            await asyncio.sleep(0.001)
+        await until(lambda: engine.stats()["generated_tokens"] >= 20)
         engine.swap_weights(new_model, 7)
         assert engine.policy_version == 7
         return await asyncio.gather(*tasks)
@@ -214,8 +219,7 @@ def test_orbax_load_in_a_thread_races_full_slots_and_every_token_carries_the_wei
                     return
 
         clients_done = asyncio.gather(*[client(k) for k in range(clients)])
-        while engine.stats()["generated_tokens"] < clients:  # every slot is decoding before the load starts
-            await asyncio.sleep(0.001)
+        await until(lambda: engine.stats()["generated_tokens"] >= clients)  # all slots decode before the load
         loader = asyncio.create_task(asyncio.to_thread(publish_load_and_swap, engine))
         await loader
         await clients_done
@@ -300,33 +304,32 @@ def test_static_and_continuous_modes_give_the_same_greedy_tokens(model: Decoder)
 
 
 def test_event_loop_keeps_running_while_engine_computes(model: Decoder, monkeypatch) -> None:
-    """Each compute step is stretched by 0.2 s in the worker thread; a loop blocked by compute would
-    tick about once per step, a free one every ~10 ms."""
+    """Each compute step waits, in its worker thread, for a coroutine it schedules on the event loop: a loop
+    blocked by compute could not run it (the wait would time out), a free one runs it at once."""
+    loop_ran_during_compute: list[bool] = []
 
-    async def body(engine: JaxEngine) -> int:
+    async def body(engine: JaxEngine) -> None:
+        loop = asyncio.get_running_loop()
         real_compute = engine._compute
 
-        def slow_compute(*args: Any) -> Any:
-            time.sleep(0.2)
+        async def ping() -> None:
+            pass
+
+        def gated_compute(*args: Any) -> Any:
+            probe = asyncio.run_coroutine_threadsafe(ping(), loop)
+            try:
+                probe.result(timeout=10)
+                loop_ran_during_compute.append(True)
+            except concurrent.futures.TimeoutError:
+                probe.cancel()
+                loop_ran_during_compute.append(False)
             return real_compute(*args)
 
-        monkeypatch.setattr(engine, "_compute", slow_compute)
-        ticks = 0
-        done = asyncio.Event()
+        monkeypatch.setattr(engine, "_compute", gated_compute)
+        await engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=3))
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while not done.is_set():
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        tick = asyncio.create_task(ticker())
-        await engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=3))  # >= 0.6 s
-        done.set()
-        await tick
-        return ticks
-
-    assert run(model, body) >= 20
+    run(model, body)
+    assert len(loop_ran_during_compute) >= 3 and all(loop_ran_during_compute)
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(model: Decoder) -> None:
@@ -337,10 +340,11 @@ def test_close_fails_pending_requests_and_refuses_new_ones(model: Decoder) -> No
             asyncio.create_task(engine.generate(prompt(5), SamplingParams(max_new_tokens=60)))
             for _ in range(8)
         ]
-        await asyncio.sleep(0.05)
+        # Four requests decoding, four queued; none can finish its 60 tokens before close() stops the scheduler.
+        await until(lambda: engine.stats()["generated_tokens"] >= CONFIG.num_slots)
         await engine.close()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert any(isinstance(r, EngineClosedError) for r in results)
+        assert all(isinstance(r, EngineClosedError) for r in results)
         with pytest.raises(EngineClosedError):
             await engine.generate(prompt(5), GREEDY)
 
@@ -370,7 +374,8 @@ def test_cancelled_request_frees_its_slot(model: Decoder) -> None:
     async def body(engine: JaxEngine) -> tuple[Any, list[bool]]:
         long = SamplingParams(temperature=0.0, max_new_tokens=85)
         hogs = [asyncio.create_task(engine.generate(prompt(5, k), long)) for k in range(CONFIG.num_slots)]
-        await asyncio.sleep(0.02)
+        # Cancelled only once every hog holds a slot: a hog cancelled while queued would free nothing.
+        await until(lambda: engine.stats()["generated_tokens"] >= CONFIG.num_slots)
         hogs[0].cancel()
         completion = await asyncio.wait_for(engine.generate(prompt(7), GREEDY), timeout=30)
         still_running = [not h.done() for h in hogs[1:]]
