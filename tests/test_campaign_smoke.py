@@ -94,6 +94,7 @@ cores, a few on a loaded machine): it is killed and the test fails saying where,
 
 _RECOVER = """
 import json, sys
+from flows.recover import recover
 result = recover(sys.argv[1], storage_options=json.loads(sys.argv[2]), poll_s=0.5)
 print("RECOVER RESULT " + json.dumps(result, default=str), flush=True)
 """
