@@ -287,9 +287,14 @@ def test_a_failing_stage_reports_its_own_error_when_the_telemetry_flush_fails_to
 
 def test_resident_memory_is_sampled_while_recording_even_when_the_stage_blocks() -> None:
     with telemetry.recording(None, "trainer", sample_every_s=0.01) as recorder:
-        time.sleep(0.1)  # a stage stuck in compute: the sampler thread still records
-        rss = [r["value"] for r in recorder.records if r["name"] == "rss_mb"]
-    assert len(rss) >= 3 and all(10 < v < 1e6 for v in rss)
+        def rss() -> list[float]:
+            return [r["value"] for r in list(recorder.records) if r["name"] == "rss_mb"]
+
+        deadline = time.monotonic() + 60  # a stage stuck outside Python: the sampler thread still records
+        while len(rss()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        samples = rss()
+    assert len(samples) >= 3 and all(10 < v < 1e6 for v in samples)
     with pytest.raises(ValueError, match="sample_every_s must be > 0 or None, got 0"), telemetry.recording(
             None, "x", sample_every_s=0):
         pass
