@@ -66,6 +66,18 @@ def assert_finished(store: Store) -> None:
     assert all(store.exists(layout.eval_path(v)) for v in (0, 1, 2))
     status = campaign_status(store)
     assert status["todo"] == ["audit"] and status["shards"] > 0 and status["missing_eval"] == []
+    # Orbax writes around the Store (through tensorstore): its items, the checkpoints' optimiser state included,
+    # must be in the campaign's own storage, not wherever a mistranslated URL would put them.
+    for version in (0, 1, 2):
+        assert {"embed", "layers", "final_norm"} <= _orbax_tree_roots(store, f"{layout.weights_dir(version)}/state")
+    for step in ("00000002", "00000004"):
+        assert _orbax_tree_roots(store, f"train/checkpoints/{step}/state") == {"params", "opt"}
+
+
+def _orbax_tree_roots(store: Store, item: str) -> set[str]:
+    """Top-level keys of the Orbax item ``item`` of the campaign, from the tree metadata Orbax commits with it."""
+    keys = store.read_json(f"{item}/_METADATA")["tree_metadata"].values()
+    return {k["key_metadata"][0]["key"] for k in keys}
 
 
 def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: str, smoke_yaml: str,
