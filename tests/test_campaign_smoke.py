@@ -120,6 +120,7 @@ class Bounded:
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self._timer = threading.Timer(deadline_s, self._kill_hung)
+        self._timer.daemon = True  # never keeps pytest alive
         self._timer.start()
 
     def _kill_hung(self) -> None:
