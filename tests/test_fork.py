@@ -14,12 +14,13 @@ import json
 import pytest
 
 from drills.fixtures import final_params, seed_trainer_campaign, small_trainer_config
+from pipelines_lib.audit.view import build_view, render_html
 from pipelines_lib.cli import main
 from pipelines_lib.records import CampaignManifest, ConsumptionLog, DoneMarker, consumption_steps
 from pipelines_lib.stages.audit import audit
 from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
 from pipelines_lib.stages.fork import fork_campaign
-from pipelines_lib.stages.train import train
+from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.synthetic import synthetic_group
@@ -90,6 +91,10 @@ def test_a_fork_with_another_eta_resumes_the_parents_exact_state_and_never_write
     assert by_version[1]["steps"] == [1, 2] and by_version[1]["groups"] == 4
     assert by_version[1]["shards"] == sorted({g.shard for log in steps_1_2 for g in log.groups})
 
+    view = build_view(fork)
+    assert view.parent is not None and (view.parent["url"], view.parent["step"]) == (parent.url, 2)
+    assert json.dumps(parent.url) in render_html(view)  # the page's data; its title line names the fork point
+
     # A fork of the fork walks back through both.
     grandchild = Store(str(tmp_path / "fork2"))
     fork_campaign(fork, 4, grandchild, {"trainer.optim.lr": 0.001})
@@ -121,3 +126,22 @@ def test_fork_command_creates_the_fork_and_refuses_a_model_change(parent: Store,
     assert manifest.parent is not None and manifest.parent.config_diff["trainer.optim.lr"]["fork"] == 0.001
     assert main(["fork", parent.url, "--from-step", "4", str(tmp_path / "g"), "--set", "model.d_model=8"]) == 2
     assert "--set model.d_model: a fork keeps its parent's model" in capsys.readouterr().err
+
+
+def test_a_fork_on_the_gcs_emulator_restores_the_parents_checkpoint(parent: Store, gcs_store: Store,
+                                                                     gcs_emulator: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Orbax reads through tensorstore, which ignores STORAGE_EMULATOR_HOST (used by etils' gcsfs backend).
+    for name, value in (("STORAGE_EMULATOR_HOST", gcs_emulator), ("TENSORSTORE_GCS_HTTP_URL", gcs_emulator),
+                        ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")):
+        monkeypatch.setenv(name, value)
+    for rel in parent.walk():
+        gcs_store.create(rel, parent.read(rel))
+    before = checksums(gcs_store)
+    fork = gcs_store.other(gcs_store.url.rsplit("/", 1)[0] + "/fork")
+    fork_campaign(gcs_store, 4, fork, {"rollout.eta": 1})
+    trainer = trainer_for(fork, load_campaign_config(fork), log=lambda _: None)
+    trainer.restore()
+    assert (trainer.step, trainer.version, trainer.tailer.cursor.groups_consumed) == (4, 2, 0)
+    assert trainer.eta == 1
+    assert checksums(gcs_store) == before

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
 from pipelines_lib.audit.sql import CampaignTables, campaign_tables
+from pipelines_lib.records import CampaignManifest
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -50,6 +51,8 @@ class View:
     """Sampled groups, each with its trajectories (token columns included)."""
     total_groups: int
     curve_png: bytes
+    parent: dict[str, Any] | None = None
+    """For a fork: ``campaign.json``'s ``parent`` (URL, step, version, changed settings), shown under the title."""
 
 
 def sample_groups(group_versions: list[tuple[str, int]], max_groups: int) -> list[str]:
@@ -130,8 +133,10 @@ def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS,
     keys = tables.query("""SELECT shard || '#' || group_id AS k, version FROM trajectories
                            GROUP BY ALL ORDER BY min(shard), k""").to_pylist()
     chosen = sample_groups([(r["k"], r["version"]) for r in keys], max_groups)
+    parent = CampaignManifest.read(store).parent if store.exists(CampaignManifest.PATH) else None
     return View(campaign=layout.campaign_id(store.url), summary=summary,
-                groups=_group_records(tables.tables["trajectories"], chosen), total_groups=len(keys), curve_png=png)
+                groups=_group_records(tables.tables["trajectories"], chosen), total_groups=len(keys), curve_png=png,
+                parent=None if parent is None else parent.to_dict())
 
 
 def _json_for_script(obj: Any) -> str:
@@ -141,7 +146,7 @@ def _json_for_script(obj: Any) -> str:
 
 def render_html(view: View) -> str:
     data = {"campaign": view.campaign, "summary": view.summary, "groups": view.groups,
-            "total_groups": view.total_groups}
+            "total_groups": view.total_groups, "parent": view.parent}
     png = base64.b64encode(view.curve_png).decode()
     return (_PAGE.replace("__TITLE__", html.escape(f"rollstream: {view.campaign}"))
             .replace("__PNG__", png).replace("__DATA__", _json_for_script(data)))
@@ -231,7 +236,8 @@ function table(rows, cols, left = []) {
   return t;
 }
 const bar = (n, max) => el("span", {class: "bar", style: `width:${Math.round(120 * n / Math.max(max, 1))}px`});
-document.getElementById("title").textContent = `Campaign ${D.campaign}`;
+document.getElementById("title").textContent = `Campaign ${D.campaign}` +
+  (D.parent ? ` (forked from ${D.parent.url} at step ${D.parent.step}, version ${D.parent.version})` : "");
 document.getElementById("overview").textContent =
   `${S.accounting.groups_committed} groups committed; the list below shows ${D.groups.length} of ${D.total_groups}` +
   (D.groups.length < D.total_groups ? " (sampled evenly across versions)" : "");
