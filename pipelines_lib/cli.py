@@ -331,7 +331,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _fork_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the parent campaign folder (only read)")
-    p.add_argument("--from-step", type=int, required=True, help="a step with a committed checkpoint")
+    p.add_argument("--from-step", type=int, required=True, help="the parent's step to start from (a committed checkpoint at or before it is needed)")
     p.add_argument("new_url", help="the fork's campaign folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting in the fork, repeatable (rollout.eta=0, trainer.optim.lr=1e-4); "

@@ -3,7 +3,8 @@
 One small trainer campaign (4 steps of 2 synthetic groups, checkpoints at steps 2 and 4, version 1 published at
 step 2) is the parent. A fork from step 2 with η = 0 gets the same four groups its parent trained on at steps
 3 and 4, written as a rollout worker on version 1 would; restoring the parent's parameters, optimiser state and
-RNG exactly makes the fork's steps 3 and 4 the same floats as the parent's, and its final parameters equal.
+RNG exactly makes the fork's steps 3 and 4 the same floats as the parent's, and its final parameters equal. A
+fork from step 3 (no checkpoint there) re-trains step 3 from checkpoint 2 and lands on the same floats too.
 """
 
 from __future__ import annotations
@@ -112,9 +113,23 @@ def test_a_fork_refuses_the_model_and_the_tokenizer_naming_the_key(parent: Store
     assert not (tmp_path / "f").exists()
 
 
-def test_a_fork_from_a_step_without_a_checkpoint_names_the_steps_with_one(parent: Store, tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"step 3 has no committed checkpoint to fork from \(steps with one: 2, 4\)"):
-        fork_campaign(parent, 3, Store(str(tmp_path / "f")), {})
+def test_a_fork_between_checkpoints_retrains_the_logged_steps_and_continues_exactly(parent: Store, tmp_path) -> None:
+    before = checksums(parent)
+    fork = Store(str(tmp_path / "fork"))
+    fork_campaign(parent, 3, fork, {"rollout.eta": 0})  # checkpoint 2, then step 3 re-trained from its log
+    assert CampaignManifest.read(fork).parent.version == 1  # step 3 published nothing: still version 1
+    write_groups(fork, range(6, 8), version=1)  # the groups of the parent's step 4
+    assert train(fork, load_campaign_config(fork), log=lambda _: None)["steps"] == 4
+    assert consumption_steps(fork) == [4]
+    assert ConsumptionLog.read(fork, 4).metrics == ConsumptionLog.read(parent, 4).metrics
+    assert final_params(fork) == final_params(parent)
+    assert checksums(parent) == before
+
+
+def test_a_fork_from_before_any_checkpoint_names_the_steps_with_one(parent: Store, tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"step 1 has no committed checkpoint at or before it to fork from "
+                                         r"\(steps with one: 2, 4\)"):
+        fork_campaign(parent, 1, Store(str(tmp_path / "f")), {})
 
 
 def test_fork_command_creates_the_fork_and_refuses_a_model_change(parent: Store, tmp_path,

@@ -6,14 +6,16 @@ parent: campaign.json, dataset/, weights/v0, weights/v<V>, train/checkpoints/<N>
    ▼
 fork:   dataset/<split>.arrow … then dataset/_SUCCESS                            copies, marker last
         weights/v00000000/, weights/v<V>/ … PUBLISHED.json last, LATEST → v<V>   copies, pointer moved last
-        train/checkpoints/<N>/state, meta.json (a fresh cursor), COMMITTED       the parent's state at step N
+        train/checkpoints/<N>/state, meta.json (a fresh cursor), COMMITTED       the parent's state after step N
         campaign.json                                                            the fork's config + ``parent``
 ```
 
 The fork copies what its stages read (the dataset, version 0 for the trainer's model shape and
 reference, version V for the rollout workers, the checkpoint for the trainer); it never references the
 parent's objects, so a fork keeps working when its parent moves or is deleted, and nothing written into the fork
-can reach the parent. Its trainer restores checkpoint N (parameters, optimiser, RNG, step N, version V) and
+can reach the parent. Step N needs a committed checkpoint at or before it: one of step K < N is restored and the parent's
+logged steps K+1..N re-trained in memory from the rows their logs name (as a replay does), then saved as the
+fork's checkpoint N. Its trainer restores checkpoint N (parameters, optimiser, RNG, step N, version V) and
 tails the fork's own shards from an empty cursor; its workers start from version V. ``campaign.json`` is written
 last: a folder without it is an unfinished fork, and a rerun of the same fork completes it (every copy is
 create-only and skips objects already there) or, once complete, does nothing.
@@ -27,13 +29,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import numpy as np
+
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import CampaignManifest, CheckpointMeta, DatasetSuccess, ForkParent, Publication
+from pipelines_lib.records import (
+    CampaignManifest,
+    CheckpointMeta,
+    ConsumptionLog,
+    DatasetSuccess,
+    ForkParent,
+    Publication,
+)
 from pipelines_lib.stages.campaign import CampaignMismatchError, code_version, load_campaign_config
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import TailCursor
-from pipelines_lib.train.checkpoint import committed_checkpoints
+from pipelines_lib.train.checkpoint import committed_checkpoints, save_checkpoint
+from pipelines_lib.train.replay import retrain_to
+from pipelines_lib.train.trainer import StreamingTrainer
 from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 
@@ -62,14 +76,51 @@ def config_diff(parent: Mapping[str, Any], fork: Mapping[str, Any], prefix: str 
     return out
 
 
-def _checkpoint_at(parent: Store, step: int) -> str:
+def _checkpoint_for(parent: Store, step: int) -> str:
+    """The newest committed checkpoint at or before ``step``; a ``ValueError`` naming the checkpointed steps."""
     folders = committed_checkpoints(parent)
-    exact = [f for f in folders if layout.checkpoint_step(f) == step]
-    if not exact:
+    usable = [f for f in folders if (layout.checkpoint_step(f) or 0) <= step]
+    if not usable:
         have = ", ".join(str(layout.checkpoint_step(f)) for f in folders) or "none"
-        raise ValueError(f"{parent.uri(layout.CHECKPOINTS)}: step {step} has no committed checkpoint to fork from "
-                         f"(steps with one: {have})")
-    return exact[-1]
+        raise ValueError(f"{parent.uri(layout.CHECKPOINTS)}: step {step} has no committed checkpoint at or before "
+                         f"it to fork from (steps with one: {have})")
+    return usable[-1]
+
+
+def _version_after(parent: Store, meta: CheckpointMeta, step: int) -> int:
+    """The parent's policy version after ``step``, from its log; every step after the checkpoint must be logged."""
+    if meta.step == step:
+        return meta.version
+    missing = [s for s in range(meta.step + 1, step + 1) if not ConsumptionLog.exists(parent, s)]
+    if missing:
+        raise ValueError(f"{parent.uri(layout.CONSUMED)}: forking at step {step} re-trains steps "
+                         f"{meta.step + 1}..{step} from the checkpoint of step {meta.step}, but steps {missing} "
+                         "have no consumption log")
+    log = ConsumptionLog.read(parent, step)
+    return log.trainer_version if log.published_version is None else log.published_version
+
+
+def _seed_checkpoint(parent: Store, base: CampaignConfig, folder: str, meta: CheckpointMeta, step: int,
+                     version: int, fork: Store) -> None:
+    """The fork's committed checkpoint of ``step``: the parent's state then, with an empty cursor (the fork
+    trains on its own shards only). A parent checkpoint of that very step is copied; from an earlier one the
+    logged steps in between are re-trained in memory (``train.replay.retrain_to``, reading the parent only)."""
+    target = layout.checkpoint_dir(step)
+    if fork.exists(layout.checkpoint_committed(target)):
+        return
+    cursor = TailCursor().to_json()
+    if meta.step != step:
+        trainer = StreamingTrainer(parent, base.trainer, eta=base.rollout.eta, group_size=base.rollout.group_size,
+                                   log=lambda _: None)
+        retrain_to(trainer, step)
+        save_checkpoint(fork, step=step, version=version, cursor=cursor,
+                        rng=jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32)), model=trainer.model,
+                        optimizer=trainer.optimizer)
+        return
+    _copy_folder(parent, fork, f"{folder}/state", f"{target}/state")
+    if not fork.exists(layout.checkpoint_meta(target)):
+        CheckpointMeta(step=step, version=version, cursor=cursor, rng=meta.rng).write(fork, target)
+    fork.create(layout.checkpoint_committed(target), b"")
 
 
 def _copy(parent: Store, fork: Store, src: str, dst: str | None = None) -> None:
@@ -100,9 +151,10 @@ def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str,
     check_fork_overrides(overrides)
     base = load_campaign_config(parent)
     config: CampaignConfig = base.with_overrides(dict(overrides))
-    folder = _checkpoint_at(parent, step)
+    folder = _checkpoint_for(parent, step)
     meta = CheckpointMeta.read(parent, folder)
-    origin = ForkParent(url=parent.url, step=step, version=meta.version,
+    version = _version_after(parent, meta, step)
+    origin = ForkParent(url=parent.url, step=step, version=version,
                         config_diff=config_diff(base.to_dict(), config.to_dict()))
     if fork.exists(layout.CAMPAIGN_JSON):
         existing = CampaignManifest.read(fork)
@@ -115,17 +167,9 @@ def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str,
         for split in DatasetSuccess.read(parent).splits.values():
             _copy(parent, fork, split.path)
         _copy(parent, fork, DatasetSuccess.PATH)
-    for version in sorted({0, meta.version}):
-        _copy_version(parent, fork, version)
-    target = layout.checkpoint_dir(step)
-    if not fork.exists(layout.checkpoint_committed(target)):
-        state = f"{folder}/state"
-        _copy_folder(parent, fork, state, f"{target}/state")
-        if not fork.exists(layout.checkpoint_meta(target)):
-            # The parent's state at ``step`` with an empty cursor: the fork trains on its own shards only.
-            CheckpointMeta(step=meta.step, version=meta.version, cursor=TailCursor().to_json(),
-                           rng=meta.rng).write(fork, target)
-        fork.create(layout.checkpoint_committed(target), b"")
+    for v in sorted({0, version}):
+        _copy_version(parent, fork, v)
+    _seed_checkpoint(parent, base, folder, meta, step, version, fork)
     CampaignManifest(schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
                      config=config.to_dict(), parent=origin).write(fork)
     return {"campaign": fork.url, "parent": origin.to_dict(), "created": True}

@@ -27,7 +27,7 @@ import pyarrow as pa
 from flax import nnx
 
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.records import ConsumptionLog, consumption_steps
+from pipelines_lib.records import CheckpointMeta, ConsumptionLog, consumption_steps
 from pipelines_lib.storage.tailer import GroupSlice
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.checkpoint import restore_latest
@@ -90,6 +90,19 @@ class StepReplay:
         return all(self.metrics.get(k) == self.logged.get(k) for k in COMPARED)
 
 
+def retrain_to(trainer: StreamingTrainer, step: int) -> CheckpointMeta | None:
+    """Bring a freshly built ``trainer``'s parameters and optimiser to their state after ``step``: restore the
+    newest committed checkpoint at or before it, re-train the logged steps after it from the rows their logs
+    name. Returns that checkpoint's meta (None: none, the warm start). Reads only."""
+    store = trainer.store
+    restored = restore_latest(store, model=trainer.model, optimizer=trainer.optimizer, before_step=step + 1)
+    start = 0 if restored is None else restored[1].step
+    for s in range(start + 1, step + 1):
+        batch, _ = trainer.batch([trainer.reload_group(g) for g in ConsumptionLog.read(store, s).groups])
+        train_step(trainer.model, trainer.optimizer, batch, cfg=trainer.tc.step)
+    return None if restored is None else restored[1]
+
+
 def replay_step(trainer: StreamingTrainer, step: int, *, what_if: TrainerConfig | None = None) -> StepReplay:
     """Recompute ``step`` on a freshly built ``trainer`` (its parameters are version 0's; they end as after
     ``step``). ``what_if`` replaces the trainer's config for step ``step`` only; the steps before it are
@@ -99,12 +112,8 @@ def replay_step(trainer: StreamingTrainer, step: int, *, what_if: TrainerConfig 
         steps = consumption_steps(store)
         logged = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
         raise ValueError(f"{store.uri()}: step {step} has no consumption log (logged: {logged})")
-    restored = restore_latest(store, model=trainer.model, optimizer=trainer.optimizer, before_step=step)
-    start = 0 if restored is None else restored[1].step
-    for s in range(start + 1, step):
-        batch, _ = trainer.batch([trainer.reload_group(g) for g in ConsumptionLog.read(store, s).groups])
-        train_step(trainer.model, trainer.optimizer, batch, cfg=trainer.tc.step)
-
+    restored = retrain_to(trainer, step - 1)
+    start = 0 if restored is None else restored.step
     entry = ConsumptionLog.read(store, step)
     groups = [trainer.reload_group(g) for g in entry.groups]
     tc = what_if or trainer.tc
