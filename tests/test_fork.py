@@ -160,3 +160,31 @@ def test_a_fork_on_the_gcs_emulator_restores_the_parents_checkpoint(parent: Stor
     assert (trainer.step, trainer.version, trainer.tailer.cursor.groups_consumed) == (4, 2, 0)
     assert trainer.eta == 1
     assert checksums(gcs_store) == before
+
+
+@pytest.mark.slow
+def test_a_fork_of_a_smoke_campaign_runs_the_campaign_flow_to_completion(prefect_api: str, tmp_path) -> None:
+    """The real stages on both sides (about two minutes): the fork's campaign flow skips prep and the warm start
+    (copied), collects on the checkpoint's version and trains steps 3 and 4. The default tests pin the same
+    contract with synthetic shards (``test_a_fork_with_another_eta_resumes_...``)."""
+    import yaml
+
+    from flows.campaign import campaign
+    from pipelines_lib.config import CampaignConfig
+
+    smoke = tmp_path / "smoke.yaml"
+    smoke.write_text(yaml.safe_dump(CampaignConfig.smoke().to_dict()))
+    parent = Store(str(tmp_path / "parent"))
+    campaign(parent.url, config_path=str(smoke), poll_s=0.5)
+    before = checksums(parent)
+    fork = Store(str(tmp_path / "fork"))
+    fork_campaign(parent, 2, fork, {"rollout.eta": 0})
+    forked = tmp_path / "fork.yaml"
+    forked.write_text(yaml.safe_dump(CampaignManifest.read(fork).config))
+    result = campaign(fork.url, config_path=str(forked), poll_s=0.5)
+    assert result["init"]["created"] is False
+    assert result["train"]["steps"] == 4 and result["train"]["version"] == 2
+    assert consumption_steps(fork) == [3, 4]
+    assert all(g.staleness == 0 for s in (3, 4) for g in ConsumptionLog.read(fork, s).groups)
+    assert result["audit"]["ok"] and result["audit"]["violations"] == 0
+    assert checksums(parent) == before
