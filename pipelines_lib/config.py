@@ -40,6 +40,7 @@ from pipelines_lib.envs.tools.sandbox import SandboxConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.orchestrator import RolloutConfig
 from pipelines_lib.storage.shards import WriterConfig
+from pipelines_lib.train.mesh import MeshConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.step import StepConfig
 
@@ -87,6 +88,9 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
     """Seed of the trainer's RNG (saved in every checkpoint)."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the trainer spans (``data`` × ``fsdp`` × ``tensor``; default one device). Rows of a step are split
+    over ``data`` × ``fsdp``, so ``batch_groups`` × ``group_size`` (÷ ``step.grad_accum_steps``) must divide by it."""
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
@@ -119,6 +123,8 @@ class SFTConfig:
                                                                    total_steps=200, weight_decay=0.01))
     seed: int = 0
     """Seed of demonstrations, initialisation and batch order."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the warm start trains on (default one device); ``batch_size`` must divide by ``data`` × ``fsdp``."""
 
     def __post_init__(self) -> None:
         if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
@@ -138,6 +144,8 @@ class EvalConfig:
     """Temperature of the sampled attempts (the greedy attempt uses 0)."""
     max_concurrency: int = 32
     """Episodes evaluated at once."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the evaluation engine serves on (its parameters and KV cache split over ``tensor``); default one."""
 
     def __post_init__(self) -> None:
         if self.n_tasks < 1 or self.samples < 1 or self.max_concurrency < 1:

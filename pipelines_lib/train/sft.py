@@ -40,6 +40,7 @@ from pipelines_lib.rollout.episodes import campaign_tokenizer, campaign_tokenize
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
+from pipelines_lib.train.mesh import make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
 
@@ -101,7 +102,9 @@ def sft_train(
     if not tokens:
         raise ValueError("sft_train: no demonstrations to train on")
     seq_len = _seq_len(rows, model.cfg.max_seq_len)
-    optimizer = make_nnx_optimizer(model, cfg.optim)
+    mesh = make_mesh(cfg.mesh)
+    shard_node(model, mesh)
+    optimizer = make_nnx_optimizer(model, cfg.optim, mesh)
     rng = np.random.default_rng(cfg.seed)
     order: list[int] = []
     losses: list[float] = []
@@ -117,7 +120,7 @@ def sft_train(
             batch_size=cfg.batch_size,
             pad_id=pad_id,
         )
-        metrics = train_step(model, optimizer, batch, cfg=SFT_STEP)
+        metrics = train_step(model, optimizer, shard_batch(batch, mesh), cfg=SFT_STEP)
         losses.append(float(metrics["nll"]))
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             window = losses[-log_every:]

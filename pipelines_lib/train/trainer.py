@@ -45,6 +45,7 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor
 from pipelines_lib.train.advantages import compute_advantages
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
+from pipelines_lib.train.mesh import make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -115,8 +116,10 @@ class StreamingTrainer:
         if base_version != 0:
             raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
+        self.mesh = make_mesh(self.tc.mesh)
         self.model = with_dtype(model, self.precision.params)  # the master weights
-        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim)
+        shard_node(self.model, self.mesh)
+        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim, self.mesh)
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
@@ -219,7 +222,7 @@ class StreamingTrainer:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
-            metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
+            metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
