@@ -23,6 +23,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.learning",
     "bench.realsize",
     "bench.rollout",
+    "bench.scale",
     "bench.store",
     "bench.telemetry",
     "bench.trainer",

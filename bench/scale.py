@@ -141,12 +141,10 @@ def _adam_bytes_per_device(name: str, n_devices: int) -> dict[str, float]:
     mesh = AbstractMesh((1, n_devices, 1), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     shardings = state_shardings(params, mesh)
 
-    def per_device(x: jax.ShapeDtypeStruct, sharding: Any) -> float:
-        shard = sharding.shard_shape(x.shape)
-        return math.prod(shard) * x.dtype.itemsize
-
-    total = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
-    param_dev = sum(jax.tree.leaves(jax.tree.map(per_device, params, shardings)))
+    leaves = jax.tree.leaves(params)
+    total = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
+    param_dev = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+                    for x, s in zip(leaves, jax.tree.leaves(shardings), strict=True))
     opt = jax.eval_shape(make_optimizer(OptimConfig()).init, params)
     # Adam's two moments have their parameter's shape and dtype and inherit its sharding (train/mesh.py).
     moments = 2 * param_dev
