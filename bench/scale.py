@@ -123,6 +123,174 @@ def part_mesh(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def seed_multiprocess_campaign(folder: Path, *, steps: int, n_processes: int, mesh: dict[str, int]) -> str:
+    """A campaign folder (config, shards, v0) whose trainer spans ``n_processes`` processes on 127.0.0.1."""
+    from flax import nnx
+
+    from bench.trainer import write_shards
+    from pipelines_lib.campaign import init_campaign
+    from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.storage.store import Store
+    from pipelines_lib.train.mesh import MeshConfig
+
+    config = mesh_campaign_config(steps)
+    config = dataclasses.replace(
+        config, trainer=dataclasses.replace(config.trainer, mesh=MeshConfig(**mesh)),
+        distributed=DistributedConfig(coordinator_address=f"127.0.0.1:{free_port()}", num_processes=n_processes,
+                                      heartbeat_timeout_s=10))
+    store = Store(str(folder))
+    init_campaign(store, config)
+    write_shards(store, config, n_groups=2 * steps + 2)
+    del nnx
+    return str(folder)
+
+
+def launch_trainers(url: str, n_processes: int, devices_per_process: int, logs: Path) -> list[subprocess.Popen]:
+    """``rollstream train URL --process-id i`` for every process of the campaign's group, each with
+    ``devices_per_process`` fake CPU devices; stdout and stderr in ``logs/p<i>.log``."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(n_processes):
+        with open(logs / f"p{i}.log", "ab") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-u", "-m", "pipelines_lib.cli", "train", url, "--process-id", str(i)], cwd=ROOT,
+                env=fake_devices_env(devices_per_process), stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], logs: Path, timeout_s: float) -> None:
+    for i, proc in enumerate(procs):
+        if proc.wait(timeout=timeout_s) != 0:
+            raise RuntimeError(f"trainer process {i} exited {proc.returncode}:\n"
+                               f"{(logs / f'p{i}.log').read_text()[-4000:]}")
+
+
+def published_params(url: str) -> list[Any]:
+    """Final parameters of a finished trainer (the version ``train/DONE.json`` names), as float64 numpy."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from pipelines_lib.model.weights import load_weights
+    from pipelines_lib.storage import layout
+    from pipelines_lib.storage.store import Store
+
+    store = Store(url)
+    done = store.read_json(layout.TRAIN_DONE)
+    model = load_weights(store.uri(layout.weights_dir(done["version"])))
+    return [np.asarray(p, np.float64) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def rel_diff(params: list[Any], reference: list[Any]) -> float:
+    import numpy as np
+
+    flat, flat_ref = (np.concatenate([p.ravel() for p in ps]) for ps in (params, reference))
+    return float(np.linalg.norm(flat - flat_ref) / np.linalg.norm(flat_ref))
+
+
+def part_reference(args: dict[str, Any]) -> dict[str, Any]:
+    """The streaming trainer on one device over a copy of ``args["seed"]`` (its distributed section dropped)."""
+    from pipelines_lib.campaign import load_campaign_config
+    from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.storage.store import Store
+    from pipelines_lib.train.mesh import MeshConfig
+    from pipelines_lib.train.trainer import StreamingTrainer
+
+    shutil.copytree(args["seed"], args["out"])
+    store = Store(args["out"])
+    config = load_campaign_config(store)
+    config = dataclasses.replace(config, distributed=DistributedConfig(),
+                                 trainer=dataclasses.replace(config.trainer, mesh=MeshConfig()))
+    trainer = StreamingTrainer(store, config, log=lambda line: None)
+    trainer.run()
+    return {"losses": [m["loss"] for m in trainer.metrics]}
+
+
+MP = {"processes": 2, "devices_per_process": 4, "steps": 4, "mesh": {"data": 2, "fsdp": -1}}
+"""The multi-process runs: 2 processes × 4 fake devices, one data=2 × fsdp=4 mesh over both."""
+
+
+def _not_orbax(folder: Path) -> set[str]:
+    """Files of a campaign folder other than Orbax's own (which differ with the number of writing processes)."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and "/state/" not in str(p)}
+
+
+def two_process_run(root: Path) -> dict[str, Any]:
+    """Seed a campaign, train it with two processes and, from a copy, with one device; compare."""
+    import numpy as np
+
+    from pipelines_lib.storage import layout
+    from pipelines_lib.storage.store import Store
+
+    seed = seed_multiprocess_campaign(root / "seed", steps=MP["steps"], n_processes=MP["processes"], mesh=MP["mesh"])
+    shutil.copytree(seed, root / "two")
+    wait_all(launch_trainers(str(root / "two"), MP["processes"], MP["devices_per_process"], root / "logs-two"),
+             root / "logs-two", timeout_s=600)
+    reference = part_reference({"seed": seed, "out": str(root / "one")})
+    store = Store(str(root / "two"))
+    losses = [store.read_json(layout.consumed_log(step))["metrics"]["loss"] for step in range(1, MP["steps"] + 1)]
+    two, one = _not_orbax(root / "two"), _not_orbax(root / "one")
+    return {
+        "losses": losses, "reference_losses": reference["losses"],
+        "loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, reference["losses"], strict=True)),
+        "param_rel_diff": rel_diff(published_params(str(root / "two")), published_params(str(root / "one"))),
+        "telemetry_files": sorted(f for f in two if f.startswith("telemetry/")),
+        "files_only_in_two": sorted(f for f in two - one if not f.startswith("telemetry/")),
+        "files_only_in_one": sorted(one - two),
+        "final_params_sum": float(sum(np.sum(p) for p in published_params(str(root / "two")))),
+    }
+
+
+def peer_loss_run(root: Path, uninterrupted: str, *, kill_after_step: int = 2) -> dict[str, Any]:
+    """From a copy of ``root/seed``: SIGKILL process 1 once step ``kill_after_step`` is logged, time process 0's
+    exit, restart both, and compare the final parameters with the ``uninterrupted`` run's bit for bit."""
+    import signal
+    import time
+
+    import numpy as np
+
+    from pipelines_lib.storage import layout
+
+    folder = root / "killed"
+    shutil.copytree(root / "seed", folder)
+    logs = root / "logs-killed"
+    procs = launch_trainers(str(folder), MP["processes"], MP["devices_per_process"], logs)
+    marker = folder / layout.consumed_log(kill_after_step)
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"step {kill_after_step} was never logged:\n{(logs / 'p0.log').read_text()[-3000:]}")
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        survivor_rc = procs[0].wait(timeout=300)
+    finally:
+        procs[0].kill()
+        procs[1].wait()
+    exit_s = time.monotonic() - killed_at
+    survivor_log = (logs / "p0.log").read_text(errors="replace")
+    restart_logs = root / "logs-restart"
+    wait_all(launch_trainers(str(folder), MP["processes"], MP["devices_per_process"], restart_logs), restart_logs,
+             timeout_s=600)
+    resumed, full = published_params(str(folder)), published_params(uninterrupted)
+    return {"survivor_rc": survivor_rc, "exit_s": exit_s,
+            "names_peer": "stopped sending heartbeats" in survivor_log and
+                          survivor_log.split("stopped sending heartbeats):", 1)[-1].split()[0] == "1",
+            "restart_log": (restart_logs / "p0.log").read_text(errors="replace")[-2000:],
+            "resume_identical": all(np.array_equal(a, b) for a, b in zip(resumed, full, strict=True))}
+
+
 def _adam_bytes_per_device(name: str, n_devices: int) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
@@ -170,7 +338,7 @@ def part_fits(args: dict[str, Any]) -> dict[str, Any]:
     return {name: {str(n): _adam_bytes_per_device(name, n) for n in args["devices"]} for name in args["models"]}
 
 
-PARTS = {"mesh": part_mesh, "fits": part_fits}
+PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference}
 
 
 @register_bench(
@@ -182,7 +350,10 @@ PARTS = {"mesh": part_mesh, "fits": part_fits}
              "per-device bytes of bf16 parameters + Adam moments + one micro-batch of activations for "
              "Qwen3-0.6B, Qwen3-8B, Llama-3-8B and Gemma-3-12B shapes on 8, 16, 64 and 256 devices (FSDP over "
              "all of them), and per-device parameter bytes over total / devices (`scale.fsdp_bytes_over_ideal`, "
-             "the worst case).",
+             "the worst case). (3) Two processes × 4 fake devices (`jax.distributed`, gloo on 127.0.0.1) training "
+             "the same campaign: final parameters against one device, seconds from SIGKILL of process 1 to "
+             "process 0's non-zero exit, and whether a restart ends bit-identical to an uninterrupted "
+             "two-process run.",
     method="`bench/scale.py`, each part in its own interpreter. Mesh: a 2-layer decoder (width 64, 4 heads, 2 kv "
            "heads) trained 4 GRPO steps of 2 groups × 4 on synthetic shards, publishing and checkpointing every 2 "
            "steps, with `trainer.mesh` set; relative differences are ‖θ_mesh − θ_1‖ / ‖θ_1‖ over all parameters "
@@ -191,17 +362,31 @@ PARTS = {"mesh": part_mesh, "fits": part_fits}
            "(`train/mesh.py`) on an abstract mesh of `fsdp` = devices; Adam's moments are counted at their "
            "parameter's sharding; activations: one 4096-token sequence per device with per-layer remat (layer "
            "inputs kept, one layer's q/k/v/MLP products and float32 scores, float32 logits). A slice fits when "
-           "the total is below 90 % of its chips' memory (v5e 16 GiB, v6e 32 GiB, H100 80 GiB, v5p 95 GiB).",
+           "the total is below 90 % of its chips' memory (v5e 16 GiB, v6e 32 GiB, H100 80 GiB, v5p 95 GiB). "
+           "Multi-process: the mesh part's model and shards, `rollstream train URL --process-id i` per process on "
+           "a data=2 × fsdp=4 mesh spanning both, `distributed.heartbeat_timeout_s` 10; process 1 is killed once "
+           "step 2's consumption log exists, then both are restarted on the same folder.",
     goals=(
         Goal(key="scale.mesh_param_rel_diff", op="<=", value=1e-5,
              why="a mesh changes where the numbers are computed, not what is learnt"),
         Goal(key="scale.fsdp_bytes_over_ideal", op="<=", value=1.1,
              why="FSDP stores 1 / devices of every parameter on each device"),
+        Goal(key="scale.multiprocess_param_rel_diff", op="<=", value=1e-5,
+             why="two processes train what one device trains"),
+        Goal(key="scale.multiprocess_resume_identical", op=">=", value=1,
+             why="a restart after a lost peer resumes exactly from the write-ahead log"),
+        Goal(key="scale.multiprocess_peer_loss_exit_s", op="<=", value=60,
+             why="a lost peer fails the job, never hangs it in a collective"),
     ),
 )
 def bench_scale(ctx: BenchContext) -> BenchResult:
     ctx.progress("scale: mesh comparison on 8 fake devices")
     mesh = run_part("mesh", {"root": str(ctx.scratch / "mesh"), "steps": 4}, n_devices=8)
+    ctx.progress("scale: two processes × 4 fake devices, then a killed peer and a restart")
+    two = two_process_run(ctx.scratch / "mp")
+    peer = peer_loss_run(ctx.scratch / "mp", str(ctx.scratch / "mp" / "two"))
+    if peer["survivor_rc"] == 0 or not peer["names_peer"]:
+        raise RuntimeError(f"the survivor of a killed peer exited {peer['survivor_rc']} without naming it")
     ctx.progress("scale: who fits where (eval_shape)")
     fits = run_part("fits", {"models": list(SHAPES), "devices": list(DEVICE_COUNTS)}, n_devices=1)
     others = [m for name, m in mesh["meshes"].items() if name != next(iter(MESHES))]
@@ -209,6 +394,10 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
         "scale.mesh_param_rel_diff": max(m["param_rel_diff"] for m in others),
         "scale.mesh_loss_rel_diff": max(m["loss_rel_diff"] for m in others),
         "scale.fsdp_bytes_over_ideal": max(f["over_ideal"] for per in fits.values() for f in per.values()),
+        "scale.multiprocess_param_rel_diff": two["param_rel_diff"],
+        "scale.multiprocess_loss_rel_diff": two["loss_rel_diff"],
+        "scale.multiprocess_resume_identical": float(peer["resume_identical"]),
+        "scale.multiprocess_peer_loss_exit_s": peer["exit_s"],
     }
     rows = []
     for name, per in fits.items():

@@ -229,6 +229,28 @@ def _export_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (default: the config's)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="this process's index in the campaign's distributed group (default: distributed.process_id)")
+    _add_storage_options(p)
+
+
+@subcommand("train", "run the train stage in this process: one process of a multi-host trainer, or the whole trainer",
+            _train_args)
+def _train(args: argparse.Namespace) -> int:
+    from pipelines_lib.campaign import load_campaign_config
+    from pipelines_lib.distributed import initialize
+    from pipelines_lib.train.trainer import train
+
+    store = open_store(args.url, args.storage_option)
+    config = load_campaign_config(store)
+    initialize(config.distributed, process_id=args.process_id)  # before anything touches a JAX backend
+    print(json.dumps(train(store, config, max_steps=args.max_steps, log=lambda line: print(line, flush=True))))
+    return 0
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:

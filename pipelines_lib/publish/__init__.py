@@ -44,8 +44,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 from flax import nnx
+from jax.sharding import Mesh
 
+from pipelines_lib.distributed import barrier, host_copy, is_writer
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
@@ -106,26 +109,40 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
     rel = weights_dir(version)
     marker = published_marker(version)
     created = False
+    # Several processes (a model spanning hosts): all of them call this; they save the Orbax item together,
+    # process 0 alone writes everything else. The barriers keep them on one view of the folder.
+    barrier(f"publish {rel}: look")
     if not store.exists(marker):
-        if store.list(rel, include_hidden=True):
+        if is_writer() and store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
+        barrier(f"publish {rel}: save")
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
         call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
                            ORBAX_DEADLINE_S)
-        for name, data in hf_files(model, tokenizer_dir=tokenizer_dir).items():
-            store.create(f"{hf_dir(version)}/{name}", data)
-        payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
-        try:
-            store.create_json(marker, payload)
-            created = True
-        except AlreadyExistsError:
-            pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
+        host_model = model if jax.process_count() == 1 else nnx.merge(*_host_split(model))
+        if is_writer():
+            for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
+                store.create(f"{hf_dir(version)}/{name}", data)
+            try:
+                store.create_json(marker, {"version": version, "path": rel, "step": step,
+                                           "published_at": _utc_now()})
+                created = True
+            except AlreadyExistsError:
+                pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
+        barrier(f"publish {rel}: marked")
     payload = store.read_json(marker)
     if payload["step"] != step:
         raise PublishError(f"{store.uri(rel)} is already published from step {payload['step']}; "
                            f"refusing to publish step {step} as the same version {version}")
-    store.advance_pointer(WEIGHTS_LATEST, payload)
+    if is_writer():
+        store.advance_pointer(WEIGHTS_LATEST, payload)
     return {**payload, "created": created}
+
+
+def _host_split(model: Decoder) -> tuple[Any, ...]:
+    """``nnx.split`` of ``model`` with its parameters copied whole to this host (a collective)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return graphdef, host_copy(params), rest
 
 
 class CampaignWeights:
@@ -139,11 +156,12 @@ class CampaignWeights:
         pointer = self.store.read_pointer(WEIGHTS_LATEST)
         return None if pointer is None else int(pointer["version"])
 
-    def load_model(self, version: int) -> Decoder:
+    def load_model(self, version: int, mesh: Mesh | None = None) -> Decoder:
+        """Version ``version`` as a decoder; with ``mesh``, sharded on it (``model.weights.load_weights``)."""
         if not self.store.exists(published_marker(version)):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
-        return call_with_deadline("load weights", url, lambda: load_weights(url), ORBAX_DEADLINE_S)
+        return call_with_deadline("load weights", url, lambda: load_weights(url, mesh), ORBAX_DEADLINE_S)
 
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""
@@ -183,14 +201,15 @@ class CampaignHFWeights(CampaignWeights):
         return out
 
 
-def load_published(store: Store, version: int | None = None) -> tuple[Decoder, int]:
-    """A published version (default: the one LATEST points at) as a ``Decoder``, and its number."""
+def load_published(store: Store, version: int | None = None, mesh: Mesh | None = None) -> tuple[Decoder, int]:
+    """A published version (default: the one LATEST points at) as a ``Decoder`` (sharded on ``mesh`` when
+    given), and its number."""
     weights = CampaignWeights(store)
     if version is None:
         version = weights.latest()
         if version is None:
             raise NotFoundError("load", store.uri(WEIGHTS_LATEST), "no weights published yet")
-    return weights.load_model(version), version
+    return weights.load_model(version, mesh), version
 
 
 def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: int, poll_s: float = 0.05,

@@ -7,6 +7,10 @@ train/checkpoints/<step:08d>/COMMITTED     written last (create-only): only comm
 ```
 A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
 of the same step picks a fresh attempt folder suffix so nothing is ever overwritten.
+
+A trainer spanning several processes calls both functions on every process: Orbax writes and reads each
+process's own shards, process 0 alone writes ``meta.json`` and ``COMMITTED``, and barriers keep every process
+on one view of the folder (the same attempt folder, a marker written before anyone looks for it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
 from pipelines_lib.publish import ORBAX_DEADLINE_S
 from pipelines_lib.storage import layout
@@ -54,6 +59,7 @@ def save_checkpoint(
 ) -> str:
     """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
     base = layout.checkpoint_dir(step)
+    barrier(f"checkpoint {base}: look")
     attempt = 0
     folder = base
     while store.exists(f"{folder}/{COMMITTED}") or store.list(folder, include_hidden=True):
@@ -61,21 +67,25 @@ def save_checkpoint(
             return folder
         attempt += 1  # a crashed earlier save left a partial folder: never write into it
         folder = f"{base}.{attempt}"
+    barrier(f"checkpoint {base}: save into {folder}")  # nobody writes before everybody has chosen
+
     def save() -> None:
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
 
     call_with_deadline("save checkpoint", store.uri(f"{folder}/state"), save, ORBAX_DEADLINE_S)
-    store.create_json(
-        f"{folder}/meta.json",
-        {
-            "step": step,
-            "version": version,
-            "cursor": cursor,
-            "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
-        },
-    )
-    store.create(f"{folder}/{COMMITTED}", b"")
+    if is_writer():
+        store.create_json(
+            f"{folder}/meta.json",
+            {
+                "step": step,
+                "version": version,
+                "cursor": cursor,
+                "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
+            },
+        )
+        store.create(f"{folder}/{COMMITTED}", b"")
+    barrier(f"checkpoint {folder}: committed")
     return folder
 
 

@@ -37,10 +37,9 @@ sharding-in-types rejects the embedding gather of the decoder; ``make_mesh`` ask
 **Multi-host** is the same code. Each process calls ``jax.distributed.initialize()`` before anything
 else touches JAX (``pipelines_lib/distributed.py``); ``jax.devices()`` then lists every device of every
 host and the mesh spans them. ``create_sharded`` builds each parameter shard on the device that owns it
-(nothing is materialised whole on any host), and ``shard_batch`` assembles the global batch from each
-process's own rows with ``jax.make_array_from_process_local_data`` (``process_rows`` says which rows are a
-process's: with ``make_mesh``'s device order, a contiguous block per process in process order; on one host,
-the whole batch). ``shard_node`` places values every process holds identically.
+(nothing is materialised whole on any host); ``model.weights.load_weights(path, mesh)`` and Orbax checkpoint
+restores read only the shards a process's devices hold. Every process builds the same global batch (they
+read the same groups) and ``shard_batch`` places only the rows of its own devices.
 """
 
 from __future__ import annotations
@@ -167,10 +166,34 @@ def state_shardings(state: Any, mesh: Mesh, rules: Mapping[str, tuple[str, ...]]
     return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def _per_leaf(state: Any, mesh: Mesh) -> tuple[list[Any], list[NamedSharding], Any]:
+    """(array leaves of ``state``, the sharding of each, the tree structure): one leaf per variable."""
+    leaves, treedef = jax.tree.flatten(state)
+    shardings = jax.tree.leaves(state_shardings(state, mesh))
+    return leaves, shardings, treedef
+
+
+def _place(x: Any, sharding: NamedSharding) -> jax.Array:
+    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)
+    # A value this process holds whole, onto devices of several processes: each places its own shards.
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def shard_node(node: nnx.Module | nnx.Optimizer, mesh: Mesh) -> None:
-    """Move every variable of ``node`` (a model or an optimizer) onto its sharding, in place."""
-    state = nnx.state(node)
-    nnx.update(node, jax.device_put(state, state_shardings(state, mesh)))
+    """Move every variable of ``node`` (a model or an optimizer) onto its sharding, in place. Values that span
+    one process's devices only must be the same on every process."""
+    leaves, shardings, treedef = _per_leaf(nnx.state(node), mesh)
+    nnx.update(node, jax.tree.unflatten(treedef, [_place(x, s) for x, s in zip(leaves, shardings, strict=True)]))
+
+
+def sharded_shapes(state: Any, mesh: Mesh) -> Any:
+    """``state`` as ``jax.ShapeDtypeStruct``s carrying their shardings: the target of a sharded Orbax restore,
+    in which each process reads only its devices' shards."""
+    leaves, shardings, treedef = _per_leaf(state, mesh)
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                                        for x, s in zip(leaves, shardings, strict=True)])
 
 
 def create_sharded(factory: Callable[[], Node], mesh: Mesh) -> Node:
@@ -195,23 +218,17 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(RULES["batch"], *(None,) * (ndim - 1)))
 
 
-def process_rows(n_rows: int, mesh: Mesh) -> slice:
-    """The rows of an ``n_rows`` global batch that this process feeds (``shard_batch``'s local part)."""
-    sharding = batch_sharding(mesh, 1)
-    starts = sorted({idx[0].start or 0 for idx in sharding.addressable_devices_indices_map((n_rows,)).values()})
-    stops = sorted({idx[0].stop or n_rows for idx in sharding.addressable_devices_indices_map((n_rows,)).values()})
-    return slice(starts[0], stops[-1])
-
-
 def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
-    """Split ``batch`` rows over the batch axes; each process passes its own rows (see module doc).
+    """Split the global ``batch``'s rows over the batch axes; each process places only the rows its own devices
+    hold (every process passes the same global batch, see the module doc).
 
     The global row count must be divisible by the product of the batch axes' sizes (times
     ``grad_accum_steps`` when accumulating, so every micro-batch spans every device).
     """
 
-    def put(local_bt: Any) -> jax.Array:
-        local_bt = np.asarray(local_bt)
-        return jax.make_array_from_process_local_data(batch_sharding(mesh, local_bt.ndim), local_bt)
+    def put(global_bt: Any) -> jax.Array:
+        global_bt = np.asarray(global_bt)
+        return jax.make_array_from_callback(global_bt.shape, batch_sharding(mesh, global_bt.ndim),
+                                            lambda index: global_bt[index])
 
     return jax.tree.map(put, batch)

@@ -25,6 +25,7 @@ state it came from.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,7 @@ import pyarrow as pa
 
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
@@ -112,13 +114,13 @@ class StreamingTrainer:
         self.log = log
         self.clock = clock
         self.sleep = sleep
-        model, base_version = load_published(store, 0)
+        self.mesh = make_mesh(self.tc.mesh)
+        model, base_version = load_published(store, 0, self.mesh)
         if base_version != 0:
             raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
-        self.mesh = make_mesh(self.tc.mesh)
         self.model = with_dtype(model, self.precision.params)  # the master weights
-        shard_node(self.model, self.mesh)
+        shard_node(self.model, self.mesh)  # committed (a cast's output is not), so the first step compiles once
         self.optimizer = make_nnx_optimizer(self.model, self.tc.optim, self.mesh)
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
@@ -220,6 +222,9 @@ class StreamingTrainer:
         events: list | None = None,
     ) -> dict[str, Any]:
         t0 = self.clock()
+        # Every process of a multi-process trainer must be about to train on the same groups from the same cursor.
+        agree(json.dumps([[g.shard, g.row_start, g.row_end] for g in groups] + [self.tailer.cursor.to_json()]),
+              f"the groups and tail cursor of step {self.step + 1}")
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
             metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
@@ -251,7 +256,8 @@ class StreamingTrainer:
             "mean_reward": float(np.mean([r for g in groups for r in g.table.column("reward").to_pylist()])),
         }
         if replay is None:
-            self.store.create_json(layout.consumed_log(self.step), record)  # the write-ahead record
+            if is_writer():
+                self.store.create_json(layout.consumed_log(self.step), record)  # the write-ahead record
         else:
             record = replay
         if publish:
@@ -311,7 +317,7 @@ class StreamingTrainer:
             "wall_s": round(wall, 3),
             "tokens_trained": self.tokens_trained,
         }
-        if self.step >= self.tc.max_steps and not self.store.exists(layout.TRAIN_DONE):
+        if self.step >= self.tc.max_steps and is_writer() and not self.store.exists(layout.TRAIN_DONE):
             self.store.create_json(layout.TRAIN_DONE, {**summary, "finished_at": utc_now_iso()})
         return summary
 
@@ -322,7 +328,7 @@ def train(
     """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
     if store.exists(layout.TRAIN_DONE):
         return store.read_json(layout.TRAIN_DONE)
-    with telemetry.recording(store, "trainer"):
+    with telemetry.recording(store if is_writer() else None, "trainer"):
         trainer = StreamingTrainer(store, config, log=log)
         trainer.restore()
         return trainer.run(max_steps)
