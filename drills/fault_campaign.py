@@ -183,17 +183,19 @@ def run_fault_campaign(emulator_url: str, scratch: Path, *, plan: FaultPlan | No
 
 
 _STAGES_SCRIPT = """
-import json, sys, threading
+import json, os, sys, threading
 from pipelines_lib.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
 from pipelines_lib.rollout.collect import collect
+from pipelines_lib.settings import Settings
 from pipelines_lib.storage.store import RetryPolicy, Store
 from pipelines_lib.train.sft import warm_start
 from pipelines_lib.train.trainer import train
 
 url, options, retry, overrides = sys.argv[1], *map(json.loads, sys.argv[2:5])
-store = Store(url, storage_options=options, retry=RetryPolicy(**retry))
+settings = Settings.from_env(os.environ)  # a stage process is an entry point: ROLLSTREAM_ORBAX_DEADLINE_S
+store = Store(url, storage_options=options, retry=RetryPolicy(**retry), external_deadline_s=settings.orbax_deadline_s)
 config = CampaignConfig.tiny().with_overrides(overrides)
 failed = []
 
@@ -206,9 +208,9 @@ def stage(name, fn):
         failed.append(name)
 
 stage("prep", lambda: (init_campaign(store, config), prep(store, config.dataset)))
-stage("warm_start", lambda: warm_start(store, config, log=print))
+stage("warm_start", lambda: warm_start(store, config, cache=settings.cache, log=print))
 worker = threading.Thread(target=stage, args=("collect", lambda: collect(
-    store, config, worker="rollout0", worker_index=0, num_workers=1, log=print)), daemon=True)
+    store, config, worker="rollout0", worker_index=0, num_workers=1, cache=settings.cache, log=print)), daemon=True)
 worker.start()
 stage("train", lambda: train(store, config, log=print))
 worker.join(float(sys.argv[5]))

@@ -3,6 +3,7 @@
 ``init_campaign`` writes the config snapshot once (create-only; a rerun with the same config is a no-op, a
 different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers and
 says, per stage, whether it is done, partial or missing — the recover flow runs exactly the stages it lists.
+Names that are not what a stage writes (a stray ``eval/notes.json``) are ignored and listed under ``ignored``.
 """
 
 from __future__ import annotations
@@ -58,15 +59,37 @@ def load_campaign_config(store: Store) -> CampaignConfig:
 
 
 def published_versions(store: Store) -> list[int]:
-    return sorted(int(n.removesuffix(".json")) for n in store.list(f"{layout.WEIGHTS_LATEST}.d") if n.endswith(".json"))
+    """Versions with a pointer entry (by name; ``read_pointer`` and the audit also check the content)."""
+    return sorted(v for n in store.list(f"{layout.WEIGHTS_LATEST}.d")
+                  if (v := _entry_version(n)) is not None)
+
+
+def _entry_version(name: str) -> int | None:
+    stem = name.removesuffix(".json")
+    return int(stem) if name.endswith(".json") and len(stem) == 12 and stem.isdigit() else None
+
+
+def _numbered(store: Store, folder: str, kind: str, ignored: list[str]) -> list[int]:
+    out = []
+    for name in store.list(folder):
+        n = layout.parse_name(kind, name)
+        if n is None:
+            ignored.append(f"{folder}/{name}")
+        else:
+            out.append(n)
+    return sorted(out)
 
 
 def campaign_status(store: Store) -> dict[str, Any]:
     """What each stage has committed; ``todo`` lists the stages a recovery must run, in order."""
+    ignored: list[str] = [f"{layout.WEIGHTS_LATEST}.d/{n}" for n in store.list(f"{layout.WEIGHTS_LATEST}.d")
+                          if _entry_version(n) is None]
     versions = published_versions(store)
-    evaluated = sorted(int(n[1:9]) for n in store.list("eval") if n.startswith("v") and n.endswith(".json"))
-    steps = sorted(int(n[:8]) for n in store.list("train/consumed") if n.endswith(".json"))
+    evaluated = _numbered(store, "eval", "eval", ignored)
+    steps = _numbered(store, "train/consumed", "consumed", ignored)
     checkpoints = committed_checkpoints(store)
+    ignored += [f"train/checkpoints/{n}" for n in store.list("train/checkpoints")
+                if layout.parse_name("checkpoint", n) is None]
     status = {
         "campaign": store.exists(layout.CAMPAIGN_JSON),
         "dataset": store.exists(layout.DATASET_SUCCESS),
@@ -78,6 +101,7 @@ def campaign_status(store: Store) -> dict[str, Any]:
         "evaluated_versions": evaluated,
         "missing_eval": [v for v in versions if v not in evaluated],
         "shards": sum(len(store.list(f"{layout.TRAJECTORIES}/{d}")) for d in store.list(layout.TRAJECTORIES)),
+        "ignored": ignored,
     }
     todo = []
     for stage, done in (("init", status["campaign"]), ("prep", status["dataset"]),

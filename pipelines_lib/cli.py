@@ -12,7 +12,8 @@ Adding a subcommand is one decorated function plus an argument function::
 
 ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
 violations), 2 it could not run (bad URL, unreachable storage, bad arguments): one line on stderr naming the
-URL, no traceback.
+URL, no traceback. ``main`` is an entry point: it sets the libraries' environment defaults and reads ``Settings``
+once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from drills import cli as drills_cli
+from pipelines_lib.settings import Settings, apply_process_defaults
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.store import Store
 
 RunFn = Callable[[argparse.Namespace], int]
 
@@ -75,15 +78,11 @@ def _add_storage_options(p: argparse.ArgumentParser) -> None:
                         "token=anon); STORAGE_EMULATOR_HOST is honoured by gcsfs itself")
 
 
-CLI_RETRY = RetryPolicy(deadline_s=30.0)
-"""A person waits at the terminal: give up on unreachable storage after ~30 s (gcsfs itself already retries
-each request 6 times with backoff, about 30 s, before our retry loop sees the error)."""
-
-
-def open_store(url: str, options: Sequence[tuple[str, Any]] = ()) -> Store:
-    """A ``Store`` for ``url``; an unknown protocol or a missing driver becomes a ``CommandError`` naming it."""
+def open_store(args: argparse.Namespace, url: str) -> Store:
+    """A ``Store`` for ``url`` with the command's storage options and settings; an unknown protocol or a missing
+    driver becomes a ``CommandError`` naming it."""
     try:
-        return Store(url, storage_options=dict(options), retry=CLI_RETRY)
+        return args.settings.store(url, dict(args.storage_option))
     except (ValueError, ImportError) as e:
         raise CommandError(f"{url}: cannot open storage: {e}") from e
 
@@ -105,7 +104,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
-    report = audit_campaign(open_store(args.url, args.storage_option), progress=_stderr,
+    report = audit_campaign(open_store(args, args.url), progress=_stderr,
                             progress_every=args.progress_every)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
@@ -133,7 +132,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_store(args.url, args.storage_option), open_store(args.out, args.storage_option))
+    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out))
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0
@@ -156,7 +155,7 @@ def _sql(args: argparse.Namespace) -> int:
 
     from pipelines_lib.audit.sql import campaign_tables, render_text
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
     try:
@@ -189,7 +188,7 @@ def _view_args(p: argparse.ArgumentParser) -> None:
 def _view(args: argparse.Namespace) -> int:
     from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
     try:
@@ -202,6 +201,7 @@ def _view(args: argparse.Namespace) -> int:
     print(store.uri(path))
     if args.serve:
         serve(render_html(view), port=args.port, announce=_stderr)
+    return 0
 
 
 def _export_weights_args(p: argparse.ArgumentParser) -> None:
@@ -219,7 +219,7 @@ def _export_weights(args: argparse.Namespace) -> int:
     from pipelines_lib.publish import load_published
     from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     model, version = load_published(store, args.version)
     try:
         folder = save_hf_checkpoint(model, args.out, tokenizer_dir=campaign_tokenizer_dir(load_campaign_config(store)))
@@ -244,7 +244,7 @@ def _train(args: argparse.Namespace) -> int:
     from pipelines_lib.distributed import initialize
     from pipelines_lib.train.trainer import train
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     config = load_campaign_config(store)
     initialize(config.distributed, process_id=args.process_id)  # before anything touches a JAX backend
     print(json.dumps(train(store, config, max_steps=args.max_steps, log=lambda line: print(line, flush=True))))
@@ -294,7 +294,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
 
-    records = read_records(open_store(args.url, args.storage_option))
+    records = read_records(open_store(args, args.url), on_skip=_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
     trace = to_chrome_trace(records)
@@ -313,7 +313,7 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
 def _metrics(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, summarize
 
-    summary = summarize(read_records(open_store(args.url, args.storage_option)))
+    summary = summarize(read_records(open_store(args, args.url), on_skip=_stderr))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -333,7 +333,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 def _status(args: argparse.Namespace) -> int:
     from pipelines_lib.campaign import campaign_status
 
-    print(json.dumps(campaign_status(open_store(args.url, args.storage_option)), indent=2, default=str))
+    print(json.dumps(campaign_status(open_store(args, args.url)), indent=2, default=str))
     return 0
 
 
@@ -353,9 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_process_defaults(os.environ)  # before anything imports gcsfs (it reads its variables at import)
     # gcsfs logs a traceback for every request it gives up on; the StorageError we print says the same in one line.
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
+        try:
+            args.settings = Settings.from_env(os.environ)
+        except ValueError as e:
+            raise CommandError(f"bad environment: {e}") from e
         return SUBCOMMANDS[args.command].run(args)
     except CommandError as e:
         _stderr(f"rollstream {args.command}: {e}")

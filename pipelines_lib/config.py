@@ -29,10 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipelines_lib.agents.base import AgentConfig
-from pipelines_lib.configio import ConfigError, from_mapping, to_mapping
+from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
 from pipelines_lib.dataset import DatasetConfig
 from pipelines_lib.distributed import DistributedConfig
 from pipelines_lib.engine.config import EngineConfig
@@ -40,7 +38,7 @@ from pipelines_lib.envs import env_class
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.envs.tools.sandbox import SandboxConfig
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
 from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.train.mesh import MeshConfig
 from pipelines_lib.train.optim import OptimConfig
@@ -150,9 +148,11 @@ class EvalConfig:
     """Devices the evaluation engine serves on (its parameters and KV cache split over ``tensor``); default one."""
 
     def __post_init__(self) -> None:
-        if self.n_tasks < 1 or self.samples < 1 or self.max_concurrency < 1:
-            raise ValueError(f"EvalConfig n_tasks/samples/max_concurrency must be >= 1, got "
-                             f"{self.n_tasks}/{self.samples}/{self.max_concurrency}")
+        if self.n_tasks < 1 or self.samples < 1 or not 1 <= self.max_concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"EvalConfig n_tasks/samples must be >= 1 and max_concurrency in [1, {MAX_CONCURRENCY}], "
+                             f"got {self.n_tasks}/{self.samples}/{self.max_concurrency}")
+        if not self.temperature >= 0:
+            raise ValueError(f"EvalConfig.temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,10 +246,8 @@ class CampaignConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, base: CampaignConfig | None = None) -> CampaignConfig:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError, RecursionError) as e:
-            raise ConfigError(f"{path}: cannot read config ({type(e).__name__}: {e})") from e
+        """Overlay the YAML file ``path`` on ``base``; read with bounded work (``configio.load_yaml``)."""
+        data = load_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
         try:

@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from pipelines_lib.audit import audit_campaign
+from pipelines_lib.settings import DEFAULTS, Settings
 from pipelines_lib.storage.store import Store
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_store, retry_transient, stage_key, stage_run
 
@@ -28,7 +29,8 @@ def _audit_and_keep(store: Store) -> dict[str, Any]:
 
 
 @task(name="audit", retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient)
-def audit(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+def audit(campaign_url: str, storage_options: dict[str, Any] | None = None,
+          settings: Settings = DEFAULTS) -> dict[str, Any]:
     """Audit any campaign folder; needs no ``campaign.json`` (it reports what it finds)."""
-    store = open_store(campaign_url, storage_options)
+    store = open_store(campaign_url, storage_options, settings)
     return stage_run(store, stage_key("audit"), lambda: _audit_and_keep(store))

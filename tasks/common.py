@@ -24,6 +24,7 @@ from prefect.states import State
 
 from pipelines_lib.campaign import load_campaign_config
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.settings import Settings
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store, is_transient
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -33,27 +34,16 @@ IO_RETRY_DELAYS_S = [10, 30, 90]
 """Task-level retries come after the store's own (seconds-scale) retries gave up: a longer outage."""
 
 
-def open_store(campaign_url: str, storage_options: dict[str, Any] | None = None) -> Store:
-    """The campaign's ``Store``; for a ``gs://`` endpoint other than Google's also points Orbax at it.
-
-    Orbax writes through tensorstore (reads ``TENSORSTORE_GCS_HTTP_URL``) and etils' gcsfs backend (reads
-    ``STORAGE_EMULATOR_HOST``), neither of which sees our storage options (pipelines_lib.publish), so the
-    orchestration layer sets that environment here, from the same options gcsfs gets.
-    """
-    options = storage_options or {}
-    endpoint = options.get("endpoint_url")
-    if campaign_url.startswith(("gs://", "gcs://")) and endpoint:
-        os.environ["TENSORSTORE_GCS_HTTP_URL"] = endpoint
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        if options.get("token") == "anon":
-            os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")
-    return Store(campaign_url, storage_options=options)
+def open_store(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings) -> Store:
+    """The campaign's ``Store`` with the entry point's timeouts and deadlines (the flows read ``settings`` and
+    point Orbax at a ``gs://`` endpoint before any task runs: ``flows.entry``)."""
+    return settings.store(campaign_url, storage_options)
 
 
-def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None = None
+def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings
                   ) -> tuple[Store, CampaignConfig]:
     """The store and the config the campaign was started with (``campaign.json``)."""
-    store = open_store(campaign_url, storage_options)
+    store = open_store(campaign_url, storage_options, settings)
     return store, load_campaign_config(store)
 
 

@@ -7,14 +7,16 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from pipelines_lib.dataset import prep
+from pipelines_lib.settings import DEFAULTS, Settings
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 
 
 @task(name="prep", retries=IO_RETRIES, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient)
 def prep_dataset(campaign_url: str, storage_options: dict[str, Any] | None = None,
-                 source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                 source_storage_options: dict[str, Any] | None = None, settings: Settings = DEFAULTS
+                 ) -> dict[str, Any]:
     """``source_storage_options`` open the source file when it is a URL (e.g. another bucket)."""
-    store, config = open_campaign(campaign_url, storage_options)
+    store, config = open_campaign(campaign_url, storage_options, settings)
     manifest = stage_run(store, stage_key("prep"),
                          lambda: prep(store, config.dataset, storage_options=source_storage_options))
     splits = ", ".join(f"{name} {s['rows']} rows" for name, s in manifest["splits"].items())

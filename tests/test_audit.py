@@ -36,7 +36,8 @@ def _group(pid: str, version: int, worker: str) -> list:
     return synthetic_group(prompt_id=pid, group_size=2, worker_id=worker, policy_version=version, seed=3)
 
 
-def _base(store: Store) -> list[ShardInfo]:
+def _base(store: Store, campaign: dict | None = None) -> list[ShardInfo]:
+    store.create_json(layout.CAMPAIGN_JSON, campaign or {"kind": "test"})
     infos = []
     for worker in ("w0", "w1"):
         w = ShardWriter(store, worker_id=worker, config=WriterConfig(max_groups=2))
@@ -194,9 +195,8 @@ def _clean_lineage(store: Store, infos: list[ShardInfo]) -> None:
 
 
 def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: Store) -> None:
-    infos = _base(store)
+    infos = _base(store, {"eta": 1})
     _clean_lineage(store, infos)
-    store.create_json(layout.CAMPAIGN_JSON, {"eta": 1})
     store.create_json(layout.eval_path(2), {"accuracy": 0.5})
     lines: list[str] = []
     report = audit_campaign(store, progress=lines.append, progress_every=3)
@@ -264,12 +264,16 @@ def test_groups_in_invalid_shards_count_as_unusable(local_store: Store) -> None:
     assert lin is not None and (lin.accounting.pending, lin.accounting.unusable) == (8, 1)
 
 
-def test_audit_of_an_empty_or_missing_folder_says_so(tmp_path) -> None:
-    with pytest.raises(NotFoundError, match="no campaign here"):
-        audit_campaign(Store(str(tmp_path / "nothing")))
+@pytest.mark.parametrize("folder", ["nothing", "not-a-campaign"])
+def test_audit_of_a_folder_without_campaign_json_is_not_a_campaign(tmp_path, folder: str) -> None:
+    (tmp_path / "not-a-campaign").mkdir()
+    (tmp_path / "not-a-campaign" / "passwd").write_text("root:x:0:0")
+    with pytest.raises(NotFoundError, match="not a campaign"):
+        audit_campaign(Store(str(tmp_path / folder)))
 
 
 def test_tool_errors_are_counted_by_tool_and_kind(local_store: Store) -> None:
+    local_store.create_json(layout.CAMPAIGN_JSON, {"kind": "test"})
     first, second = _group("p", 0, "w0")
     failed = [u if u.role != "tool" else Turn(role="tool", start=u.start, end=u.end, tool_name="python", error="timeout")
               for u in first.turns]

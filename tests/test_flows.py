@@ -323,11 +323,11 @@ def _task_states(flow_run_id) -> list[str]:
 def test_a_stage_task_retries_transient_storage_errors_only(prefect_api, campaign: Store, monkeypatch,
                                                           failures: int, error: type | None, states: list[str],
                                                           failed_records: int) -> None:
-    import tasks.common
+    import pipelines_lib.settings
 
     monkeypatch.setattr(FlakyDataset, "failures", failures)
     monkeypatch.setattr(FlakyDataset, "error", error)
-    monkeypatch.setattr(tasks.common, "Store", FlakyDataset)  # the store every stage task opens
+    monkeypatch.setattr(pipelines_lib.settings, "Store", FlakyDataset)  # what Settings.store builds for every stage task
 
     @flow
     def stage() -> dict:

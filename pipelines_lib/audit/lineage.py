@@ -4,12 +4,13 @@ Pure functions over already-read data; ``campaign.audit_campaign`` does the read
 log per step (``train/consumed/<step:08d>.json``)::
 
     {"step", "trainer_version", "groups": [{"group_id", "shard", "row_start", "row_end", "version", "staleness"}],
-     "dropped_stale": [{"shard", "groups": [ids], "reason"}], "skipped": [{"shard", "reason"}],
+     "dropped_stale": [{"shard", "groups": [ids], "reason"}], "skipped": [{"shard", "groups": [ids], "reason"}],
      "published_version", "created_at"}
 
 A group is identified by ``(shard, group_id)``. Every committed group ends up in exactly one bucket: consumed
-(by one step), dropped as stale, not yet consumed, or unusable (its shard breaks an invariant, so the tailer
-skips it). Accounting a group twice, or accounting a group no shard holds, is a violation.
+(by one step), dropped as stale, not yet consumed, unusable (its shard breaks an invariant or the trainer
+cannot train on it, so the tailer skips it), or skipped (the trainer logged it as skipped for a reason the
+audit did not see, e.g. a duplicate of a group already consumed). Accounting a group twice, or accounting a group no shard holds, is a violation.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class CommittedGroup:
 
 @dataclass(frozen=True, kw_only=True)
 class _Use:
-    kind: str  # "consumed" or "dropped"
+    kind: str  # "consumed", "dropped" or "skipped"
     step: int
     log: str
 
@@ -56,7 +57,8 @@ def _parse_log(path: str, raw: Any) -> tuple[dict[str, Any] | None, list[Finding
                         "row_end": int(g["row_end"]), "version": int(g["version"])} for g in raw["groups"]],
             "dropped_stale": [{"shard": str(d["shard"]), "groups": [str(x) for x in d["groups"]]}
                               for d in raw.get("dropped_stale", [])],
-            "skipped": [{"shard": str(s["shard"]), "reason": str(s.get("reason", ""))} for s in raw.get("skipped", [])],
+            "skipped": [{"shard": str(s["shard"]), "reason": str(s.get("reason", "")),
+                         "groups": [str(x) for x in s.get("groups", [])]} for s in raw.get("skipped", [])],
         }
     except (KeyError, TypeError, ValueError) as e:
         return None, [_bad_log(path, f"missing or mistyped field: {e!r}")]
@@ -97,6 +99,9 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
             for gid in d["groups"]:
                 uses[(d["shard"], gid)].append(_Use(kind="dropped", step=step, log=path))
         skipped += [SkippedShard(step=step, shard=s["shard"], reason=s["reason"]) for s in log["skipped"]]
+        for s in log["skipped"]:
+            for gid in s["groups"]:
+                uses[(s["shard"], gid)].append(_Use(kind="skipped", step=step, log=path))
 
     for (shard, gid), used in sorted(uses.items()):
         consumed = [u for u in used if u.kind == "consumed"]
@@ -107,16 +112,26 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
         elif len(used) > 1:
             findings.append(Finding(kind="accounted_twice", path=used[1].log, row=None, trajectory_id=None,
                                     message=f"group {gid} of {shard}: {where}"))
-        if (shard, gid) not in committed:
+        if (shard, gid) not in committed and any(u.kind != "skipped" for u in used):
             kind = "consumed_missing" if consumed else "dropped_missing"
             findings.append(Finding(kind=kind, path=used[0].log, row=None, trajectory_id=None,
                                     message=f"group {gid} is in no committed shard (logged from {shard})"))
+
+    # The same group id trained from two shards (a copy the trainer did not recognise) is trained twice too.
+    trained_from: dict[str, list[str]] = defaultdict(list)
+    for (shard, gid), used in sorted(uses.items()):
+        if any(u.kind == "consumed" for u in used):
+            trained_from[gid].append(shard)
+    findings += [Finding(kind="consumed_twice", path=shards[1], row=None, trajectory_id=None,
+                         message=f"group {gid} trained from {len(shards)} shards: {', '.join(shards)}")
+                 for gid, shards in sorted(trained_from.items()) if len(shards) > 1]
 
     by_version: dict[int, Counter[str]] = defaultdict(Counter)
     for key, c in committed.items():
         used = uses.get(key, [])
         bucket = ("unusable" if not c.usable else "pending" if not used
-                  else "consumed" if any(u.kind == "consumed" for u in used) else "dropped_stale")
+                  else "consumed" if any(u.kind == "consumed" for u in used)
+                  else "dropped_stale" if any(u.kind == "dropped" for u in used) else "skipped")
         by_version[c.version][bucket] += 1
 
     return Lineage(
@@ -132,7 +147,7 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
 
 def _accounting(c: Counter[str]) -> GroupAccounting:
     return GroupAccounting(consumed=c["consumed"], dropped_stale=c["dropped_stale"], pending=c["pending"],
-                           unusable=c["unusable"])
+                           unusable=c["unusable"], skipped=c["skipped"])
 
 
 def _published(entries: Sequence[Mapping[str, Any]], steps: list[int], consumed_at: Mapping[int, list[GroupKey]],

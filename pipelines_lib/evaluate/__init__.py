@@ -24,6 +24,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pipelines_lib.agents import make_agent, run_episode
@@ -132,8 +133,9 @@ def evaluate_model(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Tas
     return asyncio.run(evaluate_model_async(model, tokenizer, tasks, config))
 
 
-def evaluate(store: Store, config: CampaignConfig, *, version: int) -> dict[str, Any]:
+def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path | None = None) -> dict[str, Any]:
     """Score published ``version`` on the first ``config.eval.n_tasks`` held-out tasks; writes ``eval/v<N>.json``.
+    ``cache`` is the process's cache folder (``Settings.cache``).
 
     A no-op returning the stored results when that file exists.
     """
@@ -141,7 +143,7 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int) -> dict[str,
     if store.exists(path):
         return store.read_json(path)
     model, _ = load_published(store, version)
-    tokenizer = campaign_tokenizer(config)
+    tokenizer = campaign_tokenizer(config, cache=cache)
     tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
     results = {"version": version, "split": HELDOUT, "temperature": config.eval.temperature,
                **evaluate_model(model, tokenizer, tasks, config)}

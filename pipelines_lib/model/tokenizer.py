@@ -104,10 +104,11 @@ _DUMMY_EXCHANGE = ({"role": "user", "content": "?"}, {"role": "assistant", "cont
 def default_tokenizer_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     """``<cache_root>/tokenizer/default-v<BUILD_VERSION>-<vocab>``.
 
-    ``cache_root`` defaults to ``$ROLLSTREAM_CACHE`` if set, else the repository's ``build/`` folder.
+    ``cache_root`` is the process's cache folder (``Settings.cache``, set by ``ROLLSTREAM_CACHE``); it defaults
+    to the repository's ``build/`` folder.
     """
     if cache_root is None:
-        cache_root = os.environ.get("ROLLSTREAM_CACHE") or Path(__file__).resolve().parents[2] / "build"
+        cache_root = Path(__file__).resolve().parents[2] / "build"
     return Path(cache_root) / "tokenizer" / f"default-v{BUILD_VERSION}-{DEFAULT_VOCAB_SIZE}"
 
 

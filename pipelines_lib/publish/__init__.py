@@ -28,14 +28,13 @@ only writer of an unmarked folder is a dead earlier attempt of this same publish
 
 ``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
 emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
-or the save hangs. The flows set the environment; this module reads only ``ROLLSTREAM_ORBAX_DEADLINE_S`` (once, at
-import: ``ORBAX_DEADLINE_S``), the one knob a stage process has before any config is loaded.
+or the save hangs. The entry points set that environment (``Settings.orbax_environment``). Every Orbax call is
+bounded by the store's ``external_deadline_s`` (``Settings.orbax_deadline_s``, ``ROLLSTREAM_ORBAX_DEADLINE_S``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 import threading
 import time
@@ -54,25 +53,8 @@ from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
-from pipelines_lib.storage.store import Store, call_with_deadline
+from pipelines_lib.storage.store import Store
 
-
-def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
-    if text is None:
-        return default_s
-    error = ValueError(f"ROLLSTREAM_ORBAX_DEADLINE_S must be a number of seconds > 0, got {text!r}")
-    try:
-        value = float(text)
-    except ValueError:
-        raise error from None
-    if not value > 0:  # also refuses nan
-        raise error
-    return value
-
-
-ORBAX_DEADLINE_S = _orbax_deadline_s(os.environ.get("ROLLSTREAM_ORBAX_DEADLINE_S"))
-"""Longest an Orbax save or load of published weights or a checkpoint may take before the stage fails (naming op
-and URL): 600 s, or ``ROLLSTREAM_ORBAX_DEADLINE_S`` (the storage-fault drill's outage uses 30 s)."""
 HF_DIR = "hf"
 """Subfolder of a weights folder holding its Hugging Face checkpoint."""
 PUBLISHED = "PUBLISHED.json"
@@ -117,8 +99,7 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
         barrier(f"publish {rel}: save")
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
-        call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
-                           ORBAX_DEADLINE_S)
+        store.call_external("save weights", rel, lambda: save_weights(model, store.uri(rel)))
         host_model = model if jax.process_count() == 1 else nnx.merge(*_host_split(model))
         if is_writer():
             for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
@@ -161,7 +142,7 @@ class CampaignWeights:
         if not self.store.exists(published_marker(version)):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
-        return call_with_deadline("load weights", url, lambda: load_weights(url, mesh), ORBAX_DEADLINE_S)
+        return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url, mesh))
 
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""

@@ -116,9 +116,9 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
-            target_groups: int | None = None, weights_timeout_s: float = 600.0,
+            target_groups: int | None = None, weights_timeout_s: float = 600.0, cache: Path | None = None,
             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The collect stage (docs/STAGES.md)."""
+    """The collect stage (docs/STAGES.md); ``cache`` is the process's cache folder (``Settings.cache``)."""
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
     layout.check_worker_id(worker)
@@ -129,7 +129,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
         return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
     started = utc_compact()
     worker_id = f"{worker}.{time.time_ns() // 1000:x}"
-    tokenizer = campaign_tokenizer(config)
+    tokenizer = campaign_tokenizer(config, cache=cache)
     skip = committed_groups(store, worker)
     tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
     rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)

@@ -20,18 +20,24 @@ from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.envs.base import Task, Tool
 from pipelines_lib.envs.tools.latency import LatencyTool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import (
+    ChatTokenizer,
+    default_tokenizer_dir,
+    ensure_default_tokenizer,
+    load_tokenizer,
+)
 from pipelines_lib.rollout.orchestrator import EpisodeFn
 from pipelines_lib.trajectory.record import Trajectory
 
 
-def campaign_tokenizer_dir(config: CampaignConfig) -> Path:
-    """The configured tokenizer folder, or the embedded default's (built on first use)."""
-    return Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer()
+def campaign_tokenizer_dir(config: CampaignConfig, *, cache: Path | None = None) -> Path:
+    """The configured tokenizer folder, or the embedded default's (built on first use under ``cache``, the
+    process's cache folder: ``Settings.cache``; None: the repository's ``build/``)."""
+    return Path(config.tokenizer) if config.tokenizer else ensure_default_tokenizer(default_tokenizer_dir(cache))
 
 
-def campaign_tokenizer(config: CampaignConfig) -> ChatTokenizer:
-    return load_tokenizer(campaign_tokenizer_dir(config))
+def campaign_tokenizer(config: CampaignConfig, *, cache: Path | None = None) -> ChatTokenizer:
+    return load_tokenizer(campaign_tokenizer_dir(config, cache=cache))
 
 
 def sample_seed(*parts: object) -> int:

@@ -40,6 +40,11 @@ EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
 
 
+MAX_CONCURRENCY = 65_536
+"""Most episodes one process keeps in flight (rollout or evaluation): beyond this the event loop, not the engine,
+is the bottleneck, and a typo such as ``4e11`` would only exhaust memory."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutConfig:
     group_size: int = 4
@@ -84,11 +89,15 @@ class RolloutConfig:
     writer: WriterConfig = field(default_factory=WriterConfig)
 
     def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"RolloutConfig.group_size must be >= 1, got {self.group_size}")
-        if self.max_concurrency < self.group_size or self.max_concurrency % self.group_size:
-            raise ValueError(f"RolloutConfig.max_concurrency must be a positive multiple of group_size="
-                             f"{self.group_size}, got {self.max_concurrency}")
+        if self.group_size < 2:
+            # GRPO's advantage is a sample's reward against its group's: a group of one has no baseline.
+            raise ValueError(f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
+        if (not self.group_size <= self.max_concurrency <= MAX_CONCURRENCY
+                or self.max_concurrency % self.group_size):
+            raise ValueError(f"RolloutConfig.max_concurrency must be a multiple of group_size={self.group_size} "
+                             f"no larger than {MAX_CONCURRENCY}, got {self.max_concurrency}")
+        if not self.temperature >= 0:
+            raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
         if self.mode not in ("async", "sync"):
             raise ValueError(f"RolloutConfig.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.eta < 0:

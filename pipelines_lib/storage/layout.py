@@ -30,6 +30,9 @@ one when its trainer fails for good, so in-process workers do not run forever); 
 _WORKER_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 _SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})\.arrow$")
 _VERSION_RE = re.compile(r"^v(?P<version>\d{8})$")
+_EVAL_RE = re.compile(r"^v(?P<n>\d{8})\.json$")
+_CONSUMED_RE = re.compile(r"^(?P<n>\d{8})\.json$")
+_CHECKPOINT_RE = re.compile(r"^(?P<n>\d{8})(\.\d+)?$")
 
 
 def campaign_id(url: str) -> str:
@@ -105,6 +108,13 @@ def weights_dir(version: int) -> str:
 
 def eval_path(version: int) -> str:
     return f"eval/v{version:08d}.json"
+
+
+def parse_name(kind: str, name: str) -> int | None:
+    """The number in a name under ``eval/`` (``v<version:08d>.json``), ``train/consumed/`` (``<step:08d>.json``)
+    or ``train/checkpoints/`` (``<step:08d>[.<attempt>]``); None for any other name (garbage is not an error)."""
+    m = {"eval": _EVAL_RE, "consumed": _CONSUMED_RE, "checkpoint": _CHECKPOINT_RE}[kind].match(name)
+    return int(m["n"]) if m else None
 
 
 def stop_marker(utc_compact: str) -> str:

@@ -24,9 +24,8 @@ from flax import nnx
 
 from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
-from pipelines_lib.publish import ORBAX_DEADLINE_S
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.store import Store, call_with_deadline
+from pipelines_lib.storage.store import Store
 
 COMMITTED = "COMMITTED"
 ROOT = "train/checkpoints"
@@ -73,7 +72,7 @@ def save_checkpoint(
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
 
-    call_with_deadline("save checkpoint", store.uri(f"{folder}/state"), save, ORBAX_DEADLINE_S)
+    store.call_external("save checkpoint", f"{folder}/state", save)
     if is_writer():
         store.create_json(
             f"{folder}/meta.json",
@@ -90,12 +89,12 @@ def save_checkpoint(
 
 
 def committed_checkpoints(store: Store) -> list[str]:
-    """Committed checkpoint folders, oldest first."""
+    """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
     out = []
     for name in store.list(ROOT):
-        if store.exists(f"{ROOT}/{name}/{COMMITTED}"):
+        if layout.parse_name("checkpoint", name) is not None and store.exists(f"{ROOT}/{name}/{COMMITTED}"):
             out.append(f"{ROOT}/{name}")
-    return sorted(out, key=lambda f: int(f.rsplit("/", 1)[-1].split(".")[0]))
+    return sorted(out, key=lambda f: layout.parse_name("checkpoint", f.rsplit("/", 1)[-1]) or 0)
 
 
 def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer) -> CheckpointMeta | None:
@@ -109,7 +108,7 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
 
-    restored = call_with_deadline("restore checkpoint", store.uri(f"{folder}/state"), restore, ORBAX_DEADLINE_S)
+    restored = store.call_external("restore checkpoint", f"{folder}/state", restore)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
     meta = store.read_json(f"{folder}/meta.json")

@@ -27,6 +27,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pipelines_lib.configio import no_limit
+
 # k3 = exp(d) − d − 1 grows like exp(d); a token the reference finds e^20 times likelier than the
 # policy would dominate the batch, so the log-ratio is clamped (as verl does) before exponentiating.
 _KL_LOG_RATIO_CLAMP = 20.0
@@ -267,7 +269,7 @@ class LossConfig:
     """Lower clip range: r is clipped at ``1 − eps_low``."""
     eps_high: float = 0.28
     """Upper clip range: r is clipped at ``1 + eps_high`` (DAPO's clip-higher default)."""
-    behav_weight_cap: float = 5.0
+    behav_weight_cap: float = no_limit(5.0)
     """C in ``w = min(exp(logp_prox − logp_behav), C)``; ``math.inf`` disables the truncation."""
     kl_coef: float = 0.0
     """β of the k3 KL penalty to the reference model; 0 disables it (and the reference forward)."""

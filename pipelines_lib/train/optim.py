@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from pipelines_lib.configio import no_limit
 from pipelines_lib.train.mesh import shard_node
 
 SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
@@ -56,7 +57,7 @@ class OptimConfig:
     """Adam second-moment decay."""
     eps: float = 1e-8
     """Adam denominator epsilon."""
-    grad_clip_norm: float = 1.0
+    grad_clip_norm: float = no_limit(1.0)
     """Clip the global gradient norm to this value; ``math.inf`` disables clipping."""
 
     def __post_init__(self) -> None:

@@ -141,20 +141,21 @@ def _import_weights(init_from: str, store: Store) -> tuple[Decoder, dict[str, An
     if "://" not in init_from and (Path(init_from) / "config.json").is_file():
         return load_hf_checkpoint(init_from), {"source": "hf", "init_from": init_from}
     # Another campaign; on the same backend it is reached with the same credentials/endpoint as ours.
-    options = store.fs.storage_options if init_from.split("://", 1)[0] == store.protocol else {}
-    model, version = load_published(Store(init_from, storage_options=options))
+    model, version = load_published(store.other(init_from))
     return model, {"source": "campaign", "init_from": init_from, "from_version": version}
 
 
-def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published."""
+def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published.
+    ``cache`` is the process's cache folder (``Settings.cache``)."""
     if store.exists(published_marker(0)):
         return {**store.read_json(published_marker(0)), "skipped": True}
     started = time.perf_counter()
     if config.init_from is not None:
         model, info = _import_weights(config.init_from, store)
     else:
-        tokenizer = campaign_tokenizer(config)
+        tokenizer = campaign_tokenizer(config, cache=cache)
         if tokenizer.vocab_size > config.model.vocab_size:
             raise ValueError(
                 f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"

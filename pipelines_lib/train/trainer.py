@@ -8,7 +8,7 @@
    batch   ← whole groups, advantages per group, bucketed padding
    train_step(model, optimizer, batch)                    one function, GRPO loss from the registry
    train/consumed/<step>.json                             groups (shard, rows, version, staleness),
-                                                          drops, skips, and the tail cursor after the step
+                                                          drops, skips (with reasons), and the tail cursor after the step
    every P steps: publish weights/v<V+1> (pointer moved last)
    every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
  train/DONE.json                                          marker last
@@ -21,6 +21,10 @@ deterministic backend), takes the cursor of log N, and continues. So no group is
 surviving history, none committed before the crash is skipped, and every published version is one the
 resumed run reproduces. Versions are published only at checkpoints, so a version never runs ahead of the
 state it came from.
+
+Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
+largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
+(``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pipelines_lib.train.mesh import make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
 from pipelines_lib.trajectory.record import utc_now_iso
+from pipelines_lib.trajectory.trainable import TrainerNeeds
 
 
 class DataTimeoutError(TimeoutError):
@@ -125,7 +130,8 @@ class StreamingTrainer:
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
-        self.tailer = ShardTailer(store)
+        self.needs = TrainerNeeds.of(config)
+        self.tailer = ShardTailer(store, needs=self.needs)
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
         self._last_wait_log = -1e9
@@ -138,7 +144,7 @@ class StreamingTrainer:
         meta = restore_latest(self.store, model=self.model, optimizer=self.optimizer)
         if meta is not None:
             self.step, self.version = meta.step, meta.version
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor))
+            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor), needs=self.needs)
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
             self.log(f"trainer: restored checkpoint {meta.folder} (step {meta.step}, version {meta.version})")
         replayed = 0
@@ -146,7 +152,7 @@ class StreamingTrainer:
             entry = self.store.read_json(layout.consumed_log(self.step + 1))
             groups = [self.reload_group(g) for g in entry["groups"]]
             self._train_on(groups, replay=entry)
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]))
+            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]), needs=self.needs)
             replayed += 1
         if replayed:
             self.log(
@@ -182,6 +188,8 @@ class StreamingTrainer:
                 events.append(
                     {"kind": e.kind, "shard": e.shard, "reason": e.reason, "groups": list(e.groups)}
                 )
+                if e.kind == "skipped":
+                    self.log(f"trainer: skipped {len(e.groups)} group(s) of {e.shard}: {e.reason}")
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
                 if self.tc.skip_zero_advantage and len(set(rewards)) == 1:
@@ -312,6 +320,7 @@ class StreamingTrainer:
             "groups_consumed": self.tailer.cursor.groups_consumed,
             "groups_dropped_stale": self.tailer.cursor.groups_dropped_stale,
             "shards_skipped": self.tailer.cursor.shards_skipped,
+            "groups_skipped": self.tailer.cursor.groups_skipped,
             "idle_s": round(self.idle_s, 3),
             "busy_s": round(self.busy_s, 3),
             "wall_s": round(wall, 3),
