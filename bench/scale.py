@@ -338,7 +338,50 @@ def part_fits(args: dict[str, Any]) -> dict[str, Any]:
     return {name: {str(n): _adam_bytes_per_device(name, n) for n in args["devices"]} for name in args["models"]}
 
 
-PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference}
+def part_engine(args: dict[str, Any]) -> dict[str, Any]:
+    """Greedy completions of ``args["requests"]`` prompts on one device and on a ``tensor`` mesh of every device,
+    swapping to a second set of weights after the first half."""
+    import asyncio
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from pipelines_lib.engine import JaxEngine, SamplingParams
+    from pipelines_lib.engine.config import EngineConfig
+    from pipelines_lib.model.config import ModelConfig
+    from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.train.mesh import MeshConfig
+
+    cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=2, d_model=64, n_heads=8, n_kv_heads=4, head_dim=16,
+                              d_ff=128, max_seq_len=128)
+    first, second = (Decoder(cfg, rngs=nnx.Rngs(seed)) for seed in (0, 1))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, cfg.vocab_size, size=int(n)).tolist() for n in rng.integers(4, 40, args["requests"])]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=args["max_new_tokens"])
+    half = len(prompts) // 2
+
+    async def serve(mesh: MeshConfig) -> dict[str, Any]:
+        config = EngineConfig(num_slots=8, max_seq_len=128, prefill_buckets=(16, 32, 64), mesh=mesh)
+        async with JaxEngine(first, config) as engine:
+            before = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts[:half]))
+            engine.swap_weights(nnx.state(second, nnx.Param), version=1)
+            after = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts[half:]))
+            params = jax.tree.leaves(engine._params)
+            return {"tokens": [c.token_ids for c in (*before, *after)],
+                    "versions": sorted({v for c in (*before, *after) for v in c.policy_versions}),
+                    "q_proj_spec": [str(a) for a in engine._params["layers"][0]["attn"]["q_proj"]["kernel"].sharding.spec],
+                    "cache_spec": [str(a) for a in engine._runner.cache[0].k_nskd.sharding.spec],
+                    "param_devices": max(len(p.sharding.device_set) for p in params),
+                    "compilations": engine.stats()["compilations"]}
+
+    one = asyncio.run(serve(MeshConfig()))
+    tp = asyncio.run(serve(MeshConfig(tensor=-1)))
+    return {"identical": one["tokens"] == tp["tokens"], "tokens": sum(map(len, tp["tokens"])), "one": {
+        k: v for k, v in one.items() if k != "tokens"}, "tp": {k: v for k, v in tp.items() if k != "tokens"}}
+
+
+PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference, "engine": part_engine}
 
 
 @register_bench(
@@ -353,7 +396,8 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference}
              "the worst case). (3) Two processes × 4 fake devices (`jax.distributed`, gloo on 127.0.0.1) training "
              "the same campaign: final parameters against one device, seconds from SIGKILL of process 1 to "
              "process 0's non-zero exit, and whether a restart ends bit-identical to an uninterrupted "
-             "two-process run.",
+             "two-process run. (4) The engine with tensor-parallel parameters and a KV cache split over kv heads "
+             "on 4 fake devices: greedy completions identical to one device's.",
     method="`bench/scale.py`, each part in its own interpreter. Mesh: a 2-layer decoder (width 64, 4 heads, 2 kv "
            "heads) trained 4 GRPO steps of 2 groups × 4 on synthetic shards, publishing and checkpointing every 2 "
            "steps, with `trainer.mesh` set; relative differences are ‖θ_mesh − θ_1‖ / ‖θ_1‖ over all parameters "
@@ -365,7 +409,10 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference}
            "the total is below 90 % of its chips' memory (v5e 16 GiB, v6e 32 GiB, H100 80 GiB, v5p 95 GiB). "
            "Multi-process: the mesh part's model and shards, `rollstream train URL --process-id i` per process on "
            "a data=2 × fsdp=4 mesh spanning both, `distributed.heartbeat_timeout_s` 10; process 1 is killed once "
-           "step 2's consumption log exists, then both are restarted on the same folder.",
+           "step 2's consumption log exists, then both are restarted on the same folder. Engine: a 2-layer decoder "
+           "(8 heads, 4 kv heads), 32 greedy requests of 12 new tokens, prompts of 4 to 40 random ids, the first "
+           "16 on one set of weights, then `swap_weights` to another and the last 16, on `engine.mesh` 1 and "
+           "tensor=4.",
     goals=(
         Goal(key="scale.mesh_param_rel_diff", op="<=", value=1e-5,
              why="a mesh changes where the numbers are computed, not what is learnt"),
@@ -377,6 +424,8 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference}
              why="a restart after a lost peer resumes exactly from the write-ahead log"),
         Goal(key="scale.multiprocess_peer_loss_exit_s", op="<=", value=60,
              why="a lost peer fails the job, never hangs it in a collective"),
+        Goal(key="scale.engine_tp_greedy_identical", op=">=", value=1,
+             why="tensor parallelism serves the same tokens as one device"),
     ),
 )
 def bench_scale(ctx: BenchContext) -> BenchResult:
@@ -387,6 +436,8 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
     peer = peer_loss_run(ctx.scratch / "mp", str(ctx.scratch / "mp" / "two"))
     if peer["survivor_rc"] == 0 or not peer["names_peer"]:
         raise RuntimeError(f"the survivor of a killed peer exited {peer['survivor_rc']} without naming it")
+    ctx.progress("scale: engine on a 4-device tensor mesh")
+    engine = run_part("engine", {"requests": 32, "max_new_tokens": 12}, n_devices=4)
     ctx.progress("scale: who fits where (eval_shape)")
     fits = run_part("fits", {"models": list(SHAPES), "devices": list(DEVICE_COUNTS)}, n_devices=1)
     others = [m for name, m in mesh["meshes"].items() if name != next(iter(MESHES))]
@@ -398,6 +449,7 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
         "scale.multiprocess_loss_rel_diff": two["loss_rel_diff"],
         "scale.multiprocess_resume_identical": float(peer["resume_identical"]),
         "scale.multiprocess_peer_loss_exit_s": peer["exit_s"],
+        "scale.engine_tp_greedy_identical": float(engine["identical"]),
     }
     rows = []
     for name, per in fits.items():

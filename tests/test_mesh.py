@@ -146,3 +146,16 @@ def test_placed_inputs_make_the_step_compile_once() -> None:
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
     assert compiles == []
+
+
+def test_engine_on_a_4_device_tensor_mesh_is_greedy_identical_to_one_device_across_a_weight_swap() -> None:
+    result = run_part("engine", {"requests": 32, "max_new_tokens": 12}, n_devices=4, timeout_s=300)
+    assert result["identical"]
+    assert result["tokens"] == 32 * 12  # random weights rarely emit a stop id; none is configured
+    one, tp = result["one"], result["tp"]
+    assert one["versions"] == tp["versions"] == [0, 1]  # the swap happened between the halves
+    # Heads split over the 4 devices ([embed, heads] kernels), the KV cache over its 4 kv heads; after the swap the
+    # weights keep that layout, and nothing compiled beyond the tensor-parallel engine's own variants.
+    assert tp["q_proj_spec"] == ["None", "tensor"] and tp["param_devices"] == 4
+    assert tp["cache_spec"] == ["None", "None", "tensor"]
+    assert tp["compilations"] == 2 * one["compilations"]

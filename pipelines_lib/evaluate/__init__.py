@@ -3,7 +3,7 @@
 ```
 evaluate(store, config, version=N)                         the stage: eval/v<N:08d>.json, create-only
   └─ evaluate_model(model, tokenizer, tasks, config)        in memory (the benchmark calls this)
-       JaxEngine(model, config.engine)
+       JaxEngine(model, config.engine on config.eval.mesh)
        per task: 1 greedy episode + k sampled ones           k = config.eval.samples, temperature config.eval.temperature
        run_episode(make_env, make_agent, ...) under a semaphore of config.eval.max_concurrency
        └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses
@@ -19,6 +19,7 @@ campaign seed and the task id, so a rerun of the same version gives the same num
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import time
@@ -104,7 +105,8 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     k, rollout = config.eval.samples, config.rollout
     semaphore = asyncio.Semaphore(config.eval.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, config.engine) as engine, env_sandbox(config) as sandbox:
+    engine_config = dataclasses.replace(config.engine, mesh=config.eval.mesh)
+    async with JaxEngine(model, engine_config) as engine, env_sandbox(config) as sandbox:
 
         async def episode(task: Task, idx: int) -> Trajectory:
             sampling = SamplingParams(

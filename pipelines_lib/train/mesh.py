@@ -181,11 +181,16 @@ def _place(x: Any, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def place_state(state: Any, mesh: Mesh) -> Any:
+    """``state`` (an ``nnx.State``) with every variable on its sharding. Arrays already spanning the mesh move
+    device to device; values that span one process's devices only must be the same on every process."""
+    leaves, shardings, treedef = _per_leaf(state, mesh)
+    return jax.tree.unflatten(treedef, [_place(x, s) for x, s in zip(leaves, shardings, strict=True)])
+
+
 def shard_node(node: nnx.Module | nnx.Optimizer, mesh: Mesh) -> None:
-    """Move every variable of ``node`` (a model or an optimizer) onto its sharding, in place. Values that span
-    one process's devices only must be the same on every process."""
-    leaves, shardings, treedef = _per_leaf(nnx.state(node), mesh)
-    nnx.update(node, jax.tree.unflatten(treedef, [_place(x, s) for x, s in zip(leaves, shardings, strict=True)]))
+    """Move every variable of ``node`` (a model or an optimizer) onto its sharding, in place."""
+    nnx.update(node, place_state(nnx.state(node), mesh))
 
 
 def sharded_shapes(state: Any, mesh: Mesh) -> Any:
