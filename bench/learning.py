@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
-from pipelines_lib.campaign import load_campaign_config, published_versions
-from pipelines_lib.evaluate import evaluate
+from pipelines_lib import records
+from pipelines_lib.records import EvalResult, Publication
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.store import Store
 
 QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_steps=4", "eval.n_tasks=16",
@@ -75,21 +77,19 @@ def learning(ctx: BenchContext) -> BenchResult:
         raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     store = Store(url)
     config = load_campaign_config(store)
-    for version in published_versions(store):
+    for version in records.published_versions(store):
         ctx.progress(f"learning: evaluating v{version} for the curve (untimed)")
         evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
     evals, pass_at_k = {}, {}
-    for name in store.list("eval"):
-        report = store.read_json(f"eval/{name}")
-        version = int(name[1:9])
-        pointer = store.read_json(f"weights/LATEST.json.d/{version:012d}.json")
-        evals[version] = (int(pointer.get("step", 0)), float(report["greedy_success_rate"]))
-        pass_at_k[version] = float(report["pass@k"])
+    for version in records.evaluated_versions(store):
+        report = EvalResult.read(store, version)
+        evals[version] = (Publication.entry(store, version).step, report.greedy_success_rate)
+        pass_at_k[version] = report.pass_at_k or 0.0
     steps, rewards = [], []
-    for name in store.list("train/consumed"):
-        log = store.read_json(f"train/consumed/{name}")
-        steps.append(int(log["step"]))
-        rewards.append(float(log["mean_reward"]))
+    for log in records.consumption_logs(store):
+        if log.mean_reward is not None:
+            steps.append(log.step)
+            rewards.append(log.mean_reward)
     first, last = min(evals), max(evals)
     gain = (evals[last][1] - evals[first][1]) * 100
     _plot(ctx.plot_dir / "learning_curve.png", steps, rewards, evals)

@@ -91,9 +91,9 @@ def part_mesh(args: dict[str, Any]) -> dict[str, Any]:
     from flax import nnx
 
     from bench.trainer import write_shards
+    from pipelines_lib.stages.train import trainer_for
     from pipelines_lib.storage.store import Store
     from pipelines_lib.train.mesh import MeshConfig
-    from pipelines_lib.train.trainer import StreamingTrainer
 
     root = Path(args["root"])
     config = mesh_campaign_config(args["steps"])
@@ -103,7 +103,7 @@ def part_mesh(args: dict[str, Any]) -> dict[str, Any]:
         folder = root / f"mesh-{len(runs)}"
         shutil.copytree(root / "seed", folder)
         run_config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, mesh=MeshConfig(**axes)))
-        trainer = StreamingTrainer(Store(str(folder)), run_config, log=lambda line: None)
+        trainer = trainer_for(Store(str(folder)), run_config, log=lambda line: None)
         trainer.run()
         params = [np.asarray(p, np.float64) for p in jax.tree.leaves(nnx.state(trainer.model, nnx.Param))]
         embedding = trainer.model.embed.embedding[...]
@@ -134,9 +134,9 @@ def free_port() -> int:
 def seed_multiprocess_campaign(folder: Path, *, steps: int, n_processes: int, mesh: dict[str, int]) -> str:
     """A campaign folder (config, shards, v0) whose trainer spans ``n_processes`` processes on 127.0.0.1."""
     from flax import nnx
+    from pipelines_lib.campaign import init_campaign
 
     from bench.trainer import write_shards
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.distributed import DistributedConfig
     from pipelines_lib.storage.store import Store
     from pipelines_lib.train.mesh import MeshConfig
@@ -199,17 +199,18 @@ def rel_diff(params: list[Any], reference: list[Any]) -> float:
 def part_reference(args: dict[str, Any]) -> dict[str, Any]:
     """The streaming trainer on one device over a copy of ``args["seed"]`` (its distributed section dropped)."""
     from pipelines_lib.campaign import load_campaign_config
+
     from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.stages.train import trainer_for
     from pipelines_lib.storage.store import Store
     from pipelines_lib.train.mesh import MeshConfig
-    from pipelines_lib.train.trainer import StreamingTrainer
 
     shutil.copytree(args["seed"], args["out"])
     store = Store(args["out"])
     config = load_campaign_config(store)
     config = dataclasses.replace(config, distributed=DistributedConfig(),
                                  trainer=dataclasses.replace(config.trainer, mesh=MeshConfig()))
-    trainer = StreamingTrainer(store, config, log=lambda line: None)
+    trainer = trainer_for(store, config, log=lambda line: None)
     trainer.run()
     return {"losses": [m["loss"] for m in trainer.metrics]}
 

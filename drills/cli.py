@@ -1,8 +1,8 @@
 """The ``rollstream drills`` subcommand: its arguments (``add_arguments``) and what it runs (``run``).
 
-``pipelines_lib.cli`` registers it next to its own subcommands. This module does not import ``pipelines_lib.cli``:
-under ``python -m pipelines_lib.cli`` that module runs as ``__main__``, and a registration made from here would land
-in a second copy of it, not in the parser that runs. Exit code 1 when a figure shows a problem.
+Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``); the
+library never imports it, and it does not import ``pipelines_lib.cli`` (under ``python -m pipelines_lib.cli`` that
+module runs as ``__main__``, so an import from here would be a second copy of it). Exit code 1 when a figure shows a problem.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines_lib.storage import layout
+
 CASE_TIME_S = 1.0
 """Longest a single calculator case may take (the calculator promises microseconds; 1 s leaves room for a
 loaded machine while still catching any computation that runs away)."""
@@ -43,7 +45,7 @@ TOOLS: dict[str, dict[str, Any]] = {
 }
 """Tools offered to the parsers: one permissive schema, one strict."""
 
-SHARD_WHERE = "trajectories/v00000000/fuzz.0-00000000.arrow"
+SHARD_WHERE = layout.shard_path(0, "fuzz.0", 0)
 
 
 class ContractViolation(AssertionError):

@@ -36,11 +36,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipelines_lib import records
+from pipelines_lib.records import CampaignManifest, Publication
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import encode_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import to_table
-from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.record import to_table, utc_now_iso
+from pipelines_lib.trajectory.schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,16 @@ GOOD_GROUPS = 6
 Poisoned shards are named to sort before the good ones (worker ``a9``), so the trainer meets them before it
 can finish."""
 POISON_WORKER = "a9"
+
+
+def _drill_manifest(store: Store) -> None:
+    """A ``campaign.json`` that records no config (the audit then skips the trainer's checks)."""
+    CampaignManifest(kind="drill", schema_version=SCHEMA_VERSION, code_version="drill", created_at=utc_now_iso(),
+                     config={}).write(store)
+
+
+def _publication(version: int) -> Publication:
+    return Publication(version=version, path=layout.weights_dir(version), step=version, published_at=utc_now_iso())
 
 
 def _config():  # noqa: ANN202 - CampaignConfig, imported lazily with the trainer's stack
@@ -225,7 +237,7 @@ class CaseOutcome:
 def seed_poison_campaign(root: Path, case: Poison, *, publish: bool = True) -> tuple[Store, object, tuple[str, ...]]:
     """A campaign at ``root`` with published v0 (unless ``publish`` is False: tailer-only tests), ``GOOD_GROUPS``
     valid groups, then ``case``'s poison. Returns the store, the config and the group ids that must be skipped."""
-    from pipelines_lib.campaign import init_campaign
+    from pipelines_lib.stages.campaign import init_campaign
 
     config = _config()
     store = Store(str(root / "campaign"))
@@ -252,12 +264,11 @@ def check_poison_run(store: Store, poisoned: tuple[str, ...], audit_kind: str) -
     trained: list[str] = []
     skipped: set[str] = set()
     reasons: list[str] = []
-    for name in store.list("train/consumed"):
-        log = store.read_json(f"train/consumed/{name}")
-        trained += [g["group_id"] for g in log["groups"]]
-        for s in log["skipped"]:
-            skipped.update(s["groups"])
-            reasons.append(s["reason"])
+    for log in records.consumption_logs(store):
+        trained += [g.group_id for g in log.groups]
+        for s in log.skipped:
+            skipped.update(s.groups)
+            reasons.append(s.reason)
     if len(trained) != len(set(trained)):
         problems.append(f"groups trained twice: {sorted(g for g in set(trained) if trained.count(g) > 1)}")
     if set(poisoned) & set(trained):
@@ -274,7 +285,7 @@ def check_poison_run(store: Store, poisoned: tuple[str, ...], audit_kind: str) -
 
 
 def run_poison_case(case: Poison, root: Path) -> CaseOutcome:
-    from pipelines_lib.train.trainer import train
+    from pipelines_lib.stages.train import train
 
     t0 = time.perf_counter()
     try:
@@ -318,24 +329,23 @@ def run_pointer_case(name: str, root: Path) -> CaseOutcome:
 
     t0 = time.perf_counter()
     store = Store(str(root / "campaign"))
-    store.create_json(layout.CAMPAIGN_JSON, {"kind": "drill"})
+    _drill_manifest(store)
     (root / "outside.json").write_text('{"version": 3, "step": 1}')
     for v in range(3):
-        store.advance_pointer(layout.WEIGHTS_LATEST, {"version": v, "path": layout.weights_dir(v), "step": v})
+        _publication(v).advance(store)
     entries = store.local_path(f"{layout.WEIGHTS_LATEST}.d")
     assert entries is not None
     POINTER_JUNK[name](entries)
     problems = []
     try:
-        latest = store.read_pointer(layout.WEIGHTS_LATEST)
-        if latest is None or latest["version"] != 2:
+        latest = Publication.latest(store)
+        if latest is None or latest.version != 2:
             problems.append(f"LATEST read as {latest} with a junk entry beside v2")
-        if not store.advance_pointer(layout.WEIGHTS_LATEST, {"version": 3, "path": layout.weights_dir(3), "step": 3}) \
-                and name != "symlink_out":
+        if not _publication(3).advance(store) and name != "symlink_out":
             problems.append("advance_pointer to v3 did not take")
-        latest = store.read_pointer(layout.WEIGHTS_LATEST)
+        latest = Publication.latest(store)
         expected = 2 if name == "symlink_out" else 3  # that junk entry holds v3's name: v3 cannot be created
-        if latest is None or latest["version"] != expected:
+        if latest is None or latest.version != expected:
             problems.append(f"LATEST read as {latest} after advancing, expected v{expected}")
         report = audit_campaign(store)
         if "bad_pointer_entry" not in report.violation_counts:
@@ -370,9 +380,9 @@ def _cli(args: list[str], deadline_s: float = CLI_DEADLINE_S) -> tuple[int | Non
 def garbage_campaign(root: Path) -> Path:
     """A minimal campaign (one valid shard) with garbage wherever a name or line is parsed."""
     store = Store(str(root / "campaign"))
-    store.create_json(layout.CAMPAIGN_JSON, {"kind": "drill"})
+    _drill_manifest(store)
     _shard(store, _group("p0"), worker="w0", seq=0)
-    store.advance_pointer(layout.WEIGHTS_LATEST, {"version": 0, "path": layout.weights_dir(0), "step": 0})
+    _publication(0).advance(store)
     c = root / "campaign"
     for rel, text in (("eval/vXXXXXXXX.json", "{}"), ("eval/notes.json", "hello"), ("eval/v1.json", "{}"),
                       ("train/consumed/last.json", "{}"), ("train/consumed/0000001.json", "{"),
@@ -445,9 +455,9 @@ def run_fifo_cases(scratch: Path) -> list[CaseOutcome]:
     """Readers over special files named like campaign objects, each as a subprocess under a deadline."""
     root = scratch / "fifo"
     store = Store(str(root / "campaign"))
-    store.create_json(layout.CAMPAIGN_JSON, {"kind": "drill"})
+    _drill_manifest(store)
     _shard(store, _group("p0"), worker="w0", seq=0)
-    store.advance_pointer(layout.WEIGHTS_LATEST, {"version": 0, "path": layout.weights_dir(0), "step": 0})
+    _publication(0).advance(store)
     c = root / "campaign"
     os.mkfifo(c / layout.shard_path(0, "fifo", 0))
     os.mkfifo(c / f"{layout.WEIGHTS_LATEST}.d" / f"{1:012d}.json")

@@ -34,15 +34,18 @@ from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
-from pipelines_lib.campaign import published_versions
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import parse_yaml
+from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.init import init_campaign
 
-STAGE_ORDER = ("prep", "warm_start", "collect", "train", "evaluate", "audit")
+STAGE_ORDER = STAGE_NAMES
+"""The stage table's order (``pipelines_lib.stages.table``)."""
 EvalChoice = Literal["all", "ends"]
 
 
@@ -136,9 +139,8 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
         out["collect"] = [c.result() for c in collectors]
     if "evaluate" in stages:
-        evaluated = set(store.list("eval"))
-        todo = [v for v in versions_to_evaluate(published_versions(store), evaluate)
-                if f"v{v:08d}.json" not in evaluated]
+        evaluated = set(records.evaluated_versions(store))
+        todo = [v for v in versions_to_evaluate(records.published_versions(store), evaluate) if v not in evaluated]
         futures = {v: launcher.submit("evaluate", version=v) for v in todo}
         out["evaluate"] = {v: f.result() for v, f in futures.items()}
         if not launcher.use_deployments:  # a deployment's stage flow publishes its own table
@@ -220,15 +222,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
     """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
-    evals = {int(n[1:9]): store.read_json(f"eval/{n}") for n in store.list("eval") if n.endswith(".json")}
+    evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
              f"({audit.get('report')})"]
     if evals:
         first, last = min(evals), max(evals)
-        before, after = evals[first].get("greedy_success_rate", 0.0), evals[last].get("greedy_success_rate", 0.0)
+        before, after = evals[first].greedy_success_rate, evals[last].greedy_success_rate
         lines.append(f"held-out greedy success: v{first} {before:.1%} -> v{last} {after:.1%} "
                      f"({(after - before) * 100:+.1f} points); pass@k v{first} "
-                     f"{evals[first].get('pass@k') or 0.0:.1%} -> v{last} {evals[last].get('pass@k') or 0.0:.1%}")
+                     f"{evals[first].pass_at_k or 0.0:.1%} -> v{last} {evals[last].pass_at_k or 0.0:.1%}")
     lines += [
         f"campaign folder:  {store.url}",
         f"audit it:         .venv/bin/rollstream audit {store.url}",

@@ -23,12 +23,13 @@ from prefect import task
 from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
 
-from flows.resources import resources_for
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import RunRecord
 from pipelines_lib.settings import Settings
+from pipelines_lib.stages.table import STAGES, resources_for
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
-from tasks.common import open_store, run_record_path, stage_key
+from tasks.common import open_store, stage_key
 from tasks.evaluate import evaluate_version
 from tasks.prep import prep_dataset
 from tasks.train import train
@@ -36,7 +37,8 @@ from tasks.warm_start import warm_start
 
 STAGE_TASKS = {"prep": prep_dataset, "warm_start": warm_start, "collect": collect_rollouts, "train": train,
                "evaluate": evaluate_version, "audit": audit}
-DEPLOYMENTS = {stage: f"rollstream-{stage.replace('_', '-')}/{stage.replace('_', '-')}" for stage in STAGE_TASKS}
+"""Stage -> its Prefect task; the keys are the stage table's names (``tests/test_stage_table.py``)."""
+DEPLOYMENTS = {s.name: s.deployment for s in STAGES}
 """Stage -> ``<flow name>/<deployment name>`` as ``infra/prefect.yaml`` declares them."""
 
 
@@ -54,7 +56,10 @@ def run_stage_deployment(stage: str, key: str, parameters: dict[str, Any], job_v
         raise StageRunFailed(f"{key}: flow run {run.name} ({run.id}) of {DEPLOYMENTS[stage]} ended {state}: "
                              f"{run.state.message if run.state else ''}")
     store = open_store(parameters["campaign_url"], parameters.get("storage_options"), settings)
-    return store.read_json(run_record_path(key, str(run.id)))["manifest"]
+    manifest = RunRecord.read(store, key, str(run.id)).manifest
+    if manifest is None:
+        raise StageRunFailed(f"{key}: flow run {run.name} ({run.id}) completed without a manifest in its run record")
+    return manifest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import entry
 from flows.campaign import STAGE_ORDER, EvalChoice, run_stages
 from flows.launch import Launcher
-from pipelines_lib.campaign import campaign_status
+from pipelines_lib.stages.campaign import campaign_status
 from tasks.common import open_campaign
 
 

@@ -2,7 +2,7 @@
 
 Every stage flow reads the campaign's config from ``campaign.json``, so its parameters are only where the
 campaign is and which part of the stage to run. The accelerator stages (warm start, collect, train) hold a
-``gpu:<worker>`` global concurrency slot while they run (``flows.resources``); a missing limit does not
+``gpu:<worker>`` global concurrency slot while they run (``pipelines_lib.stages.resources``); a missing limit does not
 block (laptops have none), a limit of 1 per slot makes a second holder wait.
 """
 
@@ -14,9 +14,9 @@ from prefect import flow, get_run_logger
 from prefect.concurrency.sync import concurrency
 
 from flows import artifacts, entry
-from flows.resources import resources_for
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.settings import Settings
+from pipelines_lib.stages.table import resources_for, stage
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
 from tasks.common import open_campaign, open_store
@@ -33,20 +33,20 @@ def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None,
     return str(resources_for(stage, config, worker_index=worker_index).concurrency_key)
 
 
-@flow(name="rollstream-prep")
+@flow(name=stage("prep").flow_name)
 def prep_flow(campaign_url: str, storage_options: dict[str, Any] | None = None,
               source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     return prep_dataset(campaign_url, storage_options, source_storage_options, entry(campaign_url, storage_options))
 
 
-@flow(name="rollstream-warm-start")
+@flow(name=stage("warm_start").flow_name)
 def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
     with concurrency(_slot("warm_start", campaign_url, storage_options, settings), occupy=1):
         return warm_start(campaign_url, storage_options, settings)
 
 
-@flow(name="rollstream-collect")
+@flow(name=stage("collect").flow_name)
 def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1, target_groups: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
@@ -54,7 +54,7 @@ def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1,
         return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options, settings)
 
 
-@flow(name="rollstream-train")
+@flow(name=stage("train").flow_name)
 def train_flow(campaign_url: str, max_steps: int | None = None, storage_options: dict[str, Any] | None = None
                ) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
@@ -62,7 +62,7 @@ def train_flow(campaign_url: str, max_steps: int | None = None, storage_options:
         return train(campaign_url, max_steps, storage_options, settings)
 
 
-@flow(name="rollstream-evaluate")
+@flow(name=stage("evaluate").flow_name)
 def evaluate_flow(campaign_url: str, version: int | None = None, storage_options: dict[str, Any] | None = None
                   ) -> dict[str, Any]:
     """``version`` defaults to the latest published one."""
@@ -76,7 +76,7 @@ def evaluate_flow(campaign_url: str, version: int | None = None, storage_options
     return result
 
 
-@flow(name="rollstream-audit")
+@flow(name=stage("audit").flow_name)
 def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
     summary = audit(campaign_url, storage_options, settings)

@@ -82,7 +82,7 @@ class DistributedConfig:
 def initialize(cfg: DistributedConfig, *, process_id: int | None = None) -> None:
     """Join the process group ``cfg`` describes (``process_id`` overrides ``cfg.process_id``); a no-op for an
     empty config. Must run before anything initialises a JAX backend."""
-    if not cfg.multi_process:
+    if not cfg.multi_process or jax.distributed.is_initialized():
         return
     # CPU devices of different processes exchange data over gloo (TCP); accelerators use their own fabric.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

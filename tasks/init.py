@@ -6,9 +6,9 @@ from typing import Any
 
 from prefect import task
 
-from pipelines_lib.campaign import init_campaign as init_campaign_folder
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.settings import DEFAULTS, Settings
+from pipelines_lib.stages.campaign import init_campaign as init_campaign_folder
 from tasks.common import IO_RETRIES, IO_RETRY_DELAYS_S, open_store, retry_transient, stage_key, stage_run
 
 

@@ -23,13 +23,13 @@ import yaml
 
 from flows.campaign import campaign
 from flows.recover import recover
-from pipelines_lib.campaign import campaign_status
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.publish import published_marker
+from pipelines_lib.records import RunRecord
 from pipelines_lib.settings import Settings
+from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.layout import published_marker
 from pipelines_lib.storage.store import Store
-from tasks.common import run_record_path
 from tests.conftest import gcs_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0 and result["audit"]["bad_files"] == 0
     run_id = str(state.state_details.flow_run_id)
     for key in STAGE_KEYS:
-        assert store.read_json(run_record_path(key, run_id))["state"] == "completed", key
+        assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
     # A second run of the finished campaign does no stage work: every stage finds its marker.
     again = campaign(url, config_path=smoke_yaml, storage_options=options, poll_s=0.5)

@@ -100,7 +100,7 @@ def test_demo_writes_an_audited_campaign_where_asked(tmp_path, capsys) -> None:
 
 
 def test_every_subcommand_is_in_the_parser_and_names_are_unique() -> None:
-    assert {"audit", "export", "demo", "bench"} <= set(cli.SUBCOMMANDS)
+    assert {"audit", "export", "demo"} <= set(cli.SUBCOMMANDS) and {"bench", "drills"} <= set(cli.commands())
     parser = cli.build_parser()
     assert parser.parse_args(["demo"]).command == "demo"
     with pytest.raises(ValueError, match="registered twice"):
@@ -123,11 +123,11 @@ def test_export_weights_writes_a_published_version_as_an_hf_folder(local_store: 
     import numpy as np
     from flax import nnx
 
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.model.hf_import import load_hf_checkpoint
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.stages.campaign import init_campaign
 
     config = CampaignConfig.tiny()
     init_campaign(local_store, config)

@@ -54,10 +54,9 @@ def test_an_unknown_drill_is_refused_naming_the_choices(fake_drills: None) -> No
 
 
 def test_the_drills_subcommand_is_registered_on_the_cli() -> None:
-    import drills.cli  # noqa: F401 - registers the subcommand
-    from pipelines_lib.cli import SUBCOMMANDS, build_parser
+    from pipelines_lib.cli import build_parser, commands
 
-    assert "drills" in SUBCOMMANDS
+    assert "drills" in commands()  # through the rollstream.commands entry point
     args = build_parser().parse_args(["drills", "--quick", "--only", "fuzz"])
     assert args.quick and args.only == ["fuzz"]
 

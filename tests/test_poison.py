@@ -13,6 +13,8 @@ import pytest
 from drills import poison
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, SkippedShard
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError
 from pipelines_lib.storage.shards import (
@@ -32,10 +34,16 @@ from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem
 CASES = {c.name: c for c in poison.POISON}
 
 
+def _needs(config: CampaignConfig) -> TrainerNeeds:
+    """What the campaign's trainer requires of a group (as ``stages.train`` builds it)."""
+    return TrainerNeeds(group_size=config.rollout.group_size, max_tokens=config.trainer.seq_buckets[-1],
+                        vocab_size=config.model.vocab_size)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_tailer_skips_poison_with_a_reason_and_hands_out_each_group_once(tmp_path: Path, name: str) -> None:
     store, config, poisoned = poison.seed_poison_campaign(tmp_path, CASES[name], publish=False)
-    tailer = ShardTailer(store, needs=TrainerNeeds.of(config))
+    tailer = ShardTailer(store, needs=_needs(config))
     handed = [g.group_id for g in tailer.next_groups(100, min_version=0, max_version=1)]
     skipped = {g for e in tailer.drain_events() if e.kind == "skipped" and e.reason for g in e.groups}
     assert sorted(handed) == [f"g{i}@w0" for i in range(poison.GOOD_GROUPS)]  # every good group, once
@@ -51,10 +59,10 @@ def test_the_real_trainer_finishes_over_poison_and_logs_the_skip(tmp_path: Path,
 
 def test_a_skipped_group_is_in_the_cursor_so_a_resumed_tailer_does_not_skip_it_again(tmp_path: Path) -> None:
     store, config, poisoned = poison.seed_poison_campaign(tmp_path, CASES["group_size_differs"], publish=False)
-    first = ShardTailer(store, needs=TrainerNeeds.of(config))
+    first = ShardTailer(store, needs=_needs(config))
     first.next_groups(2, min_version=0, max_version=0)
     assert [e.groups for e in first.drain_events()] == [poisoned]
-    resumed = ShardTailer(store, needs=TrainerNeeds.of(config), cursor=TailCursor.from_json(first.cursor.to_json()))
+    resumed = ShardTailer(store, needs=_needs(config), cursor=TailCursor.from_json(first.cursor.to_json()))
     assert len(resumed.next_groups(100, min_version=0, max_version=1)) == poison.GOOD_GROUPS - 2
     assert resumed.drain_events() == [] and resumed.cursor.groups_skipped == 1
 
@@ -152,9 +160,10 @@ def test_lineage_counts_logged_skips_and_a_group_trained_from_two_shards() -> No
     committed = {(f"s{i}", "g"): CommittedGroup(version=0, prompt_id="p", row_start=0, row_end=4, usable=True)
                  for i in (1, 2)}
     committed[("s3", "h")] = CommittedGroup(version=0, prompt_id="p", row_start=0, row_end=4, usable=True)
-    log = {"step": 1, "trainer_version": 0,
-           "groups": [{"group_id": "g", "shard": s, "row_start": 0, "row_end": 4, "version": 0} for s in ("s1", "s2")],
-           "skipped": [{"shard": "s3", "groups": ["h"], "reason": "why"}]}
+    log = ConsumptionLog(step=1, trainer_version=0, created_at="t",
+                         groups=[ConsumedGroup(group_id="g", shard=s, row_start=0, row_end=4, version=0, staleness=0)
+                                 for s in ("s1", "s2")],
+                         skipped=[SkippedShard(shard="s3", groups=["h"], reason="why")])
     lineage, findings = reconcile(committed, [("train/consumed/00000001.json", log)], [])
     assert lineage is not None and (lineage.accounting.consumed, lineage.accounting.skipped) == (2, 1)
     assert [f.kind for f in findings] == ["consumed_twice"]
@@ -168,9 +177,8 @@ def test_poison_figures_count_cases_and_failures() -> None:
     assert figures["reliability.hangs"] == 1
 
 
-
 def test_status_ignores_names_no_stage_writes_and_lists_them(tmp_path: Path) -> None:
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
     poison.garbage_campaign(tmp_path)
     status = campaign_status(Store(str(tmp_path / "campaign")))

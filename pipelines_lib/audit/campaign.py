@@ -14,9 +14,10 @@ say "OK". One listing of the folder drives everything:
   folder, contiguous groups, content written under this shard's name (``untrainable_group``,
   ``interleaved_groups``, ``copied_shard``). The trainer's tailer skips exactly these.
 - anything whose name carries ``TEMP_MARKER``, anywhere: an orphaned temporary (a warning).
-- ``train/consumed/*.json`` and ``weights/LATEST.json.d/*.json``: handed to ``lineage.reconcile``; a pointer
-  entry whose name and content disagree is a ``bad_pointer_entry`` (readers skip it).
-- ``campaign.json`` and ``eval/v*.json``: reported as found.
+- consumption logs and the ``weights/LATEST`` pointer's entries, read as ``records``: handed to
+  ``lineage.reconcile``; one that does not read as its record is a finding, and so is a pointer entry whose name
+  and content disagree (``bad_pointer_entry``: readers skip it).
+- ``campaign.json`` and the evaluations: reported as found.
 
 Shards are fetched ``read_ahead`` at a time on a thread pool (a GCS audit is bound by request latency) and
 processed in name order, so the report does not depend on timing. ``progress`` gets a line every
@@ -26,21 +27,20 @@ processed in name order, so the report does not depend on timing. ``progress`` g
 from __future__ import annotations
 
 import itertools
-import json
-import re
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
 from pipelines_lib.audit.report import AuditReport, BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution, shard_figures
-from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication, Record, RecordError
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
 from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decode_shard, identity_problem
@@ -50,8 +50,7 @@ from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionErr
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs
 from pipelines_lib.trajectory.validate import validate_table
 
-_CONSUMED_RE = re.compile(r"^train/consumed/\d{8}\.json$")
-_EVAL_RE = re.compile(r"^eval/v\d{8}\.json$")
+R = TypeVar("R", bound=Record)
 _POINTER_ENTRIES = f"{layout.WEIGHTS_LATEST}.d/"
 
 
@@ -204,37 +203,56 @@ class _Accumulator:
         self.tool_errors.update(fig.tool_errors)
 
 
-def _json_objects(store: Store, paths: list[str], read_ahead: int, kind: str,
-                  findings: list[Finding]) -> list[tuple[str, Any]]:
-    """Parsed JSON of ``paths`` (in order); unparseable ones become findings of ``kind``."""
+def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
+             findings: list[Finding]) -> list[tuple[str, R]]:
+    """Records ``cls`` at ``paths`` (in order); unreadable or invalid ones become findings of ``kind``."""
     out = []
     for path, data in _prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError | NotAnObjectError):
-                raise ValueError(str(data))
-            out.append((path, json.loads(data)))
-        except ValueError as e:
-            findings.append(Finding(kind=kind, path=path, row=None, trajectory_id=None, message=f"not readable JSON: {e}"))
+                raise RecordError(str(data))
+            out.append((path, cls.from_bytes(data, where=path)))
+        except RecordError as e:
+            findings.append(Finding(kind=kind, path=path, row=None, trajectory_id=None, message=str(e)))
     return out
 
 
 def _campaign(store: Store, findings: list[Finding]) -> dict[str, Any] | None:
-    parsed = _json_objects(store, [layout.CAMPAIGN_JSON], 1, "bad_campaign_json", findings)
-    campaign = parsed[0][1] if parsed else None
-    if parsed and not isinstance(campaign, dict):
-        findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None,
-                                trajectory_id=None, message="campaign.json is not a JSON object"))
-        return None
-    return campaign
+    parsed = _records(store, [layout.CAMPAIGN_JSON], CampaignManifest, 1, "bad_campaign_json", findings)
+    return parsed[0][1].to_dict() if parsed else None
+
+
+def _pointer_entries(store: Store, paths: list[str], read_ahead: int, findings: list[Finding]) -> list[Publication]:
+    """The valid entries of the ``weights/LATEST`` pointer among ``paths``; any other object there (a stray name,
+    content that disagrees with its name, a non-record) is a ``bad_pointer_entry`` finding: readers skip it."""
+    entries = []
+    for path, data in _prefetch(store, paths, read_ahead):
+        try:
+            if isinstance(data, NotFoundError | NotAnObjectError):
+                raise RecordError(str(data))
+            entry = Publication.from_bytes(data, where=path)
+            problem = pointer_entry_problem(path.rsplit("/", 1)[-1], entry.to_dict())
+            if problem is not None:
+                raise RecordError(problem)
+            entries.append(entry)
+        except RecordError as e:
+            findings.append(Finding(kind="bad_pointer_entry", path=path, row=None, trajectory_id=None,
+                                    message=f"{e} (readers skip it)"))
+    return entries
 
 
 def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerNeeds | None:
-    """The trainer's needs from the config snapshot; None (trainer checks skipped) when it records none."""
-    if campaign is None or "config" not in campaign:
+    """The trainer's needs from the config snapshot (``CampaignConfig.to_dict()``: its rollout, trainer and model
+    sections); None (trainer checks skipped) for a folder that is not a training campaign (the synthetic demo) or
+    records no config."""
+    config = (campaign or {}).get("config")
+    if not config or campaign.get("kind") != "campaign":
         return None
     try:
-        return TrainerNeeds.of(CampaignConfig.from_mapping(campaign["config"]))
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        return TrainerNeeds(group_size=int(config["rollout"]["group_size"]),
+                            max_tokens=int(config["trainer"]["seq_buckets"][-1]),
+                            vocab_size=int(config["model"]["vocab_size"]))
+    except (TypeError, ValueError, KeyError, IndexError) as e:
         findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
                                 message=f"config does not load, trainer checks skipped: {e}"))
         return None
@@ -261,16 +279,9 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     campaign = _campaign(store, acc.findings)
     acc.needs = _needs(campaign, acc.findings)
     # Pointer entries first: the newest published version bounds the policy versions a shard may carry.
-    entries = []
-    for path, raw in _json_objects(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
-                                   "bad_pointer_entry", acc.findings):
-        problem = pointer_entry_problem(path.rsplit("/", 1)[-1], raw)
-        if problem is None and isinstance(raw.get("step"), int | None):
-            entries.append(raw)
-        else:
-            acc.findings.append(Finding(kind="bad_pointer_entry", path=path, row=None, trajectory_id=None,
-                                        message=f"{problem or 'step must be an integer'} (readers skip it)"))
-    acc.newest_version = max((int(e["version"]) for e in entries), default=None)
+    entries = _pointer_entries(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
+                               acc.findings)
+    acc.newest_version = max((e.version for e in entries), default=None)
 
     acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
                               "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
@@ -282,12 +293,12 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
             progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
 
     findings = acc.findings
-    consumed = [f for f in visible if f.startswith("train/consumed/")]
+    consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
+    log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
     findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
                          message="not a consumption log name (train/consumed/<step:08d>.json)")
-                 for f in consumed if not _CONSUMED_RE.match(f)]
-    logs = _json_objects(store, [f for f in consumed if _CONSUMED_RE.match(f)], read_ahead,
-                         "bad_consumption_log", findings)
+                 for f in consumed if f not in log_paths]
+    logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
 
@@ -315,6 +326,6 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         tool_errors=dict(tool_errors),
         lineage=lineage,
         campaign=campaign,
-        evals=tuple(f for f in visible if _EVAL_RE.match(f)),
+        evals=tuple(layout.eval_path(v) for v in records.evaluated_versions(store)),
         **dists,
     )

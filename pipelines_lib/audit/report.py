@@ -154,9 +154,12 @@ class AuditReport:
                        "safe to delete once no writer runs)")
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-ready values (what the audit stage keeps in ``records.AuditRecord``)."""
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        body = dataclasses.asdict(self)
-        return json.dumps({"ok": self.ok, "warnings": self.warnings, **body}, indent=2, default=str)
+        return json.dumps({"ok": self.ok, "warnings": self.warnings, **self.to_dict()}, indent=2, default=str)
 
     def render_text(self, *, max_rows: int = 20) -> str:
         out = [f"audit of {self.url}  ({self.audited_at}, {self.seconds:.1f} s)",
@@ -164,7 +167,7 @@ class AuditReport:
                f"{self.trajectories} trajectories, {self.groups} groups",
                f"schema versions: {_kv(self.schema_versions) or '-'}"]
         if self.campaign is not None:
-            out.append(f"campaign.json: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
+            out.append(f"campaign manifest: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
         out += ["", "per version:", _counts_table("version", self.by_version),
                 "", "per worker:", _counts_table("worker", self.by_worker)]
         out += ["", "distributions:", _table(

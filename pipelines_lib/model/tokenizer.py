@@ -341,3 +341,15 @@ def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
     if not getattr(hf, "chat_template", None):
         raise ValueError(f"tokenizer at {path} has no chat_template")
     return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))
+
+
+def tokenizer_dir(path: str | os.PathLike[str] | None, *, cache: str | os.PathLike[str] | None = None) -> Path:
+    """The tokenizer folder at ``path``, or the embedded default's when it is None (built on first use under
+    ``cache``, the process's cache folder: ``Settings.cache``; None: the repository's ``build/``)."""
+    return Path(path) if path is not None else ensure_default_tokenizer(default_tokenizer_dir(cache))
+
+
+def open_tokenizer(path: str | os.PathLike[str] | None, *, cache: str | os.PathLike[str] | None = None
+                   ) -> ChatTokenizer:
+    """The tokenizer at :func:`tokenizer_dir` ``(path, cache=cache)``."""
+    return load_tokenizer(tokenizer_dir(path, cache=cache))

@@ -34,7 +34,6 @@ bounded by the store's ``external_deadline_s`` (``Settings.orbax_deadline_s``, `
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import threading
 import time
@@ -51,30 +50,22 @@ from pipelines_lib.distributed import barrier, host_copy, is_writer
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.records import Publication
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.record import utc_now_iso
 
 HF_DIR = "hf"
 """Subfolder of a weights folder holding its Hugging Face checkpoint."""
-PUBLISHED = "PUBLISHED.json"
-"""Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
 
 
 class PublishError(ValueError):
     """A publish would give one version number two different sets of weights."""
 
 
-def published_marker(version: int) -> str:
-    return f"{weights_dir(version)}/{PUBLISHED}"
-
-
 def hf_dir(version: int) -> str:
     return f"{weights_dir(version)}/{HF_DIR}"
-
-
-def _utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
@@ -89,12 +80,11 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
     if step < 0:
         raise ValueError(f"publish_weights: step must be >= 0, got {step}")
     rel = weights_dir(version)
-    marker = published_marker(version)
     created = False
     # Several processes (a model spanning hosts): all of them call this; they save the Orbax item together,
     # process 0 alone writes everything else. The barriers keep them on one view of the folder.
     barrier(f"publish {rel}: look")
-    if not store.exists(marker):
+    if not Publication.is_published(store, version):
         if is_writer() and store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
         barrier(f"publish {rel}: save")
@@ -105,19 +95,18 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
             for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
                 store.create(f"{hf_dir(version)}/{name}", data)
             try:
-                store.create_json(marker, {"version": version, "path": rel, "step": step,
-                                           "published_at": _utc_now()})
+                Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
                 created = True
             except AlreadyExistsError:
                 pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
         barrier(f"publish {rel}: marked")
-    payload = store.read_json(marker)
-    if payload["step"] != step:
-        raise PublishError(f"{store.uri(rel)} is already published from step {payload['step']}; "
+    publication = Publication.read(store, version)
+    if publication.step != step:
+        raise PublishError(f"{store.uri(rel)} is already published from step {publication.step}; "
                            f"refusing to publish step {step} as the same version {version}")
     if is_writer():
-        store.advance_pointer(WEIGHTS_LATEST, payload)
-    return {**payload, "created": created}
+        publication.advance(store)
+    return {**publication.to_dict(), "created": created}
 
 
 def _host_split(model: Decoder) -> tuple[Any, ...]:
@@ -134,12 +123,12 @@ class CampaignWeights:
 
     def latest(self) -> int | None:
         """The newest published version, or None before the first publication."""
-        pointer = self.store.read_pointer(WEIGHTS_LATEST)
-        return None if pointer is None else int(pointer["version"])
+        latest = Publication.latest(self.store)
+        return None if latest is None else latest.version
 
     def load_model(self, version: int, mesh: Mesh | None = None) -> Decoder:
         """Version ``version`` as a decoder; with ``mesh``, sharded on it (``model.weights.load_weights``)."""
-        if not self.store.exists(published_marker(version)):
+        if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
         return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url, mesh))
@@ -159,7 +148,7 @@ class CampaignHFWeights(CampaignWeights):
     def load(self, version: int) -> Path:  # type: ignore[override] - an HF folder, not parameters
         """A local folder holding version ``version``'s HF checkpoint: the campaign's own when it is on local
         disk, else a copy downloaded once into ``cache_dir`` (complete before it is renamed into place)."""
-        if not self.store.exists(published_marker(version)):
+        if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         names = self.store.list(hf_dir(version))
         if "config.json" not in names:
@@ -245,7 +234,6 @@ def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: 
 
 __all__ = [
     "HF_DIR",
-    "PUBLISHED",
     "CampaignHFWeights",
     "CampaignWeights",
     "PublishError",
@@ -253,5 +241,4 @@ __all__ = [
     "load_published",
     "measure_pickup_latency",
     "publish_weights",
-    "published_marker",
 ]

@@ -363,7 +363,7 @@ class Store:
         if value < 0:
             raise ValueError(f"pointer {rel}: {key} must be >= 0, got {value}")
         try:
-            self.create_json(f"{rel}.d/{value:012d}.json", payload)
+            self.create_json(self.pointer_entry(rel, value), payload)
         except AlreadyExistsError:
             return False
         current = self.read_pointer(rel, key=key)
@@ -404,6 +404,16 @@ class Store:
         if rel not in self._reported:
             self._reported.add(rel)
             _log.warning("skipping pointer entry %s: %s", self.uri(rel), problem)
+
+    def pointer_keys(self, rel: str) -> list[int]:
+        """Every value pointer ``rel`` has been advanced to (by entry name; ``read_pointer`` also checks the
+        content), ascending."""
+        return sorted(int(m["value"]) for n in self.list(f"{rel}.d") if (m := _POINTER_ENTRY_RE.match(n)))
+
+    @staticmethod
+    def pointer_entry(rel: str, value: int) -> str:
+        """The object that recorded pointer ``rel`` moving to ``value``."""
+        return f"{rel}.d/{value:012d}.json"
 
     def _write_mirror(self, rel: str, payload: dict[str, Any]) -> None:
         data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
 
@@ -49,10 +50,10 @@ def read_records(store: Store, *, on_skip: Callable[[str], None] = _log.warning)
     """Every record of ``telemetry/*.jsonl``, by time. A line that does not parse into a record (a process killed
     mid-write leaves a truncated one) or an object that cannot be read is skipped and reported to ``on_skip``."""
     records = []
-    for name in store.list("telemetry"):
+    for name in store.list(layout.TELEMETRY):
         if not name.endswith(".jsonl"):
             continue
-        path = f"telemetry/{name}"
+        path = layout.telemetry_file(name)
         try:
             data = store.read(path)
         except (NotFoundError, NotAnObjectError) as e:

@@ -15,7 +15,6 @@ on one view of the folder (the same attempt folder, a marker written before anyo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -24,22 +23,9 @@ from flax import nnx
 
 from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
+from pipelines_lib.records import CheckpointMeta
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-
-COMMITTED = "COMMITTED"
-ROOT = "train/checkpoints"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointMeta:
-    step: int
-    version: int
-    """Latest policy version published by the trainer when this checkpoint was taken."""
-    cursor: str
-    """``TailCursor.to_json()`` after the step's groups."""
-    rng: list[int]
-    folder: str
 
 
 def _items(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
@@ -57,16 +43,15 @@ def save_checkpoint(
     optimizer: nnx.Optimizer,
 ) -> str:
     """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
-    base = layout.checkpoint_dir(step)
-    barrier(f"checkpoint {base}: look")
+    barrier(f"checkpoint {step}: look")
     attempt = 0
-    folder = base
-    while store.exists(f"{folder}/{COMMITTED}") or store.list(folder, include_hidden=True):
-        if store.exists(f"{folder}/{COMMITTED}"):
+    folder = layout.checkpoint_dir(step)
+    while store.exists(layout.checkpoint_committed(folder)) or store.list(folder, include_hidden=True):
+        if store.exists(layout.checkpoint_committed(folder)):
             return folder
         attempt += 1  # a crashed earlier save left a partial folder: never write into it
-        folder = f"{base}.{attempt}"
-    barrier(f"checkpoint {base}: save into {folder}")  # nobody writes before everybody has chosen
+        folder = layout.checkpoint_dir(step, attempt)
+    barrier(f"checkpoint {step}: save into {folder}")  # nobody writes before everybody has chosen
 
     def save() -> None:
         with ocp.StandardCheckpointer() as checkpointer:
@@ -74,16 +59,9 @@ def save_checkpoint(
 
     store.call_external("save checkpoint", f"{folder}/state", save)
     if is_writer():
-        store.create_json(
-            f"{folder}/meta.json",
-            {
-                "step": step,
-                "version": version,
-                "cursor": cursor,
-                "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
-            },
-        )
-        store.create(f"{folder}/{COMMITTED}", b"")
+        rng_data = [int(x) for x in jax.random.key_data(rng).ravel()]
+        CheckpointMeta(step=step, version=version, cursor=cursor, rng=rng_data).write(store, folder)
+        store.create(layout.checkpoint_committed(folder), b"")
     barrier(f"checkpoint {folder}: committed")
     return folder
 
@@ -91,14 +69,17 @@ def save_checkpoint(
 def committed_checkpoints(store: Store) -> list[str]:
     """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
     out = []
-    for name in store.list(ROOT):
-        if layout.parse_name("checkpoint", name) is not None and store.exists(f"{ROOT}/{name}/{COMMITTED}"):
-            out.append(f"{ROOT}/{name}")
-    return sorted(out, key=lambda f: layout.parse_name("checkpoint", f.rsplit("/", 1)[-1]) or 0)
+    for name in store.list(layout.CHECKPOINTS):
+        folder = f"{layout.CHECKPOINTS}/{name}"
+        if layout.checkpoint_step(name) is not None and store.exists(layout.checkpoint_committed(folder)):
+            out.append(folder)
+    return sorted(out, key=lambda f: layout.checkpoint_step(f) or 0)
 
 
-def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer) -> CheckpointMeta | None:
-    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; None if there is none."""
+def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer
+                   ) -> tuple[str, CheckpointMeta] | None:
+    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; returns its folder and meta,
+    or None if there is none."""
     folders = committed_checkpoints(store)
     if not folders:
         return None
@@ -111,14 +92,7 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
     restored = store.call_external("restore checkpoint", f"{folder}/state", restore)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
-    meta = store.read_json(f"{folder}/meta.json")
-    return CheckpointMeta(
-        step=int(meta["step"]),
-        version=int(meta["version"]),
-        cursor=meta["cursor"],
-        rng=list(meta["rng"]),
-        folder=folder,
-    )
+    return folder, CheckpointMeta.read(store, folder)
 
 
-__all__ = ["CheckpointMeta", "committed_checkpoints", "restore_latest", "save_checkpoint"]
+__all__ = ["committed_checkpoints", "restore_latest", "save_checkpoint"]

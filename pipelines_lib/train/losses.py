@@ -189,7 +189,7 @@ def _entropy_and_kl(x: LossInputs, mask_bt: jax.Array) -> tuple[dict[str, jax.Ar
 
 @register_loss("grpo")
 def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
-    """Clipped GRPO surrogate with decoupled off-policy correction (DESIGN §6).
+    """Clipped GRPO surrogate with decoupled off-policy correction (ARCHITECTURE §6).
 
     Per loss token, to be maximised (the returned loss is its negated weighted sum):
 

@@ -12,13 +12,9 @@ the same reasons as findings, so the two never disagree on what is trainable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-if TYPE_CHECKING:
-    from pipelines_lib.config import CampaignConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,10 +33,6 @@ class TrainerNeeds:
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerNeeds.{name} must be >= 1, got {getattr(self, name)}")
 
-    @classmethod
-    def of(cls, config: CampaignConfig) -> TrainerNeeds:
-        return cls(group_size=config.rollout.group_size, max_tokens=config.trainer.seq_buckets[-1],
-                   vocab_size=config.model.vocab_size)
 
 
 def group_runs(table: pa.Table) -> tuple[list[tuple[int, int, str]], str | None]:
