@@ -134,10 +134,10 @@ def free_port() -> int:
 def seed_multiprocess_campaign(folder: Path, *, steps: int, n_processes: int, mesh: dict[str, int]) -> str:
     """A campaign folder (config, shards, v0) whose trainer spans ``n_processes`` processes on 127.0.0.1."""
     from flax import nnx
-    from pipelines_lib.campaign import init_campaign
 
     from bench.trainer import write_shards
     from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.storage.store import Store
     from pipelines_lib.train.mesh import MeshConfig
 
@@ -198,9 +198,8 @@ def rel_diff(params: list[Any], reference: list[Any]) -> float:
 
 def part_reference(args: dict[str, Any]) -> dict[str, Any]:
     """The streaming trainer on one device over a copy of ``args["seed"]`` (its distributed section dropped)."""
-    from pipelines_lib.campaign import load_campaign_config
-
     from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.stages.campaign import load_campaign_config
     from pipelines_lib.stages.train import trainer_for
     from pipelines_lib.storage.store import Store
     from pipelines_lib.train.mesh import MeshConfig

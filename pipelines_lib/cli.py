@@ -241,7 +241,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 @subcommand("train", "run the train stage in this process: one process of a multi-host trainer, or the whole trainer",
             _train_args)
 def _train(args: argparse.Namespace) -> int:
-    from pipelines_lib.campaign import load_campaign_config
+    from pipelines_lib.stages.campaign import load_campaign_config
     from pipelines_lib.stages.train import train
 
     store = open_store(args, args.url)
