@@ -26,6 +26,9 @@ the same version from a *different* step is refused, so a version number never n
 A leftover without a marker is removed and written again: one trainer publishes a campaign's versions, so the
 only writer of an unmarked folder is a dead earlier attempt of this same publish.
 
+A model spanning several processes is published by all of them: each saves its own Orbax shards, the parameters
+are gathered to every host for the HF folder, and process 0 alone writes the HF files, the marker and the pointer.
+
 ``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
 emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
 or the save hangs. The entry points set that environment (``Settings.orbax_environment``). Every Orbax call is

@@ -25,6 +25,13 @@ state it came from.
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
 (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
+
+Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
+it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
+``distributed``), every process runs this same loop over the same shards: before each step they check that they
+agree on its groups and cursor (``distributed.agree``; a mismatch is an error, never a silent divergence), every
+process saves and restores its own checkpoint shards, and process 0 alone writes consumption logs, DONE,
+checkpoint markers, publications and the pointer.
 """
 
 from __future__ import annotations
