@@ -24,6 +24,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.realsize",
     "bench.replay",
     "bench.rollout",
+    "bench.scale",
     "bench.store",
     "bench.telemetry",
     "bench.trainer",

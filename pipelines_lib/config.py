@@ -10,7 +10,8 @@ CampaignConfig
 ├── rollout: RolloutConfig        group size, concurrency, η, sampling, shard flushing
 ├── trainer: TrainerConfig        streaming GRPO: batch, steps, checkpoint/publish cadence, loss, optimiser
 ├── sft: SFTConfig                warm start on demonstrations
-└── eval: EvalConfig              held-out evaluation of published versions
+├── eval: EvalConfig              held-out evaluation of published versions
+└── distributed: DistributedConfig   the process group of a multi-host stage (empty: one process)
 ```
 
 Each sub-config lives next to the code that uses it and validates itself; this module only composes
@@ -32,6 +33,7 @@ from typing import Any
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
 from pipelines_lib.dataset import DatasetConfig
+from pipelines_lib.distributed import DistributedConfig
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
@@ -64,6 +66,9 @@ class CampaignConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """How the processes of a multi-host stage find each other (``rollstream train --process-id``); empty: one
+    process."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:

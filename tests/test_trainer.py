@@ -33,12 +33,15 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ROOT = Path(__file__).resolve().parents[1]
+ONE_DEVICE = make_mesh(MeshConfig())
+"""Where optimizers are placed in tests that are not about meshes."""
 
 
 def small_config(**trainer) -> CampaignConfig:
@@ -218,7 +221,7 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     config = small_config()
     store = Store(str(tmp_path / "c"))
     model = Decoder(config.model, rngs=nnx.Rngs(0))
-    optimizer = make_nnx_optimizer(model, config.trainer.optim)
+    optimizer = make_nnx_optimizer(model, config.trainer.optim, ONE_DEVICE)
     assert restore_latest(store, model=model, optimizer=optimizer) is None
     nnx.update(optimizer, _perturbed(nnx.state(optimizer)))  # non-trivial optimiser state to restore
     saved = [np.asarray(x) for x in jax.tree.leaves((nnx.state(model, nnx.Param), nnx.state(optimizer)))]
@@ -230,7 +233,7 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     store.create("train/checkpoints/00000004/state/partial", b"half")
     assert committed_checkpoints(store) == ["train/checkpoints/00000002"]
     fresh_model = Decoder(config.model, rngs=nnx.Rngs(1))
-    fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim)
+    fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim, ONE_DEVICE)
     folder, meta = restore_latest(store, model=fresh_model, optimizer=fresh_opt)
     assert (meta.step, meta.version, meta.cursor, folder) == (2, 1, '{"c": 1}', "train/checkpoints/00000002")
     assert meta.rng == [int(x) for x in jax.random.key_data(rng).ravel()]
