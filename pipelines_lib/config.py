@@ -47,7 +47,7 @@ from pipelines_lib.train.step import StepConfig
 @dataclass(frozen=True, kw_only=True)
 class EnvSpec:
     name: str = "arithmetic"
-    """A key of the env registry (``arithmetic``, ``multihop``, ``code``)."""
+    """A key of the env registry (``arithmetic``, ``twostep``, ``multihop``, ``code``)."""
     tool_latency: LatencyProfile = field(default_factory=LatencyProfile.none)
     """Delay added to every tool call, to emulate slow external services."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -202,6 +202,24 @@ class CampaignConfig:
                           optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="constant", total_steps=250,
                                             weight_decay=0.01)),
             eval=EvalConfig(n_tasks=128, samples=4),
+        )
+
+    @classmethod
+    def twostep(cls) -> CampaignConfig:
+        """``tiny()`` on the ``twostep`` task: two calculator calls, the first result carried into the second.
+
+        Trajectories run to ~200 tokens (two calls, two results, the answer), so the engine, rollouts and
+        train batches use the tiny model's whole 256-token context.
+        """
+        tiny = cls.tiny()
+        return dataclasses.replace(
+            tiny,
+            dataset=dataclasses.replace(tiny.dataset, source="builtin:twostep", env_name="twostep"),
+            env=dataclasses.replace(tiny.env, name="twostep"),
+            engine=dataclasses.replace(tiny.engine, max_seq_len=256, prefill_buckets=(16, 64, 128, 256)),
+            rollout=dataclasses.replace(tiny.rollout, max_tokens=256),
+            trainer=dataclasses.replace(tiny.trainer, seq_buckets=(256,)),
+            sft=dataclasses.replace(tiny.sft, error_rate=0.5),
         )
 
     @classmethod
