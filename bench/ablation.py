@@ -36,6 +36,9 @@ QUICK_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 """``--quick`` runs the arms of the headline figures only."""
 COMMON: dict[str, object] = {"eval.samples": 1}
 """Only greedy success is reported: one sampled attempt keeps the per-version evaluations short."""
+FULL: dict[str, object] = {"trainer.max_steps": 16, "eval.n_tasks": 64}
+"""16 trainer steps (8 versions: room for η = 8) and 64 held-out tasks per version: seven arms, each with every
+version evaluated, fit in about 50 minutes on 2 shared cores (the preset's 30 steps and 128 tasks would take 90)."""
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_max", "dropped_stale_share", "mismatch_mean",
             "behav_prox_kl_mean", "tis_capped_frac_mean")
@@ -94,13 +97,13 @@ def plot_curves(path: Path, curves: Mapping[str, list[tuple[int, float, float]]]
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file: "
            "`CampaignConfig.twostep()` with one sampled eval attempt), each `init_from` one SFT warm start made once; "
            "every published version evaluated after its arm's command (untimed). Uncorrected arms set "
-           "`trainer.step.loss.correction=none`. `--quick`: sync, η = 4 and η = 4 uncorrected, 4 trainer steps, "
+           "`trainer.step.loss.correction=none`. Full: 16 trainer steps, 64 held-out tasks; `--quick`: sync, η = 4 and η = 4 uncorrected, 4 trainer steps, "
            "16 held-out tasks (a smoke run: the success figures are noise).",
     goals=(Goal(key="ablation.eta4_gap_pts", op="<=", value=3.0, why="η = 4 with correction within 3 points of sync"),
            Goal(key="ablation.eta4_over_sync_wallclock", op="<=", value=0.5, why="in at most half its wall clock")),
 )
 def ablation(ctx: BenchContext) -> BenchResult:
-    shared = CampaignConfig.twostep().with_overrides({**COMMON, **(QUICK if ctx.quick else {})})
+    shared = CampaignConfig.twostep().with_overrides({**COMMON, **(QUICK if ctx.quick else FULL)})
     arm_names = QUICK_ARMS if ctx.quick else ARMS
     run = run_arm_set(ctx, "ablation", shared, arm_names)
     curves = {}

@@ -219,7 +219,8 @@ class CampaignConfig:
             engine=dataclasses.replace(tiny.engine, max_seq_len=256, prefill_buckets=(16, 64, 128, 256)),
             rollout=dataclasses.replace(tiny.rollout, max_tokens=256),
             trainer=dataclasses.replace(tiny.trainer, seq_buckets=(256,)),
-            sft=dataclasses.replace(tiny.sft, error_rate=0.5),
+            sft=dataclasses.replace(tiny.sft, steps=200, error_rate=0.6,
+                                    optim=dataclasses.replace(tiny.sft.optim, total_steps=200)),
         )
 
     @classmethod

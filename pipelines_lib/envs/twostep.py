@@ -46,8 +46,8 @@ _INTEGER_RE = re.compile(r"-?\d+")
 
 @dataclass(frozen=True, kw_only=True)
 class TwoStepConfig:
-    operand_digits: int = 2
-    """Digits of every operand (2 -> 10..99)."""
+    operand_digits: int = 1
+    """Digits of every operand (1 -> 1..9, 2 -> 10..99)."""
     first_ops: str = "+*"
     """Operators of the first step (a subset of ``+*``: the carried number stays positive)."""
     second_ops: str = "+-"
@@ -56,7 +56,7 @@ class TwoStepConfig:
     """Share of the task space (by expression) reserved for the held-out split."""
     max_turns: int = 4
     """Assistant messages per episode: two tool calls and the answer, plus one spare."""
-    mistakes: tuple[str, ...] = ("stop_early",)
+    mistakes: tuple[str, ...] = MISTAKES
     """Kinds of flawed demonstration drawn from (see :data:`MISTAKES`)."""
 
     def __post_init__(self) -> None:
