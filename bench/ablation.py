@@ -27,8 +27,9 @@ from pathlib import Path
 from bench.campaign_arms import NO_CORRECTION, run_arm_set
 from bench.learning import version_evals
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.storage import layout
+from pipelines_lib.records import DoneMarker
 from pipelines_lib.storage.store import Store
 
 ARMS = ("sync", "eta1", "eta2", "eta4", "eta8", f"eta4{NO_CORRECTION}", f"eta8{NO_CORRECTION}")
@@ -46,8 +47,7 @@ ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_max", "dropp
 
 def mismatch_figures(store: Store) -> dict[str, float]:
     """Step means of the mismatch metrics the trainer logged in ``train/consumed/`` (DESIGN §6)."""
-    logs = [store.read_json(f"train/consumed/{n}")["metrics"] for n in store.list("train/consumed")
-            if n.endswith(".json")]
+    logs = [log.metrics for log in records.consumption_logs(store)]
 
     def mean(key: str) -> float:
         return sum(m[key] for m in logs) / len(logs)
@@ -58,8 +58,8 @@ def mismatch_figures(store: Store) -> dict[str, float]:
 
 def success_curve(ctx: BenchContext, store: Store) -> list[tuple[int, float, float]]:
     """(trainer step, seconds since the trainer started, held-out greedy success) per published version."""
-    done = store.read_json(layout.TRAIN_DONE)
-    started = dt.datetime.fromisoformat(done["finished_at"]).timestamp() - float(done["wall_s"])
+    done = DoneMarker.read(store)
+    started = dt.datetime.fromisoformat(done.finished_at).timestamp() - done.wall_s
     evals = version_evals(ctx, store)
     return [(int(e["step"]), max(0.0, e["published_at"] - started), e["greedy"]) for _, e in sorted(evals.items())]
 

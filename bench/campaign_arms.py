@@ -90,10 +90,11 @@ from typing import Any
 import yaml
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import to_mapping
 from pipelines_lib.envs.tools.latency import LatencyProfile
-from pipelines_lib.storage import layout
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, EvalResult
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import read_records, summarize
@@ -151,15 +152,15 @@ def nearest_rank(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def consumption_figures(logs: Sequence[Mapping[str, Any]],
-                        rewards_of: Callable[[Mapping[str, Any]], Sequence[float]]) -> dict[str, float]:
+def consumption_figures(logs: Sequence[ConsumptionLog],
+                        rewards_of: Callable[[ConsumedGroup], Sequence[float]]) -> dict[str, float]:
     """Figures of the trainer's consumption logs (one per step, in step order); ``rewards_of(group entry)``
     gives a trained group's rewards (read from its shard rows)."""
-    trained = [g for log in logs for g in log["groups"]]
-    staleness = [g["staleness"] for g in trained]
+    trained = [g for log in logs for g in log.groups]
+    staleness = [g.staleness for g in trained]
     useful = [g for g in trained if len(set(rewards_of(g))) > 1]
-    dropped = sum(len(e["groups"]) for log in logs for e in log["dropped_stale"])
-    skipped = sum(len(log["skipped_zero_advantage"]) for log in logs)
+    dropped = sum(len(e.groups) for log in logs for e in log.dropped_stale)
+    skipped = sum(len(log.skipped_zero_advantage) for log in logs)
     return {
         "steps": len(logs),
         "groups_trained": len(trained),
@@ -199,36 +200,36 @@ def _iso_s(text: str) -> float:
 def arm_figures(store: Store) -> tuple[dict[str, float], list[tuple[float, float]]]:
     """Every figure of one finished arm's campaign folder, and its reward curve: (seconds since the trainer
     started, mean reward of the step's batch) per step."""
-    logs = [store.read_json(f"train/consumed/{n}") for n in store.list("train/consumed") if n.endswith(".json")]
+    logs = records.consumption_logs(store)
     tables: dict[str, Any] = {}
 
-    def rewards_of(g: Mapping[str, Any]) -> list[float]:
-        if g["shard"] not in tables:
-            tables[g["shard"]] = read_shard(store, g["shard"], validate=False)[0]
-        part = tables[g["shard"]].slice(g["row_start"], g["row_end"] - g["row_start"])
+    def rewards_of(g: ConsumedGroup) -> list[float]:
+        if g.shard not in tables:
+            tables[g.shard] = read_shard(store, g.shard, validate=False)[0]
+        part = tables[g.shard].slice(g.row_start, g.row_end - g.row_start)
         return part.column("reward").to_pylist()
 
-    done = store.read_json(layout.TRAIN_DONE)
-    wall = float(done["wall_s"])
-    evals = {int(n[1:9]): store.read_json(f"eval/{n}") for n in store.list("eval") if n.endswith(".json")}
+    done = DoneMarker.read(store)
+    wall = done.wall_s
+    evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     c = consumption_figures(logs, rewards_of)
-    records = read_records(store)
-    t = telemetry_figures(summarize(records))
-    step_s = median_step_s(records)
+    spans = read_records(store)
+    t = telemetry_figures(summarize(spans))
+    step_s = median_step_s(spans)
     figures = {
         **c, **t,
         **({"train_step_s": step_s} if step_s is not None else {}),
         "wall_s": wall,
         "traj_per_hour": t["trajectories"] / wall * 3600,
         "useful_samples_per_hour": c["useful_samples"] / wall * 3600,
-        "trainer_idle_fraction": float(done["idle_s"]) / wall,
-        "v0_success": evals[min(evals)]["greedy_success_rate"],
-        "final_success": evals[max(evals)]["greedy_success_rate"],
+        "trainer_idle_fraction": done.idle_s / wall,
+        "v0_success": evals[min(evals)].greedy_success_rate,
+        "final_success": evals[max(evals)].greedy_success_rate,
         "final_version": max(evals),
-        "failed_stage_runs": sum("-failed-" in n for n in store.list("runs")),
+        "failed_stage_runs": sum(r.state == "failed" for r in records.run_records(store)),
     }
-    started = _iso_s(done["finished_at"]) - wall
-    curve = [(_iso_s(log["created_at"]) - started, float(log["mean_reward"])) for log in logs]
+    started = _iso_s(done.finished_at) - wall
+    curve = [(_iso_s(log.created_at) - started, log.mean_reward) for log in logs if log.mean_reward is not None]
     return figures, curve
 
 
@@ -303,7 +304,7 @@ class ArmSet:
 
 def run_arm_set(ctx: BenchContext, name: str, shared: CampaignConfig, arm_names: Sequence[str]) -> ArmSet:
     """One warm start of ``shared``, then each arm's campaign command in turn from it (module docstring)."""
-    from pipelines_lib.train.sft import warm_start
+    from pipelines_lib.stages.warm_start import warm_start
 
     config_path = ctx.scratch / "arms.yaml"
     config_path.write_text(yaml.safe_dump(shared.to_dict()))

@@ -58,7 +58,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
              "steps) over static mode (a batch is admitted only when every slot is free, prefills together, "
              "decodes until its longest request finishes and returns together), on the same requests with "
              "agent-like skewed completion lengths (headline) and with uniform ones (`engine.uniform_*`); and "
-             "the ceiling: tokens/s with every slot busy for the whole window (DESIGN §7).",
+             "the ceiling: tokens/s with every slot busy for the whole window (ARCHITECTURE §7).",
     method=f"`bench.engine_runs.measure_continuous_vs_static`: tiny model (random init, `ModelConfig.tiny()`), "
            f"{ENGINE.num_slots} slots, KV cache {ENGINE.max_seq_len}, prefill buckets {ENGINE.prefill_buckets} "
            "(every prompt prefills in one call). Agent mix (`LengthMix.agent()`): "

@@ -15,7 +15,7 @@ once (zero tool latency):
 
 * ``continuous`` / ``static``: each set in each ``EngineConfig.mode``; tokens/s = generated tokens /
   wall time until the last completion.
-* ceiling (DESIGN §7, for one set): equal requests, all of the set's longest prompt and completion, in
+* ceiling (ARCHITECTURE §7, for one set): equal requests, all of the set's longest prompt and completion, in
   whole waves of ``num_slots`` and at least as many tokens as the set, so every slot is busy at every
   decode step; the engine's tokens/s with all slots full.
 

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
-from pipelines_lib.campaign import load_campaign_config, published_versions
-from pipelines_lib.evaluate import evaluate
+from pipelines_lib import records
+from pipelines_lib.records import EvalResult, Publication
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.store import Store
 
 QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_steps=4", "eval.n_tasks=16",
@@ -49,21 +51,21 @@ def version_evals(ctx: BenchContext, store: Store) -> dict[int, dict[str, float]
     (seconds since the epoch)."""
     config = load_campaign_config(store)
     out = {}
-    for version in published_versions(store):
+    for version in records.published_versions(store):
         ctx.progress(f"{store.url}: evaluating v{version} (untimed)")
-        report = evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
-        pointer = store.read_json(f"weights/LATEST.json.d/{version:012d}.json")
-        out[version] = {"step": int(pointer.get("step", 0)), "greedy": float(report["greedy_success_rate"]),
-                        "pass_at_k": float(report["pass@k"]),
-                        "published_at": dt.datetime.fromisoformat(pointer["published_at"]).timestamp(),
-                        **({"format": report["greedy"]["format_rate"]} if "format_rate" in report["greedy"] else {})}
+        evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
+        report, publication = EvalResult.read(store, version), Publication.entry(store, version)
+        out[version] = {"step": publication.step, "greedy": report.greedy_success_rate,
+                        "pass_at_k": report.pass_at_k or 0.0,
+                        "published_at": dt.datetime.fromisoformat(publication.published_at).timestamp(),
+                        **({"format": report.greedy["format_rate"]} if "format_rate" in report.greedy else {})}
     return out
 
 
 def reward_curve(store: Store) -> tuple[list[int], list[float]]:
     """Trainer step and mean reward of the groups it trained on, per step (``train/consumed/*.json``)."""
-    logs = [store.read_json(f"train/consumed/{name}") for name in store.list("train/consumed")]
-    return [int(log["step"]) for log in logs], [float(log["mean_reward"]) for log in logs]
+    logs = [log for log in records.consumption_logs(store) if log.mean_reward is not None]
+    return [log.step for log in logs], [float(log.mean_reward) for log in logs]
 
 
 def plot_learning(path: Path, steps: list[int], rewards: list[float], evals: dict[int, dict[str, float]],

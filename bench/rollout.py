@@ -5,7 +5,7 @@ every arm, the same arithmetic tasks in the same order, the same per-sample samp
 per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
 
 ```
-ceiling            async, max_concurrency 96, no tool latency    (DESIGN §7: every slot kept full)
+ceiling            async, max_concurrency 96, no tool latency    (ARCHITECTURE §7: every slot kept full)
 <profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
                                                                   the next starts after its slowest episode)
 <profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)
@@ -79,9 +79,9 @@ from pipelines_lib.envs.coding import CodeConfig, CodeEnv
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer, open_tokenizer
 from pipelines_lib.rollout.collect import worker_tasks
-from pipelines_lib.rollout.episodes import campaign_tokenizer, sample_seed
+from pipelines_lib.rollout.episodes import sample_seed
 from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator, RolloutConfig
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
@@ -265,7 +265,7 @@ async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[d
     """Every repetition runs the ceiling, then sync and async per profile, on one engine; returns the
     repetitions (arm name -> result) and K."""
     config = CampaignConfig.tiny()
-    tokenizer = campaign_tokenizer(config)
+    tokenizer = open_tokenizer(config.tokenizer)
     model = Decoder(config.model, rngs=nnx.Rngs(config.seed))
     size = QUICK if quick else FULL
     slots, skip = config.engine.num_slots, size["skip"]

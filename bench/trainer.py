@@ -36,13 +36,14 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, measure_pickup_latency, publish_weights
-from pipelines_lib.storage import layout
+from pipelines_lib.records import ConsumptionLog
+from pipelines_lib.stages.train import trainer_for
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
-from pipelines_lib.train.trainer import StreamingTrainer, batch_from_groups
+from pipelines_lib.train.trainer import StreamingTrainer
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 QUICK = {"repeats": 2, "steps": 1}
@@ -74,9 +75,8 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     """(batch, loss tokens) of each step the trainer logged, rebuilt from the shard rows its log names."""
     out = []
     for step in steps:
-        entry = trainer.store.read_json(layout.consumed_log(step))
-        batch, _, n_tokens = batch_from_groups([trainer.reload_group(g) for g in entry["groups"]], trainer.config,
-                                                trainer.pad_id)
+        entry = ConsumptionLog.read(trainer.store, step)
+        batch, n_tokens = trainer.batch([trainer.reload_group(g) for g in entry.groups])
         out.append((batch, n_tokens))
     return out
 
@@ -125,7 +125,7 @@ def bench_trainer(ctx: BenchContext) -> BenchResult:
     # About 1/8 of random-reward groups of 4 are all-equal and skipped; 1.5x leaves a wide margin.
     write_shards(store, config, n_groups=int(1.5 * steps_total * config.trainer.batch_groups) + 16)
 
-    trainer = StreamingTrainer(store, config, log=lambda line: None)
+    trainer = trainer_for(store, config, log=lambda line: None)
     trainer.run(max_steps=1)
     bare_model, _ = load_published(store, 0)
     bare_optimizer = make_nnx_optimizer(bare_model, config.trainer.optim)

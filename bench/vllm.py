@@ -36,9 +36,8 @@ from pipelines_lib.engine.vllm_engine import VllmEngine
 from pipelines_lib.envs.arithmetic import ArithmeticEnv
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import save_hf_checkpoint
-from pipelines_lib.model.tokenizer import load_tokenizer
+from pipelines_lib.model.tokenizer import load_tokenizer, tokenizer_dir
 from pipelines_lib.rollout.collect import worker_tasks
-from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
 from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
@@ -105,10 +104,10 @@ def _mismatch(model: Decoder, trajectories: list[Trajectory]) -> float:
 async def _run(ctx: BenchContext) -> tuple[dict[str, float], list[dict[str, Any]]]:
     size = QUICK if ctx.quick else FULL
     config = CampaignConfig.tiny()
-    tokenizer_dir = campaign_tokenizer_dir(config)
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tok_dir = tokenizer_dir(config.tokenizer)
+    tokenizer = load_tokenizer(tok_dir)
     models = [Decoder(config.model, rngs=nnx.Rngs(seed)) for seed in (0, 1)]
-    folders = [save_hf_checkpoint(m, ctx.scratch / f"v{i}", tokenizer_dir=tokenizer_dir) for i, m in enumerate(models)]
+    folders = [save_hf_checkpoint(m, ctx.scratch / f"v{i}", tokenizer_dir=tok_dir) for i, m in enumerate(models)]
     tasks = ArithmeticEnv.generate_tasks(seed=config.seed, n=64, split="train")
     engine_config = dataclasses.replace(config.engine, num_slots=SLOTS)
     figures: dict[str, float] = {}

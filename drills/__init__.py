@@ -4,6 +4,8 @@
 - ``sandbox_escapes``: a catalogue of escape attempts against the sandboxed Python tool.
 - ``secrets``: planted fake credentials must not reach any output of the stages.
 - ``faultproxy`` + ``storage_faults``: a fault-injecting HTTP proxy before a GCS-API server, and a store workload.
+- ``blackhole`` + ``bounds``: a storage endpoint that never answers, parser floods and hostile configs, each case a
+  process under a deadline (``hangs``, ``cli_tracebacks``).
 - ``supervisor``: ``KillDrill``, start / SIGKILL / restart one stage subprocess; ``partial_visible``.
 - ``kills``: SIGKILL the trainer (also mid-publish), a rollout worker or the evaluator at random moments and
   account for every group, weights version and eval file.

@@ -1,14 +1,13 @@
 """The ``rollstream drills`` subcommand: its arguments (``add_arguments``) and what it runs (``run``).
 
-``pipelines_lib.cli`` registers it next to its own subcommands. This module does not import ``pipelines_lib.cli``:
-under ``python -m pipelines_lib.cli`` that module runs as ``__main__``, and a registration made from here would land
-in a second copy of it, not in the parser that runs. Exit code 1 when a figure shows a problem.
+Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``); the
+library never imports it, and it does not import ``pipelines_lib.cli`` (under ``python -m pipelines_lib.cli`` that
+module runs as ``__main__``, so an import from here would be a second copy of it). Exit code 1 when a figure shows a problem.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -17,19 +16,17 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, SIGKILLs"
+HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (1-2 minutes); RELIABILITY.md is left as is")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
-                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, kills")
+                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and RELIABILITY.md")
 
 
 def run(args: argparse.Namespace) -> int:
-    # gcsfs's zonal-bucket probe stalls against the emulator the fault drill starts (README, GCS notes).
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     from drills.runner import run_drills
     from drills.storage_faults import FAULT_FAILURES
 
@@ -37,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     for key, value in sorted(figures.items()):
         print(f"{key} = {value:.4g}")
     bad = [k for k in ("reliability.fuzz_crashes", "reliability.sandbox_escapes", "reliability.secret_leaks",
-                       "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible")
+                       "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible",
+                       "reliability.hangs", "reliability.cli_tracebacks", "reliability.bounds_failed",
+                       "reliability.trainer_poison_crashes", "reliability.pointer_regressions")
            if figures.get(k, 0) > 0]
     bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
     bad += [k for k in ("reliability.trainer_bit_identical", "reliability.evaluator_results_identical")

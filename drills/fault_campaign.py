@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from drills.faultproxy import FaultPlan, FaultProxy
+from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
 
@@ -146,7 +147,7 @@ class CampaignResult:
 
 def _audit(emulator_url: str, url: str) -> tuple[bool, str, dict[str, Any]]:
     from pipelines_lib.audit import audit_campaign
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
     store = Store(url, storage_options=drill_storage_options(emulator_url))
     try:
@@ -183,17 +184,19 @@ def run_fault_campaign(emulator_url: str, scratch: Path, *, plan: FaultPlan | No
 
 
 _STAGES_SCRIPT = """
-import json, sys, threading
-from pipelines_lib.campaign import init_campaign
+import json, os, sys, threading
+from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.collect import collect
+from pipelines_lib.settings import Settings
 from pipelines_lib.storage.store import RetryPolicy, Store
-from pipelines_lib.train.sft import warm_start
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.warm_start import warm_start
+from pipelines_lib.stages.train import train
 
 url, options, retry, overrides = sys.argv[1], *map(json.loads, sys.argv[2:5])
-store = Store(url, storage_options=options, retry=RetryPolicy(**retry))
+settings = Settings.from_env(os.environ)  # a stage process is an entry point: ROLLSTREAM_ORBAX_DEADLINE_S
+store = Store(url, storage_options=options, retry=RetryPolicy(**retry), external_deadline_s=settings.orbax_deadline_s)
 config = CampaignConfig.tiny().with_overrides(overrides)
 failed = []
 
@@ -206,9 +209,9 @@ def stage(name, fn):
         failed.append(name)
 
 stage("prep", lambda: (init_campaign(store, config), prep(store, config.dataset)))
-stage("warm_start", lambda: warm_start(store, config, log=print))
+stage("warm_start", lambda: warm_start(store, config, cache=settings.cache, log=print))
 worker = threading.Thread(target=stage, args=("collect", lambda: collect(
-    store, config, worker="rollout0", worker_index=0, num_workers=1, log=print)), daemon=True)
+    store, config, worker="rollout0", worker_index=0, num_workers=1, cache=settings.cache, log=print)), daemon=True)
 worker.start()
 stage("train", lambda: train(store, config, log=print))
 worker.join(float(sys.argv[5]))
@@ -289,7 +292,7 @@ def run_outage_campaign(emulator_url: str, scratch: Path, *, retry: RetryPolicy 
         env = _stage_env(proxy.url, scratch)
 
         def outage_after_step_1(proc: subprocess.Popen[bytes]) -> None:
-            if not opened and direct.exists("train/consumed/00000001.json"):
+            if not opened and ConsumptionLog.exists(direct, 1):
                 proxy.outage(True)
                 opened.append(time.monotonic())
             elif opened and time.monotonic() - opened[0] > hang_after_s:

@@ -6,9 +6,9 @@ not import hypothesis) with a ``check`` that states the entry point's contract a
 
 | target | entry point | contract |
 |---|---|---|
-| ``parsers`` | every ``PARSER_REGISTRY`` parser | never raises; errors are known kinds with a message; calls name offered tools with object arguments |
+| ``parsers`` | every ``PARSER_REGISTRY`` parser | never raises (huge JSON integers, floods of calls and unclosed tags included); errors are known kinds with a message; calls name offered tools with object arguments; at most ``max_calls + 2`` results |
 | ``calculator`` | ``Calculator`` tool, ``evaluate`` | a number or ``ToolError`` with a message, within ``CASE_TIME_S`` |
-| ``config`` | ``CampaignConfig.from_yaml`` | only ``ConfigError``, naming the file and the offending dotted key; "did you mean" for typos |
+| ``config`` | ``CampaignConfig.from_yaml`` | a bad config never loads: only ``ConfigError``, naming the file and the offending dotted key; "did you mean" for typos; aliases, duplicate keys, non-UTF-8 refused |
 | ``shards`` | ``decode_shard`` and ``ShardTailer`` | only ``ShardError`` naming the shard; the tailer never raises, it records a ``skipped`` event |
 | ``dataset`` | ``dataset.prep`` with a file source | only ``DatasetError`` naming the file |
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipelines_lib.storage import layout
 
 CASE_TIME_S = 1.0
 """Longest a single calculator case may take (the calculator promises microseconds; 1 s leaves room for a
@@ -42,7 +45,7 @@ TOOLS: dict[str, dict[str, Any]] = {
 }
 """Tools offered to the parsers: one permissive schema, one strict."""
 
-SHARD_WHERE = "trajectories/v00000000/fuzz.0-00000000.arrow"
+SHARD_WHERE = layout.shard_path(0, "fuzz.0", 0)
 
 
 class ContractViolation(AssertionError):
@@ -57,7 +60,14 @@ def _require(cond: bool, message: str) -> None:
 # -- checks ---------------------------------------------------------------------------------------------
 
 def check_parsers(text: str) -> None:
-    from pipelines_lib.agents.parsers import ERROR_KINDS, PARSER_REGISTRY, ParseResult, ToolCall, make_parser
+    from pipelines_lib.agents.parsers import (
+        ERROR_KINDS,
+        PARSER_REGISTRY,
+        ParseResult,
+        ParserLimits,
+        ToolCall,
+        make_parser,
+    )
 
     for name in {cls: name for name, cls in PARSER_REGISTRY.items()}.values():  # aliases share a class
         result = make_parser(name).parse(text, TOOLS)
@@ -67,6 +77,9 @@ def check_parsers(text: str) -> None:
                      f"{name}: accepted an invalid call {call!r}")
         for err in result.errors:
             _require(err.kind in ERROR_KINDS and bool(err.message.strip()), f"{name}: unclear error {err!r}")
+        limit = ParserLimits().max_calls
+        _require(len(result.tool_calls) + len(result.errors) <= limit + 2,
+                 f"{name}: {len(result.tool_calls)} calls and {len(result.errors)} errors (bound {limit + 2})")
 
 
 def check_calculator(case: str | dict[str, Any]) -> None:
@@ -93,6 +106,10 @@ class ConfigCase:
     """Dotted key that was mutated."""
     typo_of: str | None = None
     """For a misspelt key: the real key the "did you mean" must propose."""
+    bad: bool = True
+    """The config must be refused (False only for free-form text, which may happen to be a valid config)."""
+    data: bytes | None = None
+    """The file's bytes when they are not UTF-8 text (``text`` then describes them)."""
 
 
 def check_config(case: ConfigCase) -> None:
@@ -100,9 +117,10 @@ def check_config(case: ConfigCase) -> None:
 
     with tempfile.TemporaryDirectory(prefix="rollstream-fuzz-") as d:
         path = Path(d) / "campaign.yaml"
-        path.write_text(case.text)
+        path.write_bytes(case.data if case.data is not None else case.text.encode())
         try:
             CampaignConfig.from_yaml(path)
+            _require(not case.bad, f"a bad config loaded: {case.text[:200]!r}")
         except ConfigError as e:
             msg = str(e)
             _require(str(path) in msg, f"error does not name the file: {msg!r}")
@@ -133,7 +151,12 @@ def check_shard(data: bytes) -> None:
         groups = tailer.next_groups(10_000, min_version=0, max_version=0)
         events = tailer.drain_events()
         if readable:
-            _require(bool(groups) or table.num_rows == 0, "a readable shard handed out no groups")
+            # A readable shard may still be one the trainer must not use (a copy, interleaved groups): then
+            # every group it holds is skipped with a reason instead.
+            skipped = {g for e in events if e.kind == "skipped" and e.reason for g in e.groups}
+            _require(bool(groups) or table.num_rows == 0
+                     or skipped == set(table.column("group_id").to_pylist()),
+                     f"a readable shard handed out no groups and skipped {skipped}")
         else:
             _require(not groups and len(events) == 1 and events[0].kind == "skipped"
                      and SHARD_WHERE in events[0].shard, f"unreadable shard not recorded as skipped: {events}")
@@ -195,7 +218,16 @@ def parser_inputs() -> Any:
     gemma_list = st.lists(py_call, min_size=1, max_size=10).map(lambda cs: "[" + ", ".join(cs) + "]")
     nested_py = st.integers(1, 3_000).map(lambda n: "```tool_code\ncalculator(expression=" + "[" * n + "]" * n
                                            + ")\n```")
-    return st.one_of(st.text(max_size=500), hermes, hermes_open, llama, gemma, gemma_list, nested_py,
+    big_int = st.integers(4_000, 12_000).map(lambda n: "9" * n)
+    huge_ints = big_int.flatmap(lambda d: st.sampled_from([
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": {d}}}}}</tool_call>',
+        f'<tool_call>{{"name": {d}, "arguments": {{}}}}</tool_call>',
+        f'{{"name": "search", "parameters": {{"query": "q", "k": -{d}}}}}',
+        f"```tool_code\ncalculator(expression={d})\n```"]))
+    flood_unit = st.sampled_from(["<tool_call>", "<tool_call>{", "```tool_code\n", "calculator(expression='1')\n",
+                                  '{"name": "calculator", "parameters": {}};', "</tool_call>"])
+    floods = st.tuples(flood_unit, st.integers(100, 20_000)).map(lambda t: t[0] * t[1])
+    return st.one_of(st.text(max_size=500), hermes, hermes_open, llama, gemma, gemma_list, nested_py, huge_ints, floods,
                      st.tuples(st.text(max_size=50), hermes | llama | gemma).map("".join))
 
 
@@ -249,20 +281,61 @@ def _typo(key: str, i: int) -> str:
     return key[:i] + key[i + 1:] if len(key) > 3 else key + "x"
 
 
+CONFIG_RANGE_CASES: tuple[tuple[str, str], ...] = (
+    ("rollout.temperature", ".nan"), ("rollout.temperature", "-0.5"), ("eval.temperature", ".nan"),
+    ("trainer.optim.lr", "1e999"), ("trainer.optim.lr", "-.inf"), ("rollout.group_size", "1"),
+    ("rollout.max_concurrency", "400000000000"), ("engine.num_slots", "1000000000"),
+    ("trainer.data_timeout_s", ".inf"), ("rollout.episode_timeout_s", ".nan"), ("workers", "9" * 5000),
+    ("sft.error_rate", "1e400"), ("eval.max_concurrency", "100000000"),
+)
+"""Well-typed values out of range or not finite (each knob's own check or the finiteness rule refuses them)."""
+
+CONFIG_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True))
+"""A few hundred bytes of nested aliases that expand to 9**9 (~387 M) scalars if a loader follows them."""
+
+
+def _bad_values(default: Any) -> Any:
+    """Values of a type no knob with this default accepts (the knob's type is its default's; ``None`` defaults
+    are optional, so only a mapping is surely wrong)."""
+    import hypothesis.strategies as st
+
+    from pipelines_lib.configio import _YAML11_EXPONENT
+
+    mappings = st.dictionaries(st.text(min_size=1, max_size=5), st.integers(), min_size=1, max_size=2)
+    lists = st.lists(st.integers(-5, 5), max_size=3)
+    if isinstance(default, bool):
+        return st.one_of(st.integers(), st.text(max_size=10), lists, mappings)
+    if isinstance(default, int):
+        return st.one_of(st.text(max_size=10), st.floats(), st.booleans(), lists, mappings,
+                         st.integers(2**63, 10**30), st.integers(-(10**30), -(2**63)))
+    if isinstance(default, float):
+        not_finite = st.sampled_from([math.nan, -math.inf] + ([] if default == math.inf else [math.inf]))
+        return st.one_of(st.text(max_size=10).filter(lambda t: not _YAML11_EXPONENT.fullmatch(t.strip())),
+                         not_finite, st.booleans(), lists, mappings)
+    if isinstance(default, str):
+        return st.one_of(st.integers(), st.floats(), st.booleans(), lists, mappings)
+    if isinstance(default, list):
+        return st.one_of(st.integers(), st.text(max_size=10), mappings)
+    if isinstance(default, dict):
+        return st.one_of(st.integers(), st.text(max_size=10), lists)
+    return mappings
+
+
 def config_inputs() -> Any:
     import hypothesis.strategies as st
     import yaml
 
     leaves = _config_leaves()
-    bad_values = st.one_of(st.text(max_size=10), st.integers(-(10**30), 10**30), st.floats(allow_nan=True),
-                           st.booleans(), st.none(), st.lists(st.integers(-5, 5), max_size=3),
-                           st.dictionaries(st.text(max_size=5), st.integers(), max_size=2))
 
     def wrong(t: tuple[str, Any]) -> ConfigCase:
         key, value = t
         return ConfigCase(text=yaml.safe_dump(_nest(key, value)), key=key)
 
-    mutated = st.tuples(st.sampled_from(sorted(leaves)), bad_values).map(wrong)
+    mutated = st.sampled_from(sorted(leaves)).flatmap(
+        lambda key: st.tuples(st.just(key), _bad_values(leaves[key]))).map(wrong)
+    out_of_range = st.sampled_from(CONFIG_RANGE_CASES).map(
+        lambda kv: ConfigCase(text=_nested_text(kv[0], kv[1]), key=kv[0]))
 
     def misspelt(t: tuple[str, int]) -> ConfigCase:
         key, i = t
@@ -271,7 +344,7 @@ def config_inputs() -> Any:
         siblings = {k.rpartition(".")[2] for k in leaves if k.rpartition(".")[0] == parent} | {
             k[len(parent) + 1:].split(".")[0] for k in leaves if parent and k.startswith(parent + ".")}
         if bad in siblings:
-            return ConfigCase(text=yaml.safe_dump(_nest(key, leaves[key])))
+            return ConfigCase(text=yaml.safe_dump(_nest(key, leaves[key])), bad=False)
         import difflib
 
         close = difflib.get_close_matches(bad, sorted(siblings), n=1)
@@ -279,10 +352,30 @@ def config_inputs() -> Any:
         return ConfigCase(text=yaml.safe_dump(_nest(dotted, 1)), key=dotted, typo_of=close[0] if close else None)
 
     typos = st.tuples(st.sampled_from(sorted(leaves)), st.integers(0, 40)).map(misspelt)
-    raw = st.one_of(st.text(max_size=200), st.integers(1, 1_200).map(lambda n: "a: " + "[" * n + "]" * n),
-                    st.sampled_from(["- 1\n- 2", "a: &x [*x]", "!!python/object:os.system 'true'", "{", "rollout: 3",
-                                     "rollout:\n  eta: !!binary aGk=", "\t", "a: 1\na: 2"]))
-    return st.one_of(mutated, typos, raw.map(lambda t: ConfigCase(text=t)))
+    hostile = st.one_of(
+        st.integers(1, 1_200).map(lambda n: "a: " + "[" * n + "]" * n),
+        st.sampled_from(["- 1\n- 2", "a: &x [*x]", "!!python/object:os.system 'true'", "{", "rollout: 3",
+                         "rollout:\n  eta: !!binary aGk=", "\t", "a: 1\na: 2", "workers: 2\nworkers: 3",
+                         "rollout: {eta: 1, eta: 2}", CONFIG_BOMB, "base: &b {eta: 1}\nrollout: *b"]))
+    not_utf8 = st.binary(min_size=1, max_size=50).filter(_not_utf8).map(
+        lambda b: ConfigCase(text=f"bytes {b!r}", data=b"workers: 2\n" + b))
+    free = st.text(max_size=200).map(lambda t: ConfigCase(text=t, bad=False))
+    return st.one_of(mutated, out_of_range, typos, hostile.map(lambda t: ConfigCase(text=t)), not_utf8, free)
+
+
+def _nested_text(dotted: str, scalar: str) -> str:
+    """YAML for ``dotted: scalar`` with the scalar written verbatim (``.nan``, ``1e999``: YAML spellings)."""
+    *parents, leaf = dotted.split(".")
+    lines = [f"{'  ' * i}{p}:" for i, p in enumerate(parents)]
+    return "\n".join([*lines, f"{'  ' * len(parents)}{leaf}: {scalar}"]) + "\n"
+
+
+def _not_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def _valid_shard(n_groups: int, seed: int) -> bytes:

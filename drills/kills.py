@@ -22,7 +22,6 @@ moments after a progress line, optionally armed by a storage probe; resume gaps 
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 import re
 import shutil
@@ -34,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
+from pipelines_lib.records import (
+    DoneMarker,
+    EvalResult,
+    Publication,
+    RecordError,
+    published_versions,
+)
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, read_shard
@@ -52,17 +59,14 @@ def _weights_folders(store: Store) -> list[int]:
 def publish_in_flight(store: Store) -> bool:
     """A publication has begun and not finished: the newest ``weights/v<N>/`` has no ``PUBLISHED.json`` yet, or
     LATEST (its newest entry or its mirror ``LATEST.json``) is behind it. The ``arm`` probe of publish kills."""
-    from pipelines_lib.publish import published_marker
-
     folders = _weights_folders(store)
     if not folders:
         return False
     newest = folders[-1]
-    if not store.exists(published_marker(newest)):
+    if not Publication.is_published(store, newest):
         return True
-    pointer = store.read_pointer(layout.WEIGHTS_LATEST)
-    return (pointer is None or pointer["version"] < newest
-            or store.read_json(layout.WEIGHTS_LATEST)["version"] < newest)
+    latest = Publication.latest(store)
+    return latest is None or latest.version < newest or Publication.mirror(store).version < newest
 
 
 def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
@@ -79,13 +83,12 @@ def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
 
     ``loaded`` holds versions already verified and grows with each call: a marked version is never rewritten.
     """
-    from pipelines_lib.campaign import published_versions
-    from pipelines_lib.publish import CampaignWeights, published_marker
+    from pipelines_lib.publish import CampaignWeights
 
     folders = _weights_folders(store)
-    marked = [v for v in folders if store.exists(published_marker(v))]
+    marked = [v for v in folders if Publication.is_published(store, v)]
     named = published_versions(store)
-    mirror = int(store.read_json(layout.WEIGHTS_LATEST)["version"])
+    mirror = Publication.mirror(store).version
     weights = CampaignWeights(store)
     unloadable: list[str] = []
     for version in sorted({*marked, *named, mirror} - loaded):
@@ -107,64 +110,12 @@ def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
 
 _TRAIN_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.train import train
 store = Store(sys.argv[1])
 train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
-
-
-def drill_trainer_config(max_steps: int) -> Any:
-    """A 1-layer model and small batches: steps of a few hundred milliseconds on CPU."""
-    from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.model.config import ModelConfig
-
-    base = CampaignConfig.tiny()
-    model = dataclasses.replace(ModelConfig.tiny(), n_layers=1, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32,
-                                d_ff=128)
-    return dataclasses.replace(base, model=model, rollout=dataclasses.replace(base.rollout, eta=10_000),
-                               trainer=dataclasses.replace(base.trainer, batch_groups=2, max_steps=max_steps,
-                                                           publish_every=2, checkpoint_every=3,
-                                                           skip_zero_advantage=False, poll_s=0.05, data_timeout_s=30))
-
-
-def seed_trainer_campaign(url: str, config: Any, n_groups: int) -> Store:
-    """init, a random-init v0, and ``n_groups`` synthetic groups in shards of 3."""
-    from flax import nnx
-
-    from pipelines_lib.campaign import init_campaign
-    from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.publish import publish_weights
-    from pipelines_lib.storage.shards import ShardWriter, WriterConfig
-    from pipelines_lib.trajectory.synthetic import synthetic_group
-
-    store = Store(url)
-    init_campaign(store, config)
-    publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
-    for i in range(n_groups):
-        writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0,
-                                         seed=i, vocab_size=config.model.vocab_size, max_len=60))
-    writer.flush()
-    return store
-
-
-def _final_params(store: Store) -> str:
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    from pipelines_lib.model.weights import load_weights
-
-    done = store.read_json(layout.TRAIN_DONE)
-    model = load_weights(store.uri(layout.weights_dir(done["version"])))
-    return json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(nnx.state(model, nnx.Param))])
-
-
-def _consumed(store: Store) -> list[str]:
-    return [g["group_id"] for name in store.list("train/consumed")
-            for g in store.read_json(f"train/consumed/{name}")["groups"]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,29 +146,29 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
     ``at_publish``: arm each kill when ``publish_in_flight`` holds and kill within 0.05 s (a publication of the
     drill model takes about 0.1 s on CPU), instead of 0-0.8 s after a step line.
     """
-    from pipelines_lib.train.trainer import train
+    from pipelines_lib.stages.train import train
 
     start = time.monotonic()
     steps = max_steps or 3 * kills + 6  # room for every kill before the run ends (a publish every 2 steps)
-    config = drill_trainer_config(steps)
+    config = small_trainer_config(steps)
     n_groups = 2 * steps
     reference = seed_trainer_campaign(str(root / "reference"), config, n_groups)
     train(reference, config, log=lambda s: None)
     killed = seed_trainer_campaign(str(root / "killed"), config, n_groups)
     loaded: set[int] = set()
     drill = KillDrill(argv=lambda: [sys.executable, "-c", _TRAIN_SCRIPT, killed.url],
-                      ready=re.compile(r"^trainer: step \d+/"), done=lambda: killed.exists(layout.TRAIN_DONE),
+                      ready=re.compile(r"^trainer: step \d+/"), done=lambda: DoneMarker.exists(killed),
                       kills=kills, seed=seed, max_delay_s=0.05 if at_publish else 0.8,
                       arm=(lambda: publish_in_flight(killed)) if at_publish else None,
                       inspect=lambda: check_publication(killed, loaded), log=log)
     records = drill.run()
     final = check_publication(killed, loaded)
-    groups = _consumed(killed)
+    groups = consumed_group_ids(killed)
     bad, orphans, _ = partial_visible(killed)
     return TrainerDrillResult(
         kills=len(records), at_publish=at_publish, starts=drill.starts,
-        steps=killed.read_json(layout.TRAIN_DONE)["steps"], groups_trained=len(groups),
-        trained_twice=len(groups) - len(set(groups)), bit_identical=_final_params(killed) == _final_params(reference),
+        steps=DoneMarker.read(killed).steps, groups_trained=len(groups),
+        trained_twice=len(groups) - len(set(groups)), bit_identical=final_params(killed) == final_params(reference),
         partial_visible=bad, orphans=orphans, landed=tuple(r.found["landed"] for r in records),
         unloadable=sum(len(r.found["unloadable"]) for r in records) + len(final["unloadable"]),
         leftovers_at_end=len(final["unmarked"]), resume_gaps_s=tuple(resume_gaps(records)),
@@ -228,8 +179,8 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
 
 _COLLECT_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.collect import collect
 from pipelines_lib.storage.store import Store
 store = Store(sys.argv[1])
 collect(store, load_campaign_config(store), worker="w", worker_index=0, num_workers=1,
@@ -285,10 +236,10 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
     """A tiny campaign (random-init v0), then ``collect`` killed and restarted ``kills`` times."""
     from flax import nnx
 
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.dataset import prep
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.stages.campaign import init_campaign
 
     start = time.monotonic()
     config = drill_rollout_config()
@@ -317,8 +268,8 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
 
 _EVALUATE_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
-from pipelines_lib.evaluate import evaluate
+from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
 store, version = Store(sys.argv[1]), int(sys.argv[2])
@@ -335,9 +286,9 @@ NOT_DETERMINISTIC = ("wall_s",)
 def drill_evaluator_config() -> Any:
     """The trainer drill's campaign trained 2 steps (the trainer publishes v1), scoring 8 held-out tasks once
     greedily and twice sampled: a few seconds of evaluation on CPU."""
-    from pipelines_lib.config import EvalConfig
+    from pipelines_lib.evaluate import EvalConfig
 
-    return dataclasses.replace(drill_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
+    return dataclasses.replace(small_trainer_config(2), eval=EvalConfig(n_tasks=8, samples=2, max_concurrency=16))
 
 
 def _first(lines: list[tuple[float, str]], pattern: re.Pattern[str], after: float = 0.0) -> float | None:
@@ -384,7 +335,7 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
     or engine configs (slot count, buckets), where logits may differ in the last bits and flip a greedy token.
     """
     from pipelines_lib.dataset import prep
-    from pipelines_lib.train.trainer import train
+    from pipelines_lib.stages.train import train
 
     start = time.monotonic()
     config = drill_evaluator_config()
@@ -393,12 +344,10 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
     version = int(train(store, config, log=lambda s: None)["version"])
     shutil.copytree(root / "evaluator", root / "reference")
     reference = Store(str(root / "reference"))
-    path = layout.eval_path(version)
-
     def argv(target: Store) -> Callable[[], list[str]]:
         return lambda: [sys.executable, "-c", _EVALUATE_SCRIPT, target.url, str(version)]
 
-    uninterrupted = KillDrill(argv=argv(reference), ready=_EVAL_STARTED, done=lambda: reference.exists(path),
+    uninterrupted = KillDrill(argv=argv(reference), ready=_EVAL_STARTED, done=lambda: EvalResult.exists(reference, version),
                               kills=0, log=log)
     uninterrupted.run()
     started = _first(uninterrupted.lines, _EVAL_STARTED)
@@ -407,23 +356,26 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
         raise RuntimeError("the uninterrupted evaluation did not print its started and committed lines:\n"
                            + "\n".join(line for _, line in uninterrupted.lines[-30:]))
     reference_s = committed - started
-    expected = reference.read_json(path)
+    expected = EvalResult.read(reference, version).to_dict()
 
     def inspect() -> dict[str, Any]:
         bad, orphans, _ = partial_visible(store)
         state = "absent"
-        if store.exists(path):
+        if EvalResult.exists(store, version):
             try:
-                state = "complete" if set(store.read_json(path)) == set(expected) else "incomplete"
+                EvalResult.read(store, version)
+                state = "complete"
+            except RecordError:
+                state = "incomplete"
             except StorageError:
                 state = "unreadable"
         return {"eval_file": state, "partial_visible": bad, "orphans": orphans}
 
-    drill = KillDrill(argv=argv(store), ready=_EVAL_STARTED, done=lambda: store.exists(path), kills=kills, seed=seed,
+    drill = KillDrill(argv=argv(store), ready=_EVAL_STARTED, done=lambda: EvalResult.exists(store, version), kills=kills, seed=seed,
                       max_delay_s=0.8 * reference_s, inspect=inspect, log=log)
     records = drill.run()
     final = inspect()
-    got = store.read_json(path)
+    got = EvalResult.read(store, version).to_dict()
     done_at = _first(drill.lines, _EVAL_COMMITTED, after=records[-1].kill_at) if records else None
 
     def deterministic(results: dict[str, Any]) -> dict[str, Any]:

@@ -5,15 +5,27 @@ fuzz            drills/fuzz.py             hostile inputs × 5 entry points     
 sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes
 secrets         drills/secrets.py          planted credentials, tiny campaign   secret_leaks
 storage faults  drills/storage_faults.py   FaultProxy before a GCS emulator     fault_rate, fault_campaign_ok
+bounds          drills/bounds.py           black-hole endpoint, parser floods,  hangs, cli_tracebacks
+                                           config bombs, each under a deadline
 kills           drills/kills.py            SIGKILL trainer (also mid-publish),  kill_drills, lost_groups, ...
                                            rollout worker, evaluator
+poison          drills/poison.py           poisoned shards on a real trainer,   trainer_poison_crashes,
+                                           pointer junk, CLI over garbage,      pointer_regressions,
+                                           FIFOs/devices under a deadline       cli_tracebacks, hangs
 ```
 
+A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
+own cases) is summed over the drills that ran.
+
 Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
-run, ``quick`` says which sizes). The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
+run, ``quick`` says which sizes). A full run of some drills (``only``) updates their part of the report
+(``with_rerun``). A figure that several drills report (``hangs``, ``cli_tracebacks``: counts of the
+same failure over different cases) is their sum. The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
 ``RELIABILITY.md`` from it; a quick run only updates ``bench/results.json``, so the report always shows the
-last full drill.
+last full drill of each drill. A full run of some drills (``--only``) replaces their details in
+``bench/reliability.json`` and keeps the others'; each drill's details carry its own figures and date, and the
+report's figures are summed from them.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from typing import Any
 
 from bench.registry import BenchResult
 from bench.runner import RESULTS, _write_atomically, machine_info, merge_results
+from drills.bounds import BOUNDS_MEASURED, render_bounds_section
 from drills.storage_faults import FAULT_MEASURED, render_fault_section
 
 DETAILS = Path("bench/reliability.json")
@@ -105,6 +118,13 @@ def _faults(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
     return fault_figures(out)
 
 
+def _bounds(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.bounds import bounds_figures, run_bounds
+
+    quick = sizes.fuzz_examples < 500
+    return bounds_figures(run_bounds(scratch, quick=quick), quick=quick)
+
+
 def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     from drills.kills import evaluator_kill_drill, rollout_kill_drill, trainer_kill_drill
 
@@ -140,11 +160,25 @@ def _kills(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) ->
                      "evaluator": _plain(evaluator)}
 
 
+def _poison(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.poison import run_poison_drill
+
+    report = run_poison_drill(scratch, progress)
+    return report.figures(), _plain(report)
+
+
 DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, float], dict[str, Any]]]
 """``(sizes, scratch folder, progress) -> (figures, details)``."""
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
-                              "kills": _kills}
+                              "bounds": _bounds, "kills": _kills,
+                              "poison": _poison}
+
+
+def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
+    """Merge one drill's figures into ``total``; a figure already there (another drill's count) adds up."""
+    for key, value in got.items():
+        total[key] = total.get(key, 0.0) + value
 
 
 def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Callable[[str], None] = print,
@@ -156,6 +190,7 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         raise ValueError(f"unknown drill(s) {unknown}; choose from {sorted(DRILLS)}")
     figures: dict[str, float] = {}
     details: dict[str, Any] = {}
+    by_drill: dict[str, dict[str, float]] = {}
     start = time.perf_counter()
     for name, fn in DRILLS.items():
         if only and name not in only:
@@ -168,10 +203,11 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         details[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        figures.update(got)
+        add_figures(figures, got)
+        by_drill[name] = got
         progress(f"drill {name}: {json.dumps(got)} in {details[name]['seconds']} s")
     run = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "quick": quick,
-           "seconds": round(time.perf_counter() - start, 1), "machine": machine_info()}
+           "seconds": round(time.perf_counter() - start, 1), "machine": machine_info(), "drills": sorted(details)}
     results_path = Path(out_dir) / RESULTS
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
     kept = {k: v for k, v in previous.get("figures", {}).items() if k.startswith(f"{NAME}.") and k not in figures}
@@ -179,18 +215,29 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
                                                        notes=f"rollstream drills, sizes {dataclasses.asdict(sizes)}"),
                            run)
     _write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
-    if not quick:
-        record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details}
-        details_path = Path(out_dir) / DETAILS
-        if only and details_path.exists():
-            # A full run of some drills replaces their sections of the last full record (dated apart).
-            record = json.loads(details_path.read_text())
-            record["figures"] |= figures
-            for name in details:
-                record["details"][name] = {**details[name], "date": run["date"]}
+    details_path = Path(out_dir) / DETAILS
+    if not quick and (not only or details_path.exists()):
+        record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details,
+                  "drill_figures": by_drill}
+        if only:  # a full rerun of some drills: the report keeps the others from the last full drill
+            record = with_rerun(json.loads(details_path.read_text()), run, by_drill, details)
         _write_atomically(details_path, json.dumps(record, indent=2, default=str) + "\n")
         _write_atomically(Path(out_dir) / REPORT, render_report(record))
     return figures
+
+
+def with_rerun(record: dict[str, Any], run: dict[str, Any], by_drill: dict[str, dict[str, float]],
+               details: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (the last full drill) with some drills rerun in full: their figures replace theirs (a figure
+    several drills report is summed again), their details are merged in, and the rerun is listed (pure)."""
+    drill_figures = {**record.get("drill_figures", {}), **by_drill}
+    fresh = {k for got in drill_figures.values() for k in got}
+    figures = {k: v for k, v in record["figures"].items() if k not in fresh}
+    for got in drill_figures.values():
+        add_figures(figures, got)
+    merged = {**record["details"], **{name: {**record["details"].get(name, {}), **d} for name, d in details.items()}}
+    reruns = [*record.get("reruns", []), {"date": run["date"], "drills": sorted(by_drill), "machine": run["machine"]}]
+    return {**record, "figures": figures, "details": merged, "drill_figures": drill_figures, "reruns": reruns}
 
 
 def _cell(text: str, limit: int = 160) -> str:
@@ -231,6 +278,7 @@ MEASURED = {
                                          "parameters equal an uninterrupted run's on a copy of the same shards, bit "
                                          "for bit.",
     **FAULT_MEASURED,
+    **BOUNDS_MEASURED,
     "reliability.fuzz_cases": "Hypothesis cases over 5 entry points ({fuzz_examples} each): tool-call parsers, "
                               "calculator, YAML config, shards (+ tailer), dataset files.",
     "reliability.fuzz_crashes": "Cases where an entry point raised an undocumented exception, an error without the "
@@ -241,6 +289,30 @@ MEASURED = {
                                    "marker, wherever reparented) / folders were left behind.",
     "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
                                     "isolation backend; about half attack the containment mechanism itself.",
+    "reliability.trainer_poison_cases": "Poisoned-shard cases, each a real trainer (tiny decoder) run to its last "
+                                        "step over a real campaign folder holding valid shards and one poisoned "
+                                        "shard: wrong group size, row over the largest bucket, 20 M-token row "
+                                        "declared in a small file, out-of-vocabulary ids, unpublished policy "
+                                        "version, interleaved groups, copies (same folder, other version, "
+                                        "re-encoded), FIFO and symlink-out named like a shard.",
+    "reliability.trainer_poison_crashes": "Poisoned-shard cases where the trainer raised, did not finish, trained a "
+                                          "poisoned group or a group twice, left a poisoned group out of its "
+                                          "consumption logs' `skipped` entries, or the audit did not report it.",
+    "reliability.pointer_cases": "Junk entries planted beside `weights/LATEST` at v2: `latest.json`, `zzz.json`, a "
+                                 "name disagreeing with its version, negative or string version, non-JSON, non-object, "
+                                 "FIFO, symlink out of the campaign.",
+    "reliability.pointer_regressions": "Pointer cases where LATEST read as anything but v2, the next advance did not "
+                                       "take, or the audit did not report the entry.",
+    "reliability.cli_cases": "`rollstream` subprocess runs over garbage metadata (eval, consumption-log, checkpoint "
+                             "and pointer names, truncated and malformed telemetry lines, a foreign file in the export "
+                             "folder) and over folders that are no campaign (`file:///etc`, `\"\"`), plus the URL "
+                             "and timeout cases of other drills.",
+    "reliability.cli_tracebacks": "Of those runs: a traceback, an exit code other than documented (audits of a "
+                                  "non-campaign: 2 with `not a campaign`) or no end within the deadline.",
+    "reliability.hang_cases": "Runs with a FIFO and a character device named like a shard, a FIFO as pointer entry "
+                              "and as telemetry file: `audit`, `export`, `status`, `metrics` and the tailer, each a "
+                              "subprocess with a 120 s deadline (plus other drills' deadline cases).",
+    "reliability.hangs": "Of those runs: still running at the deadline (killed), or failed.",
     "reliability.secret_leaks": "(secret, file) pairs where a planted fake credential appears in the campaign "
                                 "folder, trace, audit report or captured logs (Arrow files searched decoded).",
 }
@@ -256,6 +328,10 @@ def render_report(record: dict[str, Any]) -> str:
            "`bench/results.json`.", "",
            f"**Last full drill.** {run['date']}, {run['seconds']:.0f} s; {m.get('cpus')} CPUs, {m.get('memory_gb')} GiB, "
            f"load {m.get('load_1min')}, Python {m.get('python')}.", "",
+           *[f"**Rerun since.** {r['date']}: {', '.join(r['drills'])}, full sizes; load "
+             f"{r['machine'].get('load_1min')}. Their figures and sections below are from that run." for r in
+             record.get("reruns", [])],
+           *([""] if record.get("reruns") else []),
            "| figure | value | how it was measured |", "|---|---|---|"]
     for key in sorted(figures):
         how = MEASURED.get(key, "")
@@ -304,9 +380,18 @@ def render_report(record: dict[str, Any]) -> str:
                 f"each kill: {dict(Counter(e['eval_file_after_kill']))}, results identical to an uninterrupted evaluation: "
                 f"{e['results_identical']} (greedy: {e['greedy_identical']}), uninterrupted {e['reference_s']} s, "
                 f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
+    if "poison" in details:
+        out += ["## Poisoned data and junk metadata", "", "| catalogue | case | held | seconds | problems |",
+                "|---|---|---|---|---|"]
+        for group in ("poison", "pointers", "metadata", "fifos"):
+            out += [f"| {group} | {c['name']} | {'yes' if c['ok'] else '**NO**'} | {c['seconds']} | "
+                    f"{_cell('; '.join(c['problems']), 300)} |" for c in details["poison"][group]]
+        out.append("")
     if "faults" in details:
         out += render_fault_section(details["faults"])
+    if "cases" in details.get("bounds", {}):
+        out += render_bounds_section(details["bounds"])
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["DrillSizes", "render_report", "run_drills"]
+__all__ = ["DrillSizes", "add_figures", "render_report", "run_drills", "with_rerun"]

@@ -130,13 +130,13 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
     from flax import nnx
 
     from pipelines_lib import telemetry
-    from pipelines_lib.audit import audit_campaign
-    from pipelines_lib.campaign import init_campaign
     from pipelines_lib.cli import main as cli_main
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.dataset import prep
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
+    from pipelines_lib.stages.audit import audit
+    from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.storage.store import Store
     from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
 
@@ -153,7 +153,7 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
         publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
         stages.append("publish")
         if real_rollouts:
-            from pipelines_lib.rollout.collect import collect
+            from pipelines_lib.stages.collect import collect
 
             collect(store, config, worker="drill", worker_index=0, num_workers=1, target_groups=groups, log=print)
             stages.append("collect")
@@ -163,9 +163,8 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
             stages.append("synthetic_rollouts")
         (root / "trace.json").write_text(json.dumps(to_chrome_trace(read_records(store))))
         stages.append("telemetry")
-        report = audit_campaign(store, progress=print)
-        store.create("audit/report.json", report.to_json().encode())
-        print(report.render_text())
+        kept = audit(store, progress=print)
+        print(store.read(kept["text"]).decode())
         stages.append("audit")
         code = cli_main(["audit", url, "--json", "--storage-option", f"token={STORAGE_TOKEN}"])
         stages.append(f"cli_audit(exit {code})")

@@ -10,8 +10,9 @@
    requests that stall past ``requests_timeout`` surface as timeouts that ``Store``'s own ``RetryPolicy`` retries
    (counted in ``store.retries``). A lost reply to a create (the ``reset`` fault after the server committed the
    object) makes the retried create find our own bytes there, which ``Store.create`` treats as success.
-2. ``outage``: ``outage_drill`` stalls every request and checks that one operation fails with a ``StorageError``
-   naming the operation and the URL within a bound instead of hanging.
+2. ``outage``: ``outage_drill`` stalls every request (held longer than any timeout: a black hole) and checks that
+   one operation of a store opened with the settings every user gets (``Settings()``) fails with a
+   ``StorageError`` naming the operation and the URL, and how long that takes.
 3. ``campaign`` and 4. ``campaign_outage``: a whole campaign through the proxy at 5 % faults, and stages failing
    in an outage then ``flows.recover`` finishing the campaign (``drills/fault_campaign.py``).
 """
@@ -36,6 +37,7 @@ from drills.fault_campaign import (
     run_outage_campaign,
 )
 from drills.faultproxy import FaultPlan, FaultProxy
+from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import RetryPolicy, Store
@@ -43,10 +45,13 @@ from pipelines_lib.storage.tailer import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 DRILL_RETRY = RetryPolicy(attempts=8, base_delay_s=0.05, max_delay_s=0.5, deadline_s=60.0)
+OUTAGE_STALL_S = 300.0
+"""How long the outage holds a request: past every default timeout, so what ends the wait is the client's own."""
 
 
-def proxied_store(proxy_url: str, *, retry: RetryPolicy = DRILL_RETRY) -> Store:
-    """A fresh bucket on the emulator behind the proxy, and a campaign ``Store`` in it."""
+def proxied_store(proxy_url: str, *, retry: RetryPolicy = DRILL_RETRY, user_defaults: bool = False) -> Store:
+    """A fresh bucket on the emulator behind the proxy, and a campaign ``Store`` in it: with the drill's short
+    request timeout and ``retry``, or (``user_defaults``) exactly as ``Settings()`` opens it for every user."""
     import gcsfs
 
     options = drill_storage_options(proxy_url)
@@ -60,7 +65,10 @@ def proxied_store(proxy_url: str, *, retry: RetryPolicy = DRILL_RETRY) -> Store:
             if attempt == 9:
                 raise
             time.sleep(0.2)
-    return Store(f"gs://{bucket}/campaigns/drill", storage_options=options, retry=retry)
+    url = f"gs://{bucket}/campaigns/drill"
+    if user_defaults:
+        return DEFAULTS.store(url, {k: v for k, v in options.items() if k != "requests_timeout"})
+    return Store(url, storage_options=options, retry=retry)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,15 +192,15 @@ def run_fault_drill(emulator_url: str, scratch: Path | None = None, *, rate: flo
     scratch = scratch or Path(tempfile.mkdtemp(prefix="rollstream-faults-"))
     plan = FaultPlan(rate=rate, seed=seed)
     out: dict[str, Any] = {}
-    if "workload" in parts or "outage" in parts:
+    if "workload" in parts:
         with FaultProxy(emulator_url, plan) as proxy:
-            if "workload" in parts:
-                out["workload"] = run_fault_workload(proxied_store(proxy.url), proxy, n_objects=30 if quick else 120,
-                                                     n_groups=6 if quick else 24)
-                progress(f"faults: workload ok={out['workload'].ok} in {out['workload'].seconds} s")
-            if "outage" in parts:
-                out["outage"] = outage_drill(proxied_store(proxy.url, retry=RetryPolicy(
-                    attempts=4, base_delay_s=0.05, max_delay_s=0.2, deadline_s=6.0)), proxy)
+            out["workload"] = run_fault_workload(proxied_store(proxy.url), proxy, n_objects=30 if quick else 120,
+                                                 n_groups=6 if quick else 24)
+            progress(f"faults: workload ok={out['workload'].ok} in {out['workload'].seconds} s")
+    if "outage" in parts:
+        with FaultProxy(emulator_url, FaultPlan(rate=0.0, stall_s=OUTAGE_STALL_S)) as proxy:
+            out["outage"] = outage_drill(proxied_store(proxy.url, user_defaults=True), proxy)
+            progress(f"faults: outage failed after {out['outage'].seconds} s")
     for name, fn in (("campaign", lambda d: run_fault_campaign(emulator_url, d, plan=plan)),
                      ("campaign_outage", lambda d: run_outage_campaign(emulator_url, d))):
         if name in parts:
@@ -248,8 +256,9 @@ FAULT_MEASURED = {
                                        "as timeouts; gcsfs absorbs HTTP errors and resets with its own retries).",
     "reliability.fault_lost_reply_conflicts": "Creates whose reply was lost after the server committed them: the "
                                               "retry found the object (`AlreadyExistsError`) holding our own bytes.",
-    "reliability.outage_fail_s": "Seconds from the start of a full outage (requests stalled) to one read's "
-                                 "StorageError (store budget 4 tries / 6 s, 4 s request timeout).",
+    "reliability.outage_fail_s": "Seconds from the start of a full outage (requests held unanswered) to one read's "
+                                 "StorageError, with the settings every user gets (`Settings()`: 30 s per request, "
+                                 "no retry after 60 s).",
     "reliability.outage_error_named": "1 when that StorageError starts `storage read <URL>`.",
     "reliability.fault_campaign_ok": "1 when `python -m flows.campaign` (prep, warm start, rollout worker and "
                                      "trainer with Orbax checkpoints, eval, audit) ran unchanged through the proxy "

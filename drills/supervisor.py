@@ -3,7 +3,7 @@
 ``KillDrill`` supervises one subprocess at a time: it starts the stage, waits until the process reports
 progress (a ``ready`` line: past start-up and compilation), sleeps a seeded random delay, SIGKILLs it, and
 starts it again, ``kills`` times; the last start runs to completion. Every output line is timestamped, so the
-**resume gap** (DESIGN §7) is measured from the kill to the first progress line of the restarted process. Two
+**resume gap** (ARCHITECTURE §7) is measured from the kill to the first progress line of the restarted process. Two
 hooks time and judge kills by what storage shows: ``arm`` (a probe polled after the ready line; the random delay
 starts when it first holds, e.g. while a publication is in flight) and ``inspect`` (run on the campaign after
 each killed process is gone, before the restart; its findings stay on the kill's record).

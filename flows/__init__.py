@@ -8,35 +8,32 @@ flows/recover.py    campaign_status -> run only the stages that are missing or p
 flows/launch.py     a stage in-process (task .submit) or as a deployment run; run records link the two
 flows/monitor.py    progress of a running campaign read from its folder (terminal + progress artifacts)
 flows/artifacts.py  evaluation tables, the learning-curve PNG, the audit summary
-flows/resources.py  resources_for(stage, config): pool, CPU, memory, accelerators (pure)
 ```
+Which stages exist, their order, pools, sizing and retries come from the stage table
+(``pipelines_lib.stages.table``).
 """
 
+import functools
 import os
+from typing import Any
 
-ENVIRONMENT_DEFAULTS = {
-    # Prefect's ephemeral API server takes 10+ s to start on a busy 2-core machine; its default wait is 20 s.
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    # gcsfs probes for zonal buckets over gRPC, which stalls 30-100 s against emulators and private endpoints.
-    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-    # No phoning home: the only network a campaign uses is its storage.
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    # tensorstore (Orbax) sets no request timeout: a stalled GCS request would wait for TCP to give up.
-    "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
-    "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "1",
-}
+from pipelines_lib.settings import Settings, apply_process_defaults
+
+# Before any ``flows`` module imports Prefect: Prefect reads its settings from the environment once, when ``prefect``
+# is first imported (``prefect.context``'s global settings), so a default set later (say in ``main``) is in
+# ``os.environ`` but not in Prefect's settings. ``python -m flows.campaign``, ``python -m flows.recover`` and the
+# stage flows all import this package first.
+apply_process_defaults(os.environ)
 
 
-def configure_environment() -> None:
-    """Defaults the entry points need before Prefect or gcsfs start (explicit settings win).
-
-    Runs when this package is imported, before any ``flows`` module imports Prefect: Prefect reads its settings
-    from the environment once, when ``prefect`` is first imported (``prefect.context``'s global settings), so a
-    default set later (say in ``main``) is in ``os.environ`` but not in Prefect's settings. ``python -m
-    flows.campaign``, ``python -m flows.recover`` and the stage flows all import this package first."""
-    for key, value in ENVIRONMENT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+@functools.cache
+def settings() -> Settings:
+    """This process's ``Settings``, read from the environment once (the flows are an entry point)."""
+    return Settings.from_env(os.environ)
 
 
-configure_environment()
+def entry(campaign_url: str, storage_options: dict[str, Any] | None) -> Settings:
+    """What every flow does first: this process's settings, with Orbax's GCS clients pointed at the campaign's
+    endpoint (``Settings.orbax_environment``; stage tasks in this process or its process pool inherit it)."""
+    os.environ.update(Settings.orbax_environment(campaign_url, storage_options))
+    return settings()

@@ -26,24 +26,26 @@ import sys
 import time
 from typing import Any, Literal
 
-import yaml
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-from flows import artifacts
+from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
-from pipelines_lib.campaign import published_versions
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.configio import parse_yaml
+from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
-from tasks.common import open_store
 from tasks.init import init_campaign
 
-STAGE_ORDER = ("prep", "warm_start", "collect", "train", "evaluate", "audit")
+STAGE_ORDER = STAGE_NAMES
+"""The stage table's order (``pipelines_lib.stages.table``)."""
 EvalChoice = Literal["all", "ends"]
 
 
@@ -121,7 +123,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
         raise ValueError(f"unknown stages {sorted(unknown)}; valid: {STAGE_ORDER}")
     log = get_run_logger()
     url, config = launcher.campaign_url, launcher.config
-    store = open_store(url, launcher.storage_options)
+    store = launcher.settings.store(url, launcher.storage_options)
     out: dict[str, Any] = {}
     for stage in ("prep", "warm_start"):
         if stage in stages:
@@ -137,9 +139,8 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
         out["collect"] = [c.result() for c in collectors]
     if "evaluate" in stages:
-        evaluated = set(store.list("eval"))
-        todo = [v for v in versions_to_evaluate(published_versions(store), evaluate)
-                if f"v{v:08d}.json" not in evaluated]
+        evaluated = set(records.evaluated_versions(store))
+        todo = [v for v in versions_to_evaluate(records.published_versions(store), evaluate) if v not in evaluated]
         futures = {v: launcher.submit("evaluate", version=v) for v in todo}
         out["evaluate"] = {v: f.result() for v, f in futures.items()}
         if not launcher.use_deployments:  # a deployment's stage flow publishes its own table
@@ -174,10 +175,11 @@ def campaign(campaign_url: str, config_path: str | None = None, overrides: dict[
         poll_s: seconds between progress polls of the campaign folder.
     """
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
+    settings = entry(campaign_url, storage_options)
     config = build_config(config_path, overrides, workers)
-    init = init_campaign(campaign_url, config.to_dict(), storage_options)
+    init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
-    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
     return {"init": init, **run_stages(launcher, list(STAGE_ORDER), evaluate=evaluate, poll_s=poll_s)}
 
@@ -188,7 +190,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set expects key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
+        out[key] = parse_yaml(value, f"--set {key}")
     return out
 
 
@@ -214,22 +216,21 @@ def main(argv: list[str] | None = None) -> int:
                  workers=args.workers, storage_options=args.storage_options, use_deployments=args.use_deployments,
                  evaluate=args.evaluate)
     audit = result.get("audit", {})
-    print(summary(args.campaign_url, args.storage_options, time.monotonic() - t0, audit))
+    print(summary(entry(args.campaign_url, args.storage_options).store(args.campaign_url, args.storage_options), time.monotonic() - t0, audit))
     return 0 if audit.get("ok") else 1
 
 
-def summary(campaign_url: str, storage_options: dict[str, Any] | None, wall_s: float, audit: dict[str, Any]) -> str:
+def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
     """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
-    store = open_store(campaign_url, storage_options)
-    evals = {int(n[1:9]): store.read_json(f"eval/{n}") for n in store.list("eval") if n.endswith(".json")}
+    evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
              f"({audit.get('report')})"]
     if evals:
         first, last = min(evals), max(evals)
-        before, after = evals[first].get("greedy_success_rate", 0.0), evals[last].get("greedy_success_rate", 0.0)
+        before, after = evals[first].greedy_success_rate, evals[last].greedy_success_rate
         lines.append(f"held-out greedy success: v{first} {before:.1%} -> v{last} {after:.1%} "
                      f"({(after - before) * 100:+.1f} points); pass@k v{first} "
-                     f"{evals[first].get('pass@k') or 0.0:.1%} -> v{last} {evals[last].get('pass@k') or 0.0:.1%}")
+                     f"{evals[first].pass_at_k or 0.0:.1%} -> v{last} {evals[last].pass_at_k or 0.0:.1%}")
     lines += [
         f"campaign folder:  {store.url}",
         f"audit it:         .venv/bin/rollstream audit {store.url}",

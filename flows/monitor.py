@@ -12,12 +12,11 @@ polls in a row raise the last ``StorageError`` (it names op and URL); the campai
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from pipelines_lib.storage import layout
+from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 
@@ -38,7 +37,7 @@ class TrainProgress:
         self.key = key
         self.max_failed_polls = max_failed_polls
         self.step = 0
-        self.last: dict[str, Any] | None = None
+        self.last: ConsumptionLog | None = None
         self.failed_polls = 0
         """Polls in a row whose storage reads failed (0 after any poll that read the folder)."""
         self._artifact: UUID | None = None
@@ -53,9 +52,9 @@ class TrainProgress:
         Raises the ``StorageError`` of the ``max_failed_polls``-th failed poll in a row."""
         try:
             step = self.step
-            while self.store.exists(layout.consumed_log(step + 1)):
+            while ConsumptionLog.exists(self.store, step + 1):
                 step += 1
-            last = self.store.read_json(layout.consumed_log(step)) if step > self.step else None
+            last = ConsumptionLog.read(self.store, step) if step > self.step else None
         except StorageError as e:
             self.failed_polls += 1
             if self.failed_polls >= self.max_failed_polls:
@@ -68,10 +67,10 @@ class TrainProgress:
         if last is None:
             return 0
         new, self.step, self.last = step - self.step, step, last
-        staleness = max((g["staleness"] for g in last["groups"]), default=0)
-        published = last.get("published_version")
+        published = last.published_version
+        reward = "-" if last.mean_reward is None else f"{last.mean_reward:.3f}"
         self.log(f"progress: step {self.step}/{self.max_steps} ({self.percent:.0f}%), batch reward "
-                 f"{last['mean_reward']:.3f}, staleness <= {staleness}"
+                 f"{reward}, staleness <= {last.staleness_max}"
                  + (f", published v{published}" if published is not None else ""))
         self._publish()
         return new

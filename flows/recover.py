@@ -19,10 +19,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows import entry
 from flows.campaign import STAGE_ORDER, EvalChoice, run_stages
 from flows.launch import Launcher
-from pipelines_lib.campaign import campaign_status
-from tasks.common import open_campaign, open_store
+from pipelines_lib.stages.campaign import campaign_status
+from tasks.common import open_campaign
 
 
 def recovery_plan(status: dict[str, Any]) -> list[str]:
@@ -37,13 +38,14 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
             evaluate: EvalChoice = "all", poll_s: float = 5.0) -> dict[str, Any]:
     """Run the stages the campaign folder lacks; returns the status before and the manifests of what ran."""
     log = get_run_logger()
-    status = campaign_status(open_store(campaign_url, storage_options))
+    settings = entry(campaign_url, storage_options)
+    status = campaign_status(settings.store(campaign_url, storage_options))
     plan = recovery_plan(status)
     log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
              status["train_steps"], status["latest_checkpoint"], status["published_versions"], status["shards"],
              plan)
-    _, config = open_campaign(campaign_url, storage_options)
-    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+    _, config = open_campaign(campaign_url, storage_options, settings)
+    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
     return {"status": status, "plan": plan, **run_stages(launcher, plan, evaluate=evaluate, poll_s=poll_s)}
 

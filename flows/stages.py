@@ -2,7 +2,7 @@
 
 Every stage flow reads the campaign's config from ``campaign.json``, so its parameters are only where the
 campaign is and which part of the stage to run. The accelerator stages (warm start, collect, train) hold a
-``gpu:<worker>`` global concurrency slot while they run (``flows.resources``); a missing limit does not
+``gpu:<worker>`` global concurrency slot while they run (``pipelines_lib.stages.resources``); a missing limit does not
 block (laptops have none), a limit of 1 per slot makes a second holder wait.
 """
 
@@ -13,9 +13,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.concurrency.sync import concurrency
 
-from flows import artifacts
-from flows.resources import resources_for
+from flows import artifacts, entry
 from pipelines_lib.publish import CampaignWeights
+from pipelines_lib.settings import Settings
+from pipelines_lib.stages.table import resources_for, stage
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
 from tasks.common import open_campaign, open_store
@@ -25,55 +26,61 @@ from tasks.train import train
 from tasks.warm_start import warm_start
 
 
-def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, worker_index: int = 0) -> str:
+def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings,
+          worker_index: int = 0) -> str:
     """The ``gpu:<worker>`` concurrency limit an accelerator stage holds while it runs."""
-    _, config = open_campaign(campaign_url, storage_options)
+    _, config = open_campaign(campaign_url, storage_options, settings)
     return str(resources_for(stage, config, worker_index=worker_index).concurrency_key)
 
 
-@flow(name="rollstream-prep")
+@flow(name=stage("prep").flow_name)
 def prep_flow(campaign_url: str, storage_options: dict[str, Any] | None = None,
               source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    return prep_dataset(campaign_url, storage_options, source_storage_options)
+    return prep_dataset(campaign_url, storage_options, source_storage_options, entry(campaign_url, storage_options))
 
 
-@flow(name="rollstream-warm-start")
+@flow(name=stage("warm_start").flow_name)
 def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    with concurrency(_slot("warm_start", campaign_url, storage_options), occupy=1):
-        return warm_start(campaign_url, storage_options)
+    settings = entry(campaign_url, storage_options)
+    with concurrency(_slot("warm_start", campaign_url, storage_options, settings), occupy=1):
+        return warm_start(campaign_url, storage_options, settings)
 
 
-@flow(name="rollstream-collect")
+@flow(name=stage("collect").flow_name)
 def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1, target_groups: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    with concurrency(_slot("collect", campaign_url, storage_options, worker_index), occupy=1):
-        return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options)
+    settings = entry(campaign_url, storage_options)
+    with concurrency(_slot("collect", campaign_url, storage_options, settings, worker_index), occupy=1):
+        return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options, settings)
 
 
-@flow(name="rollstream-train")
+@flow(name=stage("train").flow_name)
 def train_flow(campaign_url: str, max_steps: int | None = None, storage_options: dict[str, Any] | None = None
                ) -> dict[str, Any]:
-    with concurrency(_slot("train", campaign_url, storage_options), occupy=1):
-        return train(campaign_url, max_steps, storage_options)
+    settings = entry(campaign_url, storage_options)
+    with concurrency(_slot("train", campaign_url, storage_options, settings), occupy=1):
+        return train(campaign_url, max_steps, storage_options, settings)
 
 
-@flow(name="rollstream-evaluate")
+@flow(name=stage("evaluate").flow_name)
 def evaluate_flow(campaign_url: str, version: int | None = None, storage_options: dict[str, Any] | None = None
                   ) -> dict[str, Any]:
     """``version`` defaults to the latest published one."""
+    settings = entry(campaign_url, storage_options)
     if version is None:
-        version = CampaignWeights(open_store(campaign_url, storage_options)).latest()
+        version = CampaignWeights(open_store(campaign_url, storage_options, settings)).latest()
         if version is None:
             raise ValueError(f"{campaign_url}: nothing published yet to evaluate")
-    result = evaluate_version(campaign_url, version, storage_options)
+    result = evaluate_version(campaign_url, version, storage_options, settings)
     artifacts.publish_eval_table(campaign_url, version, result)
     return result
 
 
-@flow(name="rollstream-audit")
+@flow(name=stage("audit").flow_name)
 def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    summary = audit(campaign_url, storage_options)
-    artifacts.publish_audit(campaign_url, open_store(campaign_url, storage_options), summary)
+    settings = entry(campaign_url, storage_options)
+    summary = audit(campaign_url, storage_options, settings)
+    artifacts.publish_audit(campaign_url, open_store(campaign_url, storage_options, settings), summary)
     get_run_logger().info("audit %s: %s shards, %s violations (%s)", "OK" if summary["ok"] else "FAILED",
                           summary["shards"], summary["violations"], summary["report"])
     return summary

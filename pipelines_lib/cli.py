@@ -10,9 +10,11 @@ Adding a subcommand is one decorated function plus an argument function::
         from pipelines_lib.rollout import ...   # imported inside: `rollstream audit` must not pay for JAX
         return 0
 
-``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
+Packages outside the library add command modules through the ``rollstream.commands`` entry-point group
+(``commands()``); the repository's ``bench`` and ``drills`` come that way. ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
 violations), 2 it could not run (bad URL, unreachable storage, bad arguments): one line on stderr naming the
-URL, no traceback.
+URL, no traceback. ``main`` is an entry point: it sets the libraries' environment defaults and reads ``Settings``
+once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from drills import cli as drills_cli
+from pipelines_lib.settings import Settings, apply_process_defaults
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.store import Store
 
 RunFn = Callable[[argparse.Namespace], int]
 
@@ -75,15 +79,11 @@ def _add_storage_options(p: argparse.ArgumentParser) -> None:
                         "token=anon); STORAGE_EMULATOR_HOST is honoured by gcsfs itself")
 
 
-CLI_RETRY = RetryPolicy(deadline_s=30.0)
-"""A person waits at the terminal: give up on unreachable storage after ~30 s (gcsfs itself already retries
-each request 6 times with backoff, about 30 s, before our retry loop sees the error)."""
-
-
-def open_store(url: str, options: Sequence[tuple[str, Any]] = ()) -> Store:
-    """A ``Store`` for ``url``; an unknown protocol or a missing driver becomes a ``CommandError`` naming it."""
+def open_store(args: argparse.Namespace, url: str) -> Store:
+    """A ``Store`` for ``url`` with the command's storage options and settings; an unknown protocol or a missing
+    driver becomes a ``CommandError`` naming it."""
     try:
-        return Store(url, storage_options=dict(options), retry=CLI_RETRY)
+        return args.settings.store(url, dict(args.storage_option))
     except (ValueError, ImportError) as e:
         raise CommandError(f"{url}: cannot open storage: {e}") from e
 
@@ -105,7 +105,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
-    report = audit_campaign(open_store(args.url, args.storage_option), progress=_stderr,
+    report = audit_campaign(open_store(args, args.url), progress=_stderr,
                             progress_every=args.progress_every)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
@@ -133,7 +133,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_store(args.url, args.storage_option), open_store(args.out, args.storage_option))
+    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out))
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0
@@ -156,13 +156,13 @@ def _sql(args: argparse.Namespace) -> int:
 
     from pipelines_lib.audit.sql import campaign_tables, render_text
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
     try:
         tables = campaign_tables(store)
-    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
-        raise CommandError(f"{args.url}: {e}") from e
+    except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
+        raise CommandError(str(e)) from e
     for shard, reason in tables.skipped:
         _stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
     try:
@@ -189,19 +189,20 @@ def _view_args(p: argparse.ArgumentParser) -> None:
 def _view(args: argparse.Namespace) -> int:
     from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     if not store.list(""):
         raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
     try:
         view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
-    except ValueError as e:  # a consumption log or eval file that is not the JSON its stage writes
-        raise CommandError(f"{args.url}: {e}") from e
+    except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
+        raise CommandError(str(e)) from e
     for shard, reason in view.summary["skipped_shards"]:
         _stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
     path = write_view(store, view)
     print(store.uri(path))
     if args.serve:
         serve(render_html(view), port=args.port, announce=_stderr)
+    return 0
 
 
 def _export_weights_args(p: argparse.ArgumentParser) -> None:
@@ -214,15 +215,15 @@ def _export_weights_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("export-weights", "write a published version as a Hugging Face checkpoint folder", _export_weights_args)
 def _export_weights(args: argparse.Namespace) -> int:
-    from pipelines_lib.campaign import load_campaign_config
     from pipelines_lib.model.hf_export import save_hf_checkpoint
+    from pipelines_lib.model.tokenizer import tokenizer_dir
     from pipelines_lib.publish import load_published
-    from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
+    from pipelines_lib.stages.campaign import load_campaign_config
 
-    store = open_store(args.url, args.storage_option)
+    store = open_store(args, args.url)
     model, version = load_published(store, args.version)
     try:
-        folder = save_hf_checkpoint(model, args.out, tokenizer_dir=campaign_tokenizer_dir(load_campaign_config(store)))
+        folder = save_hf_checkpoint(model, args.out, tokenizer_dir=tokenizer_dir(load_campaign_config(store).tokenizer, cache=args.settings.cache))
     except FileExistsError as e:
         raise CommandError(str(e)) from e
     print(json.dumps({"version": version, "out": str(folder), "files": sorted(p.name for p in folder.iterdir())}))
@@ -242,24 +243,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if run_demo(args.out).report.ok else 1
 
 
-# -- bench ------------------------------------------------------------------------------------------------
-
-def _bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
-    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
-    p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
-
-
-@subcommand("bench", "run registered benchmarks; update bench/results.json and BENCHMARKS.md", _bench_args)
-def _bench(args: argparse.Namespace) -> int:
-    from bench.runner import run_benchmarks
-
-    figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out, progress=_stderr)
-    for key, value in sorted(figures.items()):
-        print(f"{key} = {value:.4g}")
-    return 0
-
-
 # -- telemetry ---------------------------------------------------------------------------------------------
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
@@ -272,7 +255,7 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
 
-    records = read_records(open_store(args.url, args.storage_option))
+    records = read_records(open_store(args, args.url), on_skip=_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
     trace = to_chrome_trace(records)
@@ -291,7 +274,7 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
 def _metrics(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, summarize
 
-    summary = summarize(read_records(open_store(args.url, args.storage_option)))
+    summary = summarize(read_records(open_store(args, args.url), on_skip=_stderr))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -309,32 +292,50 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 
 @subcommand("status", "what each stage of a campaign has committed, and what a recovery would run", _status_args)
 def _status(args: argparse.Namespace) -> int:
-    from pipelines_lib.campaign import campaign_status
+    from pipelines_lib.stages.campaign import campaign_status
 
-    print(json.dumps(campaign_status(open_store(args.url, args.storage_option)), indent=2, default=str))
+    print(json.dumps(campaign_status(open_store(args, args.url)), indent=2, default=str))
     return 0
 
 
-# -- drills (defined in drills/cli.py) ---------------------------------------------------------------------
-
-subcommand("drills", drills_cli.HELP, drills_cli.add_arguments)(drills_cli.run)
-
 # -- entry point ------------------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+COMMAND_GROUP = "rollstream.commands"
+"""Entry-point group of command modules other packages add (``bench``, ``drills`` from a checkout): each names
+a module with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+
+def commands() -> dict[str, Subcommand]:
+    """The library's subcommands and those installed under ``COMMAND_GROUP``, by name."""
+    out = dict(SUBCOMMANDS)
+    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
+        if ep.name in out:
+            raise ValueError(f"subcommand {ep.name!r} of entry point {ep.value} is registered twice")
+        module = ep.load()
+        out[ep.name] = Subcommand(name=ep.name, help=module.HELP, add_arguments=module.add_arguments, run=module.run)
+    return out
+
+
+def build_parser(available: dict[str, Subcommand] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollstream", description=__doc__.split("\n\n")[0])
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for cmd in SUBCOMMANDS.values():
+    for cmd in (commands() if available is None else available).values():
         cmd.add_arguments(subs.add_parser(cmd.name, help=cmd.help, description=cmd.help))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    available = commands()
+    args = build_parser(available).parse_args(argv)
+    apply_process_defaults(os.environ)  # before anything imports gcsfs (it reads its variables at import)
     # gcsfs logs a traceback for every request it gives up on; the StorageError we print says the same in one line.
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
-        return SUBCOMMANDS[args.command].run(args)
+        try:
+            args.settings = Settings.from_env(os.environ)
+        except ValueError as e:
+            raise CommandError(f"bad environment: {e}") from e
+        return available[args.command].run(args)
     except CommandError as e:
         _stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL

@@ -14,7 +14,8 @@ CampaignConfig
 ```
 
 Each sub-config lives next to the code that uses it and validates itself; this module only composes
-them and adds the stage configs that have no better home. ``CampaignConfig.from_yaml`` reads a YAML file
+them (``envs.spec.EnvSpec`` pairs an env with the latency wrapped around its tools and its sandbox). Only the stages
+(``pipelines_lib.stages``) take a whole ``CampaignConfig``; core code takes its own section. ``CampaignConfig.from_yaml`` reads a YAML file
 (unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores,
 ``smoke()`` the same cut to a one-minute campaign (the test suite's).
 Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta": 2})``.
@@ -28,121 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipelines_lib.agents.base import AgentConfig
-from pipelines_lib.configio import ConfigError, from_mapping, to_mapping
+from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
 from pipelines_lib.dataset import DatasetConfig
 from pipelines_lib.engine.config import EngineConfig
-from pipelines_lib.envs import env_class
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
-from pipelines_lib.envs.tools.sandbox import SandboxConfig
+from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.orchestrator import RolloutConfig
 from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.train.optim import OptimConfig
-from pipelines_lib.train.step import StepConfig
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnvSpec:
-    name: str = "arithmetic"
-    """A key of the env registry (``arithmetic``, ``twostep``, ``multihop``, ``code``)."""
-    tool_latency: LatencyProfile = field(default_factory=LatencyProfile.none)
-    """Delay added to every tool call, to emulate slow external services."""
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    """The sandbox of envs that run model code (``code``): limits, warm pool and ``isolation`` (``bwrap``, the
-    default, needs the bubblewrap package; ``none`` runs model code unisolated: unsafe, warned on every start)."""
-
-    def __post_init__(self) -> None:
-        try:
-            env_class(self.name)
-        except ValueError as e:
-            raise ValueError(f"EnvSpec.name: {e}") from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """The streaming GRPO trainer (DESIGN §4, §6). η is ``rollout.eta``: one bound for both sides."""
-
-    batch_groups: int = 4
-    """Whole groups per optimizer step."""
-    max_steps: int = 100
-    """The trainer writes ``train/DONE.json`` after this many steps."""
-    checkpoint_every: int = 5
-    """Steps between Orbax checkpoints (params, optimiser, RNG, step and tail cursor)."""
-    publish_every: int = 2
-    """Steps between weight publications (a new policy version each time)."""
-    advantage: str = "grpo"
-    """A key of the advantage registry: ``grpo``, ``drgrpo``, ``rloo``."""
-    seq_buckets: tuple[int, ...] = (64, 128, 256)
-    """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
-    data_timeout_s: float = 600.0
-    """Longest wait for enough groups before the trainer fails saying what it waited for."""
-    poll_s: float = 0.5
-    """Sleep between polls of storage when data is short (counted as idle time)."""
-    skip_zero_advantage: bool = True
-    """Leave groups whose advantages are all zero out of the batch (they carry no gradient)."""
-    step: StepConfig = field(default_factory=StepConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    seed: int = 0
-    """Seed of the trainer's RNG (saved in every checkpoint)."""
-
-    def __post_init__(self) -> None:
-        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
-            raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
-        if self.data_timeout_s <= 0 or self.poll_s <= 0:
-            raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
-                             f"{self.data_timeout_s}, {self.poll_s}")
-        from pipelines_lib.train.advantages import ADVANTAGE_ESTIMATORS
-
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"TrainerConfig.advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SFTConfig:
-    """Supervised warm start on demonstrations from the env's generator; publishes version 0."""
-
-    n_demos: int = 512
-    """Demonstrations generated from the env's train split."""
-    error_rate: float = 0.3
-    """Share of flawed demonstrations, so the warm policy is decent but far from perfect."""
-    steps: int = 200
-    """Optimizer steps of the warm start (0 publishes the random initialisation)."""
-    batch_size: int = 16
-    """Demonstrations per step."""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine",
-                                                                   total_steps=200, weight_decay=0.01))
-    seed: int = 0
-    """Seed of demonstrations, initialisation and batch order."""
-
-    def __post_init__(self) -> None:
-        if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
-            raise ValueError(f"SFTConfig n_demos/steps/batch_size out of range: {self.n_demos}/{self.steps}/"
-                             f"{self.batch_size}")
-        if not 0.0 <= self.error_rate <= 1.0:
-            raise ValueError(f"SFTConfig.error_rate must be in [0, 1], got {self.error_rate}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    n_tasks: int = 64
-    """Held-out tasks scored per version (the first n of the split)."""
-    samples: int = 4
-    """k of pass@k: sampled attempts per task, besides the greedy one."""
-    temperature: float = 1.0
-    """Temperature of the sampled attempts (the greedy attempt uses 0)."""
-    max_concurrency: int = 32
-    """Episodes evaluated at once."""
-
-    def __post_init__(self) -> None:
-        if self.n_tasks < 1 or self.samples < 1 or self.max_concurrency < 1:
-            raise ValueError(f"EvalConfig n_tasks/samples/max_concurrency must be >= 1, got "
-                             f"{self.n_tasks}/{self.samples}/{self.max_concurrency}")
+from pipelines_lib.train.sft import SFTConfig
+from pipelines_lib.train.trainer import TrainerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,10 +151,8 @@ class CampaignConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, base: CampaignConfig | None = None) -> CampaignConfig:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError, RecursionError) as e:
-            raise ConfigError(f"{path}: cannot read config ({type(e).__name__}: {e})") from e
+        """Overlay the YAML file ``path`` on ``base``; read with bounded work (``configio.load_yaml``)."""
+        data = load_yaml(path) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
         try:
@@ -291,4 +188,4 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["CampaignConfig", "ConfigError", "EnvSpec", "EvalConfig", "SFTConfig", "TrainerConfig", "dataclasses"]
+__all__ = ["CampaignConfig", "ConfigError"]

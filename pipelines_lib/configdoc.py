@@ -16,6 +16,7 @@ import typing
 from typing import Any
 
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.settings import DEFAULTS, ENV_VARS, PROCESS_DEFAULTS, Settings
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
@@ -73,7 +74,26 @@ def render(config: CampaignConfig | None = None) -> str:
     ]
     for key, type_name, default, doc in rows(config):
         lines.append(f"| `{key}` | {type_name} | `{default}` | {doc.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + settings_section()) + "\n"
+
+
+def settings_section() -> list[str]:
+    """The process settings (``pipelines_lib.settings``): environment variables, not campaign config."""
+    lines = ["", "## Process settings (environment)", "",
+             "How one process reaches storage and where it caches: not part of a campaign (never in `campaign.json`),",
+             "read once by each entry point (`rollstream`, the flows, a stage process) from these variables.",
+             "Bad values are refused naming the variable. Each entry point also sets these defaults of the",
+             "libraries underneath unless the environment sets them: "
+             + ", ".join(f"`{k}={v}`" for k, v in PROCESS_DEFAULTS.items()) + ".", "",
+             "| variable | default | meaning |", "|---|---|---|"]
+    docs = attribute_docs(Settings)
+    for f in dataclasses.fields(Settings):
+        value = getattr(DEFAULTS, f.name)
+        default = "the checkout's `build/`" if f.name == "cache" else f"`{_fmt(value)}`"
+        meaning = docs[f.name].split(": ", 1)[1] if ": " in docs[f.name] else docs[f.name]
+        meaning = meaning[:1].upper() + meaning[1:]
+        lines.append(f"| `{ENV_VARS[f.name]}` | {default} | {meaning.replace('|', '/')} |")
+    return lines
 
 
 if __name__ == "__main__":

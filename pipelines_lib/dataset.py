@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from pipelines_lib.envs import env_class
 from pipelines_lib.envs.base import Task, split_of
+from pipelines_lib.records import DatasetSuccess, SplitInfo
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -173,24 +174,24 @@ def build_splits(config: DatasetConfig, storage_options: dict[str, Any] | None =
 
 def prep(store: Store, config: DatasetConfig, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``dataset/`` once; returns the manifest (also stored as ``dataset/_SUCCESS``)."""
-    if store.exists(layout.DATASET_SUCCESS):
-        return store.read_json(layout.DATASET_SUCCESS)
+    if store.exists(DatasetSuccess.PATH):
+        return DatasetSuccess.read(store).to_dict()
     splits, bad = build_splits(config, storage_options)
-    manifest: dict[str, Any] = {"source": config.source, "seed": config.seed, "splits": {}, "bad_rows": bad}
+    infos: dict[str, SplitInfo] = {}
     for split, tasks in splits.items():
         data = _encode(_table(tasks))
         path = layout.dataset_split(split)
         if not store.exists(path):  # a crashed earlier attempt may have written it already
             store.create(path, data)
-        manifest["splits"][split] = {"path": path, "rows": len(tasks),
-                                     "sha256": hashlib.sha256(store.read(path)).hexdigest()}
-    store.create_json(layout.DATASET_SUCCESS, manifest)
-    return manifest
+        infos[split] = SplitInfo(path=path, rows=len(tasks), sha256=hashlib.sha256(store.read(path)).hexdigest())
+    manifest = DatasetSuccess(source=config.source, seed=config.seed, splits=infos, bad_rows=bad)
+    manifest.write(store)
+    return manifest.to_dict()
 
 
 def load_split(store: Store, split: str) -> list[Task]:
     """Tasks of a prepared split, in stored order."""
-    if not store.exists(layout.DATASET_SUCCESS):
+    if not store.exists(DatasetSuccess.PATH):
         raise DatasetError(f"{store.uri('dataset')}: no dataset yet (run the prep stage first)")
     data = store.read(layout.dataset_split(split))
     table = pa.ipc.open_file(pa.BufferReader(data)).read_all()

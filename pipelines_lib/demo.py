@@ -1,6 +1,6 @@
 """``rollstream demo``: a synthetic campaign written, tailed and audited in a few seconds (no model, no Prefect).
 
-Stand-in until the Prefect campaign exists. It exercises the real storage path end to end:
+It exercises the real storage path and records end to end, in seconds:
 
 1. ``campaign.json``, then for each policy version ``v``: ``WORKERS`` rollout workers commit synthetic groups
    through ``ShardWriter``;
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines_lib.audit import AuditReport, audit_campaign
+from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
+from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
@@ -48,30 +50,19 @@ def default_demo_url(now: dt.datetime | None = None) -> str:
     return str(Path("runs") / f"demo-{now:%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}")
 
 
-def _consumption_log(step: int, version: int, tailer: ShardTailer, groups: list, published: int | None) -> dict:
-    events = tailer.drain_events()
-    return {
-        "step": step, "trainer_version": version,
-        "groups": [{"group_id": g.group_id, "shard": g.shard, "row_start": g.row_start, "row_end": g.row_end,
-                    "version": g.version, "staleness": version - g.version} for g in groups],
-        "dropped_stale": [{"shard": e.shard, "groups": list(e.groups), "reason": e.reason}
-                          for e in events if e.kind == "dropped_stale"],
-        "skipped": [{"shard": e.shard, "reason": e.reason} for e in events if e.kind == "skipped"],
-        "published_version": published, "created_at": utc_now_iso(),
-    }
+def _publish(store: Store, version: int, step: int) -> None:
+    # No weights: the demo moves the pointer over an empty version folder, so only the lineage is real.
+    Publication(version=version, path=layout.weights_dir(version), step=step, published_at=utc_now_iso()).advance(store)
 
 
 def run_demo(out_url: str | None = None, *, echo: Callable[[str], None] = print) -> DemoResult:
     """Write, tail and audit a synthetic campaign at ``out_url`` (default ``runs/demo-<timestamp>``)."""
     store = Store(out_url or default_demo_url())
     echo(f"demo campaign: {store.url}")
-    store.create_json(layout.CAMPAIGN_JSON, {
-        "kind": "demo", "schema_version": SCHEMA_VERSION, "versions": VERSIONS, "workers": WORKERS,
-        "groups_per_worker": GROUPS_PER_WORKER, "group_size": GROUP_SIZE, "batch_groups": BATCH_GROUPS,
-        "eta": ETA, "created_at": utc_now_iso(),
-    })
-    store.advance_pointer(layout.WEIGHTS_LATEST, {"version": 0, "path": layout.weights_dir(0), "step": 0,
-                                                  "published_at": utc_now_iso()})
+    CampaignManifest(kind="demo", schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
+                     config={"versions": VERSIONS, "workers": WORKERS, "groups_per_worker": GROUPS_PER_WORKER,
+                             "group_size": GROUP_SIZE, "batch_groups": BATCH_GROUPS, "eta": ETA}).write(store)
+    _publish(store, 0, 0)
     writers = [ShardWriter(store, worker_id=f"w{i}", config=WriterConfig(max_groups=2)) for i in range(WORKERS)]
     tailer = ShardTailer(store)
     step = 0
@@ -87,10 +78,10 @@ def run_demo(out_url: str | None = None, *, echo: Callable[[str], None] = print)
                 break
             step += 1
             publish = version + 1 if k == STEPS_PER_VERSION - 1 else None
-            store.create_json(layout.consumed_log(step), _consumption_log(step, version, tailer, groups, publish))
+            ConsumptionLog.of_step(step=step, trainer_version=version, groups=groups, events=tailer.drain_events(),
+                                   published_version=publish).write(store)
             if publish is not None:
-                store.advance_pointer(layout.WEIGHTS_LATEST, {"version": publish, "path": layout.weights_dir(publish),
-                                                              "step": step, "published_at": utc_now_iso()})
+                _publish(store, publish, step)
         c = tailer.cursor
         echo(f"version {version}: {sum(len(w.committed) for w in writers)} shards committed; trainer at step {step}, "
              f"{c.groups_consumed} groups consumed, {c.groups_dropped_stale} dropped stale")

@@ -1,8 +1,8 @@
-"""One thin Prefect task per stage (docs/STAGES.md): parameters in, ONE ``pipelines_lib`` call, manifest out.
+"""One thin Prefect task per stage (docs/STAGES.md): parameters in, ONE ``pipelines_lib.stages`` call, manifest out.
 
 ```
 tasks/common.py          open_campaign(url, storage_options) -> (Store, CampaignConfig); stage_run(...) links
-                         the Prefect run to its outputs in runs/<key>-<flow_run_id>.json; retry policy
+                         the Prefect run to its outputs (records.RunRecord); retry policy
 tasks/init.py            init_campaign      campaign.json (config snapshot)
 tasks/prep.py            prep_dataset       dataset/ + dataset/_SUCCESS
 tasks/warm_start.py      warm_start         weights/v00000000 + LATEST

@@ -1,7 +1,7 @@
 """What every stage task shares: opening the campaign, the retry policy, and the run record.
 
 The run record ties Prefect to the campaign folder. A stage that ran inside a flow run writes
-``runs/<key>-<flow_run_id>.json`` (create-only) with the flow and task run ids, the host, the timings and
+a ``records.RunRecord`` (``runs/<key>-<flow_run_id>.json``, create-only) with the flow and task run ids, the host, the timings and
 the stage's manifest, so the folder alone says which Prefect run produced which outputs, and the Prefect UI
 (flow run id) leads to the folder. A failed attempt leaves ``runs/<key>-<flow_run_id>-failed-<n>.json``
 with the error, then the exception propagates. Outside a flow run (a REPL, ``.fn`` in tests) nothing is
@@ -22,8 +22,10 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import deployment, flow_run, task_run
 from prefect.states import State
 
-from pipelines_lib.campaign import load_campaign_config
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import RunRecord
+from pipelines_lib.settings import Settings
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store, is_transient
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -33,27 +35,16 @@ IO_RETRY_DELAYS_S = [10, 30, 90]
 """Task-level retries come after the store's own (seconds-scale) retries gave up: a longer outage."""
 
 
-def open_store(campaign_url: str, storage_options: dict[str, Any] | None = None) -> Store:
-    """The campaign's ``Store``; for a ``gs://`` endpoint other than Google's also points Orbax at it.
-
-    Orbax writes through tensorstore (reads ``TENSORSTORE_GCS_HTTP_URL``) and etils' gcsfs backend (reads
-    ``STORAGE_EMULATOR_HOST``), neither of which sees our storage options (pipelines_lib.publish), so the
-    orchestration layer sets that environment here, from the same options gcsfs gets.
-    """
-    options = storage_options or {}
-    endpoint = options.get("endpoint_url")
-    if campaign_url.startswith(("gs://", "gcs://")) and endpoint:
-        os.environ["TENSORSTORE_GCS_HTTP_URL"] = endpoint
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        if options.get("token") == "anon":
-            os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")
-    return Store(campaign_url, storage_options=options)
+def open_store(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings) -> Store:
+    """The campaign's ``Store`` with the entry point's timeouts and deadlines (the flows read ``settings`` and
+    point Orbax at a ``gs://`` endpoint before any task runs: ``flows.entry``)."""
+    return settings.store(campaign_url, storage_options)
 
 
-def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None = None
+def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings
                   ) -> tuple[Store, CampaignConfig]:
     """The store and the config the campaign was started with (``campaign.json``)."""
-    store = open_store(campaign_url, storage_options)
+    store = open_store(campaign_url, storage_options, settings)
     return store, load_campaign_config(store)
 
 
@@ -81,36 +72,32 @@ def stage_key(stage: str, *, worker_index: int | None = None, version: int | Non
     return stage
 
 
-def run_record_path(key: str, flow_run_id: str) -> str:
-    return f"runs/{key}-{flow_run_id}.json"
-
-
 def stage_run(store: Store, key: str, call: Callable[[], dict[str, Any]],
               clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Run ``call`` (one library function) and record the run in the campaign folder; returns its manifest."""
     run_id = flow_run.id
-    base = {"key": key, "flow_run_id": run_id, "flow_run_name": flow_run.name,
-            "deployment_id": deployment.id, "task_run_id": task_run.id,
-            "host": socket.gethostname(), "pid": os.getpid(), "started_at": utc_now_iso()}
+    started_at = utc_now_iso()
     start = clock()
+
+    def record(**outcome: Any) -> RunRecord:
+        return RunRecord(key=key, flow_run_id=run_id, flow_run_name=flow_run.name, deployment_id=deployment.id,
+                         task_run_id=task_run.id, host=socket.gethostname(), pid=os.getpid(), started_at=started_at,
+                         finished_at=utc_now_iso(), seconds=round(clock() - start, 3), **outcome)
+
     try:
         manifest = call()
     except Exception as e:
         if run_id is not None:
-            attempt = f"{flow_run.run_count}.{task_run.run_count}"
-            _create_once(store, f"runs/{key}-{run_id}-failed-{attempt}.json", {
-                **base, "state": "failed", "error": f"{type(e).__name__}: {e}", "finished_at": utc_now_iso(),
-                "seconds": round(clock() - start, 3)})
+            _create_once(store, record(state="failed", attempt=f"{flow_run.run_count}.{task_run.run_count}",
+                                       error=f"{type(e).__name__}: {e}"))
         raise
     if run_id is not None:
-        _create_once(store, run_record_path(key, run_id), {
-            **base, "state": "completed", "finished_at": utc_now_iso(), "seconds": round(clock() - start, 3),
-            "manifest": manifest})
+        _create_once(store, record(state="completed", manifest=manifest))
     return manifest
 
 
-def _create_once(store: Store, path: str, record: dict[str, Any]) -> None:
+def _create_once(store: Store, record: RunRecord) -> None:
     # A retried flow run keeps its id: its first record of this stage stands (the stages are idempotent,
     # so a second manifest would say the same).
     with contextlib.suppress(AlreadyExistsError):
-        store.create_json(path, record)
+        record.write(store)

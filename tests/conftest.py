@@ -87,3 +87,26 @@ def demo_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
     from pipelines_lib.demo import run_demo
 
     return Store(run_demo(str(tmp_path_factory.mktemp("demo") / "demo"), echo=lambda _: None).url)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The embedded default tokenizer (built offline on first use)."""
+    from pipelines_lib.model.tokenizer import open_tokenizer
+
+    return open_tokenizer(None)
+
+
+SMALL_CAMPAIGN = {"dataset": {"n_train": 16, "n_heldout": 8}}
+"""The tiny preset with a 16-task train split: prep and the Prefect wiring in seconds."""
+
+
+@pytest.fixture
+def campaign(tmp_path) -> Store:
+    """An initialised campaign (``campaign.json`` of ``SMALL_CAMPAIGN``) named ``my_campaign``."""
+    from pipelines_lib.config import CampaignConfig
+    from tasks.init import init_campaign
+
+    store = Store(str(tmp_path / "my_campaign"))
+    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL_CAMPAIGN).to_dict())
+    return store

@@ -11,12 +11,7 @@ from pipelines_lib.agents.base import FinalResponse, ToolMessages
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.scripted import ScriptedEngine, fake_logprob
 from pipelines_lib.envs import hermes_tool_call, make_env
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok() -> ChatTokenizer:
-    return load_tokenizer(ensure_default_tokenizer())
+from pipelines_lib.model.tokenizer import ChatTokenizer
 
 
 def started(kind: str, tok: ChatTokenizer, **config: object) -> ToolAgent | ModelAgent:

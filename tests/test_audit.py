@@ -21,6 +21,7 @@ from pipelines_lib.audit import audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
 from pipelines_lib.audit.stats import summarize
+from pipelines_lib.records import CampaignManifest, ConsumedGroup, ConsumptionLog, DroppedStale, Publication
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig, encode_shard
@@ -36,7 +37,14 @@ def _group(pid: str, version: int, worker: str) -> list:
     return synthetic_group(prompt_id=pid, group_size=2, worker_id=worker, policy_version=version, seed=3)
 
 
+def _manifest(store: Store) -> None:
+    """A ``campaign.json`` that records no config: the audit then skips the trainer's checks (group size etc.)."""
+    CampaignManifest(kind="test", schema_version=SCHEMA_VERSION, code_version="test", created_at="t",
+                     config={}).write(store)
+
+
 def _base(store: Store) -> list[ShardInfo]:
+    _manifest(store)
     infos = []
     for worker in ("w0", "w1"):
         w = ShardWriter(store, worker_id=worker, config=WriterConfig(max_groups=2))
@@ -170,14 +178,14 @@ def test_a_trajectory_committed_in_two_shards_is_a_duplicate(local_store: Store)
 
 
 def _log(step: int, version: int, groups: list[tuple[ShardInfo, int]], dropped: list[tuple[ShardInfo, int]] = (),
-         published: int | None = None) -> dict:
-    return {
-        "step": step, "trainer_version": version,
-        "groups": [{"group_id": s.group_ids[i], "shard": s.path, "row_start": 2 * i, "row_end": 2 * i + 2,
-                    "version": s.version, "staleness": version - s.version} for s, i in groups],
-        "dropped_stale": [{"shard": s.path, "groups": [s.group_ids[i]], "reason": "too stale"} for s, i in dropped],
-        "skipped": [], "published_version": published, "created_at": "2026-12-02T00:00:00+00:00",
-    }
+         published: int | None = None) -> ConsumptionLog:
+    return ConsumptionLog(
+        step=step, trainer_version=version,
+        groups=[ConsumedGroup(group_id=s.group_ids[i], shard=s.path, row_start=2 * i, row_end=2 * i + 2,
+                              version=s.version, staleness=version - s.version) for s, i in groups],
+        dropped_stale=[DroppedStale(shard=s.path, groups=[s.group_ids[i]], reason="too stale") for s, i in dropped],
+        published_version=published, created_at="2026-12-02T00:00:00+00:00",
+    )
 
 
 def _clean_lineage(store: Store, infos: list[ShardInfo]) -> None:
@@ -185,19 +193,18 @@ def _clean_lineage(store: Store, infos: list[ShardInfo]) -> None:
     and drops the other; v1's four groups stay pending."""
     w0v0, w0v1, w1v0, w1v1 = sorted(infos, key=lambda i: i.path.rsplit("/", 1)[-1])
     assert (w0v0.version, w1v0.worker_id) == (0, "w1")
-    store.create_json(layout.consumed_log(1), _log(1, 0, [(w0v0, 0)]))
-    store.create_json(layout.consumed_log(2), _log(2, 0, [(w0v0, 1)], published=1))
-    store.create_json(layout.consumed_log(3), _log(3, 1, [(w1v0, 0)], dropped=[(w1v0, 1)], published=2))
+    _log(1, 0, [(w0v0, 0)]).write(store)
+    _log(2, 0, [(w0v0, 1)], published=1).write(store)
+    _log(3, 1, [(w1v0, 0)], dropped=[(w1v0, 1)], published=2).write(store)
     for version, step in ((0, 0), (1, 2), (2, 3)):
-        store.advance_pointer(layout.WEIGHTS_LATEST, {"version": version, "path": layout.weights_dir(version),
-                                                      "step": step, "published_at": f"t{version}"})
+        Publication(version=version, path=layout.weights_dir(version), step=step,
+                    published_at=f"t{version}").advance(store)
 
 
 def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: Store) -> None:
     infos = _base(store)
     _clean_lineage(store, infos)
-    store.create_json(layout.CAMPAIGN_JSON, {"eta": 1})
-    store.create_json(layout.eval_path(2), {"accuracy": 0.5})
+    store.create_json(layout.eval_path(2), {"accuracy": 0.5})  # the audit lists evaluations, it does not read them
     lines: list[str] = []
     report = audit_campaign(store, progress=lines.append, progress_every=3)
     assert report.ok, report.render_text()
@@ -208,7 +215,7 @@ def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: St
     assert report.statuses == {"ok": 16} and report.tool_calls == {"calculator": 16} and report.tool_errors == {}
     assert report.turns.count == 16 and report.turns.max == 4.0
     assert report.generated_tokens.max <= report.tokens.max
-    assert report.campaign == {"eta": 1} and report.evals == ("eval/v00000002.json",)
+    assert report.campaign == CampaignManifest.read(store).to_dict() and report.evals == ("eval/v00000002.json",)
     assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [
         f"{report.files} objects listed", "3/4 shards read", "4/4 shards read"]
 
@@ -229,7 +236,7 @@ def test_audit_flags_a_group_consumed_twice(store: Store) -> None:
     infos = _base(store)
     _clean_lineage(store, infos)
     first = sorted(infos, key=lambda i: i.path)[0]
-    store.create_json(layout.consumed_log(4), _log(4, 1, [(first, 0)]))
+    _log(4, 1, [(first, 0)]).write(store)
     report = audit_campaign(store)
     assert not report.ok and report.violation_counts == {"consumed_twice": 1}
     [f] = report.violations
@@ -238,10 +245,9 @@ def test_audit_flags_a_group_consumed_twice(store: Store) -> None:
 
 def test_audit_flags_a_consumed_group_that_no_shard_holds(store: Store) -> None:
     _base(store)
-    store.create_json(layout.consumed_log(1), {
-        "step": 1, "trainer_version": 0, "dropped_stale": [], "skipped": [], "published_version": None,
-        "created_at": "x", "groups": [{"group_id": "ghost", "shard": "trajectories/v00000000/w9-00000000.arrow",
-                                       "row_start": 0, "row_end": 2, "version": 0, "staleness": 0}]})
+    ConsumptionLog(step=1, trainer_version=0, created_at="x", groups=[ConsumedGroup(
+        group_id="ghost", shard="trajectories/v00000000/w9-00000000.arrow", row_start=0, row_end=2, version=0,
+        staleness=0)]).write(store)
     report = audit_campaign(store)
     assert not report.ok and report.violation_counts == {"consumed_missing": 1}
     assert "group ghost is in no committed shard" in report.violations[0].message
@@ -250,26 +256,32 @@ def test_audit_flags_a_consumed_group_that_no_shard_holds(store: Store) -> None:
 def test_audit_flags_malformed_consumption_logs(local_store: Store) -> None:
     _base(local_store)
     local_store.create(layout.consumed_log(1), b"{not json")
-    local_store.create_json(layout.consumed_log(2), {"step": 2})
+    local_store.create_json(layout.consumed_log(2), {"record_version": 1, "step": 2})
     local_store.create("train/consumed/00000003.arrow", b"")
     report = audit_campaign(local_store)
     assert report.violation_counts == {"bad_consumption_log": 3}
+    assert "ConsumptionLog has no field 'trainer_version'" in {f.path: f.message for f in report.violations}[
+        layout.consumed_log(2)]
 
 
 def test_groups_in_invalid_shards_count_as_unusable(local_store: Store) -> None:
     _base(local_store)
     local_store.create(PLANTED, encode_shard(_bad_table(_turn_out_of_range), {}))
-    local_store.create_json(layout.consumed_log(1), _log(1, 0, []))
+    _log(1, 0, []).write(local_store)
     lin = audit_campaign(local_store).lineage
     assert lin is not None and (lin.accounting.pending, lin.accounting.unusable) == (8, 1)
 
 
-def test_audit_of_an_empty_or_missing_folder_says_so(tmp_path) -> None:
-    with pytest.raises(NotFoundError, match="no campaign here"):
-        audit_campaign(Store(str(tmp_path / "nothing")))
+@pytest.mark.parametrize("folder", ["nothing", "not-a-campaign"])
+def test_audit_of_a_folder_without_campaign_json_is_not_a_campaign(tmp_path, folder: str) -> None:
+    (tmp_path / "not-a-campaign").mkdir()
+    (tmp_path / "not-a-campaign" / "passwd").write_text("root:x:0:0")
+    with pytest.raises(NotFoundError, match="not a campaign"):
+        audit_campaign(Store(str(tmp_path / folder)))
 
 
 def test_tool_errors_are_counted_by_tool_and_kind(local_store: Store) -> None:
+    _manifest(local_store)
     first, second = _group("p", 0, "w0")
     failed = [u if u.role != "tool" else Turn(role="tool", start=u.start, end=u.end, tool_name="python", error="timeout")
               for u in first.turns]

@@ -9,8 +9,9 @@ import pytest
 from bench.ablation import mismatch_figures, success_curve
 from bench.learning import version_rows
 from bench.registry import BenchContext
-from pipelines_lib.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import ConsumptionLog, DoneMarker, EvalResult, Publication
+from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -20,14 +21,14 @@ def hand_written_campaign(root: Path) -> Store:
     store = Store(str(root))
     init_campaign(store, CampaignConfig.twostep())
     for step, (diff, kl, capped) in enumerate([(0.1, 0.02, 0.0), (0.3, 0.06, 0.5)], start=1):
-        store.create_json(layout.consumed_log(step), {"step": step, "metrics": {
-            "prox_behav_logp_abs_diff": diff, "behav_prox_kl": kl, "correction_frac_tis": capped}})
-    store.create_json(layout.TRAIN_DONE, {"wall_s": 40.0, "finished_at": "2026-01-01T00:00:40+00:00"})
+        ConsumptionLog(step=step, trainer_version=0, created_at="2026-01-01T00:00:10+00:00", groups=[], metrics={
+            "prox_behav_logp_abs_diff": diff, "behav_prox_kl": kl, "correction_frac_tis": capped}).write(store)
+    DoneMarker(steps=2, version=1, groups_consumed=0, groups_dropped_stale=0, shards_skipped=0, idle_s=0.0,
+               busy_s=40.0, wall_s=40.0, tokens_trained=0, finished_at="2026-01-01T00:00:40+00:00").write(store)
     for version, step, at, greedy in [(0, 0, "2025-12-31T23:59:00+00:00", 0.25), (1, 2, "2026-01-01T00:00:30+00:00", 0.5)]:
-        store.advance_pointer(layout.WEIGHTS_LATEST, {"version": version, "path": layout.weights_dir(version),
-                                                      "step": step, "published_at": at})
-        store.create_json(f"eval/v{version:08d}.json", {"greedy_success_rate": greedy, "pass@k": greedy + 0.25,
-                                                        "greedy": {"format_rate": 1.0}})
+        Publication(version=version, path=layout.weights_dir(version), step=step, published_at=at).advance(store)
+        EvalResult(version=version, split="heldout", temperature=1.0, tasks=4, k=1, greedy={"format_rate": 1.0},
+                   greedy_success_rate=greedy, pass_at_k=greedy + 0.25, wall_s=1.0, generated_tokens=0).write(store)
     return store
 
 

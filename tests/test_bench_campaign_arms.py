@@ -24,8 +24,10 @@ from bench.campaign_arms import (
     telemetry_figures,
 )
 from bench.registry import BenchContext, load_benches
+from drills.fixtures import done_marker, eval_result, run_record
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DroppedStale, ZeroAdvantageGroup
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import summarize
@@ -96,17 +98,20 @@ def test_nearest_rank_p95_is_the_ceil_095n_th_smallest() -> None:
     assert nearest_rank([7], 0.95) == 7
 
 
-def _log(groups: list[tuple[str, int]], *, dropped: list[list[str]] = (), zero_adv: int = 0) -> dict:
-    return {"groups": [{"group_id": g, "shard": "s", "row_start": 0, "row_end": 4, "staleness": s}
-                       for g, s in groups],
-            "dropped_stale": [{"kind": "dropped_stale", "groups": d} for d in dropped],
-            "skipped_zero_advantage": [{"group_id": f"z{i}"} for i in range(zero_adv)]}
+def _log(groups: list[tuple[str, int]], *, dropped: list[list[str]] = (), zero_adv: int = 0, step: int = 1,
+         created_at: str = "t", mean_reward: float | None = None) -> ConsumptionLog:
+    return ConsumptionLog(
+        step=step, trainer_version=2, created_at=created_at, mean_reward=mean_reward,
+        groups=[ConsumedGroup(group_id=g, shard="s", row_start=0, row_end=4, version=2 - s, staleness=s)
+                for g, s in groups],
+        dropped_stale=[DroppedStale(shard="s", groups=d, reason="stale") for d in dropped],
+        skipped_zero_advantage=[ZeroAdvantageGroup(group_id=f"z{i}", shard="s", reward=0.0) for i in range(zero_adv)])
 
 
 def test_consumption_figures_count_useful_groups_staleness_and_dropped_share() -> None:
     rewards = {"g1": [1, 0, 1, 1], "g2": [0, 0, 0, 0], "g3": [1, 1, 0, 0], "g4": [1, 1, 1, 1]}
     logs = [_log([("g1", 0), ("g2", 1)], dropped=[["a", "b"]]), _log([("g3", 2), ("g4", 0)], zero_adv=1)]
-    f = consumption_figures(logs, lambda g: rewards[g["group_id"]])
+    f = consumption_figures(logs, lambda g: rewards[g.group_id])
     assert f["steps"] == 2 and f["groups_trained"] == 4
     assert f["useful_groups"] == 2 and f["useful_samples"] == 8  # g1 and g3, 4 samples each
     assert f["staleness_mean"] == (0 + 1 + 2 + 0) / 4
@@ -185,17 +190,16 @@ def test_arm_figures_read_a_campaign_folder_shard_rows_done_marker_eval_and_tele
     ids = info.group_ids
     t0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
     at = lambda s: (t0 + dt.timedelta(seconds=s)).isoformat()  # noqa: E731
-    store.create_json("train/consumed/00000001.json", {
-        "step": 1, "created_at": at(50), "mean_reward": 0.625,
-        "groups": [{"group_id": ids[0], "shard": info.path, "row_start": 0, "row_end": 4, "staleness": 0},
-                   {"group_id": ids[1], "shard": info.path, "row_start": 4, "row_end": 8, "staleness": 1}],
-        "dropped_stale": [{"kind": "dropped_stale", "groups": ["x"]}], "skipped_zero_advantage": []})
+    log = _log([], dropped=[["x"]], created_at=at(50), mean_reward=0.625)
+    dataclasses.replace(log, groups=[
+        ConsumedGroup(group_id=ids[0], shard=info.path, row_start=0, row_end=4, version=2, staleness=0),
+        ConsumedGroup(group_id=ids[1], shard=info.path, row_start=4, row_end=8, version=1, staleness=1)]).write(store)
     # The trainer ran 80 s and finished at t0 + 100 s, so it started at t0 + 20 s.
-    store.create_json("train/DONE.json", {"wall_s": 80.0, "idle_s": 20.0, "finished_at": at(100)})
-    store.create_json("eval/v00000000.json", {"greedy_success_rate": 0.25})
-    store.create_json("eval/v00000002.json", {"greedy_success_rate": 0.5})
-    store.create_json("runs/collect-w1-f00-failed-1.1.json", {"state": "failed"})
-    store.create_json("runs/train-f00.json", {"state": "completed"})
+    done_marker(wall_s=80.0, idle_s=20.0, finished_at=at(100)).write(store)
+    eval_result(0, greedy_success_rate=0.25).write(store)
+    eval_result(2, greedy_success_rate=0.5).write(store)
+    run_record("collect-w1", "f00", state="failed", attempt="1.1").write(store)
+    run_record("train", "f00", state="completed").write(store)
     store.create("telemetry/rollout-rollout0-1-abc-00000.jsonl",
                  "".join(json.dumps(r) + "\n" for r in TELEMETRY).encode())
     f, curve = arm_figures(store)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines_lib.campaign import CampaignMismatchError, campaign_status, init_campaign, load_campaign_config
+from drills.fixtures import done_marker, eval_result
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import DatasetSuccess, Publication
+from pipelines_lib.stages.campaign import (
+    CampaignMismatchError,
+    campaign_status,
+    init_campaign,
+    load_campaign_config,
+)
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -23,14 +30,17 @@ def test_status_lists_the_stages_a_recovery_must_run(tmp_path) -> None:
     store = Store(str(tmp_path / "c"))
     assert campaign_status(store)["todo"] == ["init", "prep", "warm_start", "collect", "train", "evaluate", "audit"]
     init_campaign(store, CampaignConfig.tiny())
-    store.create_json(layout.DATASET_SUCCESS, {})
+    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
     for v in (0, 1, 2):
-        store.advance_pointer(layout.WEIGHTS_LATEST, {"version": v})
-    store.create_json(layout.eval_path(0), {})
+        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
+        publication.write(store)
+        publication.advance(store)
+    eval_result(0).write(store)
     status = campaign_status(store)
     assert status["todo"] == ["collect", "train", "evaluate", "audit"]
     assert status["missing_eval"] == [1, 2]
-    store.create_json(layout.TRAIN_DONE, {})
-    store.create_json(layout.eval_path(1), {})
-    store.create_json(layout.eval_path(2), {})
+    done_marker().write(store)
+    assert campaign_status(store)["todo"] == ["evaluate", "audit"]
+    eval_result(1).write(store)
+    eval_result(2).write(store)
     assert campaign_status(store)["todo"] == ["audit"]

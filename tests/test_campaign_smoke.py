@@ -23,12 +23,13 @@ import yaml
 
 from flows.campaign import campaign
 from flows.recover import recover
-from pipelines_lib.campaign import campaign_status
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.publish import published_marker
+from pipelines_lib.records import RunRecord
+from pipelines_lib.settings import Settings
+from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.layout import published_marker
 from pipelines_lib.storage.store import Store
-from tasks.common import open_store, run_record_path
 from tests.conftest import gcs_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,14 +72,14 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     url, options = where
     state = campaign(url, config_path=smoke_yaml, storage_options=options, poll_s=0.5, return_state=True)
     result = state.result()
-    store = open_store(url, options)
+    store = Settings.from_env(os.environ).store(url, options)
     assert result["train"]["steps"] == 4 and result["train"]["version"] == 2
     assert sorted(result["evaluate"]) == [0, 1, 2]
     assert all(c["stop_reason"] == "done marker" for c in result["collect"])
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0 and result["audit"]["bad_files"] == 0
     run_id = str(state.state_details.flow_run_id)
     for key in STAGE_KEYS:
-        assert store.read_json(run_record_path(key, run_id))["state"] == "completed", key
+        assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
     # A second run of the finished campaign does no stage work: every stage finds its marker.
     again = campaign(url, config_path=smoke_yaml, storage_options=options, poll_s=0.5)
@@ -118,7 +119,7 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert alive, f"the campaign ended before the kill:\n{output[-3000:]}"
     assert proc.returncode == -9, output[-3000:]
 
-    store = open_store(url, options)
+    store = Settings.from_env(os.environ).store(url, options)
     before = campaign_status(store)
     assert (before["train_steps"], before["train_done"], before["published_versions"]) == (3, False, [0, 1])
     assert before["latest_checkpoint"] == "train/checkpoints/00000002"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -34,11 +36,25 @@ def test_exponent_notation_without_a_dot_is_a_number(tmp_path: Path) -> None:
     ("rollout:\n  etaa: 2\n", "rollout.etaa: unknown key for RolloutConfig; did you mean 'eta'?"),
     ("rollout:\n  eta: two\n", "rollout.eta: expected int, got str 'two'"),
     ("rollout:\n  eta: -1\n", "RolloutConfig.eta must be >= 0, got -1"),
-    ("rollout:\n  max_concurrency: 6\n", "max_concurrency must be a positive multiple of group_size=4, got 6"),
+    ("rollout:\n  max_concurrency: 6\n", "max_concurrency must be a multiple of group_size=4 no larger than 65536, got 6"),
     ("trainer:\n  advantage: ppo\n", "TrainerConfig.advantage must be one of ['drgrpo', 'grpo', 'rloo'], got 'ppo'"),
     ("env:\n  name: arithmetc\n", "did you mean 'arithmetic'?"),
     ("- a list\n", "top level must be a mapping, got list"),
-    ("rollout: [1\n", "cannot read config"),
+    ("rollout: [1\n", "expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
+    # not finite, or out of range: refused naming the key
+    ("rollout:\n  temperature: .nan\n", "rollout.temperature: expected a finite number, got nan"),
+    ("trainer:\n  optim: {lr: 1e999}\n", "trainer.optim.lr: expected a finite number, got '1e999'"),
+    ("trainer:\n  data_timeout_s: .inf\n", "trainer.data_timeout_s: expected a finite number, got inf"),
+    ("rollout:\n  group_size: 1\n", "rollout: RolloutConfig.group_size must be >= 2, got 1"),
+    ("rollout:\n  max_concurrency: 400000000000\n", "no larger than 65536, got 400000000000"),
+    ("engine:\n  num_slots: 1000000000\n", "EngineConfig.num_slots must be in [1, 16384], got 1000000000"),
+    ("rollout:\n  temperature: -1\n", "RolloutConfig.temperature must be >= 0, got -1.0"),
+    ("workers: " + "9" * 5000 + "\n", "workers: expected int, got str '99999"),
+    ("seed: " + "9" * 40 + "\n", "seed: 99999"),
+    # YAML features that make a small file expensive or ambiguous
+    ("workers: 2\nworkers: 3\n", "duplicate key 'workers' (line 2, column 1)"),
+    ("rollout:\n  eta: 1\n  eta: 2\n", "duplicate key 'eta' (line 3, column 3)"),
+    ("a: &a [1]\nb: *a\n", "anchors and aliases (&name, *name) are not allowed in a config (line 1, column 4)"),
 ])
 def test_bad_yaml_names_the_key_and_the_problem(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
@@ -46,6 +62,38 @@ def test_bad_yaml_names_the_key_and_the_problem(tmp_path: Path, text: str, messa
     with pytest.raises(ConfigError) as err:
         CampaignConfig.from_yaml(path)
     assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_a_knob_whose_default_is_no_limit_may_be_set_back_to_infinity(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  optim: {grad_clip_norm: .inf}\n")
+    assert CampaignConfig.from_yaml(path).trainer.optim.grad_clip_norm == math.inf
+    path.write_text("trainer:\n  optim: {grad_clip_norm: .nan}\n")
+    with pytest.raises(ConfigError, match="trainer.optim.grad_clip_norm: expected a finite number, got nan"):
+        CampaignConfig.from_yaml(path)
+
+
+def test_an_alias_bomb_is_refused_at_its_first_anchor_without_expanding(tmp_path: Path) -> None:
+    from drills.fuzz import CONFIG_BOMB
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(CONFIG_BOMB)
+    assert len(CONFIG_BOMB) < 400  # 9**9 scalars once expanded
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: anchors and aliases .* \(line 1, column 4\)"):
+        CampaignConfig.from_yaml(path)
+
+
+def test_a_file_that_is_not_utf8_or_too_large_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("workers: 2 # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: not UTF-8 text \(byte 16: b'\\xe9'\)"):
+        CampaignConfig.from_yaml(path)
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(big))}: config file is larger than 1048576 bytes"):
+        CampaignConfig.from_yaml(big)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 'none.yaml'))}: cannot read config"):
+        CampaignConfig.from_yaml(tmp_path / "none.yaml")
 
 
 def test_config_round_trips_through_its_json_snapshot() -> None:

@@ -97,13 +97,14 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
         tmp_path: Path) -> None:
     from flax import nnx
 
-    from drills.kills import drill_trainer_config
+    from drills.fixtures import small_trainer_config
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.publish import publish_weights, published_marker
+    from pipelines_lib.publish import publish_weights
+    from pipelines_lib.records import Publication
     from pipelines_lib.storage.layout import weights_dir
 
     store = Store(str(tmp_path / "c"))
-    publish_weights(store, Decoder(drill_trainer_config(2).model, rngs=nnx.Rngs(0)), version=0, step=0)
+    publish_weights(store, Decoder(small_trainer_config(2).model, rngs=nnx.Rngs(0)), version=0, step=0)
     loaded: set[int] = set()
     assert not publish_in_flight(store)
     assert check_publication(store, loaded) == {"latest": 0, "mirror": 0, "marked": 1, "unmarked": [],
@@ -114,7 +115,7 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
     found = check_publication(store, loaded)
     assert (found["unmarked"], found["unloadable"], found["landed"]) == ([1], [], "save")
     # The same folder with a marker is visible, and it does not load: that is what the drill must never see.
-    store.create_json(published_marker(1), {"version": 1, "path": weights_dir(1), "step": 2, "published_at": "x"})
+    Publication(version=1, path=weights_dir(1), step=2, published_at="x").write(store)
     found = check_publication(store, loaded)
     assert (found["unmarked"], found["landed"], found["latest"]) == ([], "pointer", 0)
     assert len(found["unloadable"]) == 1 and found["unloadable"][0].startswith("v1: ")

@@ -54,10 +54,9 @@ def test_an_unknown_drill_is_refused_naming_the_choices(fake_drills: None) -> No
 
 
 def test_the_drills_subcommand_is_registered_on_the_cli() -> None:
-    import drills.cli  # noqa: F401 - registers the subcommand
-    from pipelines_lib.cli import SUBCOMMANDS, build_parser
+    from pipelines_lib.cli import build_parser, commands
 
-    assert "drills" in SUBCOMMANDS
+    assert "drills" in commands()  # through the rollstream.commands entry point
     args = build_parser().parse_args(["drills", "--quick", "--only", "fuzz"])
     assert args.quick and args.only == ["fuzz"]
 
@@ -120,3 +119,27 @@ def test_kill_figures_count_every_kill_and_the_report_describes_each_drill(
            "rollout worker (20) + evaluator (5)" in report
     assert "- Trainer, killed while publishing: 5 kills over 6 starts" in report
     assert "- Evaluator (v1): 5 kills over 6 starts" in report
+
+
+def test_figures_that_several_drills_report_add_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hangs and CLI tracebacks are counted by more than one drill over different cases: the report shows the total.
+    monkeypatch.setattr(runner, "DRILLS", {
+        "bounds": _fake({"reliability.hangs": 1.0, "reliability.cli_tracebacks": 0.0, "reliability.bounds_cases": 24.0}),
+        "metadata": _fake({"reliability.hangs": 2.0, "reliability.cli_tracebacks": 3.0})})
+    figures = runner.run_drills(quick=True, out_dir=tmp_path, progress=lambda s: None)
+    assert figures == {"reliability.hangs": 3.0, "reliability.cli_tracebacks": 3.0, "reliability.bounds_cases": 24.0}
+
+
+def test_a_full_rerun_of_one_drill_updates_its_part_of_the_report(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "DRILLS", {
+        "fuzz": _fake({"reliability.fuzz_cases": 2500.0, "reliability.hangs": 1.0}),
+        "bounds": _fake({"reliability.hangs": 2.0, "reliability.bounds_cases": 24.0})})
+    runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None)
+    monkeypatch.setattr(runner, "DRILLS", {"bounds": _fake({"reliability.hangs": 0.0, "reliability.bounds_cases": 25.0})})
+    runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None, only=["bounds"])
+    record = json.loads((tmp_path / "bench" / "reliability.json").read_text())
+    assert record["figures"] == {"reliability.fuzz_cases": 2500.0, "reliability.hangs": 1.0,
+                                 "reliability.bounds_cases": 25.0}  # fuzz's hang stays, bounds' are replaced
+    assert record["details"]["fuzz"]["sizes_seen"] == 500 and [r["drills"] for r in record["reruns"]] == [["bounds"]]
+    assert "**Rerun since.**" in (tmp_path / "RELIABILITY.md").read_text()

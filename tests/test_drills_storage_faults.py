@@ -161,12 +161,3 @@ def test_a_call_past_its_deadline_fails_naming_op_and_url_as_a_transient_error()
     assert call_with_deadline("save", "gs://b/c", lambda: 7, timeout_s=5) == 7
     with pytest.raises(ZeroDivisionError):
         call_with_deadline("save", "gs://b/c", lambda: 1 // 0, timeout_s=5)
-
-
-def test_the_orbax_deadline_is_600_s_unless_the_environment_sets_a_positive_one() -> None:
-    from pipelines_lib.publish import _orbax_deadline_s
-
-    assert _orbax_deadline_s(None) == 600.0 and _orbax_deadline_s("30") == 30.0
-    for bad in ("0", "-1", "nan", "soon"):
-        with pytest.raises(ValueError, match=rf"ROLLSTREAM_ORBAX_DEADLINE_S must be .* > 0, got '{bad}'"):
-            _orbax_deadline_s(bad)

@@ -24,14 +24,9 @@ from pipelines_lib.envs import (
     hermes_tool_call,
     make_env,
 )
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.trajectory.record import Trajectory, to_table
 from pipelines_lib.trajectory.validate import validate_table
-
-
-@pytest.fixture(scope="module")
-def tok() -> ChatTokenizer:
-    return load_tokenizer(ensure_default_tokenizer())
 
 
 class _ScriptedTool(Tool):

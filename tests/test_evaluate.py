@@ -9,13 +9,15 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.agents import AgentConfig
-from pipelines_lib.config import CampaignConfig, EvalConfig
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import DatasetConfig, prep
 from pipelines_lib.engine import EngineConfig
-from pipelines_lib.evaluate import evaluate, pass_at_k, summarize
+from pipelines_lib.evaluate import EvalConfig, pass_at_k, summarize
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import publish_weights
+from pipelines_lib.records import EvalResult
+from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.storage.layout import eval_path
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory, Turn
@@ -73,7 +75,7 @@ def test_summary_counts_by_hand() -> None:
     assert s["success_rate"] == pytest.approx(3 / 6)
     assert s["mean_reward"] == pytest.approx(4 / 6)
     assert s["pass@1"] == pytest.approx((1 + 0 + 0.5) / 3)
-    assert s["pass@2"] == pytest.approx((1 + 0 + 1) / 3) == out["pass@k"]
+    assert s["pass@2"] == pytest.approx((1 + 0 + 1) / 3) == out["pass_at_k"]
     assert s["tool_use_rate"] == pytest.approx(5 / 6)
     assert "format_rate" not in g  # these episodes come from an env without a format part
 
@@ -104,18 +106,16 @@ def test_evaluate_writes_the_results_once(local_store: Store) -> None:
     publish_weights(local_store, Decoder(SMALL, rngs=nnx.Rngs(0)), version=0, step=0)
 
     results = evaluate(local_store, config, version=0)
-    assert local_store.read_json(eval_path(0)) == results
-    assert (results["version"], results["tasks"], results["k"], results["split"]) == (0, 3, 2, "heldout")
-    for key in ("greedy_success_rate", "pass@k", "wall_s", "generated_tokens"):
-        assert key in results
-    assert results["greedy"]["episodes"] == 3 and results["sampled"]["episodes"] == 6
-    for mode in ("greedy", "sampled"):
-        stats = results[mode]
+    assert EvalResult.read(local_store, 0) == results
+    assert (results.version, results.tasks, results.k, results.split) == (0, 3, 2, "heldout")
+    assert results.pass_at_k is not None and results.wall_s > 0 and results.generated_tokens > 0
+    assert results.greedy["episodes"] == 3 and results.sampled is not None and results.sampled["episodes"] == 6
+    for stats in (results.greedy, results.sampled):
         assert set(stats) >= {"success_rate", "mean_reward", "avg_turns", "tool_use_rate", "statuses",
                               "failure_kinds"}
         assert sum(stats["statuses"].values()) == stats["episodes"]
         assert stats["avg_turns"] >= 1
-    assert {"pass@1", "pass@2"} <= set(results["sampled"])
+    assert {"pass@1", "pass@2"} <= set(results.sampled)
 
     before = local_store.read(eval_path(0))
     assert evaluate(local_store, config, version=0) == results

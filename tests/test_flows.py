@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
+from drills.fixtures import consumption_log
 from flows import artifacts
 from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
 from flows.monitor import TrainProgress
@@ -25,22 +26,12 @@ from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import RunRecord, StopRequest
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
-from tasks.common import run_record_path
-from tasks.init import init_campaign
 from tasks.prep import prep_dataset
-
-SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
-
-
-@pytest.fixture
-def campaign(tmp_path) -> Store:
-    store = Store(str(tmp_path / "my_campaign"))
-    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL).to_dict())
-    return store
 
 
 def _artifacts(key: str) -> list:
@@ -105,9 +96,9 @@ def test_artifact_keys_and_eval_rows() -> None:
 def test_a_stage_flow_links_its_run_to_its_outputs(prefect_api, campaign: Store) -> None:
     state = prep_flow(campaign.url, return_state=True)
     manifest = state.result()
-    record = campaign.read_json(run_record_path("prep", str(state.state_details.flow_run_id)))
-    assert record["state"] == "completed" and record["manifest"] == manifest
-    assert record["flow_run_name"] and record["task_run_id"]
+    record = RunRecord.read(campaign, "prep", str(state.state_details.flow_run_id))
+    assert record.state == "completed" and record.manifest == manifest
+    assert record.flow_run_name and record.task_run_id
     dataset = [p for p in campaign.walk() if p.startswith("dataset/")]
     again = prep_flow(campaign.url, return_state=True)
     assert again.result() == manifest
@@ -123,9 +114,8 @@ def test_train_progress_follows_the_consumption_logs(prefect_api, campaign: Stor
         progress = TrainProgress(campaign, max_steps=4, log=lines.append, key="progress-test-train")
         assert progress.poll() == 0
         for step in (1, 2, 3):
-            campaign.create_json(layout.consumed_log(step), {
-                "step": step, "mean_reward": 0.25 * step, "groups": [{"staleness": step % 2}],
-                "published_version": 1 if step == 2 else None})
+            consumption_log(step, staleness=(step % 2,), mean_reward=0.25 * step,
+                            published_version=1 if step == 2 else None).write(campaign)
         assert progress.poll() == 3
         return progress.percent
 
@@ -151,7 +141,7 @@ class FlakyExists(Store):
 
 
 def _consumed(store: Store, step: int) -> None:
-    store.create_json(layout.consumed_log(step), {"step": step, "mean_reward": 0.5, "groups": []})
+    consumption_log(step, mean_reward=0.5).write(store)
 
 
 def test_a_failed_progress_poll_is_logged_and_read_again_at_the_next_poll(prefect_api, campaign: Store) -> None:
@@ -220,8 +210,8 @@ def test_a_campaign_whose_monitor_gives_up_stops_its_stages_and_waits_for_them(p
             _wait_training(trainer, [worker], progress, poll_s=0.02)
         # Only once both had ended: no stage thread outlives the run.
         assert trainer.state.is_final() and worker.state.is_final()
-        return worker.result(), campaign.read_json(
-            f"{layout.ROLLOUT_STOPS}/{campaign.list(layout.ROLLOUT_STOPS)[0]}")["reason"]
+        requested_at = StopRequest.times(campaign)[0]
+        return worker.result(), StopRequest.read(campaign, requested_at).reason
 
     worker, reason = run()
     assert worker == "stopped"
@@ -282,7 +272,7 @@ def test_telemetry_artifact_is_built_from_the_folders_records(prefect_api, campa
 
 def test_learning_curve_artifact_embeds_the_png(prefect_api, campaign: Store) -> None:
     for step in (1, 2):
-        campaign.create_json(layout.consumed_log(step), {"step": step, "mean_reward": 0.5, "groups": []})
+        consumption_log(step, mean_reward=0.5).write(campaign)
 
     @flow
     def curve() -> str:
@@ -323,11 +313,11 @@ def _task_states(flow_run_id) -> list[str]:
 def test_a_stage_task_retries_transient_storage_errors_only(prefect_api, campaign: Store, monkeypatch,
                                                           failures: int, error: type | None, states: list[str],
                                                           failed_records: int) -> None:
-    import tasks.common
+    import pipelines_lib.settings
 
     monkeypatch.setattr(FlakyDataset, "failures", failures)
     monkeypatch.setattr(FlakyDataset, "error", error)
-    monkeypatch.setattr(tasks.common, "Store", FlakyDataset)  # the store every stage task opens
+    monkeypatch.setattr(pipelines_lib.settings, "Store", FlakyDataset)  # what Settings.store builds for every stage task
 
     @flow
     def stage() -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines_lib.records import run_records
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import Store
 from tests.conftest import gcs_options
@@ -130,14 +131,13 @@ def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(pref
     assert returncode == 0, tails
 
     store = Store(url, storage_options=options)
-    records = [store.read_json(f"runs/{name}") for name in store.list("runs")]
-    by_key = {r["key"]: r for r in records if r["state"] == "completed"}
+    by_key = {r.key: r for r in run_records(store) if r.state == "completed"}
     stages = ("prep", "warm_start", "collect-w0", "collect-w1", "train", "evaluate-v00000000",
               "evaluate-v00000001", "audit")
     assert set(stages) <= set(by_key)
     # every stage was its own deployment flow run, in its own process; init ran in the campaign flow itself
-    assert all(by_key[k]["deployment_id"] for k in stages) and by_key["init"]["deployment_id"] is None
-    assert len({by_key[k]["flow_run_id"] for k in stages}) == len(stages)
+    assert all(by_key[k].deployment_id for k in stages) and by_key["init"].deployment_id is None
+    assert len({by_key[k].flow_run_id for k in stages}) == len(stages)
     assert len({by_key[k]["pid"] for k in (*stages, "init")}) == len(stages) + 1
     # rollout workers and trainer overlapped in time
     spans = {k: (by_key[k]["started_at"], by_key[k]["finished_at"]) for k in ("collect-w0", "collect-w1", "train")}

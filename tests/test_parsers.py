@@ -1,4 +1,5 @@
-"""Tool-call parsers: goldens per format, and every malformed call becomes an error (never an exception)."""
+"""Tool-call parsers: goldens per format, every malformed call becomes an error (never an exception), and work is
+bounded whatever the model writes (huge integers, floods of calls or tags, long responses)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines_lib.agents.parsers import (
+    MAX_INT_DIGITS,
     PARSER_REGISTRY,
     ParserLimits,
     ToolCall,
@@ -172,3 +174,84 @@ def test_no_input_makes_any_parser_raise(pieces: list[str]) -> None:
     for name in PARSER_REGISTRY:
         result = make_parser(name).parse(text, TOOLS)
         assert all(call.name in TOOLS for call in result.tool_calls)
+
+
+# -- bounded work: huge integers, floods, long responses -----------------------------------------------------
+
+HUGE_INT_CALLS = {
+    "hermes": lambda digits: f'<tool_call>{{"name": "calculator", "arguments": {{"expression": {digits}}}}}</tool_call>',
+    "llama3": lambda digits: f'{{"name": "search", "parameters": {{"query": "q", "k": {digits}}}}}',
+    "gemma": lambda digits: f"```tool_code\ncalculator(expression={digits})\n```",
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(sorted(HUGE_INT_CALLS)), st.integers(MAX_INT_DIGITS + 1, 30_000), st.booleans())
+def test_an_integer_past_pythons_digit_limit_is_an_error_not_an_exception(parser: str, digits: int,
+                                                                          negative: bool) -> None:
+    text = HUGE_INT_CALLS[parser](("-" if negative else "") + "7" * digits)
+    result = make_parser(parser).parse(text, TOOLS)
+    assert result.tool_calls == []
+    assert len(result.errors) == 1 and result.errors[0].kind in ("bad_json", "bad_format", "bad_arguments")
+
+
+def test_an_integer_within_the_limit_is_read() -> None:
+    text = HUGE_INT_CALLS["llama3"]("7" * MAX_INT_DIGITS)
+    (call,) = make_parser("llama3").parse(text, TOOLS, ParserLimits(max_argument_chars=5000)).tool_calls
+    assert call.arguments["k"] == int("7" * MAX_INT_DIGITS)
+
+
+FLOOD_UNITS = ["<tool_call>", "<tool_call>{", '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}'
+               "</tool_call>", '{"name": "calculator", "parameters": {"expression": "1"}};', "```tool_code\n",
+               "calculator(expression='1')\n", "calculator(expression='1'), ", "[", "</tool_call>"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(PARSER_REGISTRY)), st.lists(st.sampled_from(FLOOD_UNITS), min_size=1, max_size=3),
+       st.integers(1, 30_000), st.sampled_from(["", "[", "```tool_code\n", "<|python_tag|>"]),
+       st.integers(1, 12))
+def test_a_flood_gives_at_most_max_calls_plus_two_messages(parser: str, units: list[str], n: int, prefix: str,
+                                                           max_calls: int) -> None:
+    limits = ParserLimits(max_calls=max_calls)
+    result = make_parser(parser).parse(prefix + "".join(units) * n, TOOLS, limits)
+    assert len(result.tool_calls) <= max_calls
+    assert len(result.tool_calls) + len(result.errors) <= max_calls + 2  # each becomes one tool message
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(PARSER_REGISTRY)), st.sampled_from(FLOOD_UNITS), st.text(max_size=50),
+       st.text(max_size=50))
+def test_nothing_past_max_scan_chars_is_searched(parser: str, unit: str, tail_a: str, tail_b: str) -> None:
+    limits = ParserLimits(max_scan_chars=1000)
+    head = (unit * (1 + 1000 // len(unit)))[:1000]
+    a, b = (make_parser(parser).parse(head + tail, TOOLS, limits) for tail in (tail_a + "x", tail_b + "y"))
+    assert (a.tool_calls, a.errors[:-1]) == (b.tool_calls, b.errors[:-1])
+    assert a.errors[-1].kind == b.errors[-1].kind == "too_large"
+
+
+_FLOODS = """
+import sys
+from pipelines_lib.agents.parsers import make_parser
+tools = {"calculator": {"type": "object", "properties": {"expression": {"type": "string"}}}}
+call = "calculator(expression='1')"
+floods = [("hermes", "<tool_call>" * 20_000), ("hermes", "<tool_call>{" * 20_000 + "</tool_call>"),
+          ("gemma", "```tool_code\\n" + (call + "\\n") * 5_000 + "```"), ("gemma", "[" + ", ".join([call] * 2_000) + "]"),
+          ("llama3", "; ".join(['{"name": "calculator", "parameters": {"expression": "1"}}'] * 5_000)),
+          ("hermes", '<tool_call>{"name": "calculator", "arguments": {"x": ' + "9" * 50_000 + "}}</tool_call>")]
+for _ in range(20):  # each flood 20 times: about 20 x 140 s before the parsers were linear and capped
+    for name, text in floods:
+        make_parser(name).parse(text, tools)
+print("ok")
+"""
+
+
+def test_the_reported_floods_parse_twenty_times_within_a_generous_budget() -> None:
+    # 20 k unclosed <tool_call> tags took 41 s and 5,000 Gemma calls 97 s (quadratic scans); capped and linear,
+    # all six floods 20 times over take well under a second. The budget catches a quadratic scan coming back.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", _FLOODS], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.split() == ["ok"], out.stderr

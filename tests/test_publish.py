@@ -20,10 +20,10 @@ from pipelines_lib.publish import (
     load_published,
     measure_pickup_latency,
     publish_weights,
-    published_marker,
 )
+from pipelines_lib.records import Publication
 from pipelines_lib.storage.errors import NotFoundError
-from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
+from pipelines_lib.storage.layout import published_marker, weights_dir
 from pipelines_lib.storage.store import Store
 
 SMALL = dataclasses.replace(
@@ -72,9 +72,10 @@ def test_pointer_moves_forward_only(local_store: Store) -> None:
     publish_weights(local_store, model(0), version=0, step=0)
     publish_weights(local_store, model(1), version=2, step=4)
     assert weights.latest() == 2
-    pointer = local_store.read_pointer(WEIGHTS_LATEST)
-    assert {k: pointer[k] for k in ("version", "path", "step")} == {"version": 2, "path": weights_dir(2), "step": 4}
-    assert pointer["published_at"]
+    pointer = Publication.latest(local_store)
+    assert pointer is not None
+    assert (pointer.version, pointer.path, pointer.step) == (2, weights_dir(2), 4)
+    assert pointer.published_at
     # A late publish of an older version lands but never lowers the pointer.
     publish_weights(local_store, model(0), version=1, step=2)
     assert weights.latest() == 2

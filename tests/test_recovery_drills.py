@@ -36,6 +36,7 @@ import pytest
 
 from drills.supervisor import ROOT, KillDrill
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import run_records
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
@@ -82,8 +83,8 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
         prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.recover import recover
     from flows.stages import evaluate_flow, prep_flow, warm_start_flow
-    from pipelines_lib.campaign import campaign_status
     from pipelines_lib.rollout.collect import request_stop
+    from pipelines_lib.stages.campaign import campaign_status
     from tasks.init import init_campaign
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the stage subprocesses report to this test's API
@@ -143,8 +144,8 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
     finally:
         hidden.rename(weights)
     assert failed.is_failed()
-    (record,) = [n for n in store.list("runs") if n.startswith("evaluate-v00000001-") and "-failed-" in n]
-    assert "weights/v00000001" in store.read_json(f"runs/{record}")["error"]  # it failed for the injected reason
+    (record,) = [r for r in run_records(store) if r.key == "evaluate-v00000001" and r.state == "failed"]
+    assert "weights/v00000001" in (record.error or "")  # it failed for the injected reason
     assert campaign_status(store)["missing_eval"] == [1]
 
     # -- 6: recover ---------------------------------------------------------------------------------------------

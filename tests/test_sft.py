@@ -4,7 +4,6 @@ demonstrations with the real decoder, tokenizer, env generator and train step (s
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 
 import jax
@@ -13,26 +12,22 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.agents import AgentConfig
-from pipelines_lib.config import CampaignConfig, SFTConfig
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs import env_class
-from pipelines_lib.evaluate import evaluate_model
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
-from pipelines_lib.model.tokenizer import ChatTokenizer, ensure_default_tokenizer, load_tokenizer
+from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.publish import CampaignWeights, load_published, publish_weights
+from pipelines_lib.stages.evaluate import score
+from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.optim import OptimConfig
-from pipelines_lib.train.sft import demonstration_rows, mean_nll, sft_train, warm_start
+from pipelines_lib.train.sft import SFTConfig, demonstration_rows, mean_nll, sft_train
 
 LLAMA_FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "llama"
 # The tiny model's vocabulary (the default tokenizer's) with every other dimension shrunk for compile speed.
 SMALL = dataclasses.replace(ModelConfig.tiny(), d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
-
-
-@functools.cache
-def tokenizer() -> ChatTokenizer:
-    return load_tokenizer(ensure_default_tokenizer())
 
 
 def small_config(**sft: object) -> CampaignConfig:
@@ -52,10 +47,9 @@ def assert_same(a: object, b: object) -> None:
         np.testing.assert_array_equal(x, y)
 
 
-def test_demonstrations_train_only_the_assistant_tokens() -> None:
-    tokens, masks = demonstration_rows("arithmetic", tokenizer(), n=4, error_rate=0.0, seed=0, with_tools=True)
+def test_demonstrations_train_only_the_assistant_tokens(tok: ChatTokenizer) -> None:
+    tokens, masks = demonstration_rows("arithmetic", tok, n=4, error_rate=0.0, seed=0, with_tools=True)
     assert len(tokens) == 4
-    tok = tokenizer()
     for ids, mask in zip(tokens, masks, strict=True):
         assert len(ids) == len(mask) and mask[0] == 0
         trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
@@ -67,8 +61,7 @@ def test_demonstrations_train_only_the_assistant_tokens() -> None:
         assert "<tools>" in tok.decode(ids)
 
 
-def test_flawed_demonstrations_follow_the_error_rate_deterministically() -> None:
-    tok = tokenizer()
+def test_flawed_demonstrations_follow_the_error_rate_deterministically(tok: ChatTokenizer) -> None:
     clean = demonstration_rows("arithmetic", tok, n=40, error_rate=0.0, seed=3, with_tools=False)
     flawed = demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
     assert flawed == demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
@@ -76,8 +69,7 @@ def test_flawed_demonstrations_follow_the_error_rate_deterministically() -> None
     assert 10 <= differ <= 30  # about half of 40
 
 
-def test_a_short_sft_lowers_the_nll_on_demonstrations() -> None:
-    tok = tokenizer()
+def test_a_short_sft_lowers_the_nll_on_demonstrations(tok: ChatTokenizer) -> None:
     rows = demonstration_rows("arithmetic", tok, n=16, error_rate=0.0, seed=0, with_tools=False)
     model = Decoder(SMALL, rngs=nnx.Rngs(0))
     before = mean_nll(model, rows, pad_id=tok.pad_id)
@@ -131,7 +123,7 @@ def test_warm_start_imports_a_hugging_face_folder(local_store: Store) -> None:
 
 
 @pytest.mark.slow
-def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
+def test_sft_on_arithmetic_reaches_nontrivial_greedy_success(tok: ChatTokenizer) -> None:
     """The tiny model, warm-started as the stage does it on clean demonstrations, solves held-out problems.
 
     Measured 2026-12-02 (2 shared CPU cores): 250 steps of 16 at lr 3e-3 -> 56/64 greedy (0.875); 150 steps ->
@@ -139,12 +131,11 @@ def test_sft_on_arithmetic_reaches_nontrivial_greedy_success() -> None:
     (float answers) is left out: its greedy answers are floats, which is the point of the preset.
     """
     config = CampaignConfig.tiny().with_overrides({"sft.error_rate": 0.0, "eval.samples": 1})
-    tok = tokenizer()
     rows = demonstration_rows("arithmetic", tok, n=config.sft.n_demos, error_rate=config.sft.error_rate,
                               seed=config.sft.seed, with_tools=True)
     model = Decoder(config.model, rngs=nnx.Rngs(config.sft.seed))
     sft_train(model, rows, config.sft, pad_id=tok.pad_id)
     tasks = env_class("arithmetic").generate_tasks(seed=0, n=32, split="heldout")
-    results = evaluate_model(model, tok, tasks, config)
+    results = score(model, tok, tasks, config)
     print(f"held-out greedy success after SFT: {results['greedy_success_rate']:.3f}")
     assert results["greedy_success_rate"] >= 0.5

@@ -152,4 +152,5 @@ def test_a_malformed_consumption_log_is_one_line_naming_it(local_store: Store, c
     _base(local_store)
     local_store.create_json("train/consumed/00000001.json", [1])
     assert cli.main([command, local_store.url, *(["SELECT 1"] if command == "sql" else [])]) == 2
-    assert "train/consumed/00000001.json: not a consumption log (no 'step')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train/consumed/00000001.json: expected a JSON object for a ConsumptionLog" in err

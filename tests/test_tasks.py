@@ -5,23 +5,16 @@ from __future__ import annotations
 import pytest
 from prefect.logging import disable_run_logger
 
-from pipelines_lib.campaign import CampaignMismatchError
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import AuditRecord
+from pipelines_lib.stages.campaign import CampaignMismatchError
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store
 from tasks.audit import audit
 from tasks.common import stage_key, stage_run, worth_retrying
 from tasks.init import init_campaign
 from tasks.prep import prep_dataset
-
-SMALL = {"dataset": {"n_train": 16, "n_heldout": 8}}
-
-
-@pytest.fixture
-def campaign(tmp_path) -> Store:
-    store = Store(str(tmp_path / "c"))
-    init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL).to_dict())
-    return store
+from tests.conftest import SMALL_CAMPAIGN
 
 
 def test_prep_task_rerun_after_success_is_a_no_op(campaign: Store) -> None:
@@ -35,8 +28,8 @@ def test_prep_task_rerun_after_success_is_a_no_op(campaign: Store) -> None:
 
 
 def test_init_task_refuses_a_different_config_for_the_same_folder(campaign: Store) -> None:
-    assert init_campaign.fn(campaign.url, CampaignConfig.from_mapping(SMALL).to_dict())["created"] is False
-    other = CampaignConfig.from_mapping({**SMALL, "seed": 7}).to_dict()
+    assert init_campaign.fn(campaign.url, CampaignConfig.from_mapping(SMALL_CAMPAIGN).to_dict())["created"] is False
+    other = CampaignConfig.from_mapping({**SMALL_CAMPAIGN, "seed": 7}).to_dict()
     with pytest.raises(CampaignMismatchError, match="different config"):
         init_campaign.fn(campaign.url, other)
 
@@ -47,7 +40,8 @@ def test_audit_task_keeps_its_report_under_audit(campaign: Store) -> None:
         summary = audit.fn(campaign.url)
     assert summary["ok"] and summary["shards"] == 0
     assert campaign.exists(summary["report"]) and campaign.exists(summary["text"])
-    assert campaign.read_json(summary["report"])["ok"] is True
+    kept = AuditRecord.read(campaign, summary["report"])
+    assert kept.ok is True and kept.report["shards"] == 0
 
 
 def test_stage_run_outside_a_flow_run_records_nothing(tmp_path) -> None:

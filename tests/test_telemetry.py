@@ -14,13 +14,15 @@ from typing import Any
 import pytest
 
 from pipelines_lib import telemetry
-from pipelines_lib.config import CampaignConfig, EnvSpec
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine.scripted import ScriptedEngine
 from pipelines_lib.envs import hermes_tool_call
 from pipelines_lib.envs.arithmetic import ArithmeticEnv
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.rollout.collect import worker_tasks
-from pipelines_lib.rollout.episodes import campaign_tokenizer, make_episode_fn
+from pipelines_lib.rollout.episodes import make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
@@ -61,7 +63,7 @@ def rollout_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
         base, env=EnvSpec(name="arithmetic", tool_latency=LatencyProfile(kind="fixed", value_s=TOOL_S)),
         rollout=dataclasses.replace(base.rollout, group_size=2, max_concurrency=4, target_groups=4,
                                     max_groups_per_version=None, stop_poll_s=0.02, writer=WriterConfig(max_groups=2)))
-    tok = campaign_tokenizer(config)
+    tok = open_tokenizer(config.tokenizer)
 
     def script(prompt: list[int], index: int) -> str:
         called = "<tool_call>" in tok.decode(prompt)
@@ -72,7 +74,8 @@ def rollout_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
     tasks = worker_tasks(ArithmeticEnv.generate_tasks(seed=0, n=8, split="train"), worker_index=0, num_workers=1,
                          skip=set())
     orchestrator = Orchestrator(config=config.rollout, engine=engine, tasks=tasks,
-                                episode_fn=make_episode_fn(config, engine=engine, tokenizer=tok, worker_id="w0"),
+                                episode_fn=make_episode_fn(config.rollout, config.agent, engine=engine, tokenizer=tok,
+                                                           worker_id="w0", tool_latency=config.env.tool_latency),
                                 writer=ShardWriter(store, worker_id="w0", config=config.rollout.writer))
     with telemetry.recording(store, "rollout-w0", sample_every_s=0.02):
         stats = asyncio.run(orchestrator.run())

@@ -41,11 +41,6 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tok() -> ChatTokenizer:
-    return load_tokenizer(ensure_default_tokenizer())
-
-
 def test_build_is_deterministic_and_loads_offline_with_autotokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 

@@ -8,7 +8,6 @@ group trained exactly once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -22,18 +21,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelines_lib.campaign import init_campaign
+from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.records import DoneMarker, Publication
+from pipelines_lib.stages.campaign import init_campaign
+from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
-from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer, train
+from pipelines_lib.train.trainer import DataTimeoutError
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,35 +70,19 @@ def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14, versions
     return store
 
 
-def final_params(store: Store) -> list[np.ndarray]:
-    from pipelines_lib.model.weights import load_weights
-
-    done = store.read_json(layout.TRAIN_DONE)
-    model = load_weights(store.uri(layout.weights_dir(done["version"])))
-    from flax import nnx
-
-    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
-
-
-def consumed_groups(store: Store) -> list[str]:
-    out = []
-    for name in store.list("train/consumed"):
-        out.extend(g["group_id"] for g in store.read_json(f"train/consumed/{name}")["groups"])
-    return out
-
-
 def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) -> None:
     config = small_config()
-    store = seed_campaign(str(tmp_path / "c"), config)
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 14)
     logs: list[str] = []
     summary = train(store, config, log=logs.append)
     assert summary["steps"] == 6 and summary["version"] == 3  # published at steps 2, 4, 6
-    assert store.read_pointer(layout.WEIGHTS_LATEST)["version"] == 3
-    groups = consumed_groups(store)
+    latest = Publication.latest(store)
+    assert latest is not None and latest.version == 3
+    groups = consumed_group_ids(store)
     assert len(groups) == 12 == len(set(groups))
-    assert store.exists(layout.TRAIN_DONE)
-    assert [n for n in store.list("train/checkpoints")] == ["00000002", "00000003", "00000004", "00000006"]
-    assert train(store, config) == store.read_json(layout.TRAIN_DONE)  # a rerun is a no-op
+    assert DoneMarker.exists(store)
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (2, 3, 4, 6)]
+    assert train(store, config) == DoneMarker.read(store).to_dict()  # a rerun is a no-op
     assert any("step 6/6" in line for line in logs)
 
 
@@ -122,7 +108,7 @@ def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tm
     step = dataclasses.replace(base.trainer.step, precision=Precision(params="float32", compute="bfloat16"))
     config = dataclasses.replace(base, trainer=dataclasses.replace(base.trainer, step=step))
     store = seed_campaign(str(tmp_path / "c"), config)
-    trainer = StreamingTrainer(store, config, log=lambda s: None)
+    trainer = trainer_for(store, config, log=lambda s: None)
     trainer.run()
     published, version = load_published(store)
     assert version == 1 and published.cfg.dtype == "bfloat16"
@@ -135,8 +121,8 @@ def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tm
 
 def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     config = small_config(data_timeout_s=0.2)
-    store = seed_campaign(str(tmp_path / "c"), config, n_groups=1)
-    trainer = StreamingTrainer(store, config, log=lambda s: None)
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 1)
+    trainer = trainer_for(store, config, log=lambda s: None)
     with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
         trainer.run()
     assert trainer.idle_s > 0
@@ -144,11 +130,11 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
 
 _TRAIN_SCRIPT = """
 import sys
-from pipelines_lib.campaign import load_campaign_config
+from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
-from pipelines_lib.train.trainer import train
+from pipelines_lib.stages.train import train
 store = Store(sys.argv[1])
 train(store, load_campaign_config(store), log=lambda s: print(s, flush=True))
 """
@@ -165,7 +151,7 @@ def _restart_path(store: Store) -> tuple[str | None, int]:
 @pytest.mark.parametrize("n_kills", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> None:
     config = small_config()
-    reference = seed_campaign(str(tmp_path / "ref"), config)
+    reference = seed_trainer_campaign(str(tmp_path / "ref"), config, 14)
     train(reference, config, log=lambda s: None)
     expected = final_params(reference)
 
@@ -199,9 +185,9 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
         if kills == 1 and n_kills == 1:
             assert expected_path is not None and expected_path == ("train/checkpoints/00000004", 1)
     assert kills == n_kills
-    groups = consumed_groups(store)
+    groups = consumed_group_ids(store)
     assert len(groups) == len(set(groups)) == 12, "a group was trained twice or skipped"
-    assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps([g.tolist() for g in expected])
+    assert final_params(store) == expected
 
 
 def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_bit_identical(tmp_path) -> None:
@@ -216,9 +202,8 @@ def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_
     assert logs[0] == "trainer: restored checkpoint train/checkpoints/00000002 (step 2, version 1)"
     assert logs[1] == "trainer: replayed 1 logged step(s) after the checkpoint; now at step 3"
     assert [line.split()[2] for line in logs[2:] if line.startswith("trainer: step")] == ["4/6", "5/6", "6/6"]
-    assert consumed_groups(store) == consumed_groups(reference)
-    assert json.dumps([g.tolist() for g in final_params(store)]) == json.dumps(
-        [g.tolist() for g in final_params(reference)])
+    assert consumed_group_ids(store) == consumed_group_ids(reference)
+    assert final_params(store) == final_params(reference)
 
 
 @pytest.mark.parametrize(("eta", "trained", "dropped"), [
@@ -263,8 +248,8 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     assert committed_checkpoints(store) == ["train/checkpoints/00000002"]
     fresh_model = Decoder(config.model, rngs=nnx.Rngs(1))
     fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim)
-    meta = restore_latest(store, model=fresh_model, optimizer=fresh_opt)
-    assert (meta.step, meta.version, meta.cursor, meta.folder) == (2, 1, '{"c": 1}', "train/checkpoints/00000002")
+    folder, meta = restore_latest(store, model=fresh_model, optimizer=fresh_opt)
+    assert (meta.step, meta.version, meta.cursor, folder) == (2, 1, '{"c": 1}', "train/checkpoints/00000002")
     assert meta.rng == [int(x) for x in jax.random.key_data(rng).ravel()]
     got = [np.asarray(x) for x in jax.tree.leaves((nnx.state(fresh_model, nnx.Param), nnx.state(fresh_opt)))]
     assert len(got) == len(saved) and all(np.array_equal(a, b) for a, b in zip(got, saved, strict=True))
@@ -272,4 +257,4 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     assert save_checkpoint(store, step=4, **{**args, "version": 2}) == "train/checkpoints/00000004.1"
     assert store.read("train/checkpoints/00000004/state/partial") == b"half"
     assert committed_checkpoints(store) == ["train/checkpoints/00000002", "train/checkpoints/00000004.1"]
-    assert restore_latest(store, model=fresh_model, optimizer=fresh_opt).version == 2
+    assert restore_latest(store, model=fresh_model, optimizer=fresh_opt)[1].version == 2

@@ -12,15 +12,15 @@ from __future__ import annotations
 import threading
 
 from pipelines_lib.audit import audit_campaign
-from pipelines_lib.campaign import init_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
-from pipelines_lib.rollout.collect import collect
+from pipelines_lib.stages.campaign import init_campaign
+from pipelines_lib.stages.collect import collect
+from pipelines_lib.stages.train import train
+from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.sft import warm_start
-from pipelines_lib.train.trainer import train
 from tests.test_vllm_engine import vllm_python
 
 

@@ -6,8 +6,8 @@
 - :mod:`.episode`: ``run_episode``, the strict token-in/token-out loop producing one ``Trajectory``.
 """
 
-from pipelines_lib.agents.agents import AGENT_REGISTRY, ModelAgent, ToolAgent, make_agent, register_agent
-from pipelines_lib.agents.base import AgentConfig, ConversationAgentBase
+from pipelines_lib.agents.agents import ModelAgent, ToolAgent, make_agent
+from pipelines_lib.agents.base import AGENT_REGISTRY, AgentConfig, ConversationAgentBase, register_agent
 from pipelines_lib.agents.episode import run_episode
 from pipelines_lib.agents.parsers import PARSER_REGISTRY, ParseResult, ToolCall, ToolCallError, make_parser
 

@@ -10,31 +10,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from pipelines_lib.agents.base import (
+    AGENT_REGISTRY,
     AgentConfig,
     ConversationAgentBase,
     FinalResponse,
     MessageInfo,
     ToolMessages,
+    register_agent,
 )
 from pipelines_lib.agents.parsers import make_parser
 from pipelines_lib.envs.base import Message
 from pipelines_lib.envs.tools.runner import run_tool
 from pipelines_lib.model.tokenizer import ChatTokenizer
-
-AGENT_REGISTRY: dict[str, type[ConversationAgentBase]] = {}
-
-
-def register_agent(name: str) -> Callable[[type[ConversationAgentBase]], type[ConversationAgentBase]]:
-    def deco(cls: type[ConversationAgentBase]) -> type[ConversationAgentBase]:
-        if name in AGENT_REGISTRY:
-            raise ValueError(f"agent {name!r} is already registered by {AGENT_REGISTRY[name].__qualname__}")
-        AGENT_REGISTRY[name] = cls
-        return cls
-
-    return deco
 
 
 def make_agent(config: AgentConfig, tokenizer: ChatTokenizer) -> ConversationAgentBase:

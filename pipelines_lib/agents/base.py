@@ -13,7 +13,7 @@ Subclasses decide what a response means in ``act``: ``FinalResponse`` (score it 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipelines_lib.agents.parsers import PARSER_REGISTRY, ParserLimits
@@ -37,8 +37,6 @@ class AgentConfig:
     parser_limits: ParserLimits = field(default_factory=ParserLimits)
 
     def __post_init__(self) -> None:
-        from pipelines_lib.agents.agents import AGENT_REGISTRY
-
         if self.kind not in AGENT_REGISTRY:
             raise ValueError(f"AgentConfig.kind must be one of {sorted(AGENT_REGISTRY)}, got {self.kind!r}")
         if self.parser not in PARSER_REGISTRY:
@@ -195,3 +193,16 @@ class ConversationAgentBase(ABC):
     @abstractmethod
     async def act(self, response: str, *, tool_timeout_s: float) -> FinalResponse | ToolMessages:
         """What the response means: a final answer to score, or tool results to feed back."""
+
+
+AGENT_REGISTRY: dict[str, type[ConversationAgentBase]] = {}
+
+
+def register_agent(name: str) -> Callable[[type[ConversationAgentBase]], type[ConversationAgentBase]]:
+    def deco(cls: type[ConversationAgentBase]) -> type[ConversationAgentBase]:
+        if name in AGENT_REGISTRY:
+            raise ValueError(f"agent {name!r} is already registered by {AGENT_REGISTRY[name].__qualname__}")
+        AGENT_REGISTRY[name] = cls
+        return cls
+
+    return deco

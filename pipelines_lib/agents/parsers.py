@@ -8,6 +8,12 @@ with the schema's required properties present and top-level JSON types matching.
 becomes a ``ToolCallError`` that the agent turns into a tool message the model sees, so a malformed call is
 a learning signal rather than a crash.
 
+Work is bounded by ``ParserLimits``, whatever the model writes: only the first ``max_scan_chars`` characters are
+searched, at most ``max_calls`` call sites are read (one error says there were more), the format halves find
+sites with linear scans (``str.find``, never a backtracking regex), and a JSON integer longer than
+``MAX_INT_DIGITS`` is a ``bad_json`` error (Python refuses to convert it). So a response is parsed in time
+linear in ``max_scan_chars`` and produces at most ``max_calls + 2`` tool messages.
+
 Formats:
 - ``hermes`` (alias ``qwen``; the format our chat template teaches): ``<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>``, any number, anywhere in the text.
@@ -22,7 +28,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +43,9 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 ERROR_KINDS = ("bad_format", "bad_json", "unknown_tool", "bad_arguments", "too_large", "too_deep")
+
+MAX_INT_DIGITS = 4300
+"""Longest integer literal read from a call (Python's default int-to-str limit, ``sys.get_int_max_str_digits``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +89,12 @@ class ParserLimits:
     max_argument_depth: int = 4
     """Nesting depth of the arguments object above which it is refused."""
     max_calls: int = 8
-    """Calls beyond this many in one response become errors."""
+    """Call sites read per response; a response with more gets one error saying so (the rest are not read)."""
+    max_scan_chars: int = 65_536
+    """Characters of a response searched for calls; a longer response gets one error and its tail is not read."""
 
     def __post_init__(self) -> None:
-        for name in ("max_argument_chars", "max_argument_depth", "max_calls"):
+        for name in ("max_argument_chars", "max_argument_depth", "max_calls", "max_scan_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ParserLimits.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -94,6 +104,21 @@ ToolSchemas = Mapping[str, Mapping[str, Any]]
 
 # What a format half returns per call site: (name, arguments) or an error, in text order.
 RawCall = tuple[str, Any] | ToolCallError
+
+
+@dataclass(kw_only=True)
+class _Sites:
+    """What a format half found: call sites (at most ``max_calls``), their raw text, and the text around them."""
+
+    calls: list[RawCall] = field(default_factory=list)
+    raws: list[str] = field(default_factory=list)
+    text: str = ""
+    more: bool = False
+    """The response holds more call sites than ``max_calls`` (not read)."""
+
+    def add(self, call: RawCall, raw: str) -> None:
+        self.calls.append(call)
+        self.raws.append(raw)
 
 
 class ToolCallParser(Protocol):
@@ -163,18 +188,51 @@ def check_call(name: Any, arguments: Any, tools: ToolSchemas, limits: ParserLimi
     return ToolCall(name=name, arguments=arguments)
 
 
-def _finish(raw_calls: list[RawCall], text: str, tools: ToolSchemas, limits: ParserLimits,
-            raws: list[str]) -> ParseResult:
+def _parse(find: Callable[[str, ToolSchemas, ParserLimits], _Sites], text: str, tools: ToolSchemas,
+           limits: ParserLimits) -> ParseResult:
+    """Run a format half on the scanned part of ``text`` and check what it found (the shared half)."""
+    scanned = text[: limits.max_scan_chars]
+    sites = find(scanned, tools, limits)
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
-    for k, (item, raw) in enumerate(zip(raw_calls, raws, strict=True)):
-        if k >= limits.max_calls:
-            errors.append(ToolCallError(kind="bad_format", raw=raw[:200],
-                                        message=f"more than {limits.max_calls} tool calls in one response"))
-            continue
+    for item, raw in zip(sites.calls, sites.raws, strict=True):
         checked = item if isinstance(item, ToolCallError) else check_call(item[0], item[1], tools, limits, raw)
         (errors if isinstance(checked, ToolCallError) else calls).append(checked)
-    return ParseResult(tool_calls=calls, text=text.strip(), errors=errors)
+    if sites.more:
+        errors.append(ToolCallError(kind="bad_format", message=f"more than {limits.max_calls} tool calls in one "
+                                                              f"response; only the first {limits.max_calls} were read"))
+    if len(text) > limits.max_scan_chars:
+        errors.append(ToolCallError(kind="too_large", message=f"response is {len(text)} characters; only the first "
+                                                              f"{limits.max_scan_chars} were searched for tool calls"))
+    return ParseResult(tool_calls=calls, text=(sites.text + text[limits.max_scan_chars:]).strip(), errors=errors)
+
+
+def _blocks(text: str, open_: str, close: str, max_sites: int) -> tuple[list[str], str, str | None, bool]:
+    """``open_ ... close`` blocks of ``text`` in one left-to-right pass: (their bodies, at most ``max_sites``;
+    the text outside them; an unclosed tail starting at ``open_`` or None; whether more blocks follow)."""
+    bodies: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    while (start := text.find(open_, pos)) >= 0:
+        outside.append(text[pos:start])
+        end = text.find(close, start + len(open_))
+        if end < 0:
+            return bodies, "".join(outside), text[start:], False
+        if len(bodies) == max_sites:
+            return bodies, "".join(outside), None, True
+        bodies.append(text[start + len(open_):end])
+        pos = end + len(close)
+    outside.append(text[pos:])
+    return bodies, "".join(outside), None, False
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+_JSON = json.JSONDecoder(parse_int=_parse_int)
 
 
 def _why(e: Exception) -> str:
@@ -185,8 +243,8 @@ def _why(e: Exception) -> str:
 
 def _json_call(payload: str, args_key: str) -> tuple[str, Any] | ToolCallError:
     try:
-        obj = json.loads(payload)
-    except (json.JSONDecodeError, RecursionError) as e:
+        obj = _JSON.decode(payload)
+    except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, or an over-long integer
         return ToolCallError(kind="bad_json", raw=payload[:200], message=f"tool call is not valid JSON ({_why(e)})")
     if not isinstance(obj, dict):
         return ToolCallError(kind="bad_format", raw=payload[:200], message="tool call must be a JSON object")
@@ -197,22 +255,23 @@ class HermesParser:
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen 2.5/3, our chat template)."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
-    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
     def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
-        raw_calls: list[RawCall] = []
-        raws: list[str] = []
-        for m in self._BLOCK.finditer(text):
-            raws.append(m.group(1))
-            raw_calls.append(_json_call(m.group(1).strip(), "arguments"))
-        rest = self._BLOCK.sub("", text)
-        if self.OPEN in rest:  # an opened call never closed: usually a truncated or runaway generation
-            tail = rest[rest.index(self.OPEN):]
-            raws.append(tail)
-            raw_calls.append(ToolCallError(kind="bad_format", raw=tail[:200],
-                                           message=f"{self.OPEN} without a matching {self.CLOSE}"))
-            rest = rest[: rest.index(self.OPEN)]
-        return _finish(raw_calls, rest, tools, limits, raws)
+        return _parse(self._sites, text, tools, limits)
+
+    def _sites(self, text: str, tools: ToolSchemas, limits: ParserLimits) -> _Sites:
+        bodies, outside, unclosed, more = _blocks(text, self.OPEN, self.CLOSE, limits.max_calls)
+        sites = _Sites(text=outside, more=more)
+        for body in bodies:
+            sites.add(_json_call(body.strip(), "arguments"), body)
+        if unclosed is not None:  # an opened call never closed: usually a truncated or runaway generation
+            error = ToolCallError(kind="bad_format", raw=unclosed[:200],
+                                  message=f"{self.OPEN} without a matching {self.CLOSE}")
+            if len(sites.calls) < limits.max_calls:
+                sites.add(error, unclosed)
+            else:
+                sites.more = True
+        return sites
 
 
 class Llama3Parser:
@@ -225,34 +284,36 @@ class Llama3Parser:
     TAG = "<|python_tag|>"
 
     def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        return _parse(self._sites, text, tools, limits)
+
+    def _sites(self, text: str, tools: ToolSchemas, limits: ParserLimits) -> _Sites:
         body = text.strip()
         if body.startswith(self.TAG):
             body = body[len(self.TAG):].strip()
         elif not body.startswith("{"):
-            return ParseResult(text=text.strip())
-        decoder = json.JSONDecoder()
-        raw_calls: list[RawCall] = []
-        raws: list[str] = []
+            return _Sites(text=text)
+        sites = _Sites()
         pos = 0
         while pos < len(body):
-            try:
-                obj, end = decoder.raw_decode(body, pos)
-            except (json.JSONDecodeError, RecursionError) as e:
-                raws.append(body[pos:])
-                raw_calls.append(ToolCallError(kind="bad_json", raw=body[pos:pos + 200],
-                                               message=f"tool call is not valid JSON ({_why(e)})"))
+            if len(sites.calls) == limits.max_calls:
+                sites.more = True
                 break
-            raws.append(body[pos:end])
+            try:
+                obj, end = _JSON.raw_decode(body, pos)
+            except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, or an over-long integer
+                sites.add(ToolCallError(kind="bad_json", raw=body[pos:pos + 200],
+                                        message=f"tool call is not valid JSON ({_why(e)})"), body[pos:])
+                break
             if isinstance(obj, dict):
                 # Llama 3.1 documents "parameters"; accept "arguments" too, as some fine-tunes emit it.
-                raw_calls.append((obj.get("name"), obj.get("parameters", obj.get("arguments"))))
+                sites.add((obj.get("name"), obj.get("parameters", obj.get("arguments"))), body[pos:end])
             else:
-                raw_calls.append(ToolCallError(kind="bad_format", raw=body[pos:end][:200],
-                                               message="tool call must be a JSON object"))
+                sites.add(ToolCallError(kind="bad_format", raw=body[pos:end][:200],
+                                        message="tool call must be a JSON object"), body[pos:end])
             pos = end
             while pos < len(body) and body[pos] in " \t\r\n;":
                 pos += 1
-        return _finish(raw_calls, "", tools, limits, raws)
+        return sites
 
 
 class GemmaParser:
@@ -264,7 +325,7 @@ class GemmaParser:
       prompt format). A bracketed response that is not entirely calls is plain text (``[1, 2]`` is an answer).
     """
 
-    _BLOCK = re.compile(r"```tool_code\s*\n(.*?)```", re.DOTALL)
+    OPEN, CLOSE = "```tool_code", "```"
 
     @staticmethod
     def _call(node: ast.expr, raw: str) -> tuple[str, Any] | ToolCallError:
@@ -296,27 +357,40 @@ class GemmaParser:
             return ToolCallError(kind="bad_format", raw=source[:200], message=f"tool call is not a Python call ({_why(e)})")
 
     def parse(self, text: str, tools: ToolSchemas, limits: ParserLimits = ParserLimits()) -> ParseResult:
+        return _parse(self._sites, text, tools, limits)
+
+    def _sites(self, text: str, tools: ToolSchemas, limits: ParserLimits) -> _Sites:
         stripped = text.strip()
         if stripped.startswith("[") and stripped.endswith("]"):
             node = self._expr(stripped)
             if isinstance(node, ast.List) and node.elts and all(isinstance(e, ast.Call) for e in node.elts):
-                raws = [ast.get_source_segment(stripped, e) or stripped for e in node.elts]
-                return _finish([self._call(e, r) for e, r in zip(node.elts, raws, strict=True)], "", tools, limits, raws)
-        raw_calls: list[RawCall] = []
-        raws = []
-        for m in self._BLOCK.finditer(text):
-            for line in m.group(1).splitlines():
-                if line.strip():
-                    raws.append(line)
-                    parsed = self._expr(line.strip())
-                    raw_calls.append(parsed if isinstance(parsed, ToolCallError) else self._call(parsed, line))
-        rest = self._BLOCK.sub("", text)
-        if "```tool_code" in rest:
-            tail = rest[rest.index("```tool_code"):]
-            raws.append(tail)
-            raw_calls.append(ToolCallError(kind="bad_format", raw=tail[:200], message="```tool_code block never closed"))
-            rest = rest[: rest.index("```tool_code")]
-        return _finish(raw_calls, rest, tools, limits, raws)
+                sites = _Sites(more=len(node.elts) > limits.max_calls)
+                for e in node.elts[: limits.max_calls]:
+                    raw = ast.get_source_segment(stripped, e) or ""
+                    sites.add(self._call(e, raw), raw)
+                return sites
+        bodies, outside, unclosed, more = _blocks(text, self.OPEN, self.CLOSE, limits.max_calls)
+        sites = _Sites(text=outside, more=more)
+        for body in bodies:
+            fence, *lines = body.split("\n")
+            if fence.strip() and len(sites.calls) < limits.max_calls:
+                sites.add(ToolCallError(kind="bad_format", raw=body[:200],
+                                        message="put each call on its own line after ```tool_code"), body)
+            for line in lines:
+                if not line.strip():
+                    continue
+                if len(sites.calls) == limits.max_calls:
+                    sites.more = True
+                    return sites
+                parsed = self._expr(line.strip())
+                sites.add(parsed if isinstance(parsed, ToolCallError) else self._call(parsed, line), line)
+        if unclosed is not None:
+            error = ToolCallError(kind="bad_format", raw=unclosed[:200], message="```tool_code block never closed")
+            if len(sites.calls) < limits.max_calls:
+                sites.add(error, unclosed)
+            else:
+                sites.more = True
+        return sites
 
 
 PARSER_REGISTRY: dict[str, Callable[[], ToolCallParser]] = {

@@ -1,4 +1,4 @@
-"""Dataset audit and lineage of a campaign folder (DESIGN §4 "audit"), and its export for warehouse tools.
+"""Dataset audit and lineage of a campaign folder (ARCHITECTURE §4 "audit"), and its export for warehouse tools.
 
 - ``campaign.audit_campaign(store) -> report.AuditReport``: the IO; reads the folder once.
 - ``stats``: per-shard figures and summaries (pure); ``lineage``: reconciles consumption logs (pure).

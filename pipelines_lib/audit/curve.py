@@ -11,7 +11,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from pipelines_lib.storage import layout
+from pipelines_lib import records
+from pipelines_lib.records import ConsumptionLog, EvalResult, Publication
 from pipelines_lib.storage.store import Store
 
 CURVE_METRICS = ("greedy_success_rate", "sampled.pass@1", "greedy.mean_reward")
@@ -62,18 +63,15 @@ def read_curves(store: Store, steps: int) -> tuple[list[tuple[int, float]], list
     """(step, train mean reward) from the consumption logs; (version, step, eval result) of evaluated versions."""
     train = []
     for step in range(1, steps + 1):
-        if not store.exists(layout.consumed_log(step)):
+        if not ConsumptionLog.exists(store, step):
             break
-        train.append((step, float(store.read_json(layout.consumed_log(step))["mean_reward"])))
+        reward = ConsumptionLog.read(store, step).mean_reward
+        if reward is not None:
+            train.append((step, reward))
     return train, eval_points(store)
 
 
 def eval_points(store: Store) -> list[tuple[int, int, dict]]:
-    """(version, step it was published at, ``eval/vN.json``) of every evaluated published version."""
-    evals = []
-    for name in store.list(f"{layout.WEIGHTS_LATEST}.d"):
-        entry = store.read_json(f"{layout.WEIGHTS_LATEST}.d/{name}")
-        version = int(entry["version"])
-        if store.exists(layout.eval_path(version)):
-            evals.append((version, int(entry.get("step") or 0), store.read_json(layout.eval_path(version))))
-    return evals
+    """(version, step it was published at, its ``EvalResult`` as a dict) of every evaluated published version."""
+    return [(version, Publication.entry(store, version).step, EvalResult.read(store, version).to_dict())
+            for version in records.published_versions(store) if EvalResult.exists(store, version)]

@@ -6,7 +6,12 @@ key-value metadata ``rollstream.export`` records the shards listed when it was w
 and safe: the same listing means the file is ``unchanged`` (nothing is read); a version that gained shards
 since is reported ``stale`` and left alone, because exports are create-only like everything else: export a
 still-growing campaign into a new folder. Rows carry the shard columns plus ``campaign`` (the campaign id), so
-exports of several campaigns can be queried together.
+exports of several campaigns can be queried together. A file of that name that is not such an export (anything
+else someone left in the folder) is reported ``foreign`` and left alone too.
+
+A group is exported once: a shard whose content was written under another name (a copy, see
+``shards.identity_problem``) is skipped with that reason, and so is a shard repeating a group id already
+exported from the same version.
 """
 
 from __future__ import annotations
@@ -20,16 +25,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
-from pipelines_lib.storage.shards import ShardError, read_shard
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
+from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"
 EXPORT_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("campaign", pa.string(), nullable=False))
-EXPORT_STATUSES = ("written", "unchanged", "stale", "empty")
+EXPORT_STATUSES = ("written", "unchanged", "stale", "empty", "foreign")
 """``written`` now; ``unchanged``: an earlier export of the same shards exists; ``stale``: an earlier export
-exists but the version has other shards now (left as it was); ``empty``: no valid shard, no file."""
+exists but the version has other shards now (left as it was); ``empty``: no valid shard, no file;
+``foreign``: a file that is not an export of ours has the name (left as it was)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,29 +65,43 @@ def _listed_shards(store: Store, version: int) -> list[str]:
     return [f"{folder}/{n}" for n in store.list(folder) if layout.parse_shard_path(f"{folder}/{n}") is not None]
 
 
-def _recorded_shards(data: bytes) -> list[str] | None:
-    meta = pq.read_metadata(io.BytesIO(data)).metadata or {}
-    raw = meta.get(EXPORT_META_KEY)
-    return None if raw is None else list(json.loads(raw)["source_shards"])
+def _recorded_shards(out: Store, name: str) -> list[str] | None:
+    """The shards an earlier export recorded; None when the file there is not an export of ours."""
+    try:
+        meta = pq.read_metadata(io.BytesIO(out.read(name))).metadata or {}
+        shards = json.loads(meta[EXPORT_META_KEY])["source_shards"]
+    except (NotAnObjectError, pa.ArrowException, OSError, KeyError, TypeError, ValueError):
+        return None
+    return [str(s) for s in shards] if isinstance(shards, list) else None
 
 
 def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
     name = parquet_name(version)
     listed = _listed_shards(store, version)
     if out.exists(name):
-        status = "unchanged" if _recorded_shards(out.read(name)) == listed else "stale"
+        recorded = _recorded_shards(out, name)
+        status = "foreign" if recorded is None else "unchanged" if recorded == listed else "stale"
         return ExportedVersion(version=version, path=name, status=status, rows=0, shards=0, skipped=())
     sink = io.BytesIO()
     skipped: list[tuple[str, str]] = []
+    exported_groups: set[str] = set()
     rows = shards = 0
     campaign = layout.campaign_id(store.url)
     with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
         for path in listed:
             try:
-                table, _ = read_shard(store, path)
-            except (ShardError, NotFoundError) as e:
+                table, provenance = read_shard(store, path)
+            except (ShardError, NotFoundError, NotAnObjectError) as e:
                 skipped.append((path, str(e)))
                 continue
+            groups = set(table.column("group_id").to_pylist())
+            problem = identity_problem(path, provenance) or (
+                f"group(s) {sorted(groups & exported_groups)[:3]} already exported from another shard"
+                if groups & exported_groups else None)
+            if problem is not None:
+                skipped.append((path, f"{store.uri(path)}: {problem}"))
+                continue
+            exported_groups |= groups
             writer.write_table(table.append_column(EXPORT_SCHEMA.field("campaign"),
                                                    pa.array([campaign] * table.num_rows, pa.string()))
                                .replace_schema_metadata(EXPORT_SCHEMA.metadata))

@@ -1,15 +1,13 @@
 """Lineage: reconcile the trainer's consumption logs with the committed shards and the published versions.
 
-Pure functions over already-read data; ``campaign.audit_campaign`` does the reading. The trainer writes one
-log per step (``train/consumed/<step:08d>.json``)::
-
-    {"step", "trainer_version", "groups": [{"group_id", "shard", "row_start", "row_end", "version", "staleness"}],
-     "dropped_stale": [{"shard", "groups": [ids], "reason"}], "skipped": [{"shard", "reason"}],
-     "published_version", "created_at"}
+Pure functions over already-read records; ``campaign.audit_campaign`` does the reading. The trainer writes one
+``records.ConsumptionLog`` per step: the groups it trained on (shard, rows, version, staleness), the groups the
+window dropped as stale and the shards (or groups of them) the tailer skipped.
 
 A group is identified by ``(shard, group_id)``. Every committed group ends up in exactly one bucket: consumed
-(by one step), dropped as stale, not yet consumed, or unusable (its shard breaks an invariant, so the tailer
-skips it). Accounting a group twice, or accounting a group no shard holds, is a violation.
+(by one step), dropped as stale, not yet consumed, unusable (its shard breaks an invariant or the trainer
+cannot train on it, so the tailer skips it), or skipped (the trainer logged it as skipped for a reason the
+audit did not see, e.g. a duplicate of a group already consumed). Accounting a group twice, or accounting a group no shard holds, is a violation.
 """
 
 from __future__ import annotations
@@ -17,9 +15,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pipelines_lib.audit.report import Finding, GroupAccounting, Lineage, PublishedVersion, SkippedShard
+from pipelines_lib.records import ConsumptionLog, Publication
 
 GroupKey = tuple[str, str]
 """(shard path, group_id)."""
@@ -37,36 +35,15 @@ class CommittedGroup:
 
 @dataclass(frozen=True, kw_only=True)
 class _Use:
-    kind: str  # "consumed" or "dropped"
+    kind: str  # "consumed", "dropped" or "skipped"
     step: int
     log: str
 
 
-def _bad_log(path: str, message: str) -> Finding:
-    return Finding(kind="bad_consumption_log", path=path, row=None, trajectory_id=None, message=message)
-
-
-def _parse_log(path: str, raw: Any) -> tuple[dict[str, Any] | None, list[Finding]]:
-    """The log with its fields checked, or None and a finding saying what is wrong."""
-    try:
-        log = {
-            "step": int(raw["step"]),
-            "trainer_version": int(raw["trainer_version"]),
-            "groups": [{"group_id": str(g["group_id"]), "shard": str(g["shard"]), "row_start": int(g["row_start"]),
-                        "row_end": int(g["row_end"]), "version": int(g["version"])} for g in raw["groups"]],
-            "dropped_stale": [{"shard": str(d["shard"]), "groups": [str(x) for x in d["groups"]]}
-                              for d in raw.get("dropped_stale", [])],
-            "skipped": [{"shard": str(s["shard"]), "reason": str(s.get("reason", ""))} for s in raw.get("skipped", [])],
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        return None, [_bad_log(path, f"missing or mistyped field: {e!r}")]
-    return log, []
-
-
-def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple[str, Any]],
-              published: Sequence[Mapping[str, Any]]) -> tuple[Lineage | None, list[Finding]]:
-    """Lineage from the committed groups, the raw consumption logs ``(path, parsed JSON)`` in step order and the
-    published pointer entries. Returns ``None`` for the lineage when there are neither logs nor publications."""
+def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple[str, ConsumptionLog]],
+              published: Sequence[Publication]) -> tuple[Lineage | None, list[Finding]]:
+    """Lineage from the committed groups, the consumption logs ``(path, log)`` in step order and the
+    publications the ``weights/LATEST`` pointer named. Returns ``None`` for the lineage when there are neither logs nor publications."""
     if not logs and not published:
         return None, []
     findings: list[Finding] = []
@@ -75,28 +52,27 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
     skipped: list[SkippedShard] = []
     consumed_at: dict[int, list[GroupKey]] = defaultdict(list)
     steps: list[int] = []
-    for path, raw in logs:
-        log, bad = _parse_log(path, raw)
-        findings += bad
-        if log is None:
-            continue
-        step = log["step"]
+    for path, log in logs:
+        step = log.step
         steps.append(step)
-        for g in log["groups"]:
-            key = (g["shard"], g["group_id"])
+        for g in log.groups:
+            key = (g.shard, g.group_id)
             uses[key].append(_Use(kind="consumed", step=step, log=path))
             consumed_at[step].append(key)
-            staleness[log["trainer_version"] - g["version"]] += 1
+            staleness[log.trainer_version - g.version] += 1
             c = committed.get(key)
-            if c is not None and (c.row_start, c.row_end) != (g["row_start"], g["row_end"]):
+            if c is not None and (c.row_start, c.row_end) != (g.row_start, g.row_end):
                 findings.append(Finding(
                     kind="consumed_rows_mismatch", path=path, row=None, trajectory_id=None,
-                    message=f"group {g['group_id']} of {g['shard']} logged as rows [{g['row_start']}, {g['row_end']}), "
+                    message=f"group {g.group_id} of {g.shard} logged as rows [{g.row_start}, {g.row_end}), "
                             f"the shard holds it in rows [{c.row_start}, {c.row_end})"))
-        for d in log["dropped_stale"]:
-            for gid in d["groups"]:
-                uses[(d["shard"], gid)].append(_Use(kind="dropped", step=step, log=path))
-        skipped += [SkippedShard(step=step, shard=s["shard"], reason=s["reason"]) for s in log["skipped"]]
+        for d in log.dropped_stale:
+            for gid in d.groups:
+                uses[(d.shard, gid)].append(_Use(kind="dropped", step=step, log=path))
+        skipped += [SkippedShard(step=step, shard=s.shard, reason=s.reason) for s in log.skipped]
+        for s in log.skipped:
+            for gid in s.groups:
+                uses[(s.shard, gid)].append(_Use(kind="skipped", step=step, log=path))
 
     for (shard, gid), used in sorted(uses.items()):
         consumed = [u for u in used if u.kind == "consumed"]
@@ -107,16 +83,26 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
         elif len(used) > 1:
             findings.append(Finding(kind="accounted_twice", path=used[1].log, row=None, trajectory_id=None,
                                     message=f"group {gid} of {shard}: {where}"))
-        if (shard, gid) not in committed:
+        if (shard, gid) not in committed and any(u.kind != "skipped" for u in used):
             kind = "consumed_missing" if consumed else "dropped_missing"
             findings.append(Finding(kind=kind, path=used[0].log, row=None, trajectory_id=None,
                                     message=f"group {gid} is in no committed shard (logged from {shard})"))
+
+    # The same group id trained from two shards (a copy the trainer did not recognise) is trained twice too.
+    trained_from: dict[str, list[str]] = defaultdict(list)
+    for (shard, gid), used in sorted(uses.items()):
+        if any(u.kind == "consumed" for u in used):
+            trained_from[gid].append(shard)
+    findings += [Finding(kind="consumed_twice", path=shards[1], row=None, trajectory_id=None,
+                         message=f"group {gid} trained from {len(shards)} shards: {', '.join(shards)}")
+                 for gid, shards in sorted(trained_from.items()) if len(shards) > 1]
 
     by_version: dict[int, Counter[str]] = defaultdict(Counter)
     for key, c in committed.items():
         used = uses.get(key, [])
         bucket = ("unusable" if not c.usable else "pending" if not used
-                  else "consumed" if any(u.kind == "consumed" for u in used) else "dropped_stale")
+                  else "consumed" if any(u.kind == "consumed" for u in used)
+                  else "dropped_stale" if any(u.kind == "dropped" for u in used) else "skipped")
         by_version[c.version][bucket] += 1
 
     return Lineage(
@@ -132,23 +118,21 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
 
 def _accounting(c: Counter[str]) -> GroupAccounting:
     return GroupAccounting(consumed=c["consumed"], dropped_stale=c["dropped_stale"], pending=c["pending"],
-                           unusable=c["unusable"])
+                           unusable=c["unusable"], skipped=c["skipped"])
 
 
-def _published(entries: Sequence[Mapping[str, Any]], steps: list[int], consumed_at: Mapping[int, list[GroupKey]],
+def _published(entries: Sequence[Publication], steps: list[int], consumed_at: Mapping[int, list[GroupKey]],
                committed: Mapping[GroupKey, CommittedGroup]) -> tuple[PublishedVersion, ...]:
     """Each version is credited with the steps after the previous publication, up to its own step."""
     out = []
     prev_step = -1
-    for e in sorted(entries, key=lambda e: int(e["version"])):
-        step = None if e.get("step") is None else int(e["step"])
-        behind = tuple(s for s in steps if step is not None and prev_step < s <= step)
+    for e in sorted(entries, key=lambda e: e.version):
+        behind = tuple(s for s in steps if prev_step < s <= e.step)
         keys = [k for s in behind for k in consumed_at[s]]
         out.append(PublishedVersion(
-            version=int(e["version"]), step=step, path=str(e.get("path", "")), published_at=str(e.get("published_at", "")),
+            version=e.version, step=e.step, path=e.path, published_at=e.published_at,
             steps=behind, shards=tuple(sorted({shard for shard, _ in keys})), groups=len(keys),
             prompts=len({committed[k].prompt_id for k in keys if k in committed}),
         ))
-        if step is not None:
-            prev_step = max(prev_step, step)
+        prev_step = max(prev_step, e.step)
     return tuple(out)

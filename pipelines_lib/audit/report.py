@@ -16,9 +16,11 @@ from typing import Any
 
 from pipelines_lib.audit.stats import Summary
 
-FILE_PROBLEMS = ("foreign_name", "unreadable", "foreign_schema", "schema_version")
+FILE_PROBLEMS = ("foreign_name", "unreadable", "foreign_schema", "schema_version", "not_a_file", "oversized")
 """Kinds of ``BadFile``: not a shard name; bytes that are not Arrow IPC (or storage refused them); Arrow
-without rollstream schema metadata; a rollstream schema this code cannot read (other major, wrong types)."""
+without rollstream schema metadata; a rollstream schema this code cannot read (other major, wrong types); a
+FIFO, device or symlink leading outside the campaign (never opened); declared sizes over the readers' limits
+(never decoded)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +69,9 @@ class GroupAccounting:
     pending: int
     """Committed in a valid shard, neither consumed nor dropped yet."""
     unusable: int
-    """In a shard that breaks an invariant: the trainer's tailer skips those."""
+    """In a shard that breaks an invariant or that the trainer cannot train on: the trainer's tailer skips those."""
+    skipped: int = 0
+    """Logged by the trainer as skipped (with a reason) though the audit finds nothing wrong with them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,9 +154,12 @@ class AuditReport:
                        "safe to delete once no writer runs)")
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-ready values (what the audit stage keeps in ``records.AuditRecord``)."""
+        return dataclasses.asdict(self)
+
     def to_json(self) -> str:
-        body = dataclasses.asdict(self)
-        return json.dumps({"ok": self.ok, "warnings": self.warnings, **body}, indent=2, default=str)
+        return json.dumps({"ok": self.ok, "warnings": self.warnings, **self.to_dict()}, indent=2, default=str)
 
     def render_text(self, *, max_rows: int = 20) -> str:
         out = [f"audit of {self.url}  ({self.audited_at}, {self.seconds:.1f} s)",
@@ -160,7 +167,7 @@ class AuditReport:
                f"{self.trajectories} trajectories, {self.groups} groups",
                f"schema versions: {_kv(self.schema_versions) or '-'}"]
         if self.campaign is not None:
-            out.append(f"campaign.json: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
+            out.append(f"campaign manifest: {len(self.campaign)} keys ({', '.join(sorted(self.campaign)[:8])})")
         out += ["", "per version:", _counts_table("version", self.by_version),
                 "", "per worker:", _counts_table("worker", self.by_worker)]
         out += ["", "distributions:", _table(
@@ -192,9 +199,11 @@ class AuditReport:
             return "lineage: no consumption logs or published versions yet"
         a = lin.accounting
         out = [f"lineage: {lin.consumption_logs} consumption logs (last step {lin.last_step}); groups: "
-               f"{a.consumed} consumed, {a.dropped_stale} dropped stale, {a.pending} pending, {a.unusable} unusable",
-               _table(["version", "consumed", "dropped", "pending", "unusable"],
-                      [[v, c.consumed, c.dropped_stale, c.pending, c.unusable] for v, c in sorted(lin.by_version.items())]),
+               f"{a.consumed} consumed, {a.dropped_stale} dropped stale, {a.pending} pending, {a.unusable} unusable, "
+               f"{a.skipped} skipped",
+               _table(["version", "consumed", "dropped", "pending", "unusable", "skipped"],
+                      [[v, c.consumed, c.dropped_stale, c.pending, c.unusable, c.skipped]
+                       for v, c in sorted(lin.by_version.items())]),
                f"staleness (trainer version - group version -> groups): {_kv(lin.staleness) or '-'}"]
         if lin.trainer_skipped:
             out.append(f"shards the trainer skipped: {len(lin.trainer_skipped)}")

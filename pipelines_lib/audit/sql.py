@@ -23,6 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipelines_lib import records
+from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.shards import ShardError, read_shard
@@ -99,37 +101,30 @@ def read_trajectories(store: Store, *, progress: Callable[[str], None] | None = 
     return table.cast(TRAJECTORIES_SCHEMA), skipped
 
 
-def _json_files(store: Store, folder: str) -> list[tuple[str, Any]]:
-    return [(f"{folder}/{n}", store.read_json(f"{folder}/{n}")) for n in store.list(folder) if n.endswith(".json")]
-
-
-def _log_rows(logs: list[tuple[str, Any]]) -> tuple[list[dict], list[dict]]:
+def _log_rows(logs: list[ConsumptionLog]) -> tuple[list[dict], list[dict]]:
     consumed, dropped = [], []
-    for path, log in logs:
-        if not isinstance(log, dict) or "step" not in log:
-            raise ValueError(f"{path}: not a consumption log (no 'step')")
-        step, trainer_version = int(log["step"]), log.get("trainer_version")
-        for g in log.get("groups", []):
-            consumed.append({"step": step, "trainer_version": trainer_version, "group_id": g["group_id"],
-                             "shard": g["shard"], "version": g["version"], "staleness": g.get("staleness")})
-        for d in log.get("dropped_stale", []):
-            dropped += [{"step": step, "kind": "dropped_stale", "shard": d["shard"], "group_id": gid,
-                         "reason": d.get("reason")} for gid in d.get("groups", [])]
-        dropped += [{"step": step, "kind": "skipped", "shard": s["shard"], "group_id": None, "reason": s.get("reason")}
-                    for s in log.get("skipped", [])]
+    for log in logs:
+        consumed += [{"step": log.step, "trainer_version": log.trainer_version, "group_id": g.group_id,
+                      "shard": g.shard, "version": g.version, "staleness": g.staleness} for g in log.groups]
+        for d in log.dropped_stale:
+            dropped += [{"step": log.step, "kind": "dropped_stale", "shard": d.shard, "group_id": gid,
+                         "reason": d.reason} for gid in d.groups]
+        for s in log.skipped:
+            dropped += [{"step": log.step, "kind": "skipped", "shard": s.shard, "group_id": gid, "reason": s.reason}
+                        for gid in (s.groups or [None])]
     return consumed, dropped
 
 
-def _eval_row(raw: dict) -> dict:
-    return {"version": raw["version"], "greedy_success_rate": raw.get("greedy_success_rate"),
-            "pass_at_k": raw.get("pass@k"), "tasks": raw.get("tasks"), "k": raw.get("k")}
+def _eval_row(result: EvalResult) -> dict:
+    return {"version": result.version, "greedy_success_rate": result.greedy_success_rate,
+            "pass_at_k": result.pass_at_k, "tasks": result.tasks, "k": result.k}
 
 
 def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = None) -> CampaignTables:
     """Read the campaign at ``store`` into the tables ``rollstream sql`` and the viewer query."""
     trajectories, skipped = read_trajectories(store, progress=progress)
-    consumed, dropped = _log_rows(_json_files(store, "train/consumed"))
-    evals = [_eval_row(raw) for _, raw in _json_files(store, "eval")]
+    consumed, dropped = _log_rows(records.consumption_logs(store))
+    evals = [_eval_row(EvalResult.read(store, v)) for v in records.evaluated_versions(store)]
     return CampaignTables(tables={
         "trajectories": trajectories,
         "consumed": pa.Table.from_pylist(consumed, schema=CONSUMED_SCHEMA),

@@ -65,6 +65,11 @@ class VllmConfig:
             raise ValueError(f"VllmConfig.max_restarts must be >= 0, got {self.max_restarts}")
 
 
+MAX_SLOTS = 16_384
+"""Most sequences one engine decodes at once (each holds a KV cache of ``max_seq_len``); serving engines run a
+few hundred."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """Shapes fixed at construction: nothing the engine compiles depends on the requests it serves."""
@@ -102,8 +107,8 @@ class EngineConfig:
     """The vLLM backend, when ``kind`` is ``vllm``."""
 
     def __post_init__(self) -> None:
-        if self.num_slots < 1:
-            raise ValueError(f"EngineConfig.num_slots must be >= 1, got {self.num_slots}")
+        if not 1 <= self.num_slots <= MAX_SLOTS:
+            raise ValueError(f"EngineConfig.num_slots must be in [1, {MAX_SLOTS}], got {self.num_slots}")
         if self.max_seq_len < 2:
             raise ValueError(f"EngineConfig.max_seq_len must be >= 2, got {self.max_seq_len}")
         if not self.prefill_buckets:

@@ -294,7 +294,7 @@ class JaxEngine:
     # ---- measurement -----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float]:
-        """Counters since construction or ``reset_stats()`` (definitions in DESIGN §7).
+        """Counters since construction or ``reset_stats()`` (definitions in ARCHITECTURE §7).
 
         busy_s: time during which a dispatched compute step (prefill + decode) had results the host was
         waiting for, from its dispatch until they were on the host, overlapping steps counted once

@@ -1,11 +1,11 @@
-"""Scoring published weights on the held-out split: the same engine, agent, env and episode loop as rollouts.
+"""Scoring a policy on held-out tasks: the same engine, agent, env and episode factory as rollouts.
 
 ```
-evaluate(store, config, version=N)                         the stage: eval/v<N:08d>.json, create-only
-  └─ evaluate_model(model, tokenizer, tasks, config)        in memory (the benchmark calls this)
-       JaxEngine(model, config.engine)
-       per task: 1 greedy episode + k sampled ones           k = config.eval.samples, temperature config.eval.temperature
-       run_episode(make_env, make_agent, ...) under a semaphore of config.eval.max_concurrency
+stages.evaluate.evaluate(store, config, version=N)         the stage: eval/v<N:08d>.json (records.EvalResult)
+  └─ evaluate_model(model, tokenizer, tasks, cfg, ...)      in memory (the benchmarks call this)
+       JaxEngine(model, engine)
+       per task: 1 greedy episode + k sampled ones           k = cfg.samples, temperature cfg.temperature
+       rollout.episodes.make_episode_fn(...) under a semaphore of cfg.max_concurrency
        └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses,
                                                              format_rate (envs with a ``format`` reward part)
 ```
@@ -13,33 +13,52 @@ evaluate(store, config, version=N)                         the stage: eval/v<N:0
 A task is *solved* by an episode that ends ``ok`` with reward >= ``SUCCESS_REWARD`` (the built-in envs give 1.0 for a
 correct answer). pass@k uses the unbiased estimator of Chen et al. (2021) over the k sampled episodes; with n = k
 it is the share of tasks any sample solved, and pass@1 is the mean per-sample success. Tool latency profiles are
-not applied: evaluation measures the policy, not the emulated services. Sampled episodes are seeded from the
-campaign seed and the task id, so a rerun of the same version gives the same numbers.
+not applied: evaluation measures the policy, not the emulated services. Episodes are seeded by ``sample_seed``
+from the campaign seed, the task id and the attempt, so a rerun of the same version gives the same numbers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pipelines_lib.agents import make_agent, run_episode
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.dataset import load_split
-from pipelines_lib.engine import JaxEngine, SamplingParams
-from pipelines_lib.envs import Task, make_env
+from pipelines_lib.agents.base import AgentConfig
+from pipelines_lib.engine import JaxEngine
+from pipelines_lib.engine.config import EngineConfig
+from pipelines_lib.envs import Task
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.publish import load_published
-from pipelines_lib.rollout.episodes import campaign_tokenizer, env_sandbox
-from pipelines_lib.storage.errors import AlreadyExistsError
-from pipelines_lib.storage.layout import eval_path
-from pipelines_lib.storage.store import Store
+from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
+from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
 from pipelines_lib.trajectory.record import Trajectory
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Held-out evaluation of published versions: one greedy attempt per task and ``samples`` sampled ones."""
+
+    n_tasks: int = 64
+    """Held-out tasks scored per version (the first n of the split)."""
+    samples: int = 4
+    """k of pass@k: sampled attempts per task, besides the greedy one."""
+    temperature: float = 1.0
+    """Temperature of the sampled attempts (the greedy attempt uses 0)."""
+    max_concurrency: int = 32
+    """Episodes evaluated at once."""
+
+    def __post_init__(self) -> None:
+        if self.n_tasks < 1 or self.samples < 1 or not 1 <= self.max_concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"EvalConfig n_tasks/samples must be >= 1 and max_concurrency in [1, {MAX_CONCURRENCY}], "
+                             f"got {self.n_tasks}/{self.samples}/{self.max_concurrency}")
+        if not self.temperature >= 0:
+            raise ValueError(f"EvalConfig.temperature must be >= 0, got {self.temperature}")
+
 
 SUCCESS_REWARD = 1.0
 HELDOUT = "heldout"
@@ -94,36 +113,29 @@ def summarize(greedy: Sequence[Trajectory], sampled: Sequence[Sequence[Trajector
             f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / len(correct),
         }
     out["greedy_success_rate"] = out["greedy"]["success_rate"]
-    out["pass@k"] = out["sampled"][f"pass@{k}"] if k else None
+    out["pass_at_k"] = out["sampled"][f"pass@{k}"] if k else None
     return out
 
 
-def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:4], "big")
-
-
-async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task],
-                               config: CampaignConfig) -> dict[str, Any]:
+async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task], cfg: EvalConfig, *,
+                               rollout: RolloutConfig, agent: AgentConfig, engine: EngineConfig,
+                               seed: int, env: EnvSpec | None = None) -> dict[str, Any]:
     """``evaluate_model`` for callers already inside an event loop."""
-    k, rollout = config.eval.samples, config.rollout
-    semaphore = asyncio.Semaphore(config.eval.max_concurrency)
+    k = cfg.samples
+    semaphore = asyncio.Semaphore(cfg.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, config.engine) as engine, env_sandbox(config) as sandbox:
+    async with JaxEngine(model, engine) as jax_engine, env_sandbox(env) as sandbox:
+        episodes = [make_episode_fn(rollout, agent, engine=jax_engine, tokenizer=tokenizer, worker_id="eval",
+                                    temperature=temperature, group_size=k + 1, seed_salt=f"eval.{seed}",
+                                    sandbox=sandbox)
+                    for temperature in (0.0, cfg.temperature)]
 
         async def episode(task: Task, idx: int) -> Trajectory:
-            sampling = SamplingParams(
-                temperature=0.0 if idx == 0 else config.eval.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                max_new_tokens=rollout.max_new_tokens, seed=_seed(config.seed, task.task_id, idx))
             async with semaphore:
-                return await run_episode(
-                    env=make_env(task.env_name, sandbox=sandbox), task=task, agent=make_agent(config.agent, tokenizer),
-                    engine=engine, tokenizer=tokenizer, sampling=sampling, group_id=f"eval/{task.task_id}",
-                    sample_idx=idx, group_size=k + 1, worker_id="eval",
-                    episode_timeout_s=rollout.episode_timeout_s, tool_timeout_s=rollout.tool_timeout_s,
-                    max_tokens=rollout.max_tokens, failure_reward=rollout.failure_reward)
+                return await episodes[min(idx, 1)](task, f"{HELDOUT}.{task.task_id}", idx)
 
         runs = await asyncio.gather(*(asyncio.gather(*(episode(t, i) for i in range(k + 1))) for t in tasks))
-        engine_stats = engine.stats()
+        engine_stats = jax_engine.stats()
     return {
         **summarize([r[0] for r in runs], [r[1:] for r in runs]),
         "wall_s": time.perf_counter() - started,
@@ -131,31 +143,15 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     }
 
 
-def evaluate_model(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task],
-                   config: CampaignConfig) -> dict[str, Any]:
-    """Run every task greedily once and ``config.eval.samples`` times sampled; the metrics of ``summarize``."""
-    return asyncio.run(evaluate_model_async(model, tokenizer, tasks, config))
+def evaluate_model(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task], cfg: EvalConfig, *,
+                   rollout: RolloutConfig, agent: AgentConfig, engine: EngineConfig, seed: int,
+                   env: EnvSpec | None = None) -> dict[str, Any]:
+    """Run every task greedily once and ``cfg.samples`` times sampled, with ``rollout``'s budgets and the
+    ``agent`` on a ``JaxEngine`` of ``engine``; the metrics of ``summarize``. ``seed`` salts every sample's seed;
+    a code env (``env``) runs model code in its configured sandbox."""
+    return asyncio.run(evaluate_model_async(model, tokenizer, tasks, cfg, rollout=rollout, agent=agent,
+                                            engine=engine, seed=seed, env=env))
 
 
-def evaluate(store: Store, config: CampaignConfig, *, version: int) -> dict[str, Any]:
-    """Score published ``version`` on the first ``config.eval.n_tasks`` held-out tasks; writes ``eval/v<N>.json``.
-
-    A no-op returning the stored results when that file exists.
-    """
-    path = eval_path(version)
-    if store.exists(path):
-        return store.read_json(path)
-    model, _ = load_published(store, version)
-    tokenizer = campaign_tokenizer(config)
-    tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
-    results = {"version": version, "split": HELDOUT, "temperature": config.eval.temperature,
-               **evaluate_model(model, tokenizer, tasks, config)}
-    try:
-        store.create_json(path, results)
-    except AlreadyExistsError:
-        return store.read_json(path)  # a concurrent evaluation of the same version committed first
-    return results
-
-
-__all__ = ["SUCCESS_REWARD", "evaluate", "evaluate_model", "evaluate_model_async", "pass_at_k", "solved",
-           "summarize"]
+__all__ = ["HELDOUT", "SUCCESS_REWARD", "EvalConfig", "evaluate_model", "evaluate_model_async", "pass_at_k",
+           "solved", "summarize"]

@@ -104,10 +104,11 @@ _DUMMY_EXCHANGE = ({"role": "user", "content": "?"}, {"role": "assistant", "cont
 def default_tokenizer_dir(cache_root: str | os.PathLike[str] | None = None) -> Path:
     """``<cache_root>/tokenizer/default-v<BUILD_VERSION>-<vocab>``.
 
-    ``cache_root`` defaults to ``$ROLLSTREAM_CACHE`` if set, else the repository's ``build/`` folder.
+    ``cache_root`` is the process's cache folder (``Settings.cache``, set by ``ROLLSTREAM_CACHE``); it defaults
+    to the repository's ``build/`` folder.
     """
     if cache_root is None:
-        cache_root = os.environ.get("ROLLSTREAM_CACHE") or Path(__file__).resolve().parents[2] / "build"
+        cache_root = Path(__file__).resolve().parents[2] / "build"
     return Path(cache_root) / "tokenizer" / f"default-v{BUILD_VERSION}-{DEFAULT_VOCAB_SIZE}"
 
 
@@ -340,3 +341,15 @@ def load_tokenizer(path: str | os.PathLike[str]) -> ChatTokenizer:
     if not getattr(hf, "chat_template", None):
         raise ValueError(f"tokenizer at {path} has no chat_template")
     return ChatTokenizer(hf, tokenizer_hash=tokenizer_files_hash(path))
+
+
+def tokenizer_dir(path: str | os.PathLike[str] | None, *, cache: str | os.PathLike[str] | None = None) -> Path:
+    """The tokenizer folder at ``path``, or the embedded default's when it is None (built on first use under
+    ``cache``, the process's cache folder: ``Settings.cache``; None: the repository's ``build/``)."""
+    return Path(path) if path is not None else ensure_default_tokenizer(default_tokenizer_dir(cache))
+
+
+def open_tokenizer(path: str | os.PathLike[str] | None, *, cache: str | os.PathLike[str] | None = None
+                   ) -> ChatTokenizer:
+    """The tokenizer at :func:`tokenizer_dir` ``(path, cache=cache)``."""
+    return load_tokenizer(tokenizer_dir(path, cache=cache))

@@ -28,14 +28,12 @@ only writer of an unmarked folder is a dead earlier attempt of this same publish
 
 ``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
 emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
-or the save hangs. The flows set the environment; this module reads only ``ROLLSTREAM_ORBAX_DEADLINE_S`` (once, at
-import: ``ORBAX_DEADLINE_S``), the one knob a stage process has before any config is loaded.
+or the save hangs. The entry points set that environment (``Settings.orbax_environment``). Every Orbax call is
+bounded by the store's ``external_deadline_s`` (``Settings.orbax_deadline_s``, ``ROLLSTREAM_ORBAX_DEADLINE_S``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import os
 import shutil
 import threading
 import time
@@ -49,47 +47,22 @@ from flax import nnx
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.records import Publication
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
-from pipelines_lib.storage.store import Store, call_with_deadline
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.record import utc_now_iso
 
-
-def _orbax_deadline_s(text: str | None, default_s: float = 600.0) -> float:
-    if text is None:
-        return default_s
-    error = ValueError(f"ROLLSTREAM_ORBAX_DEADLINE_S must be a number of seconds > 0, got {text!r}")
-    try:
-        value = float(text)
-    except ValueError:
-        raise error from None
-    if not value > 0:  # also refuses nan
-        raise error
-    return value
-
-
-ORBAX_DEADLINE_S = _orbax_deadline_s(os.environ.get("ROLLSTREAM_ORBAX_DEADLINE_S"))
-"""Longest an Orbax save or load of published weights or a checkpoint may take before the stage fails (naming op
-and URL): 600 s, or ``ROLLSTREAM_ORBAX_DEADLINE_S`` (the storage-fault drill's outage uses 30 s)."""
 HF_DIR = "hf"
 """Subfolder of a weights folder holding its Hugging Face checkpoint."""
-PUBLISHED = "PUBLISHED.json"
-"""Commit marker inside a weights folder, created (create-only) after the Orbax item and config are complete."""
 
 
 class PublishError(ValueError):
     """A publish would give one version number two different sets of weights."""
 
 
-def published_marker(version: int) -> str:
-    return f"{weights_dir(version)}/{PUBLISHED}"
-
-
 def hf_dir(version: int) -> str:
     return f"{weights_dir(version)}/{HF_DIR}"
-
-
-def _utc_now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
@@ -104,28 +77,25 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
     if step < 0:
         raise ValueError(f"publish_weights: step must be >= 0, got {step}")
     rel = weights_dir(version)
-    marker = published_marker(version)
     created = False
-    if not store.exists(marker):
+    if not Publication.is_published(store, version):
         if store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
-        call_with_deadline("save weights", store.uri(rel), lambda: save_weights(model, store.uri(rel)),
-                           ORBAX_DEADLINE_S)
+        store.call_external("save weights", rel, lambda: save_weights(model, store.uri(rel)))
         for name, data in hf_files(model, tokenizer_dir=tokenizer_dir).items():
             store.create(f"{hf_dir(version)}/{name}", data)
-        payload = {"version": version, "path": rel, "step": step, "published_at": _utc_now()}
         try:
-            store.create_json(marker, payload)
+            Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
             created = True
         except AlreadyExistsError:
             pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
-    payload = store.read_json(marker)
-    if payload["step"] != step:
-        raise PublishError(f"{store.uri(rel)} is already published from step {payload['step']}; "
+    publication = Publication.read(store, version)
+    if publication.step != step:
+        raise PublishError(f"{store.uri(rel)} is already published from step {publication.step}; "
                            f"refusing to publish step {step} as the same version {version}")
-    store.advance_pointer(WEIGHTS_LATEST, payload)
-    return {**payload, "created": created}
+    publication.advance(store)
+    return {**publication.to_dict(), "created": created}
 
 
 class CampaignWeights:
@@ -136,14 +106,14 @@ class CampaignWeights:
 
     def latest(self) -> int | None:
         """The newest published version, or None before the first publication."""
-        pointer = self.store.read_pointer(WEIGHTS_LATEST)
-        return None if pointer is None else int(pointer["version"])
+        latest = Publication.latest(self.store)
+        return None if latest is None else latest.version
 
     def load_model(self, version: int) -> Decoder:
-        if not self.store.exists(published_marker(version)):
+        if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
-        return call_with_deadline("load weights", url, lambda: load_weights(url), ORBAX_DEADLINE_S)
+        return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url))
 
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""
@@ -160,7 +130,7 @@ class CampaignHFWeights(CampaignWeights):
     def load(self, version: int) -> Path:  # type: ignore[override] - an HF folder, not parameters
         """A local folder holding version ``version``'s HF checkpoint: the campaign's own when it is on local
         disk, else a copy downloaded once into ``cache_dir`` (complete before it is renamed into place)."""
-        if not self.store.exists(published_marker(version)):
+        if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         names = self.store.list(hf_dir(version))
         if "config.json" not in names:
@@ -245,7 +215,6 @@ def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: 
 
 __all__ = [
     "HF_DIR",
-    "PUBLISHED",
     "CampaignHFWeights",
     "CampaignWeights",
     "PublishError",
@@ -253,5 +222,4 @@ __all__ = [
     "load_published",
     "measure_pickup_latency",
     "publish_weights",
-    "published_marker",
 ]

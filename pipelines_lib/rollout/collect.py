@@ -1,39 +1,23 @@
-"""The rollout stage: one worker process collecting groups for a campaign until the trainer is done.
+"""What a rollout worker needs from the campaign folder besides shards: its share of tasks, what it already
+committed, when weights exist, and when to stop. The collect stage (``pipelines_lib.stages.collect``) runs the
+orchestrator over these.
 
-``collect`` waits for published weights, opens the configured engine on the latest version (``ENGINE_BACKENDS``:
-``jax`` loads the Orbax parameters into a ``JaxEngine``; ``vllm`` serves the version's HF folder from a vLLM
-server, whose log ends up in ``telemetry/engine-<worker id>.log``), takes its share of
-the train split (task i belongs to worker ``i % num_workers``), skips groups this logical worker already
-committed in earlier runs, and runs the orchestrator. Group ids are ``<task_id>.e<epoch>``: deterministic,
-so a restarted worker knows what it has done; the shard-name worker id is ``<worker>.<start-nonce>``, unique
-per process start, so a restarted worker never collides with its previous life's names.
+Group ids are ``<task_id>.e<epoch>``: deterministic, so a restarted worker knows what it has done (task i
+belongs to worker ``i % num_workers``); the shard-name worker id is ``<worker>.<start-nonce>``, unique per
+process start, so a restarted worker never collides with its previous life's names.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import datetime as dt
 import itertools
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
-from pipelines_lib import telemetry
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.dataset import load_split
-from pipelines_lib.engine import JaxEngine
-from pipelines_lib.engine.api import Engine
-from pipelines_lib.engine.vllm_engine import VllmEngine
 from pipelines_lib.envs.base import Task
-from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
-from pipelines_lib.rollout.episodes import campaign_tokenizer, env_sandbox, make_episode_fn
-from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
+from pipelines_lib.records import DoneMarker, Publication, StopRequest
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, read_shard
+from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
 
 
@@ -67,102 +51,19 @@ def utc_compact(when: dt.datetime | None = None) -> str:
 
 def request_stop(store: Store, reason: str) -> str:
     """Ask every rollout worker running now to stop (workers started later are not affected)."""
-    path = layout.stop_marker(utc_compact())
-    store.create_json(path, {"reason": reason})
-    return path
+    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
 
 
 def stop_requested(store: Store, *, since: str) -> bool:
     """The trainer is done, or a stop marker newer than ``since`` (a ``utc_compact`` time) exists."""
-    if store.exists(layout.TRAIN_DONE):
-        return True
-    return any(n.startswith("STOP-") and n.removeprefix("STOP-").removesuffix(".json") > since
-               for n in store.list(layout.ROLLOUT_STOPS))
+    return DoneMarker.exists(store) or StopRequest.newer_than(store, since)
 
 
 def wait_for_weights(store: Store, timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> int:
     deadline = time.monotonic() + timeout_s
-    while (pointer := store.read_pointer(layout.WEIGHTS_LATEST)) is None:
+    while (latest := Publication.latest(store)) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{store.uri(layout.WEIGHTS_LATEST)}: no published weights after {timeout_s:.0f}s "
                                "(has the warm-start stage run?)")
         sleep(1.0)
-    return int(pointer["version"])
-
-
-EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
-                         tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
-"""``(store, config, scratch dir, log) -> (engine to enter, where its new weights come from)``, on LATEST."""
-
-
-def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
-                 log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
-    model, version = load_published(store)
-    return JaxEngine(model, config.engine, policy_version=version), CampaignWeights(store)
-
-
-def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
-                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
-    weights = CampaignHFWeights(store, Path(config.engine.vllm.weights_dir or scratch / "hf"))
-    version = weights.latest()
-    assert version is not None  # collect waited for it
-    engine = VllmEngine(config.engine.vllm, model_dir=weights.load(version), policy_version=version,
-                        max_seq_len=config.engine.max_seq_len, log_path=scratch / "vllm-server.log", log=log)
-    return engine, weights
-
-
-ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_backend}
-"""``engine.kind`` -> how a rollout worker opens it (keys: ``engine.config.ENGINE_KINDS``)."""
-
-
-def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
-            target_groups: int | None = None, weights_timeout_s: float = 600.0,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The collect stage (docs/STAGES.md)."""
-    if not 0 <= worker_index < num_workers:
-        raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
-    layout.check_worker_id(worker)
-    if "." in worker:
-        raise ValueError(f"worker name may not contain '.', got {worker!r} (it separates the start nonce)")
-    wait_for_weights(store, weights_timeout_s)
-    if store.exists(layout.TRAIN_DONE):
-        return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
-    started = utc_compact()
-    worker_id = f"{worker}.{time.time_ns() // 1000:x}"
-    tokenizer = campaign_tokenizer(config)
-    skip = committed_groups(store, worker)
-    tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
-    rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)
-    commits = 0
-
-    def on_commit(info) -> None:
-        nonlocal commits
-        commits += info.n_groups
-        log(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
-
-    async def run(scratch: Path) -> Any:
-        opened, weights = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
-        async with opened as engine, env_sandbox(config) as sandbox:
-            orchestrator = Orchestrator(
-                config=rc, engine=engine,
-                episode_fn=make_episode_fn(config, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
-                                           sandbox=sandbox),
-                tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
-                weights=weights, should_stop=lambda: stop_requested(store, since=started),
-                on_commit=on_commit)
-            stats = await orchestrator.run()
-            return stats, engine.stats()
-
-    with tempfile.TemporaryDirectory(prefix=f"rollstream-{worker}-") as tmp, \
-            telemetry.recording(store, f"rollout-{worker}"):
-        scratch = Path(tmp)
-        try:
-            stats, engine_stats = asyncio.run(run(scratch))
-        finally:
-            server_log = scratch / "vllm-server.log"
-            if server_log.exists():
-                store.create(f"telemetry/engine-{worker_id}.log", server_log.read_bytes())
-    log(f"rollout {worker_id}: stopped ({stats.stop_reason}); {stats.groups_committed} groups, "
-        f"statuses {dict(stats.statuses)}")
-    return {"worker": worker, "worker_id": worker_id, "skipped_done_groups": len(skip), **stats.to_dict(),
-            "engine": engine_stats if isinstance(engine_stats, dict) else getattr(engine_stats, "__dict__", {})}
+    return latest.version

@@ -34,10 +34,16 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
+from pipelines_lib.train.advantages import zero_advantage
 from pipelines_lib.trajectory.record import Trajectory
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
+
+
+MAX_CONCURRENCY = 65_536
+"""Most episodes one process keeps in flight (rollout or evaluation): beyond this the event loop, not the engine,
+is the bottleneck, and a typo such as ``4e11`` would only exhaust memory."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +61,8 @@ class RolloutConfig:
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
-    whose rewards are all equal gives its place back: its advantages are zero under every estimator, so the
-    trainer never consumes it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
+    whose rewards are all equal gives its place back (``train.advantages.zero_advantage``): the
+    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
     backpressure_max_wait_s: float = 10.0
     """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
     groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
@@ -84,11 +90,15 @@ class RolloutConfig:
     writer: WriterConfig = field(default_factory=WriterConfig)
 
     def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"RolloutConfig.group_size must be >= 1, got {self.group_size}")
-        if self.max_concurrency < self.group_size or self.max_concurrency % self.group_size:
-            raise ValueError(f"RolloutConfig.max_concurrency must be a positive multiple of group_size="
-                             f"{self.group_size}, got {self.max_concurrency}")
+        if self.group_size < 2:
+            # GRPO's advantage is a sample's reward against its group's: a group of one has no baseline.
+            raise ValueError(f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
+        if (not self.group_size <= self.max_concurrency <= MAX_CONCURRENCY
+                or self.max_concurrency % self.group_size):
+            raise ValueError(f"RolloutConfig.max_concurrency must be a multiple of group_size={self.group_size} "
+                             f"no larger than {MAX_CONCURRENCY}, got {self.max_concurrency}")
+        if not self.temperature >= 0:
+            raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
         if self.mode not in ("async", "sync"):
             raise ValueError(f"RolloutConfig.mode must be 'async' or 'sync', got {self.mode!r}")
         if self.eta < 0:
@@ -195,7 +205,8 @@ class Orchestrator:
                 await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
 
     async def _admit(self) -> None:
-        """Hold a new group until the engine's weights are within η of the latest published version.
+        """Hold a new group until this version's budget allows it (backpressure), then until the engine's weights
+        are within η of the latest published version (admission).
 
         The pointer is read fresh for every group (one small read per G episodes), so the bound holds against
         what storage says now, not against the poller's last look."""
@@ -205,21 +216,32 @@ class Orchestrator:
         if latest is None:
             return
         self._latest = max(self._latest, latest)
+        await self._wait_for_budget()
+        await self._wait_for_fresh_weights()
+
+    async def _wait_for_budget(self) -> None:
+        """Backpressure: at most ``max_groups_per_version`` groups on one version, widened by another budget
+        after ``backpressure_max_wait_s`` without a new version (so a budget never stalls the trainer)."""
         step = self.config.max_groups_per_version
         version = self.engine.policy_version
-        if step is not None and self._spent(version) >= self._budget.setdefault(version, step):
-            t0 = self.clock()
-            with telemetry.span("backpressure_wait", track="weights", version=version):
-                while (self.engine.policy_version == version and not self._stopping.is_set()
-                       and self._spent(version) >= self._budget[version]):
-                    if self.clock() - t0 >= self.config.backpressure_max_wait_s:
-                        self._budget[version] += step
-                        break
-                    await self._refresh()
-                    if self.engine.policy_version == version:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
-            self.stats.backpressure_s += self.clock() - t0
+        if step is None or self._spent(version) < self._budget.setdefault(version, step):
+            return
+        t0 = self.clock()
+        with telemetry.span("backpressure_wait", track="weights", version=version):
+            while (self.engine.policy_version == version and not self._stopping.is_set()
+                   and self._spent(version) >= self._budget[version]):
+                if self.clock() - t0 >= self.config.backpressure_max_wait_s:
+                    self._budget[version] += step
+                    break
+                await self._refresh()
+                if self.engine.policy_version == version:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+        self.stats.backpressure_s += self.clock() - t0
+
+    async def _wait_for_fresh_weights(self) -> None:
+        """η admission: load weights until the engine's version is at least ``latest − η`` (each refresh may
+        see a newer latest, which raises the floor)."""
         if self.engine.policy_version >= self._latest - self.config.eta:
             return
         t0 = self.clock()
@@ -263,7 +285,7 @@ class Orchestrator:
 
     async def _group(self, task: Task, group_id: str, done: asyncio.Queue, version: int) -> None:
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
-        if len({t.reward for t in group}) == 1:
+        if zero_advantage([t.reward for t in group]):
             self._refunded[version] += 1
         await done.put(list(group))
 

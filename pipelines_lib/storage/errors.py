@@ -18,3 +18,8 @@ class AlreadyExistsError(StorageError, FileExistsError):
 
 class NotFoundError(StorageError, FileNotFoundError):
     """The object does not exist."""
+
+
+class NotAnObjectError(StorageError):
+    """The name exists but is nothing a campaign holds: a FIFO, device, socket or folder, or a symlink leading
+    outside the campaign folder. Never retried; readers skip it with this reason and audits report it."""

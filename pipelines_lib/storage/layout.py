@@ -1,20 +1,25 @@
-"""Names of everything in a campaign folder (DESIGN §2). Stages build paths only through these functions.
+"""Names of everything in a campaign folder (ARCHITECTURE §2). Stages build paths only through these functions.
 
 ```
 campaign.json
 dataset/<split>.arrow, dataset/_SUCCESS
 trajectories/v<policy_version:08d>/<worker_id>-<seq:08d>.arrow
-train/checkpoints/<step:08d>/           train/consumed/<step:08d>.json
-weights/v<version:08d>/                  weights/LATEST.json (+ LATEST.json.d/, the pointer's entries)
-eval/v<version:08d>.json                 train/DONE.json
-audit/, telemetry/
+train/checkpoints/<step:08d>[.<attempt>]/{state/, meta.json, COMMITTED}
+train/consumed/<step:08d>.json           train/DONE.json
+weights/v<version:08d>/{state/, model_config.json, PUBLISHED.json}
+weights/LATEST.json (+ LATEST.json.d/, the pointer's entries)
+eval/v<version:08d>.json                 rollout/STOP-<utc>.json
+runs/<key>-<flow_run_id>[-failed-<attempt>].json
+audit/<utc>.json, audit/<utc>.txt        telemetry/
 ```
+What each JSON object holds is a typed record in ``pipelines_lib.records``.
 Names sort in commit order and never collide: worker ids are unique per process start and ``seq`` counts
 that worker's shards.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
@@ -23,6 +28,16 @@ TRAJECTORIES = "trajectories"
 WEIGHTS_LATEST = "weights/LATEST.json"
 TRAIN_DONE = "train/DONE.json"
 DATASET_SUCCESS = "dataset/_SUCCESS"
+CONSUMED = "train/consumed"
+CHECKPOINTS = "train/checkpoints"
+CHECKPOINT_COMMITTED = "COMMITTED"
+"""Empty object written last in a checkpoint folder: only committed checkpoints exist for readers."""
+PUBLISHED = "PUBLISHED.json"
+"""Commit marker inside a weights folder, created after the Orbax item and config are complete."""
+EVAL = "eval"
+RUNS = "runs"
+AUDIT = "audit"
+TELEMETRY = "telemetry"
 ROLLOUT_STOPS = "rollout"
 """``rollout/STOP-<utc>.json`` markers: rollout workers started before such a marker stop (the campaign writes
 one when its trainer fails for good, so in-process workers do not run forever); later workers ignore it."""
@@ -30,6 +45,10 @@ one when its trainer fails for good, so in-process workers do not run forever); 
 _WORKER_RE = re.compile(r"^[A-Za-z0-9_.]+$")
 _SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})\.arrow$")
 _VERSION_RE = re.compile(r"^v(?P<version>\d{8})$")
+_CONSUMED_RE = re.compile(r"^(?P<step>\d{8})\.json$")
+_EVAL_RE = re.compile(r"^v(?P<version>\d{8})\.json$")
+_CHECKPOINT_RE = re.compile(r"^(?P<step>\d{8})(\.\d+)?$")
+_STOP_RE = re.compile(r"^STOP-(?P<utc>[0-9TZ]+)\.json$")
 
 
 def campaign_id(url: str) -> str:
@@ -91,24 +110,80 @@ def parse_shard_path(path: str) -> ShardId | None:
     return ShardId(version, m["worker"], int(m["seq"]))
 
 
-def checkpoint_dir(step: int) -> str:
-    return f"train/checkpoints/{step:08d}"
+def checkpoint_dir(step: int, attempt: int = 0) -> str:
+    """Folder of a checkpoint of ``step``; ``attempt`` > 0 after crashed saves left earlier folders."""
+    return f"{CHECKPOINTS}/{step:08d}" + (f".{attempt}" if attempt else "")
+
+
+def checkpoint_step(folder: str) -> int | None:
+    """Step of a checkpoint folder (``train/checkpoints/<step>[.<attempt>]`` or its last name), else None."""
+    m = _CHECKPOINT_RE.match(folder.rstrip("/").rsplit("/", 1)[-1])
+    return int(m["step"]) if m else None
+
+
+def checkpoint_meta(folder: str) -> str:
+    return f"{folder}/meta.json"
+
+
+def checkpoint_committed(folder: str) -> str:
+    return f"{folder}/{CHECKPOINT_COMMITTED}"
 
 
 def consumed_log(step: int) -> str:
-    return f"train/consumed/{step:08d}.json"
+    return f"{CONSUMED}/{step:08d}.json"
+
+
+def parse_consumed_name(name: str) -> int | None:
+    """Step of a consumption log's name (``<step:08d>.json``), or None for any other name."""
+    m = _CONSUMED_RE.match(name)
+    return int(m["step"]) if m else None
 
 
 def weights_dir(version: int) -> str:
     return f"weights/v{version:08d}"
 
 
+def published_marker(version: int) -> str:
+    return f"{weights_dir(version)}/{PUBLISHED}"
+
+
 def eval_path(version: int) -> str:
-    return f"eval/v{version:08d}.json"
+    return f"{EVAL}/v{version:08d}.json"
+
+
+def parse_eval_name(name: str) -> int | None:
+    """Version of an evaluation's name (``v<version:08d>.json``), or None for any other name."""
+    m = _EVAL_RE.match(name)
+    return int(m["version"]) if m else None
 
 
 def stop_marker(utc_compact: str) -> str:
     return f"{ROLLOUT_STOPS}/STOP-{utc_compact}.json"
+
+
+def parse_stop_name(name: str) -> str | None:
+    """The compact UTC time of a stop marker's name, or None for any other name."""
+    m = _STOP_RE.match(name)
+    return m["utc"] if m else None
+
+
+def run_record(key: str, flow_run_id: str, *, failed_attempt: str | None = None) -> str:
+    """Record of one stage run in a flow run; a failed attempt gets its own name so the success can follow."""
+    suffix = "" if failed_attempt is None else f"-failed-{failed_attempt}"
+    return f"{RUNS}/{key}-{flow_run_id}{suffix}.json"
+
+
+def utc_compact_of(iso: str) -> str:
+    """``2026-01-02T03:04:05.678901+00:00`` → ``20260102T030405.678901Z``: an ISO time as a sortable name."""
+    return dt.datetime.fromisoformat(iso).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def audit_report(utc_compact: str, ext: str = "json") -> str:
+    return f"{AUDIT}/{utc_compact}.{ext}"
+
+
+def telemetry_file(name: str) -> str:
+    return f"{TELEMETRY}/{name}"
 
 
 def dataset_split(split: str) -> str:

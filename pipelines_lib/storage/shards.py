@@ -9,12 +9,22 @@ name: a retried commit that finds its own bytes already there counts as done.
 
 All groups in a shard share the *oldest policy version* of their tokens, which names the shard's folder, so
 the trainer's version-window listing finds exactly the groups it may still use.
+
+Reads are bounded: before a shard is decoded, ``declared_sizes`` reads the sizes its Arrow IPC metadata
+declares (rows, and the decoded length of every buffer: a compressed buffer starts with it) without
+decompressing anything, and ``decode_shard`` refuses a shard that would decode to more than
+``MAX_DECODED_BYTES``, or (when the reader knows its longest usable row) to more than ``row_budget`` bytes a
+row. A 27 KB file of zstd-compressed zeros declaring a 20 M-token row is refused before it costs memory.
+
+``identity_problem`` ties a shard's content to its name: the writer's provenance (worker, seq, version) must
+name the file it is in, so a copy under another name or in another version folder is recognised as one.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +47,17 @@ from pipelines_lib.trajectory.validate import validate_table
 
 SHARD_META_KEY = b"rollstream.shard"
 COMPRESSION = "zstd"
+MAX_DECODED_BYTES = 256 * 2**20
+"""Largest decoded size of one shard any reader accepts (writers commit at ~32 MiB estimated)."""
+TOKEN_BYTES = 13
+"""Decoded bytes per token over the four token columns (int32 id, int8 mask, float32 logprob, int32 version)."""
+ROW_OVERHEAD_BYTES = 64 * 2**10
+"""Allowance per row for everything but tokens (ids, turns, tool errors, timings, offsets)."""
+
+
+def row_budget(max_row_tokens: int) -> int:
+    """Decoded bytes a row of at most ``max_row_tokens`` tokens may take."""
+    return max_row_tokens * TOKEN_BYTES + ROW_OVERHEAD_BYTES
 
 
 class ShardError(ValueError):
@@ -61,8 +82,127 @@ def encode_shard(table: pa.Table, provenance: dict, *, campaign: str | None = No
     return sink.getvalue()
 
 
-def decode_shard(data: bytes, where: str, *, validate: bool = True) -> tuple[pa.Table, dict]:
-    """Table and provenance of a shard. Raises ``ShardError`` naming ``where`` for anything wrong."""
+def _table_at(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """(table position, vtable position, vtable size) of the flatbuffer table at ``pos``."""
+    vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+    return pos, vtable, struct.unpack_from("<H", buf, vtable)[0]
+
+
+def _field(buf: bytes, table: tuple[int, int, int], index: int) -> int | None:
+    """Absolute position of field ``index`` of a flatbuffer table, or None when absent."""
+    pos, vtable, vsize = table
+    if 4 + 2 * index + 2 > vsize:
+        return None
+    off = struct.unpack_from("<H", buf, vtable + 4 + 2 * index)[0]
+    return pos + off if off else None
+
+
+def _deref(buf: bytes, at: int) -> int:
+    return at + struct.unpack_from("<I", buf, at)[0]
+
+
+def _structs(buf: bytes, table: tuple[int, int, int], index: int, fmt: str) -> list[tuple]:
+    """A vector of fixed-size structs (``fmt``) stored in field ``index``; [] when absent."""
+    at = _field(buf, table, index)
+    if at is None:
+        return []
+    vec = _deref(buf, at)
+    n, size = struct.unpack_from("<I", buf, vec)[0], struct.calcsize(fmt)
+    if vec + 4 + n * size > len(buf):
+        raise ValueError(f"vector of {n} entries runs past the end of its buffer")
+    return [struct.unpack_from(fmt, buf, vec + 4 + i * size) for i in range(n)]
+
+
+def declared_sizes(data: bytes) -> tuple[int, int]:
+    """(rows, decoded bytes) an Arrow IPC file declares, read from its footer and record-batch headers only.
+
+    The IPC format (Arrow's ``File.fbs``/``Message.fbs``): a footer flatbuffer lists record-batch blocks
+    ``(offset, metadata length, body length)``; each block's ``RecordBatch`` header gives its row count and
+    its buffers ``(offset, length)`` inside the body, and with body compression every non-empty buffer
+    starts with its decoded length as an int64 (-1: stored uncompressed). Raises ``ValueError`` on a
+    malformed file.
+    """
+    try:
+        if len(data) < 18 or data[:6] != b"ARROW1" or data[-6:] != b"ARROW1":
+            raise ValueError("no Arrow IPC file magic")
+        footer_len = struct.unpack_from("<i", data, len(data) - 10)[0]
+        if not 0 < footer_len <= len(data) - 18:
+            raise ValueError(f"footer length {footer_len} out of range")
+        footer = data[len(data) - 10 - footer_len:len(data) - 10]
+        blocks = _structs(footer, _table_at(footer, _deref(footer, 0)), 3, "<qi4xq")
+        rows = decoded = 0
+        for offset, meta_len, body_len in blocks:
+            if offset < 0 or meta_len < 8 or body_len < 0 or offset + meta_len + body_len > len(data):
+                raise ValueError(f"record batch block ({offset}, {meta_len}, {body_len}) outside the file")
+            start = offset + 8 if struct.unpack_from("<i", data, offset)[0] == -1 else offset + 4
+            message = data[start:offset + meta_len]
+            msg = _table_at(message, _deref(message, 0))
+            header_at = _field(message, msg, 2)
+            if header_at is None:
+                raise ValueError("record batch message without a header")
+            batch = _table_at(message, _deref(message, header_at))
+            length_at = _field(message, batch, 0)
+            rows += struct.unpack_from("<q", message, length_at)[0] if length_at is not None else 0
+            compressed = _field(message, batch, 3) is not None
+            body = offset + meta_len
+            for buf_offset, buf_len in _structs(message, batch, 2, "<qq"):
+                if buf_offset < 0 or buf_len < 0 or buf_offset + buf_len > body_len:
+                    raise ValueError(f"buffer ({buf_offset}, {buf_len}) outside its record batch body")
+                size = buf_len
+                if compressed and buf_len >= 8:
+                    size = struct.unpack_from("<q", data, body + buf_offset)[0]
+                    size = buf_len - 8 if size == -1 else size
+                if size < 0:
+                    raise ValueError(f"buffer declares a decoded length of {size}")
+                decoded += size
+        return rows, decoded
+    except (struct.error, IndexError) as e:
+        raise ValueError(f"malformed Arrow IPC metadata ({e})") from e
+
+
+def check_declared_sizes(data: bytes, where: str, *, max_row_tokens: int | None = None) -> None:
+    """Refuse (``ShardError``) a shard whose declared decoded size is over the limits, before decoding it."""
+    try:
+        rows, decoded = declared_sizes(data)
+    except ValueError as e:
+        raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e
+    if decoded > MAX_DECODED_BYTES:
+        raise ShardError(f"{where}: declares {decoded} decoded bytes, over the limit of {MAX_DECODED_BYTES}")
+    if max_row_tokens is not None and decoded > max(rows, 1) * row_budget(max_row_tokens):
+        raise ShardError(f"{where}: declares {decoded} decoded bytes for {rows} row(s), over "
+                         f"{row_budget(max_row_tokens)} a row (rows of at most {max_row_tokens} tokens)")
+
+
+def identity_problem(path: str, provenance: dict) -> str | None:
+    """Why a shard's provenance does not name the file at ``path`` (None: it does, or it records nothing).
+
+    The writer records ``worker_id``, ``seq`` and ``version``; the same bytes under another name or version
+    folder are a copy, whose groups are already in the original.
+    """
+    start = path.rfind(f"{layout.TRAJECTORIES}/")  # ``path`` may be relative or a full URL
+    sid = layout.parse_shard_path(path[max(start, 0):])
+    if sid is None:
+        return None
+    expected = {"worker_id": sid.worker_id, "seq": sid.seq, "version": sid.version}
+    wrong = {k: provenance[k] for k, v in expected.items() if k in provenance and provenance[k] != v}
+    if not wrong:
+        return None
+    recorded = {**expected, **{k: provenance[k] for k in expected if k in provenance}}
+    try:
+        original = layout.shard_path(int(recorded["version"]), str(recorded["worker_id"]), int(recorded["seq"]))
+    except (TypeError, ValueError):
+        original = f"provenance {recorded}"
+    return f"content was written as {original}, not as this file (a copy?): {wrong}"
+
+
+def decode_shard(data: bytes, where: str, *, validate: bool = True,
+                 max_row_tokens: int | None = None) -> tuple[pa.Table, dict]:
+    """Table and provenance of a shard. Raises ``ShardError`` naming ``where`` for anything wrong.
+
+    Declared sizes are checked first (``check_declared_sizes``; ``max_row_tokens`` is the longest row the
+    reader can use).
+    """
+    check_declared_sizes(data, where, max_row_tokens=max_row_tokens)
     try:
         table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
         table.validate(full=True)  # IPC reads do not check offsets or UTF-8; a flipped byte must not escape later
@@ -220,6 +360,7 @@ class ShardWriter:
         return info
 
 
-def read_shard(store: Store, path: str, *, validate: bool = True) -> tuple[pa.Table, dict]:
+def read_shard(store: Store, path: str, *, validate: bool = True,
+               max_row_tokens: int | None = None) -> tuple[pa.Table, dict]:
     """Read and check one committed shard (``ShardError`` / ``StorageError`` name it on failure)."""
-    return decode_shard(store.read(path), store.uri(path), validate=validate)
+    return decode_shard(store.read(path), store.uri(path), validate=validate, max_row_tokens=max_row_tokens)

@@ -14,10 +14,20 @@ does not exist yet.
 Pointers (``weights/LATEST.json``) must move atomically and only forward, which needs compare-and-swap. GCS
 emulators do not honour non-zero generation preconditions, so rather than trusting one, a pointer is the
 *maximum* of create-only entries ``<pointer>.d/<key:012d>.json``: a stale writer can add an older entry but
-never lower the maximum. ``LATEST.json`` itself is then rewritten as a plain-tool mirror of that maximum.
+never lower the maximum. ``LATEST.json`` itself is then rewritten as a plain-tool mirror of that maximum. An entry counts only when
+its name and content agree (``<key:012d>.json`` holding that integer ``key`` >= 0): a stray ``latest.json``,
+``zzz.json`` or an entry whose name disagrees with its version is skipped (and logged; the audit reports it),
+so junk can never move a pointer, backwards or forwards.
+
+Local reads open only regular files inside the campaign folder: a FIFO or device named like an object would
+block the reader for good, and a symlink leading outside would let a campaign folder read anything on the
+machine. Both raise ``NotAnObjectError`` (checked on the resolved file before it is opened).
 
 Transient errors (HTTP 408/429/5xx, connection resets, timeouts) are retried with capped exponential backoff
-inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL.
+inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL. Every
+request has a timeout (``RetryPolicy.request_timeout_s``, gcsfs's ``requests_timeout``), so an endpoint that
+accepts connections and never answers costs at most ``deadline_s`` plus one request timeout per operation; calls
+made by other clients (Orbax) are bounded by ``Store.external_deadline_s`` (``call_external``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ import json
 import logging
 import os
 import random
+import re
+import stat
 import threading
 import time
 import uuid
@@ -36,12 +48,14 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError, StorageError
 
 T = TypeVar("T")
 
 TEMP_MARKER = ".tmp-"
 """Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
+
+_POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
 
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
 
@@ -56,8 +70,12 @@ class RetryPolicy:
     """Tries in all, the first included."""
     base_delay_s: float = 0.2
     max_delay_s: float = 5.0
-    deadline_s: float = 120.0
-    """No new try starts after this many seconds since the first."""
+    deadline_s: float = 60.0
+    """No new try starts after this many seconds since the first: an operation on unreachable storage fails
+    within ``deadline_s`` plus one ``request_timeout_s``."""
+    request_timeout_s: float = 30.0
+    """Longest one storage request may take (gcsfs ``requests_timeout``); a request past it is a transient
+    timeout, retried within the deadline. An explicit ``requests_timeout`` storage option wins."""
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -67,8 +85,10 @@ class RetryPolicy:
                 f"RetryPolicy delays must satisfy 0 <= base_delay_s <= max_delay_s, "
                 f"got {self.base_delay_s}, {self.max_delay_s}"
             )
-        if self.deadline_s <= 0:
-            raise ValueError(f"RetryPolicy.deadline_s must be > 0, got {self.deadline_s}")
+        for name in ("deadline_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):  # also refuses nan
+                raise ValueError(f"RetryPolicy.{name} must be a finite number of seconds > 0, got {value}")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -116,6 +136,21 @@ def call_with_deadline(op: str, url: str, fn: Callable[[], T], timeout_s: float)
     return box["result"]
 
 
+def pointer_entry_problem(name: str, payload: Any, *, key: str = "version") -> str | None:
+    """Why pointer entry ``name`` holding ``payload`` must not count (None: it is valid)."""
+    m = _POINTER_ENTRY_RE.match(name)
+    if m is None:
+        return "not a pointer entry name (<value:012d>.json)"
+    if not isinstance(payload, dict):
+        return f"content is {type(payload).__name__}, not a JSON object"
+    value = payload.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{key!r} must be an integer >= 0, got {value!r}"
+    if value != int(m["value"]):
+        return f"name says {key} {int(m['value'])}, content says {value}"
+    return None
+
+
 def normalize_url(url: str) -> str:
     """A plain path becomes an absolute ``file://`` URL; trailing slashes go."""
     if "://" not in url:
@@ -127,19 +162,40 @@ class Store:
     """Create-only object storage rooted at one campaign URL."""
 
     def __init__(self, url: str, *, retry: RetryPolicy | None = None, storage_options: dict[str, Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 external_deadline_s: float = 600.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.url = normalize_url(url)
         self.protocol = self.url.split("://", 1)[0]
         self.retry = retry or RetryPolicy()
+        if not 0 < external_deadline_s < float("inf"):
+            raise ValueError(f"Store.external_deadline_s must be a finite number of seconds > 0, "
+                             f"got {external_deadline_s}")
+        self.external_deadline_s = external_deadline_s
+        """Longest a call by another client of this storage (an Orbax save or restore) may take."""
         self._sleep = sleep
-        self.fs = fsspec.filesystem(self.protocol, **(storage_options or {}))
+        options = dict(storage_options or {})
+        if self.protocol in ("gs", "gcs"):
+            options.setdefault("requests_timeout", self.retry.request_timeout_s)
+        self.fs = fsspec.filesystem(self.protocol, **options)
         self._root = self.fs._strip_protocol(self.url).rstrip("/")
+        self._real_root = os.path.realpath(self._root) if self.protocol == "file" else self._root
+        self._reported: set[str] = set()
         self._create_lock = threading.Lock()
         self.retries = 0
         """Transient errors retried so far (a metric: faults the store absorbed)."""
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    def other(self, url: str) -> Store:
+        """A store at another URL with this one's budgets; on the same backend also its options (credentials,
+        endpoint), as when a campaign starts from another campaign's weights."""
+        same = normalize_url(url).split("://", 1)[0] == self.protocol
+        return Store(url, retry=self.retry, storage_options=self.fs.storage_options if same else None,
+                     external_deadline_s=self.external_deadline_s, sleep=self._sleep)
+
+    def call_external(self, op: str, rel: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (another client's call on ``rel``, e.g. an Orbax save) within ``external_deadline_s``."""
+        return call_with_deadline(op, self.uri(rel), fn, self.external_deadline_s)
 
     # -- paths -------------------------------------------------------------------------------------------
     def uri(self, rel: str = "") -> str:
@@ -228,7 +284,20 @@ class Store:
 
     def read(self, rel: str) -> bytes:
         path = self._path(rel)
+        if self.protocol == "file":
+            return self._call("read", rel, lambda: self._read_local(rel, path))
         return self._call("read", rel, lambda: self.fs.cat_file(path))
+
+    def _read_local(self, rel: str, path: str) -> bytes:
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, self._real_root]) != self._real_root:
+            raise NotAnObjectError("read", self.uri(rel), f"a symlink leading outside the campaign (to {real})")
+        # stat before open: opening a FIFO blocks until a writer appears, and opening a device may act on it.
+        # (Objects are create-only, so nothing legitimate swaps a file between this check and the read.)
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
+        return self.fs.cat_file(real)
 
     def read_json(self, rel: str) -> Any:
         data = self.read(rel)
@@ -266,6 +335,10 @@ class Store:
         path = self._path(rel)
 
         def find() -> list[str]:
+            if self.protocol == "file":
+                # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
+                return [os.path.join(folder, n) for folder, dirs, files in os.walk(path)
+                        for n in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]]
             try:
                 self.fs.invalidate_cache()
                 return self.fs.find(path)
@@ -290,7 +363,7 @@ class Store:
         if value < 0:
             raise ValueError(f"pointer {rel}: {key} must be >= 0, got {value}")
         try:
-            self.create_json(f"{rel}.d/{value:012d}.json", payload)
+            self.create_json(self.pointer_entry(rel, value), payload)
         except AlreadyExistsError:
             return False
         current = self.read_pointer(rel, key=key)
@@ -300,11 +373,47 @@ class Store:
         return True
 
     def read_pointer(self, rel: str, *, key: str = "version") -> dict[str, Any] | None:
-        """The pointer's current payload (the largest entry), or None if it was never set."""
-        entries = [n for n in self.list(f"{rel}.d") if n.endswith(".json")]
-        if not entries:
-            return None
-        return self.read_json(f"{rel}.d/{max(entries)}")
+        """The pointer's current payload (the largest valid entry), or None if it was never set.
+
+        Entries are tried from the largest name down and the first whose name and content agree wins, so
+        the usual cost is one listing and one read; invalid entries are skipped with a warning.
+        """
+        names = self.list(f"{rel}.d")
+        for name in names:
+            if _POINTER_ENTRY_RE.match(name) is None:
+                self._report(f"{rel}.d/{name}", "not a pointer entry name (<value:012d>.json)")
+        for name in sorted((n for n in names if _POINTER_ENTRY_RE.match(n)), reverse=True):
+            entry = f"{rel}.d/{name}"
+            try:
+                payload: Any = self.read_json(entry)
+            except (NotFoundError, NotAnObjectError) as e:
+                self._report(entry, str(e))
+                continue
+            except StorageError as e:
+                if isinstance(e.__cause__, json.JSONDecodeError):
+                    self._report(entry, str(e))
+                    continue
+                raise
+            problem = pointer_entry_problem(name, payload, key=key)
+            if problem is None:
+                return payload
+            self._report(entry, problem)
+        return None
+
+    def _report(self, rel: str, problem: str) -> None:
+        if rel not in self._reported:
+            self._reported.add(rel)
+            _log.warning("skipping pointer entry %s: %s", self.uri(rel), problem)
+
+    def pointer_keys(self, rel: str) -> list[int]:
+        """Every value pointer ``rel`` has been advanced to (by entry name; ``read_pointer`` also checks the
+        content), ascending."""
+        return sorted(int(m["value"]) for n in self.list(f"{rel}.d") if (m := _POINTER_ENTRY_RE.match(n)))
+
+    @staticmethod
+    def pointer_entry(rel: str, value: int) -> str:
+        """The object that recorded pointer ``rel`` moving to ``value``."""
+        return f"{rel}.d/{value:012d}.json"
 
     def _write_mirror(self, rel: str, payload: dict[str, Any]) -> None:
         data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
@@ -318,3 +427,11 @@ class Store:
             os.replace(tmp, path)
         else:
             self._call("write_pointer", rel, lambda: self.fs.pipe_file(path, data))
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a plain file"

@@ -13,6 +13,28 @@ Nothing is skipped silently: an unreadable, foreign or invalid shard becomes a `
 ``skipped`` with the reason; when the window moves past a version, its groups not yet handed out become
 ``dropped_stale`` events. Events are drained by the caller (the trainer writes them into its consumption
 log), and the cursor keeps running totals.
+
+Given the trainer's ``TrainerNeeds``, the tailer hands out only groups the trainer can train on; anything
+else is skipped with a reason, never raised (a raise would repeat on every restart: a crash loop):
+
+- whole shard: declared sizes over the trainer's row budget (checked before decoding), a FIFO, device or
+  symlink out of the campaign (the store refuses it), groups whose rows are interleaved (consumption logs
+  and replay address a group by its row range, so such a shard is skipped rather than reassembled: the
+  writer never produces one), or content written under another name (``shards.identity_problem``);
+- one group: another size than G, a row longer than the largest bucket, token ids outside the vocabulary,
+  policy versions newer than the trainer's, or a version folder other than its oldest policy version.
+
+Duplicates. A group id is handed out at most once, without a set of every consumed id (the cursor must
+stay bounded by writers x versions in the window, whatever the campaign's age). Two mechanisms cover the
+ways a group can appear twice:
+
+1. Identity ties content to its name. A writer's shard records its worker, seq and version, and each group
+   is filed under its oldest policy version; a copied file (another name, or another version folder) fails
+   those checks however long ago the original was consumed, and a worker never commits a group twice
+   (restarted workers skip the groups they committed, and their names carry a per-start nonce).
+2. A window-bounded set: group ids handed out from versions still in the window are remembered in memory
+   (pruned as versions retire), so a copy that passes (1) - re-encoded with a forged provenance - is still
+   caught while both are in the window. Beyond the window such a copy would be stale and dropped anyway.
 """
 
 from __future__ import annotations
@@ -24,8 +46,9 @@ import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, read_shard
+from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +66,7 @@ class GroupSlice:
 @dataclass(frozen=True, kw_only=True)
 class TailEvent:
     kind: str
-    """``skipped`` (unreadable/invalid shard) or ``dropped_stale`` (window moved past its version)."""
+    """``skipped`` (a shard or group the trainer cannot use) or ``dropped_stale`` (window moved past it)."""
     shard: str
     reason: str
     groups: tuple[str, ...] = ()
@@ -61,6 +84,8 @@ class TailCursor:
     groups_consumed: int = 0
     groups_dropped_stale: int = 0
     shards_skipped: int = 0
+    groups_skipped: int = 0
+    """Groups the trainer cannot train on (in skipped shards, or skipped one by one)."""
 
     def to_json(self) -> str:
         return json.dumps({
@@ -70,6 +95,7 @@ class TailCursor:
             "groups_consumed": self.groups_consumed,
             "groups_dropped_stale": self.groups_dropped_stale,
             "shards_skipped": self.shards_skipped,
+            "groups_skipped": self.groups_skipped,
         }, sort_keys=True)
 
     @classmethod
@@ -83,30 +109,24 @@ class TailCursor:
                 groups_consumed=int(raw["groups_consumed"]),
                 groups_dropped_stale=int(raw["groups_dropped_stale"]),
                 shards_skipped=int(raw["shards_skipped"]),
+                groups_skipped=int(raw.get("groups_skipped", 0)),  # cursors saved before groups were skipped
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a rollstream tail cursor: {e!r}") from e
 
 
-def _group_runs(table: pa.Table) -> list[tuple[int, int, str]]:
-    """Contiguous row ranges of each group (the writer stores a group's rows together)."""
-    ids = table.column("group_id").to_pylist()
-    runs: list[tuple[int, int, str]] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[start]:
-            runs.append((start, i, ids[start]))
-            start = i
-    return runs
-
-
 class ShardTailer:
-    def __init__(self, store: Store, *, cursor: TailCursor | None = None, validate: bool = True) -> None:
+    def __init__(self, store: Store, *, cursor: TailCursor | None = None, validate: bool = True,
+                 needs: TrainerNeeds | None = None) -> None:
         self.store = store
         self.cursor = cursor or TailCursor()
         self.validate = validate
+        self.needs = needs
+        """Without it every whole group is handed out (tools that read, not train)."""
         self._tables: dict[str, pa.Table] = {}
         self._events: list[TailEvent] = []
+        self._seen: dict[str, tuple[int, str]] = {}
+        """group id -> (version, shard) of groups handed out from versions still in the window."""
 
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
@@ -114,13 +134,32 @@ class ShardTailer:
 
     def _load(self, path: str) -> pa.Table | None:
         if path not in self._tables:
+            max_row_tokens = self.needs.max_tokens if self.needs is not None else None
             try:
-                self._tables[path] = read_shard(self.store, path, validate=self.validate)[0]
+                table, provenance = read_shard(self.store, path, validate=self.validate, max_row_tokens=max_row_tokens)
             except (ShardError, StorageError) as e:
-                self._events.append(TailEvent(kind="skipped", shard=path, reason=str(e)))
-                self.cursor.shards_skipped += 1
+                self._skip_shard(path, str(e), ())
                 return None
+            runs, interleaved = group_runs(table)
+            problem = identity_problem(path, provenance) or interleaved
+            if problem is not None:
+                self._skip_shard(path, f"{self.store.uri(path)}: {problem}", tuple(dict.fromkeys(g for *_, g in runs)))
+                return None
+            self._tables[path] = table
         return self._tables[path]
+
+    def _skip_shard(self, path: str, reason: str, groups: tuple[str, ...]) -> None:
+        self._events.append(TailEvent(kind="skipped", shard=path, reason=reason, groups=groups))
+        self.cursor.shards_skipped += 1
+        self.cursor.groups_skipped += len(groups)
+
+    def _group_problem(self, path: str, version: int, max_version: int, table: pa.Table) -> str | None:
+        gid = table.column("group_id")[0].as_py()
+        if gid in self._seen:
+            return f"group {gid} was already handed out from {self._seen[gid][1]} (a copy)"
+        if self.needs is None:
+            return None
+        return group_problem(table, self.needs, folder_version=version, newest_version=max_version)
 
     def _finish(self, version: int, path: str) -> None:
         self.cursor.done.setdefault(version, []).append(path.rsplit("/", 1)[-1])
@@ -140,7 +179,7 @@ class ShardTailer:
                 table = self._load(path)
                 if table is not None:
                     start = self.cursor.partial.get(path, 0)
-                    groups = tuple(g for s, _, g in _group_runs(table) if s >= start)
+                    groups = tuple(g for s, _, g in group_runs(table)[0] if s >= start)
                     if groups:
                         self._events.append(TailEvent(kind="dropped_stale", shard=path, groups=groups,
                                                       reason=f"version {version} < window start {min_version}"))
@@ -149,6 +188,7 @@ class ShardTailer:
                 self._tables.pop(path, None)
             self.cursor.done.pop(version, None)
         self.cursor.retired_below = max(self.cursor.retired_below, min_version)
+        self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= self.cursor.retired_below}
 
     def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
         """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order."""
@@ -165,14 +205,21 @@ class ShardTailer:
                     self._finish(version, path)
                     continue
                 start = self.cursor.partial.get(path, 0)
-                for s, e, gid in _group_runs(table):
+                for s, e, gid in group_runs(table)[0]:
                     if s < start:
                         continue
                     if len(out) == max_groups:
                         return out
-                    out.append(GroupSlice(shard=path, version=version, row_start=s, row_end=e, group_id=gid,
-                                          table=table.slice(s, e - s)))
+                    rows = table.slice(s, e - s)
+                    problem = self._group_problem(path, version, max_version, rows)
                     self.cursor.partial[path] = e
+                    if problem is not None:
+                        self._events.append(TailEvent(kind="skipped", shard=path, reason=problem, groups=(gid,)))
+                        self.cursor.groups_skipped += 1
+                        continue
+                    self._seen[gid] = (version, path)
+                    out.append(GroupSlice(shard=path, version=version, row_start=s, row_end=e, group_id=gid,
+                                          table=rows))
                     self.cursor.groups_consumed += 1
                 self._finish(version, path)
         return out

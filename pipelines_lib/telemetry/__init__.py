@@ -41,6 +41,7 @@ from typing import Any
 
 import psutil
 
+from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("rollstream_recorder", default=None)
@@ -95,7 +96,7 @@ class Recorder:
             seq, self._seq = self._seq, self._seq + 1
         if not records or self.store is None:
             return None
-        path = f"telemetry/{self.process}-{self._nonce}-{seq:05d}.jsonl"
+        path = layout.telemetry_file(f"{self.process}-{self._nonce}-{seq:05d}.jsonl")
         self.store.create(path, "".join(_ENCODER.encode(r) + "\n" for r in records).encode())
         return path
 

@@ -12,18 +12,65 @@ processor (a native binary fetched at run time) is not available.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
 
+_log = logging.getLogger(__name__)
 
-def read_records(store: Store) -> list[dict[str, Any]]:
+
+_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "span": {"process": str, "name": str, "track": str, "ts_us": int, "dur_us": int},
+    "gauge": {"process": str, "name": str, "ts_us": int, "value": (int, float)},
+    "count": {"process": str, "name": str, "ts_us": int, "value": (int, float)},
+}
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed telemetry line is not a record this module can use (None: it is)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    fields = _FIELDS.get(record.get("type"))  # type: ignore[arg-type]
+    if fields is None:
+        return f"unknown record type {record.get('type')!r}"
+    for key, kind in fields.items():
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return f"{key!r} is {value!r}"
+    return None
+
+
+def read_records(store: Store, *, on_skip: Callable[[str], None] = _log.warning) -> list[dict[str, Any]]:
+    """Every record of ``telemetry/*.jsonl``, by time. A line that does not parse into a record (a process killed
+    mid-write leaves a truncated one) or an object that cannot be read is skipped and reported to ``on_skip``."""
     records = []
-    for name in store.list("telemetry"):
-        if name.endswith(".jsonl"):
-            records.extend(json.loads(line) for line in store.read(f"telemetry/{name}").decode().splitlines() if line)
+    for name in store.list(layout.TELEMETRY):
+        if not name.endswith(".jsonl"):
+            continue
+        path = layout.telemetry_file(name)
+        try:
+            data = store.read(path)
+        except (NotFoundError, NotAnObjectError) as e:
+            on_skip(f"skipped {store.uri(path)}: {e}")
+            continue
+        for i, line in enumerate(data.decode(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                problem = record_problem(record)
+            except ValueError as e:
+                problem = f"not JSON ({e})"
+            if problem is None:
+                records.append(record)
+            else:
+                on_skip(f"skipped {store.uri(path)} line {i}: {problem}")
     return sorted(records, key=lambda r: r["ts_us"])
 
 

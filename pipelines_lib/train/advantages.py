@@ -6,7 +6,7 @@ sample's advantage over that sample's loss tokens (``batch.py``).
 
 A group whose rewards are all equal carries no learning signal: every estimator returns exactly
 ``0.0`` for it (not a rounding residue), and ``compute_advantages`` reports those groups in a mask so
-the trainer can count "useful training samples" (DESIGN §7) without recomputing anything.
+the trainer can count "useful training samples" (ARCHITECTURE §7) without recomputing anything.
 
 Estimators are registered by name (``@register_advantage("grpo")``); configs name an estimator and
 are validated against ``ADVANTAGE_ESTIMATORS`` itself, so the allowed names can never drift from
@@ -15,7 +15,7 @@ what is implemented.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,12 @@ def rloo_advantages(rewards_gk: jax.Array, eps: float) -> jax.Array:
         raise ValueError(f"rloo needs group_size >= 2, got {group_size}")
     leave_one_out_mean_gk = (rewards_gk.sum(axis=1, keepdims=True) - rewards_gk) / (group_size - 1)
     return rewards_gk - leave_one_out_mean_gk
+
+
+def zero_advantage(rewards: Sequence[float]) -> bool:
+    """Whether one group's rewards are all equal: its advantages are zero under every estimator (the module's
+    rule). The rollout side gives such a group's admission back; the trainer leaves it out of the batch."""
+    return len(set(rewards)) == 1
 
 
 def degenerate_groups(rewards_gk: jax.Array) -> jax.Array:

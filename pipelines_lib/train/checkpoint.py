@@ -11,7 +11,6 @@ of the same step picks a fresh attempt folder suffix so nothing is ever overwrit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -19,23 +18,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from pipelines_lib.model.weights import _path as orbax_path
-from pipelines_lib.publish import ORBAX_DEADLINE_S
+from pipelines_lib.records import CheckpointMeta
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.store import Store, call_with_deadline
-
-COMMITTED = "COMMITTED"
-ROOT = "train/checkpoints"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointMeta:
-    step: int
-    version: int
-    """Latest policy version published by the trainer when this checkpoint was taken."""
-    cursor: str
-    """``TailCursor.to_json()`` after the step's groups."""
-    rng: list[int]
-    folder: str
+from pipelines_lib.storage.store import Store
 
 
 def _items(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
@@ -53,43 +38,38 @@ def save_checkpoint(
     optimizer: nnx.Optimizer,
 ) -> str:
     """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
-    base = layout.checkpoint_dir(step)
     attempt = 0
-    folder = base
-    while store.exists(f"{folder}/{COMMITTED}") or store.list(folder, include_hidden=True):
-        if store.exists(f"{folder}/{COMMITTED}"):
+    folder = layout.checkpoint_dir(step)
+    while store.exists(layout.checkpoint_committed(folder)) or store.list(folder, include_hidden=True):
+        if store.exists(layout.checkpoint_committed(folder)):
             return folder
         attempt += 1  # a crashed earlier save left a partial folder: never write into it
-        folder = f"{base}.{attempt}"
+        folder = layout.checkpoint_dir(step, attempt)
     def save() -> None:
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
 
-    call_with_deadline("save checkpoint", store.uri(f"{folder}/state"), save, ORBAX_DEADLINE_S)
-    store.create_json(
-        f"{folder}/meta.json",
-        {
-            "step": step,
-            "version": version,
-            "cursor": cursor,
-            "rng": [int(x) for x in jax.random.key_data(rng).ravel()],
-        },
-    )
-    store.create(f"{folder}/{COMMITTED}", b"")
+    store.call_external("save checkpoint", f"{folder}/state", save)
+    rng_data = [int(x) for x in jax.random.key_data(rng).ravel()]
+    CheckpointMeta(step=step, version=version, cursor=cursor, rng=rng_data).write(store, folder)
+    store.create(layout.checkpoint_committed(folder), b"")
     return folder
 
 
 def committed_checkpoints(store: Store) -> list[str]:
-    """Committed checkpoint folders, oldest first."""
+    """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
     out = []
-    for name in store.list(ROOT):
-        if store.exists(f"{ROOT}/{name}/{COMMITTED}"):
-            out.append(f"{ROOT}/{name}")
-    return sorted(out, key=lambda f: int(f.rsplit("/", 1)[-1].split(".")[0]))
+    for name in store.list(layout.CHECKPOINTS):
+        folder = f"{layout.CHECKPOINTS}/{name}"
+        if layout.checkpoint_step(name) is not None and store.exists(layout.checkpoint_committed(folder)):
+            out.append(folder)
+    return sorted(out, key=lambda f: layout.checkpoint_step(f) or 0)
 
 
-def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer) -> CheckpointMeta | None:
-    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; None if there is none."""
+def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer
+                   ) -> tuple[str, CheckpointMeta] | None:
+    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; returns its folder and meta,
+    or None if there is none."""
     folders = committed_checkpoints(store)
     if not folders:
         return None
@@ -99,17 +79,10 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer)
         with ocp.StandardCheckpointer() as checkpointer:
             return checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
 
-    restored = call_with_deadline("restore checkpoint", store.uri(f"{folder}/state"), restore, ORBAX_DEADLINE_S)
+    restored = store.call_external("restore checkpoint", f"{folder}/state", restore)
     nnx.update(model, restored["params"])
     nnx.update(optimizer, restored["opt"])
-    meta = store.read_json(f"{folder}/meta.json")
-    return CheckpointMeta(
-        step=int(meta["step"]),
-        version=int(meta["version"]),
-        cursor=meta["cursor"],
-        rng=list(meta["rng"]),
-        folder=folder,
-    )
+    return folder, CheckpointMeta.read(store, folder)
 
 
-__all__ = ["CheckpointMeta", "committed_checkpoints", "restore_latest", "save_checkpoint"]
+__all__ = ["committed_checkpoints", "restore_latest", "save_checkpoint"]

@@ -32,6 +32,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pipelines_lib.configio import no_limit
+
 # k3 = exp(d) − d − 1 grows like exp(d); a token the reference finds e^20 times likelier than the
 # policy would dominate the batch, so the log-ratio is clamped (as verl does) before exponentiating.
 _KL_LOG_RATIO_CLAMP = 20.0
@@ -279,7 +281,7 @@ def _entropy_and_kl(x: LossInputs, mask_bt: jax.Array) -> tuple[dict[str, jax.Ar
 
 @register_loss("grpo")
 def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
-    """Clipped GRPO surrogate with decoupled off-policy correction (DESIGN §6).
+    """Clipped GRPO surrogate with decoupled off-policy correction (ARCHITECTURE §6).
 
     Per loss token, to be maximised (the returned loss is its negated weighted sum):
 
@@ -369,7 +371,7 @@ class LossConfig:
     correction: str = "tis"
     """A key of ``CORRECTIONS``: how the behaviour-to-proximal ratio ρ weights each token (``tis``, ``mis``,
     ``icepop``, ``geo_mask``, ``none``)."""
-    behav_weight_cap: float = 5.0
+    behav_weight_cap: float = no_limit(5.0)
     """C of ``tis`` (``w = min(ρ, C)``), ``mis`` (``w = ρ·1[ρ ≤ C]``) and ``geo_mask``; ``math.inf`` disables it."""
     mask_low: float = 0.5
     """α: lower edge of the band ``icepop`` keeps per token and ``geo_mask`` per sequence (geometric mean)."""

@@ -16,6 +16,8 @@ import jax
 import optax
 from flax import nnx
 
+from pipelines_lib.configio import no_limit
+
 SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
 
 
@@ -53,7 +55,7 @@ class OptimConfig:
     """Adam second-moment decay."""
     eps: float = 1e-8
     """Adam denominator epsilon."""
-    grad_clip_norm: float = 1.0
+    grad_clip_norm: float = no_limit(1.0)
     """Clip the global gradient norm to this value; ``math.inf`` disables clipping."""
 
     def __post_init__(self) -> None:

@@ -1,47 +1,59 @@
-"""The warm-start stage: a version-0 policy, trained on demonstrations or imported, then published.
+"""Supervised warm start on demonstrations: the rows, the training loop, and the mean NLL that scores it.
 
 ```
-warm_start(store, config)
-  weights/v00000000 published already?  -> its manifest, nothing else happens
-  config.init_from = HF folder           -> model.hf_import.load_hf_checkpoint
-  config.init_from = campaign URL        -> that campaign's LATEST weights
-  otherwise (SFT):
-    demonstration_rows   env generator, train split: n_demos tasks, error_rate share flawed (reward 0),
-                         each conversation laid out as an episode records it (ChatTokenizer.encode_conversation):
-                         loss only on the assistant's tokens, tool schemas in the prompt iff the agent offers tools
-    sft_train            the one train_step with the ``nll`` loss, seeded batch order, progress every few steps
-  -> publish_weights(version=0, step=0)
+demonstration_rows   env generator, train split: n demonstrations, error_rate share flawed (reward 0), each
+                     conversation laid out as an episode records it (ChatTokenizer.encode_conversation): loss only
+                     on the assistant's tokens, tool schemas in the prompt iff the agent offers tools
+sft_train            the one train_step with the ``nll`` loss, seeded batch order, progress every few steps
 ```
 
-Everything is deterministic by ``config.sft.seed`` (tasks, which demonstrations are flawed, initialisation,
-batch order). Demonstrations longer than the model's context are left out and counted.
+Everything is deterministic by ``SFTConfig.seed`` (which demonstrations are flawed, batch order). The warm-start
+stage (``pipelines_lib.stages.warm_start``) builds the model, runs this and publishes version 0.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from pipelines_lib.agents import AGENT_REGISTRY
-from pipelines_lib.config import CampaignConfig, SFTConfig
 from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.model.hf_import import load_hf_checkpoint
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.publish import load_published, publish_weights, published_marker
-from pipelines_lib.rollout.episodes import campaign_tokenizer, campaign_tokenizer_dir
-from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
-from pipelines_lib.train.optim import make_nnx_optimizer
+from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Supervised warm start on demonstrations from the env's generator; publishes version 0."""
+
+    n_demos: int = 512
+    """Demonstrations generated from the env's train split."""
+    error_rate: float = 0.3
+    """Share of flawed demonstrations, so the warm policy is decent but far from perfect."""
+    steps: int = 200
+    """Optimizer steps of the warm start (0 publishes the random initialisation)."""
+    batch_size: int = 16
+    """Demonstrations per step."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine",
+                                                                   total_steps=200, weight_decay=0.01))
+    seed: int = 0
+    """Seed of demonstrations, initialisation and batch order."""
+
+    def __post_init__(self) -> None:
+        if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
+            raise ValueError(f"SFTConfig n_demos/steps/batch_size out of range: {self.n_demos}/{self.steps}/"
+                             f"{self.batch_size}")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"SFTConfig.error_rate must be in [0, 1], got {self.error_rate}")
+
 
 SFT_STEP = StepConfig(loss=LossConfig(name="nll"))
 LENGTH_QUANTUM = 32
@@ -134,54 +146,4 @@ def sft_train(
     }
 
 
-def _import_weights(init_from: str, store: Store) -> tuple[Decoder, dict[str, Any]]:
-    if "://" not in init_from and (Path(init_from) / "config.json").is_file():
-        return load_hf_checkpoint(init_from), {"source": "hf", "init_from": init_from}
-    # Another campaign; on the same backend it is reached with the same credentials/endpoint as ours.
-    options = store.fs.storage_options if init_from.split("://", 1)[0] == store.protocol else {}
-    model, version = load_published(Store(init_from, storage_options=options))
-    return model, {"source": "campaign", "init_from": init_from, "from_version": version}
-
-
-def warm_start(store: Store, config: CampaignConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published."""
-    if store.exists(published_marker(0)):
-        return {**store.read_json(published_marker(0)), "skipped": True}
-    started = time.perf_counter()
-    if config.init_from is not None:
-        model, info = _import_weights(config.init_from, store)
-    else:
-        tokenizer = campaign_tokenizer(config)
-        if tokenizer.vocab_size > config.model.vocab_size:
-            raise ValueError(
-                f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
-            )
-        sft = config.sft
-        tokens, masks = demonstration_rows(
-            config.env.name,
-            tokenizer,
-            n=sft.n_demos,
-            error_rate=sft.error_rate,
-            seed=sft.seed,
-            with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools,
-        )
-        keep = [i for i, row in enumerate(tokens) if len(row) <= config.model.max_seq_len]
-        rows = [tokens[i] for i in keep], [masks[i] for i in keep]
-        model = Decoder(config.model, rngs=nnx.Rngs(sft.seed))
-        log(
-            f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
-            f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}"
-        )
-        info = {
-            "source": "sft",
-            "demos": len(keep),
-            "demos_too_long": len(tokens) - len(keep),
-            **sft_train(
-                model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
-            ),
-        }
-    manifest = publish_weights(store, model, version=0, step=0, tokenizer_dir=campaign_tokenizer_dir(config))
-    return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
-
-
-__all__ = ["demonstration_rows", "mean_nll", "sft_train", "warm_start"]
+__all__ = ["SFTConfig", "demonstration_rows", "mean_nll", "sft_train"]

@@ -8,7 +8,7 @@
    batch   ← whole groups, advantages per group, bucketed padding
    train_step(model, optimizer, batch)                    one function, GRPO loss from the registry
    train/consumed/<step>.json                             groups (shard, rows, version, staleness),
-                                                          drops, skips, and the tail cursor after the step
+                                                          drops, skips (with reasons), and the tail cursor after the step
    every P steps: publish weights/v<V+1> (pointer moved last)
    every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
  train/DONE.json                                          marker last
@@ -21,12 +21,18 @@ deterministic backend), takes the cursor of log N, and continues. So no group is
 surviving history, none committed before the crash is skipped, and every published version is one the
 resumed run reproduces. Versions are published only at checkpoints, so a version never runs ahead of the
 state it came from.
+
+Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
+largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
+(``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,20 +40,62 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import telemetry
-from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.rollout.episodes import campaign_tokenizer_dir
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor
-from pipelines_lib.train.advantages import compute_advantages
+from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, TailEvent
+from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.optim import make_nnx_optimizer
-from pipelines_lib.train.step import train_step
+from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
+from pipelines_lib.trajectory.trainable import TrainerNeeds
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    """The streaming GRPO trainer (ARCHITECTURE §4, §6). η is ``rollout.eta``: one bound for both sides."""
+
+    batch_groups: int = 4
+    """Whole groups per optimizer step."""
+    max_steps: int = 100
+    """The trainer writes ``train/DONE.json`` after this many steps."""
+    checkpoint_every: int = 5
+    """Steps between Orbax checkpoints (params, optimiser, RNG, step and tail cursor)."""
+    publish_every: int = 2
+    """Steps between weight publications (a new policy version each time)."""
+    advantage: str = "grpo"
+    """A key of the advantage registry: ``grpo``, ``drgrpo``, ``rloo``."""
+    seq_buckets: tuple[int, ...] = (64, 128, 256)
+    """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
+    data_timeout_s: float = 600.0
+    """Longest wait for enough groups before the trainer fails saying what it waited for."""
+    poll_s: float = 0.5
+    """Sleep between polls of storage when data is short (counted as idle time)."""
+    skip_zero_advantage: bool = True
+    """Leave groups whose advantages are all zero out of the batch (they carry no gradient)."""
+    step: StepConfig = field(default_factory=StepConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    seed: int = 0
+    """Seed of the trainer's RNG (saved in every checkpoint)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
+            raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
+        if self.data_timeout_s <= 0 or self.poll_s <= 0:
+            raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
+                             f"{self.data_timeout_s}, {self.poll_s}")
+        from pipelines_lib.train.advantages import ADVANTAGE_ESTIMATORS
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"TrainerConfig.advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
 
 
 class DataTimeoutError(TimeoutError):
@@ -60,9 +108,11 @@ def _rows(table: pa.Table) -> dict[str, list]:
     }
 
 
-def batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: int):
-    """Whole groups → (TrainBatch, per-group advantages, degenerate mask, token count)."""
-    g_size = config.rollout.group_size
+def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
+                      batch_size: int, pad_id: int):
+    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, loss tokens); advantages per
+    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``advantages.zero_advantage``)."""
+    g_size = group_size
     tokens, masks, logps, rewards = [], [], [], []
     for g in groups:
         rows = _rows(g.table)
@@ -77,37 +127,43 @@ def batch_from_groups(groups: list[GroupSlice], config: CampaignConfig, pad_id: 
             masks.append(rows["loss_mask"][i])
             logps.append(rows["logprobs"][i])
         rewards.append([rows["reward"][i] for i in order])
-    adv_gk, degenerate_g = compute_advantages(
-        np.asarray(rewards, np.float32), estimator=config.trainer.advantage
-    )
+    adv_gk, _ = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
     batch = build_train_batch(
         tokens,
         masks,
         logps,
         np.asarray(adv_gk).reshape(-1).tolist(),
-        seq_buckets=config.trainer.seq_buckets,
-        batch_size=config.trainer.batch_groups * g_size,
+        seq_buckets=seq_buckets,
+        batch_size=batch_size,
         pad_id=pad_id,
     )
-    return batch, np.asarray(degenerate_g), int(sum(sum(m) for m in masks))
+    return batch, int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
-    """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected."""
+    """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected.
+
+    ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the
+    campaign's ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer
+    files of ``tokenizer_dir`` in their HF folder."""
 
     def __init__(
         self,
         store: Store,
-        config: CampaignConfig,
+        config: TrainerConfig,
         *,
+        eta: int,
+        group_size: int,
+        tokenizer_dir: str | Path | None = None,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
-        self.config = config
-        self.tc = config.trainer
-        self.eta = config.rollout.eta
+        self.tc = config
+        self.eta = eta
+        self.group_size = group_size
+        self.tokenizer_dir = tokenizer_dir
         self.log = log
         self.clock = clock
         self.sleep = sleep
@@ -120,7 +176,10 @@ class StreamingTrainer:
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
-        self.tailer = ShardTailer(store)
+        # What a group must satisfy to be trained on: the campaign's group size, the longest bucket, the vocabulary.
+        self.needs = TrainerNeeds(group_size=group_size, max_tokens=config.seq_buckets[-1],
+                                  vocab_size=self.model.cfg.vocab_size)
+        self.tailer = ShardTailer(store, needs=self.needs)
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
         self._last_wait_log = -1e9
@@ -130,43 +189,42 @@ class StreamingTrainer:
 
     # -- resume ------------------------------------------------------------------------------------------
     def restore(self) -> None:
-        meta = restore_latest(self.store, model=self.model, optimizer=self.optimizer)
-        if meta is not None:
+        restored = restore_latest(self.store, model=self.model, optimizer=self.optimizer)
+        if restored is not None:
+            folder, meta = restored
             self.step, self.version = meta.step, meta.version
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor))
+            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor), needs=self.needs)
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
-            self.log(f"trainer: restored checkpoint {meta.folder} (step {meta.step}, version {meta.version})")
+            self.log(f"trainer: restored checkpoint {folder} (step {meta.step}, version {meta.version})")
         replayed = 0
-        while self.store.exists(layout.consumed_log(self.step + 1)):
-            entry = self.store.read_json(layout.consumed_log(self.step + 1))
-            groups = [self.reload_group(g) for g in entry["groups"]]
+        while ConsumptionLog.exists(self.store, self.step + 1):
+            entry = ConsumptionLog.read(self.store, self.step + 1)
+            if entry.cursor_after is None:
+                raise ValueError(f"{self.store.uri(ConsumptionLog.path(entry.step))}: no cursor_after; a trainer "
+                                 "cannot resume from this log")
+            groups = [self.reload_group(g) for g in entry.groups]
             self._train_on(groups, replay=entry)
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry["cursor_after"]))
+            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry.cursor_after), needs=self.needs)
             replayed += 1
         if replayed:
             self.log(
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
 
-    def reload_group(self, g: dict[str, Any]) -> GroupSlice:
+    def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
-        table, _ = read_shard(self.store, g["shard"])
-        part = table.slice(g["row_start"], g["row_end"] - g["row_start"])
+        table, _ = read_shard(self.store, g.shard)
+        part = table.slice(g.row_start, g.row_end - g.row_start)
         return GroupSlice(
-            shard=g["shard"],
-            version=g["version"],
-            row_start=g["row_start"],
-            row_end=g["row_end"],
-            group_id=g["group_id"],
-            table=part,
+            shard=g.shard, version=g.version, row_start=g.row_start, row_end=g.row_end, group_id=g.group_id, table=part
         )
 
     # -- data --------------------------------------------------------------------------------------------
-    def _gather(self) -> tuple[list[GroupSlice], list[dict], list[dict]]:
+    def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]]:
         """``batch_groups`` useful groups from the window; waits while short (idle time)."""
         groups: list[GroupSlice] = []
-        zero_adv: list[dict] = []
-        events: list[dict] = []
+        zero_adv: list[ZeroAdvantageGroup] = []
+        events: list[TailEvent] = []
         waited_since = None
         while len(groups) < self.tc.batch_groups:
             lo = max(0, self.version - self.eta)
@@ -174,13 +232,13 @@ class StreamingTrainer:
                 self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version
             )
             for e in self.tailer.drain_events():
-                events.append(
-                    {"kind": e.kind, "shard": e.shard, "reason": e.reason, "groups": list(e.groups)}
-                )
+                events.append(e)
+                if e.kind == "skipped":
+                    self.log(f"trainer: skipped {len(e.groups)} group(s) of {e.shard}: {e.reason}")
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
-                if self.tc.skip_zero_advantage and len(set(rewards)) == 1:
-                    zero_adv.append({"group_id": g.group_id, "shard": g.shard, "reward": rewards[0]})
+                if self.tc.skip_zero_advantage and zero_advantage(rewards):
+                    zero_adv.append(ZeroAdvantageGroup(group_id=g.group_id, shard=g.shard, reward=rewards[0]))
                 else:
                     groups.append(g)
             if got:
@@ -194,7 +252,7 @@ class StreamingTrainer:
                     # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
                     self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups; "
                              f"{len(zero_adv)} groups skipped so far had all-equal rewards "
-                             f"(mean {np.mean([z['reward'] for z in zero_adv]):.2f}); waiting for more")
+                             f"(mean {np.mean([z.reward for z in zero_adv]):.2f}); waiting for more")
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
@@ -208,47 +266,34 @@ class StreamingTrainer:
         return groups, zero_adv, events
 
     # -- one step ----------------------------------------------------------------------------------------
+    def batch(self, groups: list[GroupSlice]):
+        """``batch_from_groups`` with this trainer's sizes and estimator."""
+        return batch_from_groups(groups, group_size=self.group_size, advantage=self.tc.advantage,
+                                 seq_buckets=self.tc.seq_buckets, batch_size=self.tc.batch_groups * self.group_size,
+                                 pad_id=self.pad_id)
+
     def _train_on(
         self,
         groups: list[GroupSlice],
         *,
-        replay: dict | None = None,
-        zero_adv: list | None = None,
-        events: list | None = None,
-    ) -> dict[str, Any]:
+        replay: ConsumptionLog | None = None,
+        zero_adv: list[ZeroAdvantageGroup] | None = None,
+        events: list[TailEvent] | None = None,
+    ) -> ConsumptionLog:
         t0 = self.clock()
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
-            batch, degenerate, n_tokens = batch_from_groups(groups, self.config, self.pad_id)
+            batch, n_tokens = self.batch(groups)
             metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
         publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
-        record = {
-            "step": self.step,
-            "trainer_version": self.version,
-            "created_at": utc_now_iso(),
-            "groups": [
-                {
-                    "group_id": g.group_id,
-                    "shard": g.shard,
-                    "row_start": g.row_start,
-                    "row_end": g.row_end,
-                    "version": g.version,
-                    "staleness": self.version - g.version,
-                }
-                for g in groups
-            ],
-            "skipped_zero_advantage": zero_adv or [],
-            "dropped_stale": [e for e in events or [] if e["kind"] == "dropped_stale"],
-            "skipped": [e for e in events or [] if e["kind"] == "skipped"],
-            "published_version": self.version + 1 if publish else None,
-            "cursor_after": self.tailer.cursor.to_json(),
-            "metrics": metrics,
-            "mean_reward": float(np.mean([r for g in groups for r in g.table.column("reward").to_pylist()])),
-        }
         if replay is None:
-            self.store.create_json(layout.consumed_log(self.step), record)  # the write-ahead record
+            record = ConsumptionLog.of_step(
+                step=self.step, trainer_version=self.version, groups=groups, events=events or [],
+                zero_advantage=zero_adv or [], published_version=self.version + 1 if publish else None,
+                cursor_after=self.tailer.cursor.to_json(), metrics=metrics)
+            record.write(self.store)  # the write-ahead record
         else:
             record = replay
         if publish:
@@ -256,14 +301,14 @@ class StreamingTrainer:
             with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
                 # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
                 publish_weights(self.store, with_dtype(self.model, self.precision.compute), version=self.version,
-                                step=self.step, tokenizer_dir=campaign_tokenizer_dir(self.config))
+                                step=self.step, tokenizer_dir=self.tokenizer_dir)
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
                 save_checkpoint(
                     self.store,
                     step=self.step,
                     version=self.version,
-                    cursor=record["cursor_after"],
+                    cursor=record.cursor_after,  # never None: restore refuses logs without one
                     rng=self.rng,
                     model=self.model,
                     optimizer=self.optimizer,
@@ -272,16 +317,11 @@ class StreamingTrainer:
             telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
-        for g in record["groups"]:
-            telemetry.count(f"staleness.{g['staleness']}")
+        for g in record.groups:
+            telemetry.count(f"staleness.{g.staleness}")
         self.busy_s += self.clock() - t0
         self.metrics.append(
-            {
-                "step": self.step,
-                **metrics,
-                "mean_reward": record["mean_reward"],
-                "staleness_max": max((g["staleness"] for g in record["groups"]), default=0),
-            }
+            {"step": self.step, **metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}
         )
         return record
 
@@ -291,40 +331,28 @@ class StreamingTrainer:
         while self.step < target:
             groups, zero_adv, events = self._gather()
             record = self._train_on(groups, zero_adv=zero_adv, events=events)
-            m = record["metrics"]
             self.log(
-                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {m['loss']:+.4f} "
-                f"reward {record['mean_reward']:.3f} staleness<= "
-                f"{max((g['staleness'] for g in record['groups']), default=0)} "
+                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {record.metrics['loss']:+.4f} "
+                f"reward {record.mean_reward:.3f} staleness<= {record.staleness_max} "
                 f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s"
             )
         wall = self.clock() - t_start
-        summary = {
-            "steps": self.step,
-            "version": self.version,
-            "groups_consumed": self.tailer.cursor.groups_consumed,
-            "groups_dropped_stale": self.tailer.cursor.groups_dropped_stale,
-            "shards_skipped": self.tailer.cursor.shards_skipped,
-            "idle_s": round(self.idle_s, 3),
-            "busy_s": round(self.busy_s, 3),
-            "wall_s": round(wall, 3),
-            "tokens_trained": self.tokens_trained,
-        }
-        if self.step >= self.tc.max_steps and not self.store.exists(layout.TRAIN_DONE):
-            self.store.create_json(layout.TRAIN_DONE, {**summary, "finished_at": utc_now_iso()})
-        return summary
+        done = DoneMarker(
+            steps=self.step,
+            version=self.version,
+            groups_consumed=self.tailer.cursor.groups_consumed,
+            groups_dropped_stale=self.tailer.cursor.groups_dropped_stale,
+            shards_skipped=self.tailer.cursor.shards_skipped,
+            groups_skipped=self.tailer.cursor.groups_skipped,
+            idle_s=round(self.idle_s, 3),
+            busy_s=round(self.busy_s, 3),
+            wall_s=round(wall, 3),
+            tokens_trained=self.tokens_trained,
+            finished_at=utc_now_iso(),
+        )
+        if self.step >= self.tc.max_steps and not DoneMarker.exists(self.store):
+            done.write(self.store)
+        return done.to_dict()
 
 
-def train(
-    store: Store, config: CampaignConfig, *, max_steps: int | None = None, log: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """The train stage (docs/STAGES.md): resume, train to ``max_steps`` (default: config), mark done."""
-    if store.exists(layout.TRAIN_DONE):
-        return store.read_json(layout.TRAIN_DONE)
-    with telemetry.recording(store, "trainer"):
-        trainer = StreamingTrainer(store, config, log=log)
-        trainer.restore()
-        return trainer.run(max_steps)
-
-
-__all__ = ["DataTimeoutError", "StreamingTrainer", "train"]
+__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig", "batch_from_groups"]

@@ -6,7 +6,7 @@ else. Shards are Arrow IPC files readable by plain pyarrow / Polars; the schema'
 version of its own major and refuses other majors with a clear error.
 
 Token-level columns (``tokens``, ``loss_mask``, ``logprobs``, ``policy_version``) are lists of equal length:
-position ``t`` describes ``tokens[t]``. Differences from DESIGN §3, and why:
+position ``t`` describes ``tokens[t]``. Differences from ARCHITECTURE §3, and why:
 - ``group_size`` is stored per row so a reader can check a shard holds whole groups without other state.
 - ``worker_id`` is its own column (it is also the last part of ``trajectory_id``) so audits group by it cheaply.
 - ``version`` (since 1.1) is the group's policy version, the oldest ``policy_version`` over the group's loss

@@ -2,7 +2,7 @@
 
 ``validate_table`` never raises on bad data: it returns ``Violation`` records naming the row, the
 trajectory and what is wrong, so the tailer can skip a shard with a recorded reason and the audit can list
-every problem. The invariants (DESIGN §3):
+every problem. The invariants (ARCHITECTURE §3):
 
 - ``tokens``, ``loss_mask``, ``logprobs`` and ``policy_version`` have equal length;
 - loss only on policy tokens: ``policy_version >= 0`` exactly where ``loss_mask == 1``; logprobs are finite

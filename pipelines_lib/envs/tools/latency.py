@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipelines_lib.configio import no_limit
 from pipelines_lib.envs.base import Tool
 
 
@@ -34,7 +35,7 @@ class LatencyProfile:
     """Upper bound of the uniform profile (seconds)."""
     sigma: float = 0.0
     """Log-space standard deviation of the lognormal profile."""
-    cap_s: float = math.inf
+    cap_s: float = no_limit(math.inf)
     """No single delay exceeds this (seconds)."""
 
     def __post_init__(self) -> None:

@@ -1,17 +1,23 @@
 """Campaign-level state read from the folder itself: ``campaign.json`` and what each stage has committed.
 
 ``init_campaign`` writes the config snapshot once (create-only; a rerun with the same config is a no-op, a
-different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers and
-says, per stage, whether it is done, partial or missing — the recover flow runs exactly the stages it lists.
+different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers;
+its ``todo`` lists the stages of the stage table whose marker record is missing, which is exactly what the
+recover flow runs.
+Names that are not what a stage writes (a stray ``eval/notes.json``) are ignored and listed under ``ignored``.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker
+from pipelines_lib.stages.table import STAGES
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
@@ -35,15 +41,15 @@ def code_version() -> str:
 
 
 def init_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
-    snapshot = {"schema_version": SCHEMA_VERSION, "code_version": code_version(), "created_at": utc_now_iso(),
-                "config": config.to_dict()}
+    snapshot = CampaignManifest(schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
+                                config=config.to_dict())
     try:
-        store.create_json(layout.CAMPAIGN_JSON, snapshot)
+        snapshot.write(store)
         return {"campaign": store.url, "created": True}
     except AlreadyExistsError:
-        existing = store.read_json(layout.CAMPAIGN_JSON)
-        if existing.get("config") != config.to_dict():
-            theirs, ours = existing.get("config", {}), config.to_dict()
+        existing = CampaignManifest.read(store)
+        if existing.config != config.to_dict():
+            theirs, ours = existing.config, config.to_dict()
             diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
             raise CampaignMismatchError(
                 f"{store.uri(layout.CAMPAIGN_JSON)}: this campaign was started with a different config "
@@ -54,40 +60,51 @@ def init_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
 def load_campaign_config(store: Store) -> CampaignConfig:
     if not store.exists(layout.CAMPAIGN_JSON):
         raise FileNotFoundError(f"{store.uri(layout.CAMPAIGN_JSON)}: not a campaign folder (no campaign.json)")
-    return CampaignConfig.from_mapping(store.read_json(layout.CAMPAIGN_JSON)["config"])
+    manifest = CampaignManifest.read(store)
+    if manifest.kind != "campaign":
+        raise ValueError(f"{store.uri(layout.CAMPAIGN_JSON)}: a {manifest.kind} folder, not a training campaign")
+    return CampaignConfig.from_mapping(manifest.config)
 
 
-def published_versions(store: Store) -> list[int]:
-    return sorted(int(n.removesuffix(".json")) for n in store.list(f"{layout.WEIGHTS_LATEST}.d") if n.endswith(".json"))
+def _numbered(store: Store, folder: str, parse: Callable[[str], int | None], ignored: list[str]) -> list[int]:
+    """The numbers of the names under ``folder`` that ``parse`` reads; the other names go to ``ignored``."""
+    out = []
+    for name in store.list(folder):
+        n = parse(name)
+        if n is None:
+            ignored.append(f"{folder}/{name}")
+        else:
+            out.append(n)
+    return sorted(out)
 
 
 def campaign_status(store: Store) -> dict[str, Any]:
     """What each stage has committed; ``todo`` lists the stages a recovery must run, in order."""
-    versions = published_versions(store)
-    evaluated = sorted(int(n[1:9]) for n in store.list("eval") if n.startswith("v") and n.endswith(".json"))
-    steps = sorted(int(n[:8]) for n in store.list("train/consumed") if n.endswith(".json"))
+    versions = records.published_versions(store)
+    entries = {store.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions}
+    ignored = [path for n in store.list(f"{layout.WEIGHTS_LATEST}.d")
+               if (path := f"{layout.WEIGHTS_LATEST}.d/{n}") not in entries]
+    evaluated = _numbered(store, layout.EVAL, layout.parse_eval_name, ignored)
+    steps = _numbered(store, layout.CONSUMED, layout.parse_consumed_name, ignored)
     checkpoints = committed_checkpoints(store)
+    ignored += [f"{layout.CHECKPOINTS}/{n}" for n in store.list(layout.CHECKPOINTS)
+                if layout.checkpoint_step(n) is None]
     status = {
-        "campaign": store.exists(layout.CAMPAIGN_JSON),
-        "dataset": store.exists(layout.DATASET_SUCCESS),
+        "campaign": store.exists(CampaignManifest.PATH),
+        "dataset": store.exists(DatasetSuccess.PATH),
         "warm_start": 0 in versions,
-        "train_done": store.exists(layout.TRAIN_DONE),
+        "train_done": DoneMarker.exists(store),
         "train_steps": steps[-1] if steps else 0,
         "latest_checkpoint": checkpoints[-1] if checkpoints else None,
         "published_versions": versions,
         "evaluated_versions": evaluated,
         "missing_eval": [v for v in versions if v not in evaluated],
         "shards": sum(len(store.list(f"{layout.TRAJECTORIES}/{d}")) for d in store.list(layout.TRAJECTORIES)),
+        "ignored": ignored,
     }
-    todo = []
-    for stage, done in (("init", status["campaign"]), ("prep", status["dataset"]),
-                        ("warm_start", status["warm_start"]), ("train", status["train_done"])):
-        if not done:
-            todo.append(stage)
-    if not status["train_done"]:
-        todo.insert(todo.index("train"), "collect")
-    if status["missing_eval"] or not status["train_done"]:
-        todo.append("evaluate")
-    todo.append("audit")
+    # What a recovery must run: every stage whose marker record is missing, in table order; init first when
+    # there is no campaign.json at all.
+    todo = [] if status["campaign"] else ["init"]
+    todo += [s.name for s in STAGES if not s.done(store)]
     status["todo"] = todo
     return status

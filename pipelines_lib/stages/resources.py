@@ -1,4 +1,5 @@
-"""Resource sizing per stage, a pure function of the campaign config (what a work pool's job asks for).
+"""Resource sizing per stage, pure functions of the campaign config (what a work pool's job asks for); the
+stage table (``stages.table``) names one per stage, and ``resources_for(stage, config)`` looks it up.
 
 ```
 stage        pool               device memory estimate                         host CPU
@@ -25,10 +26,9 @@ from typing import Any, Literal
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.config import ModelConfig
 
-STAGES = ("prep", "warm_start", "collect", "train", "evaluate", "audit")
+Accelerator = Literal["gpu", "tpu"]
 CPU_POOL = "rollstream-cpu"
 ACCEL_POOL = "rollstream-accel"
-ACCEL_STAGES = ("warm_start", "collect", "train")
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GIB = 2**30
 HEADROOM = 1.25
@@ -41,7 +41,7 @@ class Resources:
     cpu: float
     memory_gib: float
     """Host memory of the job (the container's request)."""
-    accelerator: Literal["gpu", "tpu"] | None
+    accelerator: Accelerator | None
     accelerators: int
     device_memory_gib: float
     """Estimated accelerator memory the stage needs (0 for CPU stages)."""
@@ -74,35 +74,51 @@ def _training_bytes(m: ModelConfig, *, sequences: int, seq_len: int) -> int:
     return state + tokens * (12 * m.d_model * m.n_layers * _BYTES[m.dtype] + 4 * m.vocab_size)
 
 
-def resources_for(stage: str, config: CampaignConfig, *, worker_index: int = 0,
-                  accelerator: Literal["gpu", "tpu"] = "gpu", device_memory_gib: float = 80.0) -> Resources:
-    """What one run of ``stage`` needs; ``device_memory_gib`` is one accelerator's memory (80: H100)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; valid: {STAGES}")
+def cpu_light(config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+              device_memory_gib: float = 80.0) -> Resources:
+    """prep and audit: a little host memory, no device."""
+    return Resources(pool=CPU_POOL, cpu=1, memory_gib=2, accelerator=None, accelerators=0, device_memory_gib=0,
+                     concurrency_key=None)
+
+
+def evaluate_resources(config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+                       device_memory_gib: float = 80.0) -> Resources:
     m = config.model
-    weights = param_count(m) * _BYTES[m.dtype]
-    if stage in ("prep", "audit"):
-        return Resources(pool=CPU_POOL, cpu=1, memory_gib=2, accelerator=None, accelerators=0,
-                         device_memory_gib=0, concurrency_key=None)
-    if stage == "evaluate":
-        need = weights + kv_cache_bytes(m, sequences=config.eval.max_concurrency, seq_len=config.engine.max_seq_len)
-        return Resources(pool=CPU_POOL, cpu=2, memory_gib=_host_gib(need), accelerator=None, accelerators=0,
-                         device_memory_gib=0, concurrency_key=None)
-    if stage == "collect":
-        need = weights + kv_cache_bytes(m, sequences=config.engine.num_slots, seq_len=config.engine.max_seq_len)
-        cpu = 2 + math.ceil(config.rollout.max_concurrency / 16)
-        worker = f"rollout{worker_index}"
-    elif stage == "train":
-        need = _training_bytes(m, sequences=config.trainer.batch_groups * config.rollout.group_size,
-                               seq_len=config.trainer.seq_buckets[-1])
-        cpu, worker = 4, "trainer"
-    else:  # warm_start
-        need = _training_bytes(m, sequences=config.sft.batch_size, seq_len=config.engine.max_seq_len)
-        cpu, worker = 4, "trainer"
+    need = _weights(m) + kv_cache_bytes(m, sequences=config.eval.max_concurrency, seq_len=config.engine.max_seq_len)
+    return Resources(pool=CPU_POOL, cpu=2, memory_gib=_host_gib(need), accelerator=None, accelerators=0,
+                     device_memory_gib=0, concurrency_key=None)
+
+
+def collect_resources(config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+                      device_memory_gib: float = 80.0) -> Resources:
+    m = config.model
+    need = _weights(m) + kv_cache_bytes(m, sequences=config.engine.num_slots, seq_len=config.engine.max_seq_len)
+    return _accel(need, cpu=2 + math.ceil(config.rollout.max_concurrency / 16), slot=f"rollout{worker_index}",
+                  accelerator=accelerator, device_memory_gib=device_memory_gib)
+
+
+def train_resources(config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+                    device_memory_gib: float = 80.0) -> Resources:
+    need = _training_bytes(config.model, sequences=config.trainer.batch_groups * config.rollout.group_size,
+                           seq_len=config.trainer.seq_buckets[-1])
+    return _accel(need, cpu=4, slot="trainer", accelerator=accelerator, device_memory_gib=device_memory_gib)
+
+
+def warm_start_resources(config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+                         device_memory_gib: float = 80.0) -> Resources:
+    need = _training_bytes(config.model, sequences=config.sft.batch_size, seq_len=config.engine.max_seq_len)
+    return _accel(need, cpu=4, slot="trainer", accelerator=accelerator, device_memory_gib=device_memory_gib)
+
+
+def _weights(m: ModelConfig) -> int:
+    return param_count(m) * _BYTES[m.dtype]
+
+
+def _accel(need: int, *, cpu: float, slot: str, accelerator: Accelerator, device_memory_gib: float) -> Resources:
     need_gib = need * HEADROOM / _GIB
     return Resources(pool=ACCEL_POOL, cpu=cpu, memory_gib=_host_gib(need), accelerator=accelerator,
                      accelerators=max(1, math.ceil(need_gib / device_memory_gib)),
-                     device_memory_gib=round(need_gib, 3), concurrency_key=f"gpu:{worker}")
+                     device_memory_gib=round(need_gib, 3), concurrency_key=f"gpu:{slot}")
 
 
 def _host_gib(device_bytes: int) -> float:

@@ -1,0 +1,29 @@
+"""The ``rollstream bench`` subcommand: its arguments (``add_arguments``) and what it runs (``run``).
+
+Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``), so
+it is there wherever the repository is installed; the library never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = "run registered benchmarks; update bench/results.json and BENCHMARKS.md"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
+    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
+    p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.runner import run_benchmarks
+
+    figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    for key, value in sorted(figures.items()):
+        print(f"{key} = {value:.4g}")
+    return 0

@@ -1,0 +1,30 @@
+"""The audit stage: ``audit_campaign`` over the whole folder, kept as an ``AuditRecord`` under ``audit/``.
+
+Each audit is a snapshot of a folder that may still grow, so reports are named by their time
+(``audit/<UTC timestamp>.json`` and ``.txt``) instead of being a once-only marker. It needs no
+``campaign.json``: it reports what it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipelines_lib.audit import audit_campaign
+from pipelines_lib.records import AuditRecord
+from pipelines_lib.storage.store import Store
+
+
+def audit(store: Store, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Audit and keep the report; returns the verdict, where the report is and its headline counts."""
+    report = audit_campaign(store, progress=progress)
+    kept = AuditRecord(audited_at=report.audited_at, ok=report.ok, warnings=report.warnings,
+                       report=report.to_dict())
+    json_path, text_path = kept.write(store, report.render_text())
+    return {"ok": report.ok, "warnings": report.warnings, "report": json_path, "text": text_path,
+            "shards": report.shards, "trajectories": report.trajectories, "groups": report.groups,
+            "violations": sum(report.violation_counts.values()), "bad_files": len(report.bad_files),
+            "seconds": report.seconds}
+
+
+__all__ = ["audit"]

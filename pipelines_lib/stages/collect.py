@@ -1,0 +1,122 @@
+"""The collect stage: one rollout worker collecting groups for a campaign until the trainer is done.
+
+``collect`` waits for published weights, opens the configured engine on the latest version (``ENGINE_BACKENDS``:
+``jax`` loads the Orbax parameters into a ``JaxEngine``; ``vllm`` serves the version's HF folder from a vLLM
+server, whose log ends up in ``telemetry/engine-<worker id>.log``), takes its share of the train split, skips groups this logical worker already committed in earlier runs (``rollout.collect``), and runs
+the orchestrator with the campaign's episode factory, refreshing weights as ``weights/LATEST`` moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipelines_lib import telemetry
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.dataset import load_split
+from pipelines_lib.engine import JaxEngine
+from pipelines_lib.engine.api import Engine
+from pipelines_lib.engine.vllm_engine import VllmEngine
+from pipelines_lib.model.tokenizer import open_tokenizer
+from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
+from pipelines_lib.records import DoneMarker
+from pipelines_lib.rollout.collect import (
+    committed_groups,
+    stop_requested,
+    utc_compact,
+    wait_for_weights,
+    worker_tasks,
+)
+from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
+from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.shards import ShardWriter
+from pipelines_lib.storage.store import Store
+
+EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
+                         tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
+"""``(store, config, scratch dir, log) -> (engine to enter, where its new weights come from)``, on LATEST."""
+
+
+def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
+                 log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
+    model, version = load_published(store)
+    return JaxEngine(model, config.engine, policy_version=version), CampaignWeights(store)
+
+
+def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
+                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
+    weights = CampaignHFWeights(store, Path(config.engine.vllm.weights_dir or scratch / "hf"))
+    version = weights.latest()
+    assert version is not None  # collect waited for it
+    engine = VllmEngine(config.engine.vllm, model_dir=weights.load(version), policy_version=version,
+                        max_seq_len=config.engine.max_seq_len, log_path=scratch / "vllm-server.log", log=log)
+    return engine, weights
+
+
+ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_backend}
+"""``engine.kind`` -> how a rollout worker opens it (keys: ``engine.config.ENGINE_KINDS``)."""
+
+
+def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
+            target_groups: int | None = None, weights_timeout_s: float = 600.0, cache: Path | None = None,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run rollout worker ``worker`` (``worker_index`` of ``num_workers``) until the trainer's done marker, a stop
+    request or ``target_groups``; returns its statistics. ``cache`` is the process's cache folder
+    (``Settings.cache``)."""
+    if not 0 <= worker_index < num_workers:
+        raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
+    layout.check_worker_id(worker)
+    if "." in worker:
+        raise ValueError(f"worker name may not contain '.', got {worker!r} (it separates the start nonce)")
+    wait_for_weights(store, weights_timeout_s)
+    if DoneMarker.exists(store):
+        return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
+    started = utc_compact()
+    worker_id = f"{worker}.{time.time_ns() // 1000:x}"
+    tokenizer = open_tokenizer(config.tokenizer, cache=cache)
+    skip = committed_groups(store, worker)
+    tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
+    rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)
+    commits = 0
+
+    def on_commit(info) -> None:
+        nonlocal commits
+        commits += info.n_groups
+        log(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
+
+    async def run(scratch: Path) -> Any:
+        opened, weights = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
+        async with opened as engine, env_sandbox(config.env) as sandbox:
+            orchestrator = Orchestrator(
+                config=rc, engine=engine,
+                episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
+                                           tool_latency=config.env.tool_latency, sandbox=sandbox),
+                tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
+                weights=weights, should_stop=lambda: stop_requested(store, since=started),
+                on_commit=on_commit)
+            stats = await orchestrator.run()
+            return stats, engine.stats()
+
+    with tempfile.TemporaryDirectory(prefix=f"rollstream-{worker}-") as tmp, \
+            telemetry.recording(store, f"rollout-{worker}"):
+        scratch = Path(tmp)
+        try:
+            stats, engine_stats = asyncio.run(run(scratch))
+        finally:
+            server_log = scratch / "vllm-server.log"
+            if server_log.exists():
+                store.create(f"telemetry/engine-{worker_id}.log", server_log.read_bytes())
+    log(f"rollout {worker_id}: stopped ({stats.stop_reason}); {stats.groups_committed} groups, "
+        f"statuses {dict(stats.statuses)}")
+    return {"worker": worker, "worker_id": worker_id, "skipped_done_groups": len(skip), **stats.to_dict(),
+            "engine": engine_stats if isinstance(engine_stats, dict) else getattr(engine_stats, "__dict__", {})}
+
+
+__all__ = ["ENGINE_BACKENDS", "collect"]

@@ -1,0 +1,100 @@
+"""The stage table: the one declaration of the campaign's stages, in run order.
+
+```
+Stage(name, fn, done_marker, pool, resources, retries, per)
+  fn           the stage function (pipelines_lib.stages.<name>)
+  done_marker  the marker record that says it is done: a retry or recovery that finds it skips the stage
+               (None: the stage runs every time, like the audit, which is a snapshot)
+  pool         the work pool its deployment runs on; resources sizes one run from the campaign config
+  retries      task-level retries of failures worth retrying (after the store's own, seconds-scale ones)
+  per          one run per campaign, per rollout worker, or per published version
+```
+The Prefect flows and tasks, the launcher's deployment names, ``campaign_status`` (and so the recover flow) and
+``infra/prefect.yaml`` all follow it (``tests/test_stage_table.py`` checks the last one). Adding a stage is one
+entry here plus its function, its task and its flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pipelines_lib import records
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import DatasetSuccess, DoneMarker, Publication
+from pipelines_lib.stages import audit, collect, evaluate, prep, train, warm_start
+from pipelines_lib.stages.resources import (
+    ACCEL_POOL,
+    CPU_POOL,
+    Accelerator,
+    Resources,
+    collect_resources,
+    cpu_light,
+    evaluate_resources,
+    train_resources,
+    warm_start_resources,
+)
+from pipelines_lib.storage.store import Store
+
+
+def _evaluated_all(store: Store) -> bool:
+    # Evaluation is done once training is, and every version it published has its EvalResult.
+    return DoneMarker.exists(store) and set(records.published_versions(store)) <= set(
+        records.evaluated_versions(store))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    name: str
+    fn: Callable[..., Any]
+    done_marker: Callable[[Store], bool] | None
+    pool: str
+    resources: Callable[..., Resources]
+    retries: int = 3
+    per: Literal["campaign", "worker", "version"] = "campaign"
+
+    @property
+    def flow_name(self) -> str:
+        return f"rollstream-{self.name.replace('_', '-')}"
+
+    @property
+    def deployment(self) -> str:
+        """``<flow name>/<deployment name>``, as ``infra/prefect.yaml`` declares it."""
+        return f"{self.flow_name}/{self.name.replace('_', '-')}"
+
+    def done(self, store: Store) -> bool:
+        return self.done_marker is not None and self.done_marker(store)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(name="prep", fn=prep.prep, done_marker=lambda s: s.exists(DatasetSuccess.PATH), pool=CPU_POOL,
+          resources=cpu_light),
+    Stage(name="warm_start", fn=warm_start.warm_start, done_marker=lambda s: Publication.is_published(s, 0),
+          pool=ACCEL_POOL, resources=warm_start_resources),
+    Stage(name="collect", fn=collect.collect, done_marker=DoneMarker.exists, pool=ACCEL_POOL,
+          resources=collect_resources, per="worker"),
+    Stage(name="train", fn=train.train, done_marker=DoneMarker.exists, pool=ACCEL_POOL, resources=train_resources),
+    Stage(name="evaluate", fn=evaluate.evaluate, done_marker=_evaluated_all, pool=CPU_POOL,
+          resources=evaluate_resources, per="version"),
+    Stage(name="audit", fn=audit.audit, done_marker=None, pool=CPU_POOL, resources=cpu_light),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+_BY_NAME = {s.name: s for s in STAGES}
+
+
+def stage(name: str) -> Stage:
+    """The table's entry for ``name``; an unknown name is refused with the valid ones."""
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown stage {name!r}; valid: {STAGE_NAMES}")
+    return _BY_NAME[name]
+
+
+def resources_for(name: str, config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
+                  device_memory_gib: float = 80.0) -> Resources:
+    """What one run of stage ``name`` needs; ``device_memory_gib`` is one accelerator's memory (80: H100)."""
+    return stage(name).resources(config, worker_index=worker_index, accelerator=accelerator,
+                                 device_memory_gib=device_memory_gib)
+
+
+__all__ = ["STAGES", "STAGE_NAMES", "Stage", "resources_for", "stage"]

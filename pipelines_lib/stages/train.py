@@ -1,0 +1,42 @@
+"""The train stage: the streaming GRPO trainer over a campaign, to ``trainer.max_steps`` and its done marker.
+
+A rerun is a resume, not a redo: the trainer restores its newest checkpoint, replays the logged steps after it
+and continues with the same cursor (``train.trainer``). A finished run returns its ``DoneMarker``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipelines_lib import telemetry
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.model.tokenizer import tokenizer_dir
+from pipelines_lib.records import DoneMarker
+from pipelines_lib.storage.store import Store
+from pipelines_lib.train.trainer import StreamingTrainer
+
+
+def trainer_for(store: Store, config: CampaignConfig, *, cache: Path | None = None,
+                log: Callable[[str], None] = print) -> StreamingTrainer:
+    """The campaign's trainer: its own section, plus the two rollout bounds it shares (η, group size) and the
+    tokenizer its publications carry (the default one built under ``cache``, ``Settings.cache``)."""
+    return StreamingTrainer(store, config.trainer, eta=config.rollout.eta, group_size=config.rollout.group_size,
+                            tokenizer_dir=tokenizer_dir(config.tokenizer, cache=cache), log=log)
+
+
+def train(
+    store: Store, config: CampaignConfig, *, max_steps: int | None = None, cache: Path | None = None,
+    log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Resume, train to ``max_steps`` (default: ``trainer.max_steps``), mark done; returns the summary."""
+    if DoneMarker.exists(store):
+        return DoneMarker.read(store).to_dict()
+    with telemetry.recording(store, "trainer"):
+        trainer = trainer_for(store, config, cache=cache, log=log)
+        trainer.restore()
+        return trainer.run(max_steps)
+
+
+__all__ = ["train", "trainer_for"]

@@ -1,0 +1,89 @@
+"""The warm-start stage: a version-0 policy, trained on demonstrations or imported, then published.
+
+```
+warm_start(store, config)
+  weights/v00000000 published already?  -> its manifest, nothing else happens
+  config.init_from = HF folder           -> model.hf_import.load_hf_checkpoint
+  config.init_from = campaign URL        -> that campaign's LATEST weights
+  otherwise (SFT, train.sft):            demonstrations from the env's generator, config.sft steps of nll
+  -> publish_weights(version=0, step=0)
+```
+
+Initialisation is seeded by ``config.sft.seed``. Demonstrations longer than the model's context are left out and
+counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import nnx
+
+from pipelines_lib.agents import AGENT_REGISTRY
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.hf_import import load_hf_checkpoint
+from pipelines_lib.model.tokenizer import open_tokenizer, tokenizer_dir
+from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.records import Publication
+from pipelines_lib.storage.store import Store
+from pipelines_lib.train.sft import demonstration_rows, sft_train
+
+
+def _import_weights(init_from: str, store: Store) -> tuple[Decoder, dict[str, Any]]:
+    if "://" not in init_from and (Path(init_from) / "config.json").is_file():
+        return load_hf_checkpoint(init_from), {"source": "hf", "init_from": init_from}
+    # Another campaign; on the same backend it is reached with the same credentials/endpoint as ours.
+    model, version = load_published(store.other(init_from))
+    return model, {"source": "campaign", "init_from": init_from, "from_version": version}
+
+
+def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published.
+    ``cache`` is the process's cache folder (``Settings.cache``)."""
+    if Publication.is_published(store, 0):
+        return {**Publication.read(store, 0).to_dict(), "skipped": True}
+    started = time.perf_counter()
+    if config.init_from is not None:
+        model, info = _import_weights(config.init_from, store)
+    else:
+        tokenizer = open_tokenizer(config.tokenizer, cache=cache)
+        if tokenizer.vocab_size > config.model.vocab_size:
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
+            )
+        sft = config.sft
+        tokens, masks = demonstration_rows(
+            config.env.name,
+            tokenizer,
+            n=sft.n_demos,
+            error_rate=sft.error_rate,
+            seed=sft.seed,
+            with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools,
+        )
+        keep = [i for i, row in enumerate(tokens) if len(row) <= config.model.max_seq_len]
+        rows = [tokens[i] for i in keep], [masks[i] for i in keep]
+        model = Decoder(config.model, rngs=nnx.Rngs(sft.seed))
+        log(
+            f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
+            f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}"
+        )
+        info = {
+            "source": "sft",
+            "demos": len(keep),
+            "demos_too_long": len(tokens) - len(keep),
+            **sft_train(
+                model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
+            ),
+        }
+    manifest = publish_weights(store, model, version=0, step=0,
+                               tokenizer_dir=tokenizer_dir(config.tokenizer, cache=cache))
+    return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
+
+
+__all__ = ["warm_start"]

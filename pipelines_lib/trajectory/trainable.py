@@ -1,0 +1,86 @@
+"""What the trainer needs of a group beyond the shard invariants (``validate.py``), checked without raising.
+
+A shard can satisfy every invariant and still be something the trainer cannot train on: a group of another
+size than the campaign's G, a row longer than the trainer's largest sequence bucket, token ids outside the
+model's vocabulary, tokens stamped with a policy version nobody has published yet, groups whose rows are
+interleaved (the writer stores each group's rows contiguously, and consumption logs name row ranges), or a
+group filed under a version folder other than its oldest policy version. The tailer skips such groups with
+the reason these functions return (the trainer writes it into its consumption log), and the audit reports
+the same reasons as findings, so the two never disagree on what is trainable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerNeeds:
+    """The trainer's limits a group must fit."""
+
+    group_size: int
+    """The campaign's G: rows per group."""
+    max_tokens: int
+    """The trainer's largest sequence bucket: longest row it can pad into a batch."""
+    vocab_size: int
+    """Token ids must lie in [0, vocab_size)."""
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_tokens", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainerNeeds.{name} must be >= 1, got {getattr(self, name)}")
+
+
+
+def group_runs(table: pa.Table) -> tuple[list[tuple[int, int, str]], str | None]:
+    """Contiguous row ranges ``(start, end, group_id)`` in row order, and why they are not whole groups (None:
+    every group's rows are contiguous)."""
+    ids = table.column("group_id").to_pylist()
+    runs: list[tuple[int, int, str]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[start]:
+            runs.append((start, i, ids[start]))
+            start = i
+    first: dict[str, int] = {}
+    for s, _, gid in runs:
+        if gid in first:
+            return runs, (f"rows of group {gid} are not contiguous (rows from {first[gid]} and from {s}): "
+                          f"groups are interleaved")
+        first[gid] = s
+    return runs, None
+
+
+def group_problem(group: pa.Table, needs: TrainerNeeds, *, folder_version: int | None = None,
+                  newest_version: int | None = None) -> str | None:
+    """Why the trainer cannot train on ``group`` (the rows of one group), or None.
+
+    ``folder_version``: the version folder of the shard, which must be the group's oldest policy version
+    over its loss tokens (0 when it has none), as the writer files it. ``newest_version``: the newest
+    published version; a token stamped later cannot exist.
+    """
+    gid = group.column("group_id")[0].as_py()
+    if group.num_rows != needs.group_size:
+        return f"group {gid} has {group.num_rows} rows, the campaign's group_size is {needs.group_size}"
+    tokens = group.column("tokens")
+    longest = pc.max(pc.list_value_length(tokens)).as_py() or 0
+    if longest > needs.max_tokens:
+        return f"group {gid} has a row of {longest} tokens, over the trainer's largest bucket {needs.max_tokens}"
+    ids = pc.min_max(pc.list_flatten(tokens)).as_py()
+    if ids["min"] is not None and (ids["min"] < 0 or ids["max"] >= needs.vocab_size):
+        return (f"group {gid} has token ids in [{ids['min']}, {ids['max']}], outside the vocabulary "
+                f"[0, {needs.vocab_size})")
+    versions = pc.list_flatten(group.column("policy_version"))
+    on_loss = pc.filter(versions, pc.equal(pc.list_flatten(group.column("loss_mask")), 1))
+    newest = pc.max(versions).as_py()
+    if newest_version is not None and newest is not None and newest > newest_version:
+        return f"group {gid} has tokens of policy version {newest}, newer than the newest published {newest_version}"
+    oldest = pc.min(on_loss).as_py()
+    oldest = 0 if oldest is None else oldest
+    if folder_version is not None and oldest != folder_version:
+        return (f"group {gid}'s oldest policy version is {oldest} but it is filed under v{folder_version:08d} "
+                f"(copied into another version folder?)")
+    return None

@@ -1,0 +1,152 @@
+"""The layering the repository promises: imports point down, and only records/layout know the campaign folder.
+
+```
+flows -> tasks -> pipelines_lib/stages -> core -> pipelines_lib/records -> storage/layout -> storage
+```
+Walked statically (``ast``), so a lazy import inside a function counts as much as a top-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "pipelines_lib"
+UPPER = ("prefect", "flows", "tasks", "bench", "drills")
+"""Never imported by the library."""
+STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
+               "pipelines_lib.demo")
+"""Modules that may see the whole campaign config; core modules never import them."""
+RECORD_KEEPERS = {"pipelines_lib/records.py", "pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"}
+CAMPAIGN_PATH = re.compile(r"^(campaign\.json|(dataset|trajectories|train|weights|eval|runs|audit|rollout|telemetry)/"
+                           r"(v\d|\d|[A-Z_]|checkpoints|consumed|$)|.*(LATEST|DONE|PUBLISHED)\.json)")
+"""A string that spells (the start of) a campaign object's path; units like ``trajectories/s`` are not paths."""
+JSON_PARSERS_ELSEWHERE = {
+    "pipelines_lib/agents/parsers.py": "tool-call arguments in model output",
+    "pipelines_lib/cli.py": "--storage-option values on the command line",
+    "pipelines_lib/dataset.py": "rows of a JSONL dataset source and task metadata",
+    "pipelines_lib/envs/base.py": "a task's metadata column",
+    "pipelines_lib/envs/coding.py": "program output inside the sandbox",
+    "pipelines_lib/envs/tools/sandbox.py": "the sandbox bootstrap's limits argument",
+    "pipelines_lib/model/tokenizer.py": "tokenizer files of a model folder",
+    "pipelines_lib/model/weights.py": "model_config.json inside an Orbax folder",
+    "pipelines_lib/model/hf_import.py": "a Hugging Face checkpoint's config and index",
+    "pipelines_lib/storage/shards.py": "provenance metadata inside an Arrow shard",
+    "pipelines_lib/storage/tailer.py": "the tail cursor, a string field of records",
+    "pipelines_lib/telemetry/trace.py": "telemetry events (JSON lines), not records",
+    "pipelines_lib/audit/export.py": "metadata of an exported Parquet file, outside the campaign folder",
+    "flows/campaign.py": "--storage-options on the command line",
+    "flows/recover.py": "--storage-options on the command line",
+    "bench/runner.py": "bench/results.json of the repository",
+    "drills/runner.py": "drills results of the repository",
+    "drills/supervisor.py": "a child process's JSON output",
+    "drills/fault_campaign.py": "arguments of the drill's child process",
+    "drills/fuzz.py": "generated fuzz inputs",
+    "pipelines_lib/engine/vllm_engine.py": "HTTP responses of the vLLM server",
+    "bench/realsize.py": "a child process's JSON output",
+}
+BAD_INPUT_PLANTERS = {
+    "drills/poison.py": "plants junk under record paths (names no stage writes) to check that readers skip it",
+}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+LIB_MODULES = {_module(p): p for p in _sources("pipelines_lib")}
+
+
+def _lib_target(name: str) -> str | None:
+    while name and name not in LIB_MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for name, path in LIB_MODULES.items():
+        graph[name] = {t for i in _imports(path) if (t := _lib_target(i)) is not None and t != name}
+    return graph
+
+
+def _is_stage_level(module: str) -> bool:
+    return any(module == s or module.startswith(s + ".") for s in STAGE_LEVEL)
+
+
+def test_the_library_imports_have_no_cycle() -> None:
+    try:
+        tuple(graphlib.TopologicalSorter(_graph()).static_order())
+    except graphlib.CycleError as e:
+        pytest.fail(f"import cycle in pipelines_lib: {' -> '.join(e.args[1])}")
+
+
+def test_the_library_never_imports_orchestration_or_the_harness() -> None:
+    bad = sorted(f"{m} imports {i}" for m, p in LIB_MODULES.items() for i in _imports(p)
+                 if i.split(".")[0] in UPPER)
+    assert bad == []
+
+
+def test_core_modules_never_import_the_stages_or_the_campaign_config() -> None:
+    bad = sorted(f"{m} imports {t}" for m, targets in _graph().items() if not _is_stage_level(m)
+                 for t in targets if _is_stage_level(t))
+    assert bad == []
+
+
+def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants that are not docstrings, with their line; f-strings give their literal parts."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    attribute_docs = {id(b.value) for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.Module)
+                      for b in n.body if isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings | attribute_docs]
+
+
+def test_only_records_and_layout_spell_campaign_paths() -> None:
+    found = []
+    for path in _sources("pipelines_lib", "flows", "tasks", "bench", "drills"):
+        rel = str(path.relative_to(ROOT))
+        if rel in RECORD_KEEPERS or rel in BAD_INPUT_PLANTERS:
+            continue
+        for line, text in _code_strings(ast.parse(path.read_text())):
+            if CAMPAIGN_PATH.match(text):
+                found.append(f"{rel}:{line}: {text!r}")
+    assert found == []
+
+
+def test_only_records_parse_campaign_json() -> None:
+    found = []
+    for path in _sources("pipelines_lib", "flows", "tasks", "bench", "drills"):
+        rel = str(path.relative_to(ROOT))
+        if rel in RECORD_KEEPERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+                by_hand = name in ("read_json", "create_json", "read_pointer", "advance_pointer")
+                if by_hand or (owner == "json" and name in ("loads", "load") and rel not in JSON_PARSERS_ELSEWHERE):
+                    found.append(f"{rel}:{node.lineno}: {owner or '...'}.{name}")
+    assert found == []
