@@ -107,8 +107,11 @@ class CampaignConfig:
     def twostep(cls) -> CampaignConfig:
         """``tiny()`` on the ``twostep`` task: two calculator calls, the first result carried into the second.
 
-        Trajectories run to ~200 tokens (two calls, two results, the answer), so the engine, rollouts and
-        train batches use the tiny model's whole 256-token context.
+        Trajectories run to ~170 tokens (two calls, two results, the answer), so the engine, rollouts and
+        train batches use the tiny model's whole 256-token context. 60 % of the warm start's demonstrations are
+        flawed (half answer after one call, half carry a wrong number), and it is cut to 200 steps. Measured
+        (``learning2`` benchmark, 2 heavily shared cores): v0 answers 97 % of held-out tasks well-formed and makes
+        both calls, yet solves 68 % greedily (27 % of sampled attempts); 30 GRPO steps bring greedy success to 95 %.
         """
         tiny = cls.tiny()
         return dataclasses.replace(

@@ -1,15 +1,21 @@
-"""``twostep``: "What is 37*48+21?" with a calculator that does one operation per call.
+"""``twostep``: "What is 7*8+5?" with a calculator that does one operation per call.
 
 The calculator here refuses any expression with more than one binary operation, so a task takes two calls and
-the first call's result has to be carried into the second: ``calculator(37*48) -> 1776``, then
-``calculator(1776+21) -> 1797``, then ``<answer>1797</answer>``. The first operation is ``+`` or ``*`` (so the
-carried number is positive and the second call is one operation), the second ``+`` or ``-``; by precedence the
-prompt's expression is exactly those two steps.
+the first call's result has to be carried into the second: ``calculator(7*8) -> 56``, then
+``calculator(56+5) -> 61``, then ``<answer>61</answer>``. The first operation is ``+`` or ``*`` (so the carried
+number is positive and the second call is one operation), the second ``+`` or ``-``; by precedence the prompt's
+expression is exactly those two steps.
 
 Unlike ``arithmetic``, where the warm start's flaw is how the answer is written, a policy here fails for what it
-does: it answers the intermediate result after one call (the default flawed demonstration, ``stop_early``), or
-carries a wrong number (``wrong_carry``). Both answers are well-formed integers, so the ``format`` reward part
-(exactly one ``<answer>`` holding an integer) separates "cannot write the answer" from "cannot do the task".
+does: it answers the intermediate result after one call (``stop_early``), or carries a wrong number into the
+second call (``wrong_carry``). Both answers are well-formed integers, so the ``format`` reward part (exactly one
+``<answer>`` holding an integer) separates "cannot write the answer" from "cannot do the task".
+
+Operands have one digit by default. Measured on the tiny model: with two-digit operands a 500-step warm start
+on mostly clean demonstrations still fails at the carry and at looking the third operand back up in the prompt
+(5 % greedy, 19 % pass@4: too little reward for GRPO to start from); with one digit, 300 steps on 70 % clean
+demonstrations solve every held-out task greedily. ``CampaignConfig.twostep()`` sits between: one digit, a
+shorter warm start, 60 % flawed demonstrations.
 """
 
 from __future__ import annotations
