@@ -24,6 +24,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.learning",
     "bench.learning2",
     "bench.realsize",
+    "bench.replay",
     "bench.rollout",
     "bench.store",
     "bench.telemetry",
