@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "bench.ablation",
     "bench.campaign_arms",
     "bench.engine",
     "bench.learning",
+    "bench.learning2",
     "bench.realsize",
     "bench.replay",
     "bench.rollout",

@@ -109,6 +109,28 @@ class CampaignConfig:
         )
 
     @classmethod
+    def twostep(cls) -> CampaignConfig:
+        """``tiny()`` on the ``twostep`` task: two calculator calls, the first result carried into the second.
+
+        Trajectories run to ~170 tokens (two calls, two results, the answer), so the engine, rollouts and
+        train batches use the tiny model's whole 256-token context. 60 % of the warm start's demonstrations are
+        flawed (half answer after one call, half carry a wrong number), and it is cut to 200 steps. Measured
+        (``learning2`` benchmark, 2 heavily shared cores): v0 answers 97 % of held-out tasks well-formed and makes
+        both calls, yet solves 68 % greedily (27 % of sampled attempts); 30 GRPO steps bring greedy success to 95 %.
+        """
+        tiny = cls.tiny()
+        return dataclasses.replace(
+            tiny,
+            dataset=dataclasses.replace(tiny.dataset, source="builtin:twostep", env_name="twostep"),
+            env=dataclasses.replace(tiny.env, name="twostep"),
+            engine=dataclasses.replace(tiny.engine, max_seq_len=256, prefill_buckets=(16, 64, 128, 256)),
+            rollout=dataclasses.replace(tiny.rollout, max_tokens=256),
+            trainer=dataclasses.replace(tiny.trainer, seq_buckets=(256,)),
+            sft=dataclasses.replace(tiny.sft, steps=200, error_rate=0.6,
+                                    optim=dataclasses.replace(tiny.sft.optim, total_steps=200)),
+        )
+
+    @classmethod
     def smoke(cls) -> CampaignConfig:
         """``tiny()`` cut to a whole campaign in about a minute on 2 CPU cores: every stage, every marker.
 

@@ -186,6 +186,8 @@ def test_the_mismatch_p99_is_taken_over_the_loss_tokens_of_the_whole_batch() -> 
     assert n < 100
     np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff_p99"], 0.5, rtol=1e-5)
     np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff"], 0.5 / n, rtol=1e-3)
+    # KL(π_behav ‖ π_prox) by k3 on that one token: ρ − log ρ − 1 with log ρ = 0.5, averaged over n tokens.
+    np.testing.assert_allclose(metrics["behav_prox_kl"], (math.exp(0.5) - 0.5 - 1) / n, rtol=1e-3)
 
 
 def test_padding_rows_and_longer_buckets_leave_the_update_unchanged() -> None:

@@ -89,6 +89,23 @@ def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) ->
     assert any("step 6/6" in line for line in logs)
 
 
+def test_each_step_logs_the_behaviour_proximal_mismatch_in_its_consumption_log_and_telemetry(tmp_path) -> None:
+    # Synthetic groups carry made-up sampler logprobs, so the mismatch to the trainer's is large and non-zero.
+    config = small_config(max_steps=2)
+    store = seed_campaign(str(tmp_path / "c"), config)
+    train(store, config, log=lambda _: None)
+    metrics = store.read_json(layout.consumed_log(1))["metrics"]
+    assert metrics["prox_behav_logp_abs_diff_p99"] >= metrics["prox_behav_logp_abs_diff"] > 0
+    assert metrics["behav_prox_kl"] > 0
+    assert {f"correction_frac_{n}" for n in ("tis", "mis", "icepop", "geo_mask", "none")} <= set(metrics)
+    from pipelines_lib.telemetry.trace import read_records
+
+    gauges = {(r["name"], r["tags"]["step"]): r["value"] for r in read_records(store)
+              if r["type"] == "gauge" and r["name"].startswith("train.")}
+    assert gauges[("train.behav_prox_kl", 1)] == pytest.approx(metrics["behav_prox_kl"])
+    assert gauges[("train.correction_frac_icepop", 1)] == pytest.approx(metrics["correction_frac_icepop"])
+
+
 def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tmp_path) -> None:
     base = small_config(max_steps=2)
     step = dataclasses.replace(base.trainer.step, precision=Precision(params="float32", compute="bfloat16"))

@@ -6,7 +6,8 @@ stages.evaluate.evaluate(store, config, version=N)         the stage: eval/v<N:0
        JaxEngine(model, engine on cfg.mesh)
        per task: 1 greedy episode + k sampled ones           k = cfg.samples, temperature cfg.temperature
        rollout.episodes.make_episode_fn(...) under a semaphore of cfg.max_concurrency
-       └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses
+       └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses,
+                                                             format_rate (envs with a ``format`` reward part)
 ```
 
 A task is *solved* by an episode that ends ``ok`` with reward >= ``SUCCESS_REWARD`` (the built-in envs give 1.0 for a
@@ -84,7 +85,11 @@ def solved(t: Trajectory) -> bool:
 def _episode_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     n = len(trajectories)
     failures = Counter(turn.error for t in trajectories for turn in t.turns if turn.error is not None)
+    # Envs that score the answer's form report a ``format`` part; an episode without one never answered.
+    formats = {"format_rate": sum(t.reward_parts.get("format", 0.0) for t in trajectories) / n} if any(
+        "format" in t.reward_parts for t in trajectories) else {}
     return {
+        **formats,
         "episodes": n,
         "success_rate": sum(map(solved, trajectories)) / n,
         "mean_reward": sum(t.reward for t in trajectories) / n,

@@ -334,6 +334,8 @@ class StreamingTrainer:
                     model=self.model,
                     optimizer=self.optimizer,
                 )
+        for name, value in metrics.items():  # loss, gradient and behaviour–proximal mismatch figures per step
+            telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
         for g in record.groups:
