@@ -126,6 +126,27 @@ def test_a_fork_between_checkpoints_retrains_the_logged_steps_and_continues_exac
     assert checksums(parent) == before
 
 
+def test_a_fork_interrupted_before_its_markers_completes_on_a_rerun(parent: Store, tmp_path) -> None:
+    fork = Store(str(tmp_path / "fork"))
+    fork_campaign(parent, 4, fork, {})
+    # A crash after the copies, before the checkpoint's meta, its commit marker and campaign.json.
+    for rel in ("campaign.json", "train/checkpoints/00000004/COMMITTED", "train/checkpoints/00000004/meta.json"):
+        fork.delete(rel)
+    assert fork_campaign(parent, 4, fork, {})["created"]
+    trainer = trainer_for(fork, load_campaign_config(fork), log=lambda _: None)
+    trainer.restore()
+    assert (trainer.step, trainer.version) == (4, 2)
+    assert final_params(parent) == final_params_of(trainer)
+
+
+def final_params_of(trainer) -> str:
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    return json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(nnx.state(trainer.model, nnx.Param))])
+
+
 def test_a_fork_from_before_any_checkpoint_names_the_steps_with_one(parent: Store, tmp_path) -> None:
     with pytest.raises(ValueError, match=r"step 1 has no committed checkpoint at or before it to fork from "
                                          r"\(steps with one: 2, 4\)"):
