@@ -24,6 +24,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.realsize",
     "bench.rollout",
     "bench.store",
+    "bench.storage_scale",
     "bench.telemetry",
     "bench.trainer",
     "bench.vllm",
