@@ -114,9 +114,11 @@ def measure_tailer(store: Store) -> dict[str, float]:
     tailer = ShardTailer(store, needs=NEEDS)
     deltas: list[int] = []
     for version in range(VERSIONS):
+        before = tailer.cursor.copy()
         while tailer.next_groups(BATCH_GROUPS, min_version=max(0, version - ETA), max_version=version):
             tailer.drain_events()
-            deltas.append(len(tailer.cursor.to_json()))
+            deltas.append(len(tailer.cursor.delta_json(before)))
+            before = tailer.cursor.copy()
     lo, hi = VERSIONS - 1 - ETA, VERSIONS - 1
     polls = []
     for _ in range(IDLE_POLLS):
