@@ -98,6 +98,8 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version folder at a time each (default: one per CPU)")
     _add_storage_options(p)
 
 
@@ -106,7 +108,7 @@ def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
     report = audit_campaign(open_store(args, args.url), progress=_stderr,
-                            progress_every=args.progress_every)
+                            progress_every=args.progress_every, jobs=args.jobs)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 

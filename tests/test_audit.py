@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines_lib.audit import audit_campaign
+from pipelines_lib.audit import AuditReport, audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
 from pipelines_lib.audit.stats import summarize
@@ -323,3 +323,29 @@ def test_export_writes_one_parquet_file_per_version_with_the_same_rows(store: St
     assert [r.status for r in export_parquet(store, out)] == ["unchanged", "unchanged"]
     ShardWriter(store, worker_id="w2", config=WriterConfig(max_groups=1)).add_group(_group("new", 1, "w2"))
     assert [r.status for r in export_parquet(store, out)] == ["unchanged", "stale"]
+
+
+def _same_report(a: AuditReport, b: AuditReport) -> bool:
+    return {k: v for k, v in a.to_dict().items() if k not in ("audited_at", "seconds")} == \
+        {k: v for k, v in b.to_dict().items() if k not in ("audited_at", "seconds")}
+
+
+def test_a_trajectory_committed_in_two_version_folders_is_a_duplicate(local_store: Store) -> None:
+    _base(local_store)
+    # The same group again, filed under version 1 by a writer of another name (its provenance names the copy).
+    ShardWriter(local_store, worker_id="w9", config=WriterConfig(max_groups=1)).add_group(
+        [dataclasses.replace(t, policy_version=[1 if v >= 0 else v for v in t.policy_version])
+         for t in _group("w0-v0-p0", 0, "w0")])
+    report = audit_campaign(local_store)
+    dups = [f for f in report.violations if f.kind == "duplicate_trajectory"]
+    assert len(dups) == 2  # one per trajectory of the group
+    assert all(d.path == "trajectories/v00000001" and "also committed in trajectories/v00000000" in d.message
+               for d in dups)
+
+
+def test_an_audit_on_worker_processes_reports_what_one_process_reports(local_store: Store) -> None:
+    infos = _base(local_store)
+    _clean_lineage(local_store, infos)
+    local_store.create(PLANTED, encode_shard(_bad_table(_loss_on_tool_token), {}))
+    one, two = audit_campaign(local_store), audit_campaign(local_store, jobs=2)
+    assert _same_report(one, two) and two.shards == 5 and two.violation_counts == {"policy_version": 1}

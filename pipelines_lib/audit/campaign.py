@@ -19,18 +19,24 @@ say "OK". One listing of the folder drives everything:
   and content disagree (``bad_pointer_entry``: readers skip it).
 - ``campaign.json`` and the evaluations: reported as found.
 
-Shards are fetched ``read_ahead`` at a time on a thread pool (a GCS audit is bound by request latency) and
-processed in name order, so the report does not depend on timing. ``progress`` gets a line every
+Each version folder is one work unit: its shards are fetched ``read_ahead`` at a time on a thread pool (a GCS
+audit is bound by request latency) and processed in name order, in this process or on one of ``jobs`` worker
+processes (decoding is CPU-bound: threads do not help under the GIL). A unit's result is small and bounded:
+counts, value -> count distributions (``stats.Distribution``), findings, the committed groups lineage needs and
+a 64-bit hash per trajectory id, so duplicates across folders are found at 8 bytes an id. Results merge in
+version order, so the report does not depend on timing or on ``jobs``. ``progress`` gets a line every
 ``progress_every`` shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import multiprocessing
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,9 +118,35 @@ class _Accumulator:
     tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     committed: dict[GroupKey, CommittedGroup] = field(default_factory=dict)
     first_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Trajectory id -> (shard, row) within one work unit (a version folder)."""
+    id_hashes: dict[int, str] = field(default_factory=dict)
+    """64-bit hash of each trajectory id -> its version folder: duplicates across work units, at 8 bytes an id."""
     shards: int = 0
     needs: TrainerNeeds | None = None
     newest_version: int | None = None
+
+    def merge(self, unit: _Accumulator) -> None:
+        """Fold in the result of another work unit (a later version folder)."""
+        self.findings += unit.findings
+        self.bad_files += unit.bad_files
+        self.schema_versions.update(unit.schema_versions)
+        for mine, theirs in ((self.by_version, unit.by_version), (self.by_worker, unit.by_worker)):
+            for key, t in theirs.items():
+                m = mine[key]
+                m.shards, m.trajectories, m.groups = m.shards + t.shards, m.trajectories + t.trajectories, m.groups + t.groups
+                m.bytes, m.reward_sum = m.bytes + t.bytes, m.reward_sum + t.reward_sum
+        for name, dist in unit.dists.items():
+            self.dists[name].merge(dist)
+        self.statuses.update(unit.statuses)
+        self.tool_calls.update(unit.tool_calls)
+        self.tool_errors.update(unit.tool_errors)
+        self.committed.update(unit.committed)
+        for h, folder in unit.id_hashes.items():
+            first = self.id_hashes.setdefault(h, folder)
+            if first != folder:
+                self.findings.append(Finding(kind="duplicate_trajectory", path=folder, row=None, trajectory_id=None,
+                                             message=f"a trajectory id of this folder is also committed in {first}"))
+        self.shards += unit.shards
 
     def add_shard_object(self, store: Store, path: str, sid: layout.ShardId, data: bytes | Missing) -> None:
         if isinstance(data, NotAnObjectError):
@@ -174,7 +206,9 @@ class _Accumulator:
                           for v in violations]
         untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance)
         self.findings += untrainable
+        folder = layout.version_dir(sid.version)
         for row, tid in enumerate(table.column("trajectory_id").to_pylist()):
+            self.id_hashes[_id_hash(tid)] = folder
             first = self.first_seen.setdefault(tid, (path, row))
             if first[0] != path:
                 self.findings.append(Finding(kind="duplicate_trajectory", path=path, row=row, trajectory_id=tid,
@@ -201,6 +235,57 @@ class _Accumulator:
         self.statuses.update(fig.statuses)
         self.tool_calls.update(fig.tool_calls)
         self.tool_errors.update(fig.tool_errors)
+
+
+def _id_hash(trajectory_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Unit:
+    """One version folder's shards, audited on their own (in a worker process when ``jobs`` > 1)."""
+
+    url: str
+    storage_options: dict[str, Any]
+    shards: list[tuple[layout.ShardId, str]]
+    needs: TrainerNeeds | None
+    newest_version: int | None
+    read_ahead: int
+
+
+def _audit_unit(unit: _Unit, store: Store | None = None,
+                on_shard: Callable[[int], None] = lambda n: None) -> _Accumulator:
+    """The accumulator of one version folder; ``store`` is the caller's, or one opened here in a worker."""
+    store = store or Store(unit.url, storage_options=unit.storage_options)
+    acc = _Accumulator(needs=unit.needs, newest_version=unit.newest_version)
+    fetched = _prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
+    for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
+        acc.add_shard_object(store, path, sid, data)
+        on_shard(1)
+    acc.first_seen.clear()  # duplicates across units go by id_hashes; the worker's result stays small
+    return acc
+
+
+def _audit_units(store: Store, units: list[_Unit], jobs: int,
+                 on_shards: Callable[[int], None]) -> Iterator[_Accumulator]:
+    """Results of ``units`` in order: in this process, or on ``jobs`` worker processes (spawned: no JAX, no
+    threads inherited), at most ``2 * jobs`` results waiting to be merged (bounded memory). ``on_shards(n)``
+    follows progress: per shard in this process, per unit from workers."""
+    if jobs == 1 or len(units) < 2:
+        yield from (_audit_unit(u, store, on_shards) for u in units)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        todo = iter(units)
+        window: deque[tuple[_Unit, Future]] = deque((u, pool.submit(_audit_unit, u))
+                                                    for u in itertools.islice(todo, 2 * jobs))
+        while window:
+            unit, fut = window.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                window.append((nxt, pool.submit(_audit_unit, nxt)))
+            result = fut.result()
+            on_shards(len(unit.shards))
+            yield result
 
 
 def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
@@ -259,11 +344,13 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
-                   read_ahead: int = 8, max_listed: int = 1000,
+                   read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1,
                    clock: Callable[[], float] = time.monotonic) -> AuditReport:
-    """Audit the campaign at ``store``. Raises ``NotACampaignError`` when it has no ``campaign.json``."""
-    if progress_every < 1 or read_ahead < 1:
-        raise ValueError(f"progress_every and read_ahead must be >= 1, got {progress_every}, {read_ahead}")
+    """Audit the campaign at ``store``, one version folder per work unit on ``jobs`` processes. Raises
+    ``NotACampaignError`` when it has no ``campaign.json``."""
+    if progress_every < 1 or read_ahead < 1 or jobs < 1:
+        raise ValueError(f"progress_every, read_ahead and jobs must be >= 1, got {progress_every}, {read_ahead}, "
+                         f"{jobs}")
     start = clock()
     if not store.exists(layout.CAMPAIGN_JSON):
         raise NotACampaignError("audit", store.url, f"not a campaign (no {layout.CAMPAIGN_JSON})")
@@ -286,11 +373,22 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
                               "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
                       for f in under_traj if layout.parse_shard_path(f) is None]
-    fetched = _prefetch(store, [f for _, f in shards], read_ahead)
-    for i, ((sid, _), (path, data)) in enumerate(zip(shards, fetched, strict=True), 1):
-        acc.add_shard_object(store, path, sid, data)
-        if progress is not None and (i % progress_every == 0 or i == len(shards)):
-            progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
+    by_folder: dict[int, list[tuple[layout.ShardId, str]]] = defaultdict(list)
+    for sid, f in shards:
+        by_folder[sid.version].append((sid, f))
+    units = [_Unit(url=store.url, storage_options=dict(store.fs.storage_options), shards=folder_shards,
+                   needs=acc.needs, newest_version=acc.newest_version, read_ahead=read_ahead)
+             for _, folder_shards in sorted(by_folder.items())]
+    done = 0
+
+    def on_shards(n: int) -> None:
+        nonlocal done
+        before, done = done, done + n
+        if progress is not None and (done // progress_every > before // progress_every or done == len(shards)):
+            progress(f"audit {store.url}: {done}/{len(shards)} shards read ({clock() - start:.1f} s)")
+
+    for result in _audit_units(store, units, jobs, on_shards):
+        acc.merge(result)
 
     findings = acc.findings
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
