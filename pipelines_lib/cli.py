@@ -115,13 +115,13 @@ def _audit(args: argparse.Namespace) -> int:
 
 # -- export -----------------------------------------------------------------------------------------------
 
-def _export_parquet(store: Store, out: Store) -> list:
+def _export_parquet(store: Store, out: Store, jobs: int) -> list:
     from pipelines_lib.audit.export import export_parquet
 
-    return export_parquet(store, out, progress=_stderr)
+    return export_parquet(store, out, progress=_stderr, jobs=jobs)
 
 
-EXPORTERS: dict[str, Callable[[Store, Store], list]] = {"parquet": _export_parquet}
+EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_parquet}
 """Export formats by name; each returns ``audit.export.ExportedVersion``-like records."""
 
 
@@ -130,12 +130,14 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
                                "(a rerun reports each version as written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version at a time each (default: one per CPU)")
     _add_storage_options(p)
 
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out))
+    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0

@@ -349,3 +349,13 @@ def test_an_audit_on_worker_processes_reports_what_one_process_reports(local_sto
     local_store.create(PLANTED, encode_shard(_bad_table(_loss_on_tool_token), {}))
     one, two = audit_campaign(local_store), audit_campaign(local_store, jobs=2)
     assert _same_report(one, two) and two.shards == 5 and two.violation_counts == {"policy_version": 1}
+
+
+def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_one_row_group(
+        local_store: Store, tmp_path) -> None:
+    _base(local_store)
+    one, two = Store(str(tmp_path / "one")), Store(str(tmp_path / "two"))
+    assert export_parquet(local_store, one) == export_parquet(local_store, two, jobs=2)
+    for version in (0, 1):
+        a, b = (pq.ParquetFile(s.local_path(f"v{version:08d}.parquet")) for s in (one, two))
+        assert a.read().equals(b.read()) and a.metadata.num_row_groups == 1  # two shards, one row group

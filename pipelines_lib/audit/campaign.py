@@ -76,7 +76,7 @@ def _read(store: Store, path: str) -> bytes | Missing:
         return e
 
 
-def _prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
+def prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
     """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory)."""
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
@@ -258,7 +258,7 @@ def _audit_unit(unit: _Unit, store: Store | None = None,
     """The accumulator of one version folder; ``store`` is the caller's, or one opened here in a worker."""
     store = store or Store(unit.url, storage_options=unit.storage_options)
     acc = _Accumulator(needs=unit.needs, newest_version=unit.newest_version)
-    fetched = _prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
+    fetched = prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
     for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
         acc.add_shard_object(store, path, sid, data)
         on_shard(1)
@@ -292,7 +292,7 @@ def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind
              findings: list[Finding]) -> list[tuple[str, R]]:
     """Records ``cls`` at ``paths`` (in order); unreadable or invalid ones become findings of ``kind``."""
     out = []
-    for path, data in _prefetch(store, paths, read_ahead):
+    for path, data in prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError | NotAnObjectError):
                 raise RecordError(str(data))
@@ -311,7 +311,7 @@ def _pointer_entries(store: Store, paths: list[str], read_ahead: int, findings: 
     """The valid entries of the ``weights/LATEST`` pointer among ``paths``; any other object there (a stray name,
     content that disagrees with its name, a non-record) is a ``bad_pointer_entry`` finding: readers skip it."""
     entries = []
-    for path, data in _prefetch(store, paths, read_ahead):
+    for path, data in prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError | NotAnObjectError):
                 raise RecordError(str(data))
