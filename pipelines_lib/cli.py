@@ -100,6 +100,10 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version folder at a time each (default: one per CPU)")
+    p.add_argument("--since", type=int, default=None, metavar="VERSION",
+                   help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
+    p.add_argument("--keep", action="store_true",
+                   help="keep each version folder's result under audit/versions/ for a later --since")
     _add_storage_options(p)
 
 
@@ -108,7 +112,8 @@ def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
     report = audit_campaign(open_store(args, args.url), progress=_stderr,
-                            progress_every=args.progress_every, jobs=args.jobs)
+                            progress_every=args.progress_every, jobs=args.jobs, since=args.since,
+                            keep=args.keep)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 

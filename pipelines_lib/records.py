@@ -13,6 +13,7 @@ DoneMarker          train/DONE.json                                 train.traine
 StopRequest         rollout/STOP-<utc>.json                         rollout.collect.request_stop
 RunRecord           runs/<key>-<flow_run_id>[-failed-<n>].json      tasks.common.stage_run
 AuditRecord         audit/<utc>.json (+ .txt)                       tasks.audit (an ``audit.AuditReport``)
+AuditVersionResult  audit/versions/v<N>-<digest>-<newest>.json      audit.campaign (one version folder's result)
 ```
 
 Each record is a frozen dataclass. ``write(store)`` is its only way into the folder (create-only, so a second
@@ -580,6 +581,40 @@ class AuditRecord(Record):
         return cls._read(store, path)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AuditVersionResult(Record):
+    """What the audit found in one version folder (its work unit, as plain JSON in ``result``), kept so that a
+    later incremental audit (``--since``) reuses it while the folder's shards have not changed."""
+
+    version: int
+    digest: str
+    """Hash of the folder's shard names and the trainer's needs the checks used."""
+    newest_version: int | None
+    """The newest published version when it was audited (policy versions above it are findings)."""
+    result: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return layout.audit_version_result(self.version, self.digest, self.newest_version)
+
+    def write(self, store: Store) -> None:
+        self._create(store, self.path)
+
+    @classmethod
+    def read(cls, store: Store, path: str) -> Self:
+        return cls._read(store, path)
+
+
+def audit_version_results(store: Store) -> dict[tuple[int, str], list[tuple[int | None, str]]]:
+    """(version, digest) -> (newest version, path) of every kept per-version audit result."""
+    out: dict[tuple[int, str], list[tuple[int | None, str]]] = {}
+    for name in store.list(layout.AUDIT_VERSIONS):
+        parsed = layout.parse_audit_version_result(name)
+        if parsed is not None:
+            out.setdefault(parsed[:2], []).append((parsed[2], f"{layout.AUDIT_VERSIONS}/{name}"))
+    return out
+
+
 def run_records(store: Store) -> list[RunRecord]:
     """Every run record in the folder, in name order."""
     return [RunRecord._read(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
@@ -588,6 +623,7 @@ def run_records(store: Store) -> list[RunRecord]:
 __all__ = [
     "RECORD_VERSION_KEY",
     "AuditRecord",
+    "AuditVersionResult",
     "CampaignManifest",
     "CheckpointMeta",
     "ConsumedGroup",
@@ -604,6 +640,7 @@ __all__ = [
     "SplitInfo",
     "StopRequest",
     "ZeroAdvantageGroup",
+    "audit_version_results",
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",

@@ -30,8 +30,12 @@ version order, so the report does not depend on timing or on ``jobs``. ``progres
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
 import hashlib
 import itertools
+import json
 import multiprocessing
 import time
 from collections import Counter, defaultdict, deque
@@ -40,15 +44,23 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
 from pipelines_lib.audit.report import AuditReport, BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution, shard_figures
-from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication, Record, RecordError
+from pipelines_lib.records import (
+    AuditVersionResult,
+    CampaignManifest,
+    ConsumptionLog,
+    Publication,
+    Record,
+    RecordError,
+)
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decode_shard, identity_problem
 from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_problem
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -124,6 +136,45 @@ class _Accumulator:
     shards: int = 0
     needs: TrainerNeeds | None = None
     newest_version: int | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        """One work unit's result as JSON (``AuditVersionResult.result``); ``from_plain`` reads it back."""
+        hashes = np.array(sorted(self.id_hashes), np.uint64)
+        return {
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "bad_files": [dataclasses.asdict(b) for b in self.bad_files],
+            "schema_versions": dict(self.schema_versions),
+            "by_version": {str(v): dataclasses.asdict(t) for v, t in self.by_version.items()},
+            "by_worker": {w: dataclasses.asdict(t) for w, t in self.by_worker.items()},
+            "dists": {name: sorted(d.counts.items()) for name, d in self.dists.items()},
+            "statuses": dict(self.statuses),
+            "tool_calls": dict(self.tool_calls),
+            "tool_errors": [[tool, kind, n] for (tool, kind), n in sorted(self.tool_errors.items())],
+            "committed": [[shard, gid, c.version, c.prompt_id, c.row_start, c.row_end, c.usable]
+                          for (shard, gid), c in self.committed.items()],
+            "id_hashes": base64.b64encode(hashes.tobytes()).decode(),
+            "id_folder": next(iter(self.id_hashes.values()), ""),
+            "shards": self.shards,
+        }
+
+    @classmethod
+    def from_plain(cls, raw: dict[str, Any]) -> _Accumulator:
+        acc = cls(findings=[Finding(**f) for f in raw["findings"]],
+                  bad_files=[BadFile(**b) for b in raw["bad_files"]],
+                  schema_versions=Counter(raw["schema_versions"]), statuses=Counter(raw["statuses"]),
+                  tool_calls=Counter(raw["tool_calls"]),
+                  tool_errors=Counter({(tool, kind): n for tool, kind, n in raw["tool_errors"]}),
+                  committed={(shard, gid): CommittedGroup(version=v, prompt_id=pid, row_start=a, row_end=b, usable=ok)
+                             for shard, gid, v, pid, a, b, ok in raw["committed"]},
+                  shards=raw["shards"])
+        for mine, theirs in ((acc.by_version, {int(v): t for v, t in raw["by_version"].items()}),
+                             (acc.by_worker, raw["by_worker"])):
+            mine.update({k: _Tally(**t) for k, t in theirs.items()})
+        for name, pairs in raw["dists"].items():
+            acc.dists[name].counts.update({float(v): int(c) for v, c in pairs})
+        hashes = np.frombuffer(base64.b64decode(raw["id_hashes"]), np.uint64)
+        acc.id_hashes = dict.fromkeys(hashes.tolist(), raw["id_folder"])
+        return acc
 
     def merge(self, unit: _Accumulator) -> None:
         """Fold in the result of another work unit (a later version folder)."""
@@ -245,12 +296,21 @@ def _id_hash(trajectory_id: str) -> int:
 class _Unit:
     """One version folder's shards, audited on their own (in a worker process when ``jobs`` > 1)."""
 
+    version: int
     url: str
     storage_options: dict[str, Any]
     shards: list[tuple[layout.ShardId, str]]
     needs: TrainerNeeds | None
     newest_version: int | None
     read_ahead: int
+
+    @property
+    def digest(self) -> str:
+        """What the unit's result depends on besides the newest published version: its shards (create-only, so
+        their names) and the trainer's needs."""
+        needs = None if self.needs is None else dataclasses.asdict(self.needs)
+        text = json.dumps([[f for _, f in self.shards], needs], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _audit_unit(unit: _Unit, store: Store | None = None,
@@ -286,6 +346,29 @@ def _audit_units(store: Store, units: list[_Unit], jobs: int,
             result = fut.result()
             on_shards(len(unit.shards))
             yield result
+
+
+def _reusable(store: Store, kept: list[tuple[int | None, str]], newest: int | None) -> _Accumulator | None:
+    """A kept result of the same shards that still holds: audited with the same newest published version, or an
+    older one when it found no untrainable group (a newer pointer only allows more policy versions)."""
+    for then, path in kept:
+        try:
+            record = AuditVersionResult.read(store, path)
+        except RecordError:
+            continue  # a damaged kept result is only a cache miss
+        same = then == newest
+        older_and_clean = (then is not None and newest is not None and then < newest
+                           and not any(f["kind"] == "untrainable_group" for f in record.result["findings"]))
+        if same or older_and_clean:
+            return _Accumulator.from_plain(record.result)
+    return None
+
+
+def _keep(store: Store, unit: _Unit, result: _Accumulator) -> None:
+    record = AuditVersionResult(version=unit.version, digest=unit.digest, newest_version=unit.newest_version,
+                                result=result.to_plain())
+    with contextlib.suppress(AlreadyExistsError):  # an earlier audit of the same shards kept it (create-only)
+        record.write(store)
 
 
 def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
@@ -344,10 +427,13 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
-                   read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1,
-                   clock: Callable[[], float] = time.monotonic) -> AuditReport:
+                   read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1, since: int | None = None,
+                   keep: bool = False, clock: Callable[[], float] = time.monotonic) -> AuditReport:
     """Audit the campaign at ``store``, one version folder per work unit on ``jobs`` processes. Raises
-    ``NotACampaignError`` when it has no ``campaign.json``."""
+    ``NotACampaignError`` when it has no ``campaign.json``.
+
+    ``keep`` writes each folder's result under ``audit/versions/`` (``AuditVersionResult``); with ``since``,
+    folders below that version reuse a kept result of the same shards instead of being read again."""
     if progress_every < 1 or read_ahead < 1 or jobs < 1:
         raise ValueError(f"progress_every, read_ahead and jobs must be >= 1, got {progress_every}, {read_ahead}, "
                          f"{jobs}")
@@ -376,9 +462,9 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     by_folder: dict[int, list[tuple[layout.ShardId, str]]] = defaultdict(list)
     for sid, f in shards:
         by_folder[sid.version].append((sid, f))
-    units = [_Unit(url=store.url, storage_options=dict(store.fs.storage_options), shards=folder_shards,
-                   needs=acc.needs, newest_version=acc.newest_version, read_ahead=read_ahead)
-             for _, folder_shards in sorted(by_folder.items())]
+    units = [_Unit(version=version, url=store.url, storage_options=dict(store.fs.storage_options),
+                   shards=folder_shards, needs=acc.needs, newest_version=acc.newest_version, read_ahead=read_ahead)
+             for version, folder_shards in sorted(by_folder.items())]
     done = 0
 
     def on_shards(n: int) -> None:
@@ -387,8 +473,22 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         if progress is not None and (done // progress_every > before // progress_every or done == len(shards)):
             progress(f"audit {store.url}: {done}/{len(shards)} shards read ({clock() - start:.1f} s)")
 
-    for result in _audit_units(store, units, jobs, on_shards):
+    kept = records.audit_version_results(store) if since is not None else {}
+    reused = {u.version: r for u in units if since is not None and u.version < since
+              and (r := _reusable(store, kept.get((u.version, u.digest), []), acc.newest_version)) is not None}
+    todo = [u for u in units if u.version not in reused]
+    computed = _audit_units(store, todo, jobs, on_shards)
+    for unit in units:  # in version order, whichever way each result came
+        if unit.version in reused:
+            acc.merge(reused[unit.version])
+            on_shards(len(unit.shards))
+            continue
+        result = next(computed)
+        if keep:
+            _keep(store, unit, result)
         acc.merge(result)
+    if progress is not None and since is not None:
+        progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
 
     findings = acc.findings
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
