@@ -4,9 +4,11 @@ A synthetic but valid campaign of N shards is written through the project's own 
 20 policy versions, one group of 4 trajectories per shard, the version's worth of shards per writer in seq
 order), then measured the way a long campaign uses it:
 
-- ``audit``: ``rollstream audit`` of the folder in a child process; wall time per shard and the peak resident
-  memory of its whole process tree (sampled every 20 ms).
-- ``export``: ``export_parquet`` of the folder into a fresh one; wall time per shard.
+- ``audit``: ``rollstream audit`` of the folder in a child process (one worker process per CPU); wall time and
+  CPU time (user + system, all processes) per shard, and the peak resident memory of its whole process tree
+  (sampled every 20 ms). CPU time is the figure to compare across runs on a shared machine.
+- ``export``: ``export_parquet`` of the folder into a fresh one (one worker process per CPU); wall and CPU time
+  per shard.
 - the tailer, with the trainer's needs and η = 2: a simulated trainer drains each window ``[V-2, V]`` for
   V = 0..19 (8 groups a call). Then ``cursor_bytes`` is the size of its serialised cursor,
   ``cursor_delta_bytes`` the mean size of what one step's consumption log carries of it, ``tail_poll_ms`` the
@@ -21,6 +23,7 @@ a 20 k-shard campaign take minutes to build and measure nothing the readers do.
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -81,6 +84,12 @@ def build_campaign(root: Path, n_shards: int) -> Store:
     return store
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and its waited-for children (and theirs)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _peak_rss_run(cmd: list[str]) -> tuple[float, float, int]:
     """(wall seconds, peak MB of the process tree's resident memory, exit code) of ``cmd``."""
     start = time.perf_counter()
@@ -138,18 +147,22 @@ def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
     folder = ctx.scratch / f"campaign-{label(n_shards)}"
     store = build_campaign(folder, n_shards)
     ctx.progress(f"bench storage_scale: {n_shards} shards written")
+    cpu = _cpu_s()
     audit_s, audit_mb, rc = _peak_rss_run([sys.executable, "-m", "pipelines_lib.cli", "audit", str(folder)])
+    audit_cpu_s = _cpu_s() - cpu
     if rc not in (0, 1):
         raise RuntimeError(f"bench storage_scale: rollstream audit {folder} exited {rc}")
-    start = time.perf_counter()
-    results = export_parquet(store, Store(str(ctx.scratch / f"export-{label(n_shards)}")))
-    export_s = time.perf_counter() - start
+    start, cpu = time.perf_counter(), _cpu_s()
+    results = export_parquet(store, Store(str(ctx.scratch / f"export-{label(n_shards)}")), jobs=os.cpu_count() or 1)
+    export_s, export_cpu_s = time.perf_counter() - start, _cpu_s() - cpu
     exported = sum(r.shards for r in results)
     if exported != n_shards // VERSIONS * VERSIONS:
         raise RuntimeError(f"bench storage_scale: exported {exported} of {n_shards} shards")
     ctx.progress(f"bench storage_scale: {n_shards} shards audited ({audit_s:.1f} s) and exported ({export_s:.1f} s)")
-    return {"shards": n_shards, "audit_ms_per_shard": audit_s / n_shards * 1e3, "audit_rss_mb": audit_mb,
-            "export_ms_per_shard": export_s / n_shards * 1e3, **measure_tailer(store)}
+    return {"shards": n_shards, "audit_ms_per_shard": audit_s / n_shards * 1e3,
+            "audit_cpu_ms_per_shard": audit_cpu_s / n_shards * 1e3, "audit_rss_mb": audit_mb,
+            "export_ms_per_shard": export_s / n_shards * 1e3, "export_cpu_ms_per_shard": export_cpu_s / n_shards * 1e3,
+            **measure_tailer(store)}
 
 
 @register_bench(
@@ -160,7 +173,8 @@ def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
              "cursor size, idle poll time and the time to empty one window.",
     method="A synthetic campaign per size, written through `ShardWriter` (8 writers, one group of 4 trajectories "
            "per shard; generation not timed). `rollstream audit` runs in a child process (wall time; peak RSS of "
-           "its process tree sampled every 20 ms); `export_parquet` runs in-process into a fresh folder. A "
+           "its process tree sampled every 20 ms; CPU time of all its processes); `export_parquet` (one worker per CPU) "
+           "writes into a fresh folder. A "
            "simulated trainer drains each window [V-2, V] for V = 0..19, 8 groups a call; then the cursor's "
            "serialised size, the mean per-step cursor delta a consumption log carries, the median of 50 idle polls "
            "and the time a tailer starting at the last window takes to empty it. Quick mode: 100, 300 and 1 k shards.",
