@@ -87,6 +87,9 @@ class RolloutConfig:
     """Deadline of one tool call; past it the tool result is a timeout error."""
     failure_reward: float = 0.0
     """Reward recorded for a sample that failed (timeout, env error): the group still completes."""
+    infra_retries: int = 2
+    """Reruns of an episode that failed for an infrastructure reason (sandbox start, a dependency's timeout,
+    storage, the engine); one that still fails is recorded as such and its group is kept out of the loss."""
     writer: WriterConfig = field(default_factory=WriterConfig)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,8 @@ class RolloutConfig:
         for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s", "backpressure_max_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.infra_retries < 0:
+            raise ValueError(f"RolloutConfig.infra_retries must be >= 0, got {self.infra_retries}")
         if self.max_new_tokens < 1 or self.max_tokens < 2:
             raise ValueError(f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}")
 
@@ -330,9 +335,19 @@ class Orchestrator:
     async def _run_async(self, done: asyncio.Queue) -> None:
         slots = asyncio.Semaphore(self.config.max_concurrency // self.config.group_size)
         running: set[asyncio.Task] = set()
+        crashed: list[BaseException] = []
+
+        def finished(t: asyncio.Task) -> None:
+            running.discard(t)
+            slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                crashed.append(t.exception())  # type: ignore[arg-type]
+
         try:
             while True:
                 await slots.acquire()
+                if crashed:  # surface a crashed group at once instead of after the run
+                    raise crashed[0]
                 if not self._target_reached():  # no admission wait for a group that will not start
                     await self._admit()
                 item = self._next_task()
@@ -344,12 +359,11 @@ class Orchestrator:
                 self.stats.versions_started[version] += 1
                 t = asyncio.create_task(self._group(*item, done, version))
                 running.add(t)
-                t.add_done_callback(lambda t: (running.discard(t), slots.release()))
-                # Surface a crashed group at once instead of after the run.
-                for finished in [r for r in running if r.done() and r.exception()]:
-                    raise finished.exception()
+                t.add_done_callback(finished)
             if running:
                 await asyncio.gather(*running)
+            if crashed:  # a group that crashed after the last start, before the wait above
+                raise crashed[0]
         finally:
             for t in running:
                 t.cancel()
