@@ -28,6 +28,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.rollout",
     "bench.scale",
     "bench.store",
+    "bench.storage_scale",
     "bench.telemetry",
     "bench.trainer",
     "bench.vllm",

@@ -180,12 +180,13 @@ def published_params(url: str) -> list[Any]:
     from flax import nnx
 
     from pipelines_lib.model.weights import load_weights
+    from pipelines_lib.records import DoneMarker
     from pipelines_lib.storage import layout
     from pipelines_lib.storage.store import Store
 
     store = Store(url)
-    done = store.read_json(layout.TRAIN_DONE)
-    model = load_weights(store.uri(layout.weights_dir(done["version"])))
+    done = DoneMarker.read(store)
+    model = load_weights(store.uri(layout.weights_dir(done.version)))
     return [np.asarray(p, np.float64) for p in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
@@ -227,6 +228,7 @@ def two_process_run(root: Path) -> dict[str, Any]:
     """Seed a campaign, train it with two processes and, from a copy, with one device; compare."""
     import numpy as np
 
+    from pipelines_lib.records import ConsumptionLog
     from pipelines_lib.storage import layout
     from pipelines_lib.storage.store import Store
 
@@ -236,14 +238,14 @@ def two_process_run(root: Path) -> dict[str, Any]:
              root / "logs-two", timeout_s=600)
     reference = part_reference({"seed": seed, "out": str(root / "one")})
     store = Store(str(root / "two"))
-    losses = [store.read_json(layout.consumed_log(step))["metrics"]["loss"] for step in range(1, MP["steps"] + 1)]
+    losses = [ConsumptionLog.read(store, step).metrics["loss"] for step in range(1, MP["steps"] + 1)]
     two, one = _not_orbax(root / "two"), _not_orbax(root / "one")
     return {
         "losses": losses, "reference_losses": reference["losses"],
         "loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, reference["losses"], strict=True)),
         "param_rel_diff": rel_diff(published_params(str(root / "two")), published_params(str(root / "one"))),
-        "telemetry_files": sorted(f for f in two if f.startswith("telemetry/")),
-        "files_only_in_two": sorted(f for f in two - one if not f.startswith("telemetry/")),
+        "telemetry_files": sorted(f for f in two if f.startswith(f"{layout.TELEMETRY}/")),
+        "files_only_in_two": sorted(f for f in two - one if not f.startswith(f"{layout.TELEMETRY}/")),
         "files_only_in_one": sorted(one - two),
         "final_params_sum": float(sum(np.sum(p) for p in published_params(str(root / "two")))),
     }

@@ -98,6 +98,12 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version folder at a time each (default: one per CPU)")
+    p.add_argument("--since", type=int, default=None, metavar="VERSION",
+                   help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
+    p.add_argument("--keep", action="store_true",
+                   help="keep each version folder's result under audit/versions/ for a later --since")
     _add_storage_options(p)
 
 
@@ -106,20 +112,21 @@ def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
     report = audit_campaign(open_store(args, args.url), progress=_stderr,
-                            progress_every=args.progress_every)
+                            progress_every=args.progress_every, jobs=args.jobs, since=args.since,
+                            keep=args.keep)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 
 
 # -- export -----------------------------------------------------------------------------------------------
 
-def _export_parquet(store: Store, out: Store) -> list:
+def _export_parquet(store: Store, out: Store, jobs: int) -> list:
     from pipelines_lib.audit.export import export_parquet
 
-    return export_parquet(store, out, progress=_stderr)
+    return export_parquet(store, out, progress=_stderr, jobs=jobs)
 
 
-EXPORTERS: dict[str, Callable[[Store, Store], list]] = {"parquet": _export_parquet}
+EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_parquet}
 """Export formats by name; each returns ``audit.export.ExportedVersion``-like records."""
 
 
@@ -128,12 +135,14 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
                                "(a rerun reports each version as written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version at a time each (default: one per CPU)")
     _add_storage_options(p)
 
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out))
+    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0

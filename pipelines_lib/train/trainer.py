@@ -8,19 +8,19 @@
    batch   ← whole groups, advantages per group, bucketed padding
    train_step(model, optimizer, batch)                    one function, GRPO loss from the registry
    train/consumed/<step>.json                             groups (shard, rows, version, staleness),
-                                                          drops, skips (with reasons), and the tail cursor after the step
+                                                          drops, skips (with reasons), and the tail cursor's delta
    every P steps: publish weights/v<V+1> (pointer moved last)
    every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
  train/DONE.json                                          marker last
 ```
 
 Exact resume: a step's consumption log is written before its effects (publication, checkpoint) and
-carries the cursor after the step. After a crash the trainer restores checkpoint K, re-trains steps
-K+1..N from the groups their logs name (same shards, same rows, same order: bit-identical on a
-deterministic backend), takes the cursor of log N, and continues. So no group is trained twice in the
-surviving history, none committed before the crash is skipped, and every published version is one the
-resumed run reproduces. Versions are published only at checkpoints, so a version never runs ahead of the
-state it came from.
+carries what the step changed in the tail cursor (checkpoints hold it whole). After a crash the trainer
+restores checkpoint K, re-trains steps K+1..N from the groups their logs name (same shards, same rows, same
+order: bit-identical on a deterministic backend), applies their cursor deltas to the checkpoint's cursor, and
+continues. So no group is trained twice in the surviving history, none committed before the crash is
+skipped, and every published version is one the resumed run reproduces. Versions are published only at
+checkpoints, so a version never runs ahead of the state it came from.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
@@ -194,7 +194,7 @@ class StreamingTrainer:
         # What a group must satisfy to be trained on: the campaign's group size, the longest bucket, the vocabulary.
         self.needs = TrainerNeeds(group_size=group_size, max_tokens=config.seq_buckets[-1],
                                   vocab_size=self.model.cfg.vocab_size)
-        self.tailer = ShardTailer(store, needs=self.needs)
+        self.tailer = self._tailer_at(TailCursor())
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
         self._last_wait_log = -1e9
@@ -208,23 +208,26 @@ class StreamingTrainer:
         if restored is not None:
             folder, meta = restored
             self.step, self.version = meta.step, meta.version
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor), needs=self.needs)
+            self.tailer = self._tailer_at(TailCursor.from_json(meta.cursor))
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
             self.log(f"trainer: restored checkpoint {folder} (step {meta.step}, version {meta.version})")
         replayed = 0
         while ConsumptionLog.exists(self.store, self.step + 1):
             entry = ConsumptionLog.read(self.store, self.step + 1)
-            if entry.cursor_after is None:
-                raise ValueError(f"{self.store.uri(ConsumptionLog.path(entry.step))}: no cursor_after; a trainer "
-                                 "cannot resume from this log")
+            cursor = entry.cursor_after_step(self.tailer.cursor,
+                                             where=self.store.uri(ConsumptionLog.path(entry.step)))
             groups = [self.reload_group(g) for g in entry.groups]
+            self.tailer = self._tailer_at(cursor)
             self._train_on(groups, replay=entry)
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry.cursor_after), needs=self.needs)
             replayed += 1
         if replayed:
             self.log(
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
+
+    def _tailer_at(self, cursor: TailCursor) -> ShardTailer:
+        self._logged_cursor = cursor.copy()
+        return ShardTailer(self.store, cursor=cursor, needs=self.needs)
 
     def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
@@ -312,9 +315,10 @@ class StreamingTrainer:
             record = ConsumptionLog.of_step(
                 step=self.step, trainer_version=self.version, groups=groups, events=events or [],
                 zero_advantage=zero_adv or [], published_version=self.version + 1 if publish else None,
-                cursor_after=self.tailer.cursor.to_json(), metrics=metrics)
+                cursor_delta=self.tailer.cursor.delta_json(self._logged_cursor), metrics=metrics)
             if is_writer():
                 record.write(self.store)  # the write-ahead record
+            self._logged_cursor = self.tailer.cursor.copy()
         else:
             record = replay
         if publish:
@@ -329,7 +333,7 @@ class StreamingTrainer:
                     self.store,
                     step=self.step,
                     version=self.version,
-                    cursor=record.cursor_after,  # never None: restore refuses logs without one
+                    cursor=self.tailer.cursor.to_json(),  # in a replay, the cursor the log led to
                     rng=self.rng,
                     model=self.model,
                     optimizer=self.optimizer,
