@@ -36,7 +36,7 @@ from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.configio import parse_yaml
+from pipelines_lib.configio import ConfigError, parse_overrides
 from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
@@ -184,16 +184,6 @@ def campaign(campaign_url: str, config_path: str | None = None, overrides: dict[
     return {"init": init, **run_stages(launcher, list(STAGE_ORDER), evaluate=evaluate, poll_s=poll_s)}
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        out[key] = parse_yaml(value, f"--set {key}")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flows.campaign", description=__doc__.split("\n\n")[0])
     p.add_argument("--campaign-url", required=True)
@@ -206,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner", choices=["threads", "processes"], default="threads",
                    help="in-process stages as threads (default) or in a process pool")
     args = p.parse_args(argv)
-    overrides = _parse_set(args.set)
+    try:
+        overrides = parse_overrides(args.set)
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
     # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
     processes = build_config(args.config, overrides, args.workers).workers + 1
     run = campaign if args.runner == "threads" else campaign.with_options(

@@ -24,7 +24,7 @@ import yaml
 from flows.campaign import campaign
 from flows.recover import recover
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import RunRecord
+from pipelines_lib.records import AuditRecord, RunRecord
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage import layout
@@ -142,6 +142,6 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert sorted(result["evaluate"]) == [v for v in (0, 1, 2) if v not in before["evaluated_versions"]]
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0
     assert_finished(store)
-    report = json.loads(store.read(result["audit"]["report"]))
+    report = AuditRecord.read(store, result["audit"]["report"]).report
     accounting = report["lineage"]["accounting"]
     assert accounting["consumed"] == 4 * 2 and accounting["unusable"] == 0  # every trained group once
