@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "bench.ablation",
     "bench.campaign_arms",
     "bench.engine",
     "bench.learning",
+    "bench.learning2",
     "bench.realsize",
     "bench.replay",
     "bench.rollout",
+    "bench.scale",
     "bench.store",
     "bench.telemetry",
     "bench.trainer",

@@ -230,6 +230,27 @@ def _export_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (default: the config's)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="this process's index in the campaign's distributed group (default: distributed.process_id)")
+    _add_storage_options(p)
+
+
+@subcommand("train", "run the train stage in this process: one process of a multi-host trainer, or the whole trainer",
+            _train_args)
+def _train(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.campaign import load_campaign_config
+    from pipelines_lib.stages.train import train
+
+    store = open_store(args, args.url)
+    summary = train(store, load_campaign_config(store), max_steps=args.max_steps, cache=args.settings.cache,
+                    process_id=args.process_id, log=lambda line: print(line, flush=True))
+    print(json.dumps(summary))
+    return 0
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines_lib.train.mesh import MeshConfig
+
 MODES = ("continuous", "static")
 ENGINE_KINDS = ("jax", "vllm")
 """``jax``: the built-in ``JaxEngine`` in the worker process (the embedded default and the reference).
@@ -106,6 +108,9 @@ class EngineConfig:
     ``max_seq_len``)."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
     """The vLLM backend, when ``kind`` is ``vllm``."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the ``jax`` engine serves on (default one): ``tensor`` splits every layer's heads and MLP and the
+    KV cache's kv heads over devices, so a model too large for one device serves across several."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_slots <= MAX_SLOTS:

@@ -71,6 +71,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx, traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.blocks import BlockTable, SlotMemory
@@ -84,6 +85,7 @@ from pipelines_lib.engine.device import (
     steps_for,
 )
 from pipelines_lib.model.decoder import Decoder, init_cache
+from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
 
 
 class EngineClosedError(RuntimeError):
@@ -174,23 +176,29 @@ class JaxEngine:
         self.config = config
         self.model_cfg = model.cfg
         self._graphdef, state = nnx.split(model, nnx.Param)
-        # Parameters and cache are committed to one device: jit keys its cache on committedness, and
-        # weights restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
-        self._device = jax.devices()[0]
-        self._params = jax.device_put(nnx.to_pure_dict(state), self._device)
+        # Parameters and cache are committed to the engine's mesh (by the rules table of ``train.mesh``: heads,
+        # MLP and vocabulary over ``tensor``): jit keys its cache on committedness and shardings, and weights
+        # restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
+        mesh = make_mesh(config.mesh)
+        self._params = nnx.to_pure_dict(place_state(state, mesh))
         self._param_specs = {
             path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()
         }
+        self._param_shardings = jax.tree.map(lambda leaf: leaf.sharding, self._params)
         self._version = policy_version
         self._latest_version = policy_version
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
         self._steps = steps_for(self._graphdef)
+        cache = init_cache(model.cfg, config.pool_blocks, config.block_size)
+        # Keys and values split over kv heads, like the projections that write them.
+        cache_sharding = NamedSharding(mesh, logical_spec((None, None, "kv_heads", "head_dim"),
+                                                          cache[0].k_nskd.shape, mesh))
         self._runner = DeviceRunner(
             self._steps,
-            jax.device_put(init_cache(model.cfg, config.pool_blocks, config.block_size), self._device),
+            jax.device_put(cache, cache_sharding),
             config.num_slots,
-            self._device,
+            NamedSharding(mesh, PartitionSpec()),
             clock,
         )
         self._rows = DecodeRows(config.num_slots, config.max_seq_len)
@@ -262,9 +270,10 @@ class JaxEngine:
         extra = sorted(set(flat) - set(self._param_specs), key=str)
         if extra:
             raise ValueError(f"swap_weights: unexpected parameter {'/'.join(map(str, extra[0]))}")
-        # Rebuilt in the engine's own structure so the compiled steps accept it as is.
+        # Rebuilt in the engine's own structure and layout so the compiled steps accept it as is: weights already
+        # on the engine's shardings stay where they are, others move device to device, never through the host.
         pure = jax.device_put(
-            traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}), self._device
+            traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}), self._param_shardings
         )
         with self._swap_lock:
             self._pending_swap = (pure, version)

@@ -25,10 +25,18 @@ state it came from.
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
 (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
+
+Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
+it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
+``distributed``), every process runs this same loop over the same shards: before each step they check that they
+agree on its groups and cursor (``distributed.agree``; a mismatch is an error, never a silent divergence), every
+process saves and restores its own checkpoint shards, and process 0 alone writes consumption logs, DONE,
+checkpoint markers, publications and the pointer.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import telemetry
+from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
@@ -50,6 +59,7 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, Ta
 from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
+from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -82,6 +92,9 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
     """Seed of the trainer's RNG (saved in every checkpoint)."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the trainer spans (``data`` × ``fsdp`` × ``tensor``; default one device). Rows of a step are split
+    over ``data`` × ``fsdp``, so ``batch_groups`` × ``group_size`` (÷ ``step.grad_accum_steps``) must divide by it."""
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
@@ -167,12 +180,14 @@ class StreamingTrainer:
         self.log = log
         self.clock = clock
         self.sleep = sleep
-        model, base_version = load_published(store, 0)
+        self.mesh = make_mesh(self.tc.mesh)
+        model, base_version = load_published(store, 0, self.mesh)
         if base_version != 0:
             raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
         self.model = with_dtype(model, self.precision.params)  # the master weights
-        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim)
+        shard_node(self.model, self.mesh)  # committed (a cast's output is not), so the first step compiles once
+        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim, self.mesh)
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
@@ -283,9 +298,12 @@ class StreamingTrainer:
         events: list[TailEvent] | None = None,
     ) -> ConsumptionLog:
         t0 = self.clock()
+        # Every process of a multi-process trainer must be about to train on the same groups from the same cursor.
+        agree(json.dumps([[g.shard, g.row_start, g.row_end] for g in groups] + [self.tailer.cursor.to_json()]),
+              f"the groups and tail cursor of step {self.step + 1}")
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, n_tokens = self.batch(groups)
-            metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
+            metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
@@ -295,7 +313,8 @@ class StreamingTrainer:
                 step=self.step, trainer_version=self.version, groups=groups, events=events or [],
                 zero_advantage=zero_adv or [], published_version=self.version + 1 if publish else None,
                 cursor_after=self.tailer.cursor.to_json(), metrics=metrics)
-            record.write(self.store)  # the write-ahead record
+            if is_writer():
+                record.write(self.store)  # the write-ahead record
         else:
             record = replay
         if publish:
@@ -315,6 +334,8 @@ class StreamingTrainer:
                     model=self.model,
                     optimizer=self.optimizer,
                 )
+        for name, value in metrics.items():  # loss, gradient and behaviour–proximal mismatch figures per step
+            telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
         for g in record.groups:
@@ -350,7 +371,7 @@ class StreamingTrainer:
             tokens_trained=self.tokens_trained,
             finished_at=utc_now_iso(),
         )
-        if self.step >= self.tc.max_steps and not DoneMarker.exists(self.store):
+        if self.step >= self.tc.max_steps and is_writer() and not DoneMarker.exists(self.store):
             done.write(self.store)
         return done.to_dict()
 
