@@ -126,7 +126,7 @@ def test_seeded_request_is_independent_of_batch_composition(model: Decoder) -> N
 
     a, b = run(model, alone), run(model, crowded)
     assert a.token_ids == b.token_ids
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)  # other batch sizes round differently
     other_seed = run(
         model, lambda e: e.generate(target[0], SamplingParams(temperature=1.0, max_new_tokens=20, seed=43))
     )
@@ -426,9 +426,9 @@ def test_prefix_reuse_prefills_only_the_new_turn_and_matches_a_fresh_prefill(mod
         third = await engine.generate(turn1 + first.token_ids + tool_output + second.token_ids, GREEDY)
         return [first, second, third], engine.stats()
 
-    reuse_cfg = EngineConfig(**{**vars(CONFIG), "prefix_reuse": True})
-    reused, stats = run(model, conversation, reuse_cfg)
-    fresh, fresh_stats = run(model, conversation)
+    assert CONFIG.prefix_reuse  # on by default
+    reused, stats = run(model, conversation)
+    fresh, fresh_stats = run(model, conversation, EngineConfig(**{**vars(CONFIG), "prefix_reuse": False}))
     assert [c.token_ids for c in reused] == [c.token_ids for c in fresh]
     np.testing.assert_allclose(reused[1].logprobs, fresh[1].logprobs, rtol=0, atol=1e-4)
     # turn 2 reuses turn 1's prompt and all but its newest completion token: 20 + 12 - 1.
@@ -560,7 +560,7 @@ def test_requests_wait_for_free_blocks_and_reuse_them_with_the_same_greedy_token
     completions, stats = run(model, body, SCARCE)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     for c, s in zip(completions, solos, strict=True):
-        np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-5)
+        np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
     # Admitted two at a time by blocks, not four by slots: at least two waves of 12 decode steps.
     assert stats["decode_steps"] >= 24 and stats["slot_occupancy"] <= 0.5
 
@@ -584,3 +584,26 @@ def test_attention_spans_are_powers_of_two_blocks_up_to_a_full_sequence() -> Non
     assert [config.span_for(n) for n in (1, 16, 17, 33, 65, 96)] == [1, 1, 2, 4, 6, 6]
     with pytest.raises(ValueError, match="num_blocks=5 cannot hold one sequence"):
         EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16, num_blocks=5)
+
+
+def test_decode_runs_occupied_slots_in_row_buckets_and_admitted_prompts_prefill_together(model: Decoder) -> None:
+    """Three short prompts on four slots: one prefill call of 4 rows (3 padded to a row bucket), decode over
+    4 rows while three run and 1 row once two have finished; the tokens are those of solo runs."""
+    requests = [(prompt(5 + k, k), SamplingParams(temperature=0.0, max_new_tokens=m)) for k, m in enumerate((2, 2, 6))]
+    solos = [run(model, lambda e, r=r: e.generate(*r)) for r in requests]
+    shapes: list[tuple[list[tuple[int, ...]], int]] = []
+
+    async def body(engine: JaxEngine) -> list[Any]:
+        dispatch = engine._runner.dispatch
+
+        def logged_dispatch(params: Any, prefills: list[Any], table_rn: np.ndarray, rows: Any) -> Any:
+            shapes.append(([call.tokens_rt.shape for call in prefills], table_rn.shape[0]))
+            return dispatch(params, prefills, table_rn, rows)
+
+        engine._runner.dispatch = logged_dispatch  # type: ignore[method-assign]
+        return await asyncio.gather(*[engine.generate(*r) for r in requests])
+
+    completions = run(model, body)
+    assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
+    assert shapes == [([(4, 16)], 4), ([], 4)] + [([], 1)] * 4
+    assert EngineConfig(num_slots=6).row_buckets == (1, 2, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
