@@ -5,7 +5,7 @@ subprocess on the embedded defaults, then reads the campaign folder: ``eval/v*.j
 of version 0 (after the SFT warm start) and of the last published version, and ``train/consumed/*.json`` for
 the learning curve (mean reward of the groups each step trained on). Wall clock counts the whole command,
 Prefect start-up and compilation included: it is what a user waits for. The command evaluates v0 and the last
-version (``--evaluate ends``, as ``make demo`` does); the versions in between are evaluated afterwards, outside
+version (``eval.versions=ends``, as ``make demo`` does); the versions in between are evaluated afterwards, outside
 the timed window, for the learning curve.
 """
 
@@ -66,7 +66,7 @@ def _plot(path: Path, steps: list[int], rewards: list[float], evals: dict[int, t
 )
 def learning(ctx: BenchContext) -> BenchResult:
     url = str(ctx.scratch / "campaign")
-    cmd = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--evaluate", "ends"]
+    cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends"]
     for item in QUICK_OVERRIDES if ctx.quick else []:
         cmd += ["--set", item]
     ctx.progress(f"learning: {' '.join(cmd[1:])}")

@@ -8,10 +8,13 @@ block (laptops have none), a limit of 1 per slot makes a second holder wait.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.concurrency.sync import concurrency
+from prefect.runtime import flow_run
 
 from flows import artifacts, entry
 from pipelines_lib.publish import CampaignWeights
@@ -19,11 +22,21 @@ from pipelines_lib.settings import Settings
 from pipelines_lib.stages.table import resources_for, stage
 from tasks.audit import audit
 from tasks.collect_rollouts import collect_rollouts
-from tasks.common import open_campaign, open_store
+from tasks.common import open_campaign, open_store, stage_key
 from tasks.evaluate import evaluate_version
 from tasks.prep import prep_dataset
 from tasks.train import train
 from tasks.warm_start import warm_start
+
+
+def run_name(stage: str) -> Callable[[], str]:
+    """Flow-run names from the campaign and the stage: ``<campaign>-collect-w1``, ``<campaign>-evaluate-v00000002``."""
+    def name() -> str:
+        params = flow_run.parameters
+        key = stage_key(stage, worker_index=params.get("worker_index") if stage == "collect" else None,
+                        version=params.get("version"))
+        return f"{artifacts.campaign_slug(params['campaign_url'])}-{key}"
+    return name
 
 
 def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings,
@@ -33,20 +46,20 @@ def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None,
     return str(resources_for(stage, config, worker_index=worker_index).concurrency_key)
 
 
-@flow(name=stage("prep").flow_name)
+@flow(name=stage("prep").flow_name, flow_run_name=run_name("prep"))
 def prep_flow(campaign_url: str, storage_options: dict[str, Any] | None = None,
               source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     return prep_dataset(campaign_url, storage_options, source_storage_options, entry(campaign_url, storage_options))
 
 
-@flow(name=stage("warm_start").flow_name)
+@flow(name=stage("warm_start").flow_name, flow_run_name=run_name("warm_start"))
 def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
     with concurrency(_slot("warm_start", campaign_url, storage_options, settings), occupy=1):
         return warm_start(campaign_url, storage_options, settings)
 
 
-@flow(name=stage("collect").flow_name)
+@flow(name=stage("collect").flow_name, flow_run_name=run_name("collect"))
 def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1, target_groups: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
@@ -54,7 +67,7 @@ def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1,
         return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options, settings)
 
 
-@flow(name=stage("train").flow_name)
+@flow(name=stage("train").flow_name, flow_run_name=run_name("train"))
 def train_flow(campaign_url: str, max_steps: int | None = None, storage_options: dict[str, Any] | None = None
                ) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
@@ -62,7 +75,7 @@ def train_flow(campaign_url: str, max_steps: int | None = None, storage_options:
         return train(campaign_url, max_steps, storage_options, settings)
 
 
-@flow(name=stage("evaluate").flow_name)
+@flow(name=stage("evaluate").flow_name, flow_run_name=run_name("evaluate"))
 def evaluate_flow(campaign_url: str, version: int | None = None, storage_options: dict[str, Any] | None = None
                   ) -> dict[str, Any]:
     """``version`` defaults to the latest published one."""
@@ -76,7 +89,7 @@ def evaluate_flow(campaign_url: str, version: int | None = None, storage_options
     return result
 
 
-@flow(name=stage("audit").flow_name)
+@flow(name=stage("audit").flow_name, flow_run_name=run_name("audit"))
 def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
     summary = audit(campaign_url, storage_options, settings)
@@ -84,3 +97,14 @@ def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None)
     get_run_logger().info("audit %s: %s shards, %s violations (%s)", "OK" if summary["ok"] else "FAILED",
                           summary["shards"], summary["violations"], summary["report"])
     return summary
+
+
+STAGE_FLOWS = {"prep": prep_flow, "warm_start": warm_start_flow, "collect": collect_flow, "train": train_flow,
+               "evaluate": evaluate_flow, "audit": audit_flow}
+"""Stage -> its flow; the keys are the stage table's names (``tests/test_stage_table.py``)."""
+
+
+if __name__ == "__main__":  # the same command line as `rollstream stage`
+    from pipelines_lib.cli import main
+
+    sys.exit(main(["stage", *sys.argv[1:]]))

@@ -24,10 +24,12 @@ Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
@@ -152,11 +154,25 @@ class CampaignConfig:
             node[leaf] = value
         return type(self).from_mapping(nested, base=self)
 
+    @classmethod
+    def preset(cls, name: str) -> CampaignConfig:
+        """The preset ``name`` of ``PRESETS``; an unknown name is refused with the valid ones."""
+        if name not in PRESETS:
+            close = difflib.get_close_matches(name, PRESETS, n=1)
+            raise ConfigError(f"unknown preset {name!r}{f'; did you mean {close[0]!r}?' if close else ''}; "
+                              f"valid: {', '.join(PRESETS)}")
+        return getattr(cls, name)()
+
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+Preset = Literal["tiny", "smoke"]
+PRESETS: tuple[str, ...] = typing.get_args(Preset)
+"""Names of the presets (``CampaignConfig`` class methods) a campaign can start from."""
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -169,4 +185,4 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["CampaignConfig", "ConfigError"]
+__all__ = ["PRESETS", "Preset", "CampaignConfig", "ConfigError"]

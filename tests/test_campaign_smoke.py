@@ -23,6 +23,7 @@ import yaml
 
 from flows.campaign import campaign
 from flows.recover import recover
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import RunRecord
 from pipelines_lib.settings import Settings
@@ -64,7 +65,7 @@ def assert_finished(store: Store) -> None:
     assert store.list("train/consumed") == [f"{s:08d}.json" for s in (1, 2, 3, 4)]
     assert all(store.exists(layout.eval_path(v)) for v in (0, 1, 2))
     status = campaign_status(store)
-    assert status["todo"] == ["audit"] and status["shards"] > 0 and status["missing_eval"] == []
+    assert status["todo"] == [] and status["shards"] > 0 and status["missing_eval"] == []
 
 
 def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: str, smoke_yaml: str,
@@ -99,9 +100,7 @@ class _Lines(logging.Handler):
 def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: str, smoke_yaml: str, tmp_path: Path,
                                                                    where: tuple[str, dict | None]) -> None:
     url, options = where
-    args = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--config", smoke_yaml]
-    if options:
-        args += ["--storage-options", json.dumps(options)]
+    args = [sys.executable, "-m", "flows.campaign", url, "--config", smoke_yaml, *storage_option_args(options)]
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1"}
     with open(tmp_path / "campaign.log", "w+") as log:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

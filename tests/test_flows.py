@@ -20,12 +20,13 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 
 from drills.fixtures import consumption_log
 from flows import artifacts
-from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
+from flows.campaign import _wait_training, build_config, expand_campaign_url
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import RunRecord, StopRequest
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout

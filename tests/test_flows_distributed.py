@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.records import run_records
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import Store
@@ -120,8 +121,8 @@ def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(pref
     env, logs = prefect_cluster
     url = f"gs://{env['ROLLSTREAM_BUCKET']}/campaigns/distributed"
     options = gcs_options(emulator)
-    args = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--use-deployments", "--workers", "2",
-            "--evaluate", "ends", "--storage-options", json.dumps(options)]
+    args = [sys.executable, "-m", "flows.campaign", url, "--use-deployments", "--workers", "2",
+            "--set", "eval.versions=ends", *storage_option_args(options)]
     for key, value in OVERRIDES.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
     with open(logs / "campaign.log", "w") as out:  # a file, not a pipe: grandchildren may keep a pipe open

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.engine import JaxEngine
@@ -50,6 +50,8 @@ class EvalConfig:
     """Temperature of the sampled attempts (the greedy attempt uses 0)."""
     max_concurrency: int = 32
     """Episodes evaluated at once."""
+    versions: Literal["all", "ends"] = "all"
+    """Which published versions the campaign evaluates: ``all``, or ``ends`` (version 0 and the last one)."""
 
     def __post_init__(self) -> None:
         if self.n_tasks < 1 or self.samples < 1 or not 1 <= self.max_concurrency <= MAX_CONCURRENCY:
@@ -61,6 +63,12 @@ class EvalConfig:
 
 SUCCESS_REWARD = 1.0
 HELDOUT = "heldout"
+
+
+def versions_to_evaluate(published: Sequence[int], choice: Literal["all", "ends"]) -> list[int]:
+    """The published versions ``EvalConfig.versions`` asks for, in order."""
+    published = sorted(published)
+    return published if choice == "all" or len(published) <= 2 else [published[0], published[-1]]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

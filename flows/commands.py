@@ -1,0 +1,194 @@
+"""The ``rollstream`` subcommands that start Prefect flows: ``run``, ``recover``, ``stage``.
+
+Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``; the
+library never imports ``flows``). Each is an object with ``HELP``, ``add_arguments(parser)`` and ``run(args)``,
+like the ``bench`` and ``drills`` command modules. ``python -m flows.campaign``, ``python -m flows.recover`` and
+``python -m flows.stages`` are the same commands.
+
+A config, URL or argument the command can check before Prefect starts fails there, as one line (exit 2); a
+flow run that ends other than Completed is one line naming the run and its state (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines_lib.cli import CommandError, RunFn, add_storage_options, did_you_mean
+from pipelines_lib.configio import ConfigError, parse_yaml
+
+# Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
+# parser, so names such as the presets and stages are checked when a command runs, against their registries.
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the ``rollstream.commands`` group loads: help line, arguments and the function that runs."""
+
+    HELP: str
+    add_arguments: Any
+    run: RunFn
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``["trainer.max_steps=4"]`` -> ``{"trainer.max_steps": 4}`` (values parsed as YAML scalars)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = parse_yaml(value, f"--set {key}")
+        except ConfigError as e:
+            raise CommandError(str(e)) from e
+    return out
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | None:
+    return dict(args.storage_option) or None
+
+
+def _ended(state: Any, what: str) -> int | None:
+    """None when the flow run completed; otherwise the one line saying how it ended, and exit code 1."""
+    if state.is_completed():
+        return None
+    print(f"rollstream: {what} ended {state.name}: {state.message or ''}".rstrip(": "), file=sys.stderr)
+    return 1
+
+
+# -- run --------------------------------------------------------------------------------------------------
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder to create or continue: a path, file://... or gs://bucket/prefix/name")
+    p.add_argument("--preset", default="tiny",
+                   help="config the YAML and --set apply to: tiny (the demo) or smoke (a one-minute campaign)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override over the YAML, repeatable (e.g. trainer.max_steps=4, eval.versions=ends)")
+    p.add_argument("--workers", type=int, help="rollout workers (overrides the config's workers)")
+    p.add_argument("--use-deployments", action="store_true",
+                   help="start each stage as a deployment run on its work pool (see `rollstream deploy`)")
+    p.add_argument("--runner", choices=["threads", "processes"], default="threads",
+                   help="in-process stages as threads (default) or in a process pool")
+    add_storage_options(p)
+
+
+def _run(args: argparse.Namespace) -> int:
+    overrides = parse_sets(args.set)
+    from flows.campaign import build_config
+
+    try:  # the config is checked here, before Prefect starts, so a typo is one line
+        config = build_config(args.config, overrides, args.workers, args.preset)
+    except (ConfigError, ValueError, OSError) as e:
+        raise CommandError(str(e)) from e
+    from prefect import tags
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    from flows import entry
+    from flows.artifacts import campaign_slug
+    from flows.campaign import campaign, summary
+
+    # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
+    run = campaign if args.runner == "threads" else campaign.with_options(
+        task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
+    t0 = time.monotonic()
+    with tags(f"campaign:{campaign_slug(args.url)}", f"preset:{args.preset}", "stage:campaign"):
+        state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
+                    workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
+                    return_state=True)
+    if (code := _ended(state, f"campaign run {args.url}")) is not None:
+        return code
+    audit = state.result().get("audit", {})
+    print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit))
+    return 0 if audit.get("ok") else 1
+
+
+RUN = Command(HELP="run (or continue) a campaign: prep, warm start, rollouts || trainer, evaluation, audit",
+              add_arguments=_run_args, run=_run)
+
+
+# -- recover ----------------------------------------------------------------------------------------------
+
+def _recover_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder whose run died")
+    p.add_argument("--use-deployments", action="store_true", help="start each stage as a deployment run")
+    add_storage_options(p)
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.campaign import campaign_status
+
+    status = campaign_status(args.settings.store(args.url, _options(args)))
+    if "init" in status["todo"]:
+        raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
+    from prefect import tags
+
+    from flows.artifacts import campaign_slug
+    from flows.recover import recover
+
+    with tags(f"campaign:{campaign_slug(args.url)}", "stage:recover"):
+        state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
+                        return_state=True)
+    if (code := _ended(state, f"recover run {args.url}")) is not None:
+        return code
+    result = state.result()
+    ok = result.get("audit", {}).get("ok")
+    print(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+RECOVER = Command(HELP="finish a campaign whose run died: run only the stages its folder lacks",
+                  add_arguments=_recover_args, run=_recover)
+
+
+# -- stage ------------------------------------------------------------------------------------------------
+
+STAGE_FLAGS = {"worker_index": "collect", "num_workers": "collect", "target_groups": "collect",
+               "max_steps": "train", "version": "evaluate"}
+"""Per-stage arguments of ``rollstream stage`` and the stage each applies to."""
+
+
+def _stage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="the stage: prep, warm_start, collect, train, evaluate or audit")
+    p.add_argument("url", help="campaign folder (started by `rollstream run`: the stage reads campaign.json)")
+    p.add_argument("--worker-index", type=int, help="collect: this worker's index")
+    p.add_argument("--num-workers", type=int, help="collect: how many workers share the prompts")
+    p.add_argument("--target-groups", type=int, help="collect: stop after this many groups")
+    p.add_argument("--max-steps", type=int, help="train: stop at this step")
+    p.add_argument("--version", type=int, help="evaluate: the published version (default: LATEST)")
+    add_storage_options(p)
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.table import STAGE_NAMES
+
+    if args.name not in STAGE_NAMES:
+        raise CommandError(f"unknown stage {args.name!r}{did_you_mean(args.name, STAGE_NAMES)}; "
+                           f"valid: {', '.join(STAGE_NAMES)}")
+    params: dict[str, Any] = {}
+    for flag, owner in STAGE_FLAGS.items():
+        if (value := getattr(args, flag)) is not None:
+            if owner != args.name:
+                raise CommandError(f"--{flag.replace('_', '-')} applies to the {owner} stage, not {args.name}")
+            params[flag] = value
+    from prefect import tags
+
+    from flows.artifacts import campaign_slug
+    from flows.stages import STAGE_FLOWS
+
+    with tags(f"campaign:{campaign_slug(args.url)}", f"stage:{args.name}"):
+        state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
+                                       return_state=True)
+    if (code := _ended(state, f"{args.name} run {args.url}")) is not None:
+        return code
+    result = state.result()
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result.get("ok", True) else 1  # the audit stage's verdict
+
+
+STAGE = Command(HELP="run one stage of a campaign (the flow its deployment runs)", add_arguments=_stage_args,
+                run=_stage)
