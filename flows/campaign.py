@@ -19,7 +19,6 @@ Command line: ``rollstream run URL [--preset tiny|smoke] [--config FILE] [--set 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import sys
 from typing import Any
@@ -44,18 +43,6 @@ from tasks.init import init_campaign
 
 STAGE_ORDER = STAGE_NAMES
 """The stage table's order (``pipelines_lib.stages.table``)."""
-
-
-def build_config(config_path: str | None = None, overrides: dict[str, Any] | None = None,
-                 workers: int | None = None, preset: str = "tiny") -> CampaignConfig:
-    """The preset, then the YAML file over it, then dotted ``overrides`` (``{"trainer.max_steps": 4}``), then
-    ``workers``."""
-    config = CampaignConfig.preset(preset)
-    if config_path:
-        config = CampaignConfig.from_yaml(config_path, base=config)
-    if overrides:
-        config = config.with_overrides(overrides)
-    return config if workers is None else dataclasses.replace(config, workers=workers)
 
 
 def expand_campaign_url(url: str, when: dt.datetime) -> str:
@@ -175,7 +162,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     """
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
     settings = entry(campaign_url, storage_options)
-    config = build_config(config_path, overrides, workers, preset)
+    config = CampaignConfig.build(preset=preset, config_path=config_path, overrides=overrides, workers=workers)
     init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,

@@ -79,10 +79,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     overrides = parse_sets(args.set)
-    from flows.campaign import build_config
+    from pipelines_lib.config import CampaignConfig
 
     try:  # the config is checked here, before Prefect starts, so a typo is one line
-        config = build_config(args.config, overrides, args.workers, args.preset)
+        config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides,
+                                      workers=args.workers)
     except (ConfigError, ValueError, OSError) as e:
         raise CommandError(str(e)) from e
     from prefect import tags

@@ -163,6 +163,18 @@ class CampaignConfig:
                               f"valid: {', '.join(PRESETS)}")
         return getattr(cls, name)()
 
+    @classmethod
+    def build(cls, *, preset: str = "tiny", config_path: str | Path | None = None,
+              overrides: dict[str, Any] | None = None, workers: int | None = None) -> CampaignConfig:
+        """A campaign's config as a user states it: the preset, the YAML file over it, dotted ``overrides``
+        (``{"trainer.max_steps": 4}``) over that, then ``workers``."""
+        config = cls.preset(preset)
+        if config_path:
+            config = cls.from_yaml(config_path, base=config)
+        if overrides:
+            config = config.with_overrides(overrides)
+        return config if workers is None else dataclasses.replace(config, workers=workers)
+
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)
 
