@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -52,6 +53,17 @@ def _options(args: argparse.Namespace) -> dict[str, Any] | None:
     return dict(args.storage_option) or None
 
 
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log each stage's detail lines (one per committed shard); default: progress lines only")
+
+
+def verbose_logging(verbose: bool) -> None:
+    """Show the stage tasks' DEBUG lines (per-shard commits) when ``verbose``; Prefect is imported by now."""
+    if verbose:
+        logging.getLogger("prefect.task_runs").setLevel(logging.DEBUG)
+
+
 def _ended(state: Any, what: str) -> int | None:
     """None when the flow run completed; otherwise the one line saying how it ended, and exit code 1."""
     if state.is_completed():
@@ -74,6 +86,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="start each stage as a deployment run on its work pool (see `rollstream deploy`)")
     p.add_argument("--runner", choices=["threads", "processes"], default="threads",
                    help="in-process stages as threads (default) or in a process pool")
+    add_verbose(p)
     add_storage_options(p)
 
 
@@ -96,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
     run = campaign if args.runner == "threads" else campaign.with_options(
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
+    verbose_logging(args.verbose)
     t0 = time.monotonic()
     with tags(f"campaign:{campaign_slug(args.url)}", f"preset:{args.preset}", "stage:campaign"):
         state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
@@ -117,6 +131,7 @@ RUN = Command(HELP="run (or continue) a campaign: prep, warm start, rollouts || 
 def _recover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder whose run died")
     p.add_argument("--use-deployments", action="store_true", help="start each stage as a deployment run")
+    add_verbose(p)
     add_storage_options(p)
 
 
@@ -131,6 +146,7 @@ def _recover(args: argparse.Namespace) -> int:
     from flows.artifacts import campaign_slug
     from flows.recover import recover
 
+    verbose_logging(args.verbose)
     with tags(f"campaign:{campaign_slug(args.url)}", "stage:recover"):
         state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
                         return_state=True)
@@ -161,6 +177,7 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-groups", type=int, help="collect: stop after this many groups")
     p.add_argument("--max-steps", type=int, help="train: stop at this step")
     p.add_argument("--version", type=int, help="evaluate: the published version (default: LATEST)")
+    add_verbose(p)
     add_storage_options(p)
 
 
@@ -181,6 +198,7 @@ def _stage(args: argparse.Namespace) -> int:
     from flows.artifacts import campaign_slug
     from flows.stages import STAGE_FLOWS
 
+    verbose_logging(args.verbose)
     with tags(f"campaign:{campaign_slug(args.url)}", f"stage:{args.name}"):
         state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
                                        return_state=True)

@@ -8,6 +8,7 @@ wrappers) and reads its stderr. The flows' commands (``run``, ``recover``, ``sta
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -116,3 +117,41 @@ def test_status_is_a_table_by_default_and_json_on_request(tmp_path: Path) -> Non
     as_json = rollstream("status", store.url, "--json")
     assert json.loads(as_json.stdout)["todo"] == ["audit"]
     assert render_status(campaign_status(store)) == table.stdout.rstrip("\n")
+
+
+def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefect_api: str) -> None:
+    from prefect import flow, get_run_logger, task
+
+    from flows.commands import verbose_logging
+
+    @task
+    def commit() -> None:
+        get_run_logger().debug("committed a shard")
+        get_run_logger().info("progress")
+
+    @flow
+    def stage() -> None:
+        commit()
+
+    class Lines(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() in ("progress", "committed a shard"):  # not Prefect's own state lines
+                self.lines.append(record.getMessage())
+
+    logger = logging.getLogger("prefect.task_runs")
+    level, lines = logger.level, Lines()
+    logger.addHandler(lines)
+    try:
+        verbose_logging(False)
+        stage()
+        assert lines.lines == ["progress"]
+        verbose_logging(True)
+        stage()
+        assert lines.lines == ["progress", "committed a shard", "progress"]
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
