@@ -31,6 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
+from flows.runs import label_run
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig, Preset
 from pipelines_lib.evaluate import versions_to_evaluate
@@ -162,6 +163,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     """
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "campaign", preset)
     config = CampaignConfig.build(preset=preset, config_path=config_path, overrides=overrides, workers=workers)
     init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")

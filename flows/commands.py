@@ -99,11 +99,9 @@ def _run(args: argparse.Namespace) -> int:
                                       workers=args.workers)
     except (ConfigError, ValueError, OSError) as e:
         raise CommandError(str(e)) from e
-    from prefect import tags
     from prefect.task_runners import ProcessPoolTaskRunner
 
     from flows import entry
-    from flows.artifacts import campaign_slug
     from flows.campaign import campaign, summary
 
     # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
@@ -111,10 +109,9 @@ def _run(args: argparse.Namespace) -> int:
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
     verbose_logging(args.verbose)
     t0 = time.monotonic()
-    with tags(f"campaign:{campaign_slug(args.url)}", f"preset:{args.preset}", "stage:campaign"):
-        state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
-                    workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
-                    return_state=True)
+    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
+                workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
+                return_state=True)
     if (code := _ended(state, f"campaign run {args.url}")) is not None:
         return code
     audit = state.result().get("audit", {})
@@ -141,20 +138,18 @@ def _recover(args: argparse.Namespace) -> int:
     status = campaign_status(args.settings.store(args.url, _options(args)))
     if "init" in status["todo"]:
         raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
-    from prefect import tags
 
-    from flows.artifacts import campaign_slug
     from flows.recover import recover
 
     verbose_logging(args.verbose)
-    with tags(f"campaign:{campaign_slug(args.url)}", "stage:recover"):
-        state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
-                        return_state=True)
+    state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
+                    return_state=True)
     if (code := _ended(state, f"recover run {args.url}")) is not None:
         return code
     result = state.result()
     ok = result.get("audit", {}).get("ok")
-    print(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}")
+    took_over = "".join(f"; took over {r['name']} ({r['id']}), now Crashed" for r in result["abandoned"])
+    print(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}{took_over}")
     return 0 if ok else 1
 
 
@@ -193,15 +188,12 @@ def _stage(args: argparse.Namespace) -> int:
             if owner != args.name:
                 raise CommandError(f"--{flag.replace('_', '-')} applies to the {owner} stage, not {args.name}")
             params[flag] = value
-    from prefect import tags
 
-    from flows.artifacts import campaign_slug
     from flows.stages import STAGE_FLOWS
 
     verbose_logging(args.verbose)
-    with tags(f"campaign:{campaign_slug(args.url)}", f"stage:{args.name}"):
-        state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
-                                       return_state=True)
+    state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
+                                   return_state=True)
     if (code := _ended(state, f"{args.name} run {args.url}")) is not None:
         return code
     result = state.result()

@@ -23,6 +23,7 @@ from flows import entry
 from flows.artifacts import campaign_slug
 from flows.campaign import STAGE_ORDER, run_stages
 from flows.launch import Launcher
+from flows.runs import abandon_runs, label_run
 from pipelines_lib.stages.campaign import campaign_status
 from tasks.common import open_campaign
 
@@ -42,9 +43,12 @@ def run_name() -> str:
 @flow(name="rollstream-recover", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
 def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
             poll_s: float = 5.0) -> dict[str, Any]:
-    """Run the stages the campaign folder lacks; returns the status before and the manifests of what ran."""
+    """Run the stages the campaign folder lacks; returns the status before, the runs it took over (marked Crashed)
+    and the manifests of what ran."""
     log = get_run_logger()
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "recover")
+    abandoned = abandon_runs(campaign_url)
     status = campaign_status(settings.store(campaign_url, storage_options))
     plan = recovery_plan(status)
     log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
@@ -53,7 +57,7 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
     _, config = open_campaign(campaign_url, storage_options, settings)
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
-    return {"status": status, "plan": plan, **run_stages(launcher, plan, poll_s=poll_s)}
+    return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
 
 
 if __name__ == "__main__":  # the same command line as `rollstream recover`

@@ -2,8 +2,8 @@
 
 Every stage flow reads the campaign's config from ``campaign.json``, so its parameters are only where the
 campaign is and which part of the stage to run. The accelerator stages (warm start, collect, train) hold a
-``gpu:<worker>`` global concurrency slot while they run (``pipelines_lib.stages.resources``); a missing limit does not
-block (laptops have none), a limit of 1 per slot makes a second holder wait.
+``gpu:<slot>:<campaign>`` global concurrency limit of 1 while they run (``flows.runs.campaign_limit`` creates it):
+a campaign and its recovery never run two trainers, two campaigns never wait for each other.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
 from flows import artifacts, entry
+from flows.runs import campaign_limit, label_run
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.table import resources_for, stage
@@ -41,20 +42,23 @@ def run_name(stage: str) -> Callable[[], str]:
 
 def _slot(stage: str, campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings,
           worker_index: int = 0) -> str:
-    """The ``gpu:<worker>`` concurrency limit an accelerator stage holds while it runs."""
+    """The ``gpu:<slot>:<campaign>`` concurrency limit an accelerator stage holds while it runs (``runs``)."""
     _, config = open_campaign(campaign_url, storage_options, settings)
-    return str(resources_for(stage, config, worker_index=worker_index).concurrency_key)
+    return campaign_limit(str(resources_for(stage, config, worker_index=worker_index).concurrency_key), campaign_url)
 
 
 @flow(name=stage("prep").flow_name, flow_run_name=run_name("prep"))
 def prep_flow(campaign_url: str, storage_options: dict[str, Any] | None = None,
               source_storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    return prep_dataset(campaign_url, storage_options, source_storage_options, entry(campaign_url, storage_options))
+    settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "prep")
+    return prep_dataset(campaign_url, storage_options, source_storage_options, settings)
 
 
 @flow(name=stage("warm_start").flow_name, flow_run_name=run_name("warm_start"))
 def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "warm_start")
     with concurrency(_slot("warm_start", campaign_url, storage_options, settings), occupy=1):
         return warm_start(campaign_url, storage_options, settings)
 
@@ -63,6 +67,7 @@ def warm_start_flow(campaign_url: str, storage_options: dict[str, Any] | None = 
 def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1, target_groups: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "collect")
     with concurrency(_slot("collect", campaign_url, storage_options, settings, worker_index), occupy=1):
         return collect_rollouts(campaign_url, worker_index, num_workers, target_groups, storage_options, settings)
 
@@ -71,6 +76,7 @@ def collect_flow(campaign_url: str, worker_index: int = 0, num_workers: int = 1,
 def train_flow(campaign_url: str, max_steps: int | None = None, storage_options: dict[str, Any] | None = None
                ) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "train")
     with concurrency(_slot("train", campaign_url, storage_options, settings), occupy=1):
         return train(campaign_url, max_steps, storage_options, settings)
 
@@ -80,6 +86,7 @@ def evaluate_flow(campaign_url: str, version: int | None = None, storage_options
                   ) -> dict[str, Any]:
     """``version`` defaults to the latest published one."""
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "evaluate")
     if version is None:
         version = CampaignWeights(open_store(campaign_url, storage_options, settings)).latest()
         if version is None:
@@ -92,6 +99,7 @@ def evaluate_flow(campaign_url: str, version: int | None = None, storage_options
 @flow(name=stage("audit").flow_name, flow_run_name=run_name("audit"))
 def audit_flow(campaign_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     settings = entry(campaign_url, storage_options)
+    label_run(campaign_url, "audit")
     summary = audit(campaign_url, storage_options, settings)
     artifacts.publish_audit(campaign_url, open_store(campaign_url, storage_options, settings), summary)
     get_run_logger().info("audit %s: %s shards, %s violations (%s)", "OK" if summary["ok"] else "FAILED",

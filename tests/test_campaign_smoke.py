@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect import get_client
 
 from flows.campaign import campaign
 from flows.recover import recover
@@ -79,6 +80,10 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     assert all(c["stop_reason"] == "done marker" for c in result["collect"])
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0 and result["audit"]["bad_files"] == 0
     run_id = str(state.state_details.flow_run_id)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    assert run.name == "smoke-campaign-campaign"
+    assert {"campaign:smoke-campaign", "stage:campaign", "preset:tiny"} <= set(run.tags)
     for key in STAGE_KEYS:
         assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
@@ -116,6 +121,7 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
         log.seek(0)
         output = log.read()
     assert alive, f"the campaign ended before the kill:\n{output[-3000:]}"
+    assert "committed trajectories/" not in output  # one line per shard only with -v
     assert proc.returncode == -9, output[-3000:]
 
     store = Settings.from_env(os.environ).store(url, options)
@@ -131,6 +137,8 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     finally:
         logging.getLogger("prefect").removeHandler(lines)
     assert result["plan"] == ["collect", "train", "evaluate", "audit"]
+    # The killed run was still Running in Prefect: the recovery marked it Crashed and named itself there.
+    assert [r["name"] for r in result["abandoned"]] == ["smoke-campaign-campaign"]
     # The recovery path that ran: checkpoint 2 restored, logged step 3 replayed, only step 4 trained anew.
     restored = [s for s in lines.lines if "trainer: restored checkpoint" in s]
     assert restored and re.search(r"checkpoints/00000002 \(step 2, version 1\)", restored[0]), lines.lines
