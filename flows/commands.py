@@ -1,4 +1,5 @@
-"""The ``rollstream`` subcommands that start Prefect flows: ``run``, ``recover``, ``stage``.
+"""The ``rollstream`` subcommands that talk to Prefect: ``run``, ``recover``, ``stage`` (they start flows) and
+``deploy``.
 
 Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``; the
 library never imports ``flows``). Each is an object with ``HELP``, ``add_arguments(parser)`` and ``run(args)``,
@@ -14,10 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from pipelines_lib.cli import CommandError, RunFn, add_storage_options, did_you_mean
 from pipelines_lib.configio import ConfigError, parse_yaml
@@ -203,3 +210,72 @@ def _stage(args: argparse.Namespace) -> int:
 
 STAGE = Command(HELP="run one stage of a campaign (the flow its deployment runs)", add_arguments=_stage_args,
                 run=_stage)
+
+
+# -- deploy -----------------------------------------------------------------------------------------------
+
+POOL_TEMPLATES = {"process": {"rollstream-cpu": "process-job-template.json",
+                              "rollstream-accel": "process-job-template.json"},
+                  "kubernetes": {"rollstream-cpu": "kubernetes-cpu-job-template.json",
+                                 "rollstream-accel": "kubernetes-accel-job-template.json"}}
+"""Work-pool type -> pool -> its base job template (next to the prefect file)."""
+_VARIABLE = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
+
+
+def _deploy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefect-file", type=Path, default=Path("infra/prefect.yaml"),
+                   help="the deployments file (default infra/prefect.yaml; run from the repository root)")
+    p.add_argument("--name", action="append", default=None, metavar="DEPLOYMENT",
+                   help="deploy only this deployment (repeatable; default: all), e.g. nightly-local")
+    p.add_argument("--pool-type", choices=sorted(POOL_TEMPLATES), default="process",
+                   help="type of the work pools created when missing (process: one machine; kubernetes: a cluster)")
+
+
+def unresolved_variables(spec: dict[str, Any], names: list[str]) -> dict[str, list[str]]:
+    """``{{ $VAR }}`` references of the named deployments (and the pull steps) whose variable is unset, with
+    the deployments that use each."""
+    users: dict[str, list[str]] = {}
+    for deployment in [d for d in spec["deployments"] if d["name"] in names]:
+        for var in _VARIABLE.findall(json.dumps(deployment)):
+            users.setdefault(var, []).append(deployment["name"])
+    for var in _VARIABLE.findall(json.dumps(spec.get("pull") or [])):
+        users.setdefault(var, []).append("pull steps")
+    return {var: sorted(set(who)) for var, who in sorted(users.items()) if not os.environ.get(var)}
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    try:
+        spec = yaml.safe_load(args.prefect_file.read_text())
+    except OSError as e:
+        raise CommandError(f"{args.prefect_file}: cannot read the deployments file: {e.strerror}") from e
+    declared = [d["name"] for d in spec["deployments"]]
+    names = args.name or declared
+    for name in names:
+        if name not in declared:
+            raise CommandError(f"{args.prefect_file}: no deployment {name!r}{did_you_mean(name, declared)}; "
+                               f"declared: {', '.join(declared)}")
+    if missing := unresolved_variables(spec, names):
+        raise CommandError("unresolved variables, set them first: " + "; ".join(
+            f"{var} (used by {', '.join(who)})" for var, who in missing.items()))
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    pools = sorted({d["work_pool"]["name"] for d in spec["deployments"] if d["name"] in names})
+    with get_client(sync_client=True) as client:
+        for pool in pools:
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                template = args.prefect_file.parent / POOL_TEMPLATES[args.pool_type][pool]
+                client.create_work_pool(WorkPoolCreate(name=pool, type=args.pool_type,
+                                                       base_job_template=json.loads(template.read_text())))
+                print(f"created work pool {pool} ({args.pool_type}, {template})", file=sys.stderr)
+    prefect = Path(sys.executable).with_name("prefect")
+    selection = ["--all"] if args.name is None else [a for n in names for a in ("--name", n)]
+    return 0 if subprocess.run([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(args.prefect_file),
+                                *selection], timeout=600).returncode == 0 else 1
+
+
+DEPLOY = Command(HELP="create the work pools if missing and deploy infra/prefect.yaml (refuses unset variables)",
+                 add_arguments=_deploy_args, run=_deploy)
