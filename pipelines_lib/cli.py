@@ -269,19 +269,37 @@ def _demo(args: argparse.Namespace) -> int:
 def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("--out", type=Path, default=Path("trace.json"), help="where to write the trace JSON")
+    p.add_argument("--stage", action="append", default=None, metavar="NAME",
+                   help="only this stage's processes (repeatable): prep, warm_start, collect, train, evaluate, audit")
+    p.add_argument("--since", metavar="WHEN", help="only what overlaps from WHEN on: seconds after the first record, "
+                                                    "or an ISO time (UTC unless it says)")
+    p.add_argument("--until", metavar="WHEN", help="only what overlaps up to WHEN (as --since)")
     add_storage_options(p)
 
 
 @subcommand("trace", "write the campaign's spans as a Perfetto/Chrome trace (open it in ui.perfetto.dev)", _trace_args)
 def _trace(args: argparse.Namespace) -> int:
-    from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
+    from pipelines_lib.stages.table import STAGE_NAMES
+    from pipelines_lib.telemetry.trace import parse_when, read_records, select, to_chrome_trace
 
+    for name in args.stage or []:
+        if name not in STAGE_NAMES:
+            raise CommandError(f"unknown stage {name!r}{did_you_mean(name, STAGE_NAMES)}; valid: {', '.join(STAGE_NAMES)}")
     records = read_records(open_campaign_store(args, args.url), on_skip=_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
-    trace = to_chrome_trace(records)
+    try:
+        since, until = (None if w is None else parse_when(w, records[0]["ts_us"]) for w in (args.since, args.until))
+    except ValueError as e:
+        raise CommandError(f"--since/--until: {e}") from e
+    chosen = select(records, stages=args.stage, since_us=since, until_us=until)
+    if not chosen:
+        raise CommandError(f"{args.url}: no telemetry in the chosen stages and time window "
+                           f"({len(records)} records in all)")
+    trace = to_chrome_trace(chosen)
     args.out.write_text(json.dumps(trace))
-    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(records)} records; open in https://ui.perfetto.dev")
+    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(chosen)} of {len(records)} records; "
+          "open in https://ui.perfetto.dev")
     return 0
 
 

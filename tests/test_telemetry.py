@@ -28,7 +28,14 @@ from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
-from pipelines_lib.telemetry.trace import check_trace, read_records, summarize, to_chrome_trace
+from pipelines_lib.telemetry.trace import (
+    check_trace,
+    parse_when,
+    read_records,
+    select,
+    summarize,
+    to_chrome_trace,
+)
 
 
 class Clock:
@@ -362,6 +369,46 @@ def test_trace_and_metrics_commands_read_any_campaign(tmp_path: Path, capsys: py
     assert main(["metrics", store.url]) == 0
     assert "count.trainer.staleness.0" in capsys.readouterr().out
     assert main(["trace", str(tmp_path / "empty"), "--out", str(out)]) == 2
+
+
+def _span(process: str, ts_s: float, dur_s: float) -> dict:
+    return {"type": "span", "process": process, "name": "x", "track": "t", "ts_us": int(ts_s * 1e6),
+            "dur_us": int(dur_s * 1e6)}
+
+
+def test_select_keeps_the_chosen_stages_and_what_overlaps_the_window() -> None:
+    records = [_span("rollout-rollout0", 100, 10), _span("trainer", 105, 1), _span("evaluate", 130, 5),
+               _span("warm_start", 50, 40)]
+    assert select(records, stages=["collect"]) == records[:1]  # collect records as rollout-<worker>
+    assert select(records, stages=["train", "evaluate"]) == records[1:3]
+    # [104 s, 112 s]: the rollout span (100-110) and the train step (105-106) overlap it; warm start ended at 90.
+    assert select(records, since_us=104_000_000, until_us=112_000_000) == records[:2]
+
+
+def test_since_and_until_read_seconds_after_the_first_record_or_an_iso_time() -> None:
+    start = 1_764_000_000_000_000
+    assert parse_when("90", start) == start + 90_000_000 and parse_when("2.5", start) == start + 2_500_000
+    assert parse_when("2026-12-02T10:00:00", start) == 1_796_205_600_000_000  # UTC unless it says
+    assert parse_when("2026-12-02T11:00:00+01:00", start) == 1_796_205_600_000_000
+    with pytest.raises(ValueError, match="neither seconds"):
+        parse_when("yesterday", start)
+
+
+def test_trace_command_filters_by_stage_and_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines_lib.cli import main
+
+    store = Store(str(tmp_path / "c"))
+    for process in ("trainer", "evaluate"):
+        with telemetry.recording(store, process, sample_every_s=None), telemetry.span(f"{process}_work", track="t"):
+            pass
+    out = tmp_path / "trace.json"
+    assert main(["trace", store.url, "--out", str(out), "--stage", "evaluate"]) == 0
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert names == {"evaluate_work"}
+    assert main(["trace", store.url, "--out", str(out), "--since", "3600"]) == 2
+    assert "no telemetry in the chosen stages and time window" in capsys.readouterr().err
+    assert main(["trace", store.url, "--stage", "evaluat"]) == 2
+    assert "did you mean 'evaluate'?" in capsys.readouterr().err
 
 
 # -- benchmark -------------------------------------------------------------------------------------------------
