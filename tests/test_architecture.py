@@ -40,6 +40,7 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/storage/tailer.py": "the tail cursor, a string field of records",
     "pipelines_lib/telemetry/trace.py": "telemetry events (JSON lines), not records",
     "pipelines_lib/audit/export.py": "metadata of an exported Parquet file, outside the campaign folder",
+    "flows/commands.py": "the repository's work-pool job templates (rollstream deploy)",
     "bench/runner.py": "bench/results.json of the repository",
     "drills/runner.py": "drills results of the repository",
     "drills/supervisor.py": "a child process's JSON output",
