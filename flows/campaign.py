@@ -5,7 +5,7 @@
       -> rollout workers 0..N-1  ||  streaming trainer       (concurrent; workers stop on train/DONE.json)
          TrainProgress polls the folder: terminal line + progress artifact per trainer step
       -> evaluate published versions (all, or v0 and the last) -> eval table artifact per version
-      -> learning curve artifact -> audit (+ markdown artifact)
+      -> learning curve artifact -> audit (+ markdown artifact) -> view/<utc>/report.html + learning_curve.png
 ```
 
 ``run_stages`` is the part after init, for any subset of stages in that order: the campaign flow runs
@@ -33,6 +33,7 @@ from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from flows.runs import label_run
 from pipelines_lib import records
+from pipelines_lib.audit.view import build_view, write_view
 from pipelines_lib.config import CampaignConfig, Preset
 from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import EvalResult
@@ -134,6 +135,9 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         if not launcher.use_deployments:
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
+        # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
+        out["view"] = store.uri(write_view(store, build_view(store)))
+        log.info("report and learning curve: %s", out["view"])
     artifacts.publish_telemetry(url, store)
     return out
 
@@ -172,7 +176,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
 
 
-def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
+def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None = None) -> str:
     """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
     evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
@@ -185,6 +189,7 @@ def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
                      f"{evals[first].pass_at_k or 0.0:.1%} -> v{last} {evals[last].pass_at_k or 0.0:.1%}")
     lines += [
         f"campaign folder:  {store.url}",
+        *([f"report + curve:   {view} (learning_curve.png next to it)"] if view else []),
         f"audit it:         .venv/bin/rollstream audit {store.url}",
         f"Perfetto trace:   .venv/bin/rollstream trace {store.url} --out trace.json  (open in https://ui.perfetto.dev)",
         "Prefect UI:       .venv/bin/prefect server start, then rerun with "

@@ -121,8 +121,10 @@ def _run(args: argparse.Namespace) -> int:
                 return_state=True)
     if (code := _ended(state, f"campaign run {args.url}")) is not None:
         return code
-    audit = state.result().get("audit", {})
-    print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit))
+    result = state.result()
+    audit = result.get("audit", {})
+    print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit,
+                  result.get("view")))
     return 0 if audit.get("ok") else 1
 
 

@@ -10,7 +10,6 @@ read them back from the bucket.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from flows.campaign import campaign
 from flows.recover import recover
 from pipelines_lib.cli import storage_option_args
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import RunRecord
+from pipelines_lib.records import AuditRecord, RunRecord
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage import layout
@@ -87,6 +86,10 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     for key in STAGE_KEYS:
         assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
+    # The report and the learning-curve PNG land in the campaign folder.
+    assert result["view"].endswith("/report.html") and store.read(result["view"]).lower().startswith(b"<!doctype html")
+    assert store.read(result["view"].rsplit("/", 1)[0].split(store.url + "/", 1)[1] + "/learning_curve.png"
+                      )[:8] == b"\x89PNG\r\n\x1a\n"
     # A second run of the finished campaign does no stage work: every stage finds its marker.
     again = campaign(url, config_path=smoke_yaml, storage_options=options, poll_s=0.5)
     assert again["init"]["created"] is False and again["evaluate"] == {} and again["train"]["steps"] == 4
@@ -149,6 +152,5 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert sorted(result["evaluate"]) == [v for v in (0, 1, 2) if v not in before["evaluated_versions"]]
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0
     assert_finished(store)
-    report = json.loads(store.read(result["audit"]["report"]))
-    accounting = report["lineage"]["accounting"]
+    accounting = AuditRecord.read(store, result["audit"]["report"]).report["lineage"]["accounting"]
     assert accounting["consumed"] == 4 * 2 and accounting["unusable"] == 0  # every trained group once
