@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
+from pipelines_lib.telemetry.tensorboard import event_file, masked_crc32c
 from pipelines_lib.telemetry.trace import (
     check_trace,
     parse_when,
@@ -425,3 +427,44 @@ def test_overhead_benchmark_times_both_arms_on_episodes_that_record_six_spans(
     assert figures["telemetry.span_us"] > 0 and figures["telemetry.episode_ms"] > 0
     assert figures["telemetry.overhead_fraction"] > -1 and [r["arm"] for r in result.rows] == ["off", "on"]
     assert list((tmp_path / "rep0" / "telemetry").iterdir())  # the recorded arm wrote its JSONL
+
+
+# -- TensorBoard ---------------------------------------------------------------------------------------------
+
+def _read_tfrecords(data: bytes) -> list[bytes]:
+    out = []
+    while data:
+        (length,), (len_crc,) = struct.unpack("<Q", data[:8]), struct.unpack("<I", data[8:12])
+        assert len_crc == masked_crc32c(data[:8])
+        body, (crc,) = data[12:12 + length], struct.unpack("<I", data[12 + length:16 + length])
+        assert crc == masked_crc32c(body)
+        out.append(body)
+        data = data[16 + length:]
+    return out
+
+
+def test_masked_crc32c_is_tfrecords_checksum() -> None:
+    # CRC-32C("123456789") = 0xE3069283 (the standard check value); masked: rotate right 15, add 0xA282EAD8.
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_an_event_file_holds_the_version_header_then_one_scalar_event_per_gauge() -> None:
+    records = _read_tfrecords(event_file([("a", 3, 0.5, 1.0)], wall_time=1.0))
+    one = bytes.fromhex("09" "000000000000f03f")  # field 1 (wall_time, double) = 1.0
+    assert records[0] == one + bytes.fromhex("1000") + b"\x1a\x0dbrain.Event:2"  # step 0, file_version
+    # step 3; summary (field 5) { value (1) { tag (1) "a", simple_value (2, float) 0.5 } }
+    assert records[1] == one + bytes.fromhex("1003" "2a0a" "0a08" "0a0161" "150000003f")
+
+
+def test_a_flush_writes_the_gauges_as_a_tensorboard_run_of_the_process(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    with telemetry.recording(store, "trainer", sample_every_s=None):
+        telemetry.gauge("train.loss", 0.25, step=7)
+        with telemetry.span("train_step", track="trainer"):
+            pass
+    (name,) = store.list("telemetry/tb/trainer")
+    assert name.startswith("events.out.tfevents.")
+    header, scalar = _read_tfrecords(store.read(f"telemetry/tb/trainer/{name}"))
+    assert b"brain.Event:2" in header and b"\x10\x07" in scalar and b"train.loss" in scalar
+    assert struct.unpack("<f", scalar[-4:]) == (0.25,)

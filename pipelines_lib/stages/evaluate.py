@@ -39,6 +39,9 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path 
         tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
         result = EvalResult(version=version, split=HELDOUT, temperature=config.eval.temperature,
                             **score(model, open_tokenizer(config.tokenizer, cache=cache), tasks, config))
+        telemetry.gauge("eval.greedy_success_rate", result.greedy_success_rate, step=version)
+        if result.pass_at_k is not None:
+            telemetry.gauge("eval.pass_at_k", result.pass_at_k, step=version)
     try:
         result.write(store)
     except AlreadyExistsError:

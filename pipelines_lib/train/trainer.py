@@ -313,6 +313,10 @@ class StreamingTrainer:
                     model=self.model,
                     optimizer=self.optimizer,
                 )
+        for name, value in {**record.metrics, "mean_reward": record.mean_reward,
+                            "staleness_max": record.staleness_max}.items():
+            if isinstance(value, int | float):
+                telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
         for g in record.groups:
