@@ -22,6 +22,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.engine",
     "bench.learning",
     "bench.realsize",
+    "bench.replay",
     "bench.rollout",
     "bench.store",
     "bench.telemetry",

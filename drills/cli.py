@@ -16,13 +16,13 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data"
+HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data, infrastructure faults"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (1-2 minutes); RELIABILITY.md is left as is")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
-                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison")
+                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison, infra")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and RELIABILITY.md")
 
 
@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [k for k in ("reliability.fuzz_crashes", "reliability.sandbox_escapes", "reliability.secret_leaks",
                        "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible",
                        "reliability.hangs", "reliability.cli_tracebacks", "reliability.bounds_failed",
-                       "reliability.trainer_poison_crashes", "reliability.pointer_regressions")
+                       "reliability.trainer_poison_crashes", "reliability.pointer_regressions",
+                       "reliability.infra_errors_in_gradient", "reliability.infra_groups_not_skipped")
            if figures.get(k, 0) > 0]
     bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
     bad += [k for k in ("reliability.trainer_bit_identical", "reliability.evaluator_results_identical")

@@ -12,6 +12,8 @@ kills           drills/kills.py            SIGKILL trainer (also mid-publish),  
 poison          drills/poison.py           poisoned shards on a real trainer,   trainer_poison_crashes,
                                            pointer junk, CLI over garbage,      pointer_regressions,
                                            FIFOs/devices under a deadline       cli_tracebacks, hangs
+infra           drills/infra_faults.py     sandbox start failures and dependency infra_errors_in_gradient,
+                                           timeouts in real episodes, trainer   infra_faults_injected
 ```
 
 A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
@@ -167,12 +169,22 @@ def _poison(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
     return report.figures(), _plain(report)
 
 
+def _infra(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.infra_faults import run_infra_drill
+
+    report = run_infra_drill(scratch, progress=progress)
+    return ({"reliability.infra_errors_in_gradient": float(report.infra_errors_in_gradient),
+             "reliability.infra_faults_injected": float(report.injected),
+             "reliability.infra_groups_not_skipped": float(report.infra_groups - report.groups_skipped_infra)},
+            _plain(report))
+
+
 DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, float], dict[str, Any]]]
 """``(sizes, scratch folder, progress) -> (figures, details)``."""
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
                               "bounds": _bounds, "kills": _kills,
-                              "poison": _poison}
+                              "poison": _poison, "infra": _infra}
 
 
 def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
@@ -289,6 +301,14 @@ MEASURED = {
                                    "marker, wherever reparented) / folders were left behind.",
     "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
                                     "isolation backend; about half attack the containment mechanism itself.",
+    "reliability.infra_errors_in_gradient": "Trained groups (consumption logs) holding a trajectory whose sandbox "
+                                            "or dependency failed past its retry budget: sandbox start failures and "
+                                            "dependency timeouts injected into real arithmetic episodes (real "
+                                            "agent, episode runner and calculator), a real trainer over the shards.",
+    "reliability.infra_faults_injected": "Infrastructure faults raised in the infra drill's episodes (retried ones "
+                                         "included); a third of its groups outlast the budget, a third recover.",
+    "reliability.infra_groups_not_skipped": "Groups with an infra_error trajectory that no consumption log skips "
+                                            "with an infrastructure-failure reason.",
     "reliability.trainer_poison_cases": "Poisoned-shard cases, each a real trainer (tiny decoder) run to its last "
                                         "step over a real campaign folder holding valid shards and one poisoned "
                                         "shard: wrong group size, row over the largest bucket, 20 M-token row "

@@ -8,6 +8,7 @@ flows/recover.py    campaign_status -> run only the stages that are missing or p
 flows/launch.py     a stage in-process (task .submit) or as a deployment run; run records link the two
 flows/monitor.py    progress of a running campaign read from its folder (terminal + progress artifacts)
 flows/artifacts.py  evaluation tables, the learning-curve PNG, the audit summary
+flows/replay.py     one logged training step recomputed from storage (as run, or under a what-if)
 ```
 Which stages exist, their order, pools, sizing and retries come from the stage table
 (``pipelines_lib.stages.table``).

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from pipelines_lib.cli import CommandError, RunFn, add_storage_options, did_you_mean
-from pipelines_lib.configio import ConfigError, parse_yaml
+from pipelines_lib.configio import ConfigError, parse_overrides
 
 # Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
 # parser, so names such as the presets and stages are checked when a command runs, against their registries.
@@ -40,20 +40,6 @@ class Command:
     HELP: str
     add_arguments: Any
     run: RunFn
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``["trainer.max_steps=4"]`` -> ``{"trainer.max_steps": 4}`` (values parsed as YAML scalars)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CommandError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = parse_yaml(value, f"--set {key}")
-        except ConfigError as e:
-            raise CommandError(str(e)) from e
-    return out
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -98,7 +84,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    overrides = parse_sets(args.set)
+    try:
+        overrides = parse_overrides(args.set)
+    except ConfigError as e:
+        raise CommandError(str(e)) from e
     from pipelines_lib.config import CampaignConfig
 
     try:  # the config is checked here, before Prefect starts, so a typo is one line

@@ -322,6 +322,50 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- replay -----------------------------------------------------------------------------------------------
+
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--step", type=int, required=True, help="the logged training step to recompute")
+    p.add_argument("--what-if", action="append", default=[], metavar="KEY=VALUE",
+                   help="recompute under another loss setting, repeatable (trainer.step.loss.eps_high=0.2, "
+                        "trainer.step.loss.behav_weight_cap=2, trainer.advantage=drgrpo); nothing is written")
+    p.add_argument("--dump", default=None, metavar="DIR",
+                   help="write the batch as Parquet into DIR (tokens, masks, log-probs, advantages, per-token loss)")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    add_storage_options(p)
+
+
+@subcommand("replay", "recompute a logged training step from storage and compare it with its log", _replay_args)
+def _replay(args: argparse.Namespace) -> int:
+    from pipelines_lib.configio import ConfigError, parse_overrides
+    from pipelines_lib.stages.replay import replay
+
+    store = open_campaign_store(args, args.url)
+    try:
+        what_if = parse_overrides(args.what_if, flag="--what-if")
+        result = replay(store, args.step, what_if=what_if, dump=open_store(args, args.dump) if args.dump else None,
+                        log=_stderr)
+    except (ConfigError, ValueError, FileNotFoundError) as e:  # no such step, a key a what-if cannot set, no campaign
+        raise CommandError(str(e)) from e
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"step {result['step']}: restored checkpoint of step {result['from_checkpoint']}, "
+              f"re-trained {result['replayed_steps']} logged step(s)")
+        for key in ("loss", "grad_norm"):
+            print(f"{key:<10} logged {result[key]['logged']!r:<24} recomputed {result[key]['recomputed']!r}")
+        for key, value in sorted(result["metrics"].items()):
+            print(f"  {key:<32} {value:.6g}")
+        for g in result["groups"]:
+            print(f"  group {g['group_id']:<24} loss {g['loss']:+.6g}  advantages {g['advantages']}")
+        if result["dump"]:
+            print(f"dump: {result['dump']}")
+        print("what-if: " + json.dumps(result["what_if"]) if what_if
+              else f"identical: {'yes' if result['identical'] else 'NO'}")
+    return 0 if result["identical"] or what_if else 1
+
+
 # -- campaign status ---------------------------------------------------------------------------------------
 
 def _status_args(p: argparse.ArgumentParser) -> None:

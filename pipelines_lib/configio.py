@@ -19,7 +19,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,6 +92,18 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: {e.problem or e.context}{at}") from None
     except (yaml.YAMLError, RecursionError) as e:
         raise ConfigError(f"{where}: not valid YAML ({type(e).__name__}: {e})") from None
+
+
+def parse_overrides(items: Sequence[str], *, flag: str = "--set") -> dict[str, Any]:
+    """``["trainer.optim.lr=1e-4", ...]`` (command-line ``KEY=VALUE`` items) → ``{"trainer.optim.lr": 0.0001}``,
+    each value read as YAML; a malformed item is a ``ConfigError`` naming ``flag`` and the item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} expects key=value, got {item!r}")
+        out[key] = parse_yaml(value, f"{flag} {key}")
+    return out
 
 
 def load_yaml(path: str | Path) -> Any:

@@ -339,7 +339,7 @@ def test_episode_records_generate_tool_call_and_reward_spans_inside_its_episode_
     assert [s["name"] for s in spans] == ["env_reset", "generate", "tool_call.publish", "generate", "reward", "episode"]
     assert {s["track"] for s in spans} == {"slot-000"}
     ep = spans[-1]
-    assert ep["tags"] == {"group": "g0", "sample": 0, "version": 6, "status": "ok"}
+    assert ep["tags"] == {"group": "g0", "sample": 0, "version": 6, "attempt": 0, "status": "ok"}
     assert all(inside(s, ep) for s in spans[:-1])
     gen0, tool_call, gen1, reward = spans[1:5]
     first_call = [t for t in trajs[0].turns if t.role == "assistant"][0]

@@ -240,7 +240,7 @@ def test_shards_carry_the_group_version_column_and_the_campaign_id(local_store: 
     w.add_group(group("q", version=5))
     [info] = w.flush()
     raw = pa.ipc.open_file(pa.BufferReader(local_store.read(info.path))).read_all()
-    assert raw.schema.metadata[SCHEMA_VERSION_KEY] == SCHEMA_VERSION.encode() == b"1.1"
+    assert raw.schema.metadata[SCHEMA_VERSION_KEY] == SCHEMA_VERSION.encode() == b"1.2"
     assert raw.schema.metadata[CAMPAIGN_KEY] == b"campaign"  # the folder's name (local_store is <tmp>/campaign)
     assert raw.column("version").to_pylist() == [5, 5, 5, 5, 5, 5]  # min(5, 7, 6) for p; q is all version 5
 

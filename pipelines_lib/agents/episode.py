@@ -25,11 +25,17 @@ Statuses (``pipelines_lib/trajectory/schema.py: STATUSES``):
 - ``timeout``: ``episode_timeout_s`` passed; the trajectory holds what was done before the deadline.
 - ``engine_error``: the engine could not serve a generation (``EngineUnavailableError``: its server died, timed
   out or is restarting); the trajectory holds the turns before it.
+- ``infra_error``: a tool or the env raised ``InfraError`` (a sandbox that could not start, a dependency that
+  timed out, a storage error inside a tool); ``status_reason`` says what failed.
+
+The last two are infrastructure failures (``INFRA_STATUSES``), not the policy's: ``run_episode`` reruns such an
+episode from the start up to ``infra_retries`` times, and a trajectory that still ends in one keeps the failure
+and its reason; the trainer leaves its whole group out of the loss.
 
 Rewards: ``ok`` gets the env's final reward; ``max_turns``/``max_tokens`` the last ``env.step`` reward (the env's
 running score) or ``failure_reward`` when the env never scored; the failures get ``failure_reward``.
-Exceptions from the env become ``env_error`` here and only here, and ``EngineUnavailableError`` becomes
-``engine_error``; other exceptions from the engine, the tokenizer or the agent itself are bugs or infrastructure
+Exceptions from the env become ``env_error`` here and only here (``InfraError``: ``infra_error``), and
+``EngineUnavailableError`` becomes ``engine_error``; other exceptions from the engine, the tokenizer or the agent itself are bugs or infrastructure
 failures and propagate (the rollout worker decides to restart).
 
 Telemetry (recorded only under ``telemetry.recording``, on the caller's track, see ``pipelines_lib/telemetry``):
@@ -52,9 +58,10 @@ from dataclasses import dataclass, field
 from pipelines_lib import telemetry
 from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo, ToolMessages
 from pipelines_lib.engine.api import Completion, Engine, EngineUnavailableError, SamplingParams
-from pipelines_lib.envs.base import BaseTaskEnv, Message, StepResult, Task
+from pipelines_lib.envs.base import BaseTaskEnv, InfraError, Message, StepResult, Task
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
+from pipelines_lib.trajectory.schema import INFRA_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,8 @@ class _Outcome:
     """Mutable so a deadline that interrupts the loop keeps what was already decided."""
 
     status: str = "ok"
+    reason: str | None = None
+    """What failed, for an infrastructure failure."""
     reward: float | None = None
     reward_parts: dict[str, float] = field(default_factory=dict)
     generate_s: float = 0.0
@@ -73,6 +82,9 @@ class _Outcome:
     def scored(self, result: StepResult) -> None:
         self.reward = result.reward
         self.reward_parts = dict(result.reward_parts)
+
+    def infra(self, status: str, err: BaseException) -> None:
+        self.status, self.reason = status, f"{type(err).__name__}: {err}"[:500]
 
 
 def _queue_wait_span(generate_start: float | None, completion: Completion) -> None:
@@ -117,7 +129,11 @@ async def _loop(
     try:
         with telemetry.span("env_reset"):
             messages = await env.reset(task)
-    except Exception:  # the runner records the bare task prompt
+    except InfraError as err:  # the runner records the bare task prompt
+        out.env_s += clock() - t
+        out.infra("infra_error", err)
+        return
+    except Exception:
         log.warning("env %s: reset(%s) failed", env.name, task.task_id, exc_info=True)
         out.env_s += clock() - t
         out.status = "env_error"
@@ -143,7 +159,7 @@ async def _loop(
             except EngineUnavailableError as err:
                 log.warning("episode %s: engine unavailable: %s", task.task_id, err)
                 gen.tags["error"] = str(err)[:200]
-                out.status = "engine_error"
+                out.infra("engine_error", err)
                 return
             gen.tags.update(tokens=len(completion.token_ids), version=completion.policy_version,
                             finish=completion.finish_reason)
@@ -157,7 +173,12 @@ async def _loop(
             return
         t = clock()
         act_start = telemetry.now()
-        action = await agent.act(text, tool_timeout_s=tool_timeout_s)
+        try:
+            action = await agent.act(text, tool_timeout_s=tool_timeout_s)
+        except InfraError as err:  # a tool's infrastructure failed (``run_tool`` lets only this through)
+            out.env_s += clock() - t
+            out.infra("infra_error", err)
+            return
         if isinstance(action, FinalResponse):
             try:
                 with telemetry.span("env_step", turn=turn) as step:
@@ -165,6 +186,10 @@ async def _loop(
                     if result.done:  # the env scored the answer: this step was the reward computation
                         step.name = "reward"
                         step.tags["reward"] = result.reward
+            except InfraError as err:
+                out.env_s += clock() - t
+                out.infra("infra_error", err)
+                return
             except Exception:
                 log.warning("env %s: step failed on task %s", env.name, task.task_id, exc_info=True)
                 out.env_s += clock() - t
@@ -217,13 +242,18 @@ async def run_episode(
     max_tokens: int,
     failure_reward: float = 0.0,
     queue_s: float = 0.0,
+    infra_retries: int = 0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Trajectory:
     """Run one episode to a ``Trajectory`` (see the module docstring); env failures become statuses.
 
     ``sampling.stop_ids`` defaults to the tokenizer's; ``max_tokens`` caps the whole sequence (prompt included);
-    ``queue_s`` is how long the episode waited before starting (recorded in the timings).
+    ``queue_s`` is how long the episode waited before starting (recorded in the timings). An episode that ends
+    in an infrastructure failure (``INFRA_STATUSES``) is run again from the start, at most ``infra_retries``
+    times, each attempt with its own ``episode_timeout_s``; the trajectory is the last attempt's.
     """
+    if infra_retries < 0:
+        raise ValueError(f"run_episode: infra_retries must be >= 0, got {infra_retries}")
     for name, value in (("episode_timeout_s", episode_timeout_s), ("tool_timeout_s", tool_timeout_s),
                         ("max_tokens", max_tokens), ("group_size", group_size)):
         if value <= 0:
@@ -233,19 +263,27 @@ async def run_episode(
     if not sampling.stop_ids:
         sampling = dataclasses.replace(sampling, stop_ids=tokenizer.stop_ids)
     started_at = utc_now_iso()
-    out = _Outcome()
     limit = min(engine.max_seq_len, max_tokens)
-    agent.clear()
-    with telemetry.span("episode", group=group_id, sample=sample_idx, version=engine.policy_version) as episode:
-        try:
-            async with asyncio.timeout(episode_timeout_s) as deadline:
-                await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
-                            tool_timeout_s=tool_timeout_s, out=out, clock=clock)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            out.status = "timeout"
-        episode.tags["status"] = out.status
+    for attempt in range(infra_retries + 1):
+        out = _Outcome()
+        agent.clear()
+        with telemetry.span("episode", group=group_id, sample=sample_idx, version=engine.policy_version,
+                            attempt=attempt) as episode:
+            try:
+                async with asyncio.timeout(episode_timeout_s) as deadline:
+                    await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
+                                tool_timeout_s=tool_timeout_s, out=out, clock=clock)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                out.status = "timeout"
+            episode.tags["status"] = out.status
+        if out.status not in INFRA_STATUSES:
+            break
+        log.warning("episode %s/%s: attempt %d of %d failed: %s", group_id, sample_idx, attempt + 1,
+                    infra_retries + 1, out.reason)
+    if out.status in INFRA_STATUSES:
+        out.reason = f"{out.reason} ({infra_retries + 1} attempt{'s' if infra_retries else ''})"
     if not agent.tokens:  # env.reset failed or the deadline passed first: record the bare task prompt
         agent.start([{"role": "user", "content": task.prompt}], {})
         if agent.prompt_len > limit:
@@ -282,4 +320,5 @@ async def run_episode(
         task_id=task.task_id,
         tokenizer_hash=tokenizer.tokenizer_hash,
         engine_info=json.dumps(engine_info, sort_keys=True),
+        status_reason=out.reason,
     )

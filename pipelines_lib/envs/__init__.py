@@ -13,6 +13,7 @@ Importing this package imports every built-in env and tool so the registries are
 from pipelines_lib.envs import arithmetic, coding, multihop, tools  # noqa: F401  (registers the built-ins)
 from pipelines_lib.envs.base import (
     BaseTaskEnv,
+    InfraError,
     Message,
     StepResult,
     Task,
@@ -37,6 +38,7 @@ __all__ = [
     "TOOL_REGISTRY",
     "all_text_for_tokenizer",
     "BaseTaskEnv",
+    "InfraError",
     "LatencyProfile",
     "Message",
     "StepResult",

@@ -99,6 +99,14 @@ class ToolError(Exception):
     """A tool refused or failed; the message is shown to the model as the tool result."""
 
 
+class InfraError(Exception):
+    """An infrastructure failure inside a tool or an env: a sandbox that could not start, a dependency that timed
+    out, a storage error. Not the policy's doing: it is never shown to the model; the episode is retried
+    (``run_episode``'s budget) and, failing that, recorded as ``infra_error`` with this message as the reason, and
+    its group is kept out of the loss. A model error (bad call, wrong arguments, code that raises) is a
+    ``ToolError`` or a tool result instead."""
+
+
 class Tool(ABC):
     """An async function the model may call by name with JSON arguments."""
 

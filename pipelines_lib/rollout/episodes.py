@@ -65,7 +65,8 @@ def make_episode_fn(rollout: RolloutConfig, agent: AgentConfig, *, engine: Engin
             sampling=sampling, group_id=group_id, sample_idx=sample_idx,
             group_size=rollout.group_size if group_size is None else group_size, worker_id=worker_id,
             episode_timeout_s=rollout.episode_timeout_s, tool_timeout_s=rollout.tool_timeout_s,
-            max_tokens=rollout.max_tokens, failure_reward=rollout.failure_reward)
+            max_tokens=rollout.max_tokens, failure_reward=rollout.failure_reward,
+            infra_retries=rollout.infra_retries)
 
     return episode
 

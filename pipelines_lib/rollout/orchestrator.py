@@ -87,6 +87,9 @@ class RolloutConfig:
     """Deadline of one tool call; past it the tool result is a timeout error."""
     failure_reward: float = 0.0
     """Reward recorded for a sample that failed (timeout, env error): the group still completes."""
+    infra_retries: int = 2
+    """Reruns of an episode that failed for an infrastructure reason (sandbox start, a dependency's timeout,
+    storage, the engine); one that still fails is recorded as such and its group is kept out of the loss."""
     writer: WriterConfig = field(default_factory=WriterConfig)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,8 @@ class RolloutConfig:
         for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s", "backpressure_max_wait_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.infra_retries < 0:
+            raise ValueError(f"RolloutConfig.infra_retries must be >= 0, got {self.infra_retries}")
         if self.max_new_tokens < 1 or self.max_tokens < 2:
             raise ValueError(f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}")
 

@@ -8,6 +8,7 @@ collect      trajectories/ of one rollout worker               rollout.orchestra
 train        train/, weights/v<N>, train/DONE.json             train.trainer.StreamingTrainer(config.trainer)
 evaluate     eval/v<N>.json                                    evaluate.evaluate_model(config.eval, ...)
 audit        audit/<utc>.json                                  audit.audit_campaign
+replay       nothing (reads only; an optional Parquet dump)    train.replay.replay_step(trainer, step)
 ```
 Prefect tasks (``tasks/``) call these; these call core code; core code never imports them.
 """

@@ -64,7 +64,8 @@ class ShardError(ValueError):
     """A shard could not be read or failed validation; the message names the shard."""
 
 
-DERIVED_COLUMNS = {"version": table_group_versions}
+DERIVED_COLUMNS = {"version": table_group_versions,
+                   "status_reason": lambda table: pa.nulls(table.num_rows, pa.string())}
 """How a reader fills each column of ``MINOR_ADDITIONS`` that a shard of an older minor lacks."""
 
 

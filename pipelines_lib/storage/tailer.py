@@ -22,7 +22,9 @@ else is skipped with a reason, never raised (a raise would repeat on every resta
   and replay address a group by its row range, so such a shard is skipped rather than reassembled: the
   writer never produces one), or content written under another name (``shards.identity_problem``);
 - one group: another size than G, a row longer than the largest bucket, token ids outside the vocabulary,
-  policy versions newer than the trainer's, or a version folder other than its oldest policy version.
+  policy versions newer than the trainer's, or a version folder other than its oldest policy version;
+  or a trajectory whose infrastructure failed (``trainable.infra_problem``): not the policy's doing, so the
+  group is kept out of the loss rather than rewarded as a failure.
 
 Duplicates. A group id is handed out at most once, without a set of every consumed id (the cursor must
 stay bounded by writers x versions in the window, whatever the campaign's age). Two mechanisms cover the
@@ -48,7 +50,7 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs
+from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs, infra_problem
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,8 +160,9 @@ class ShardTailer:
         if gid in self._seen:
             return f"group {gid} was already handed out from {self._seen[gid][1]} (a copy)"
         if self.needs is None:
-            return None
-        return group_problem(table, self.needs, folder_version=version, newest_version=max_version)
+            return infra_problem(table)
+        return (group_problem(table, self.needs, folder_version=version, newest_version=max_version)
+                or infra_problem(table))
 
     def _finish(self, version: int, path: str) -> None:
         self.cursor.done.setdefault(version, []).append(path.rsplit("/", 1)[-1])

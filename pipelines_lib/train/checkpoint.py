@@ -66,11 +66,12 @@ def committed_checkpoints(store: Store) -> list[str]:
     return sorted(out, key=lambda f: layout.checkpoint_step(f) or 0)
 
 
-def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer
+def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer, before_step: int | None = None
                    ) -> tuple[str, CheckpointMeta] | None:
-    """Restore the newest committed checkpoint into ``model``/``optimizer`` in place; returns its folder and meta,
-    or None if there is none."""
-    folders = committed_checkpoints(store)
+    """Restore the newest committed checkpoint (of a step before ``before_step``, when given) into
+    ``model``/``optimizer`` in place; returns its folder and meta, or None if there is none."""
+    folders = [f for f in committed_checkpoints(store)
+               if before_step is None or (layout.checkpoint_step(f) or 0) < before_step]
     if not folders:
         return None
     folder = folders[-1]

@@ -117,6 +117,46 @@ def _split_micro(x_b: jax.Array | None, n_micro: int) -> jax.Array | None:
     return x_b.reshape(x_b.shape[0] // n_micro, n_micro, *x_b.shape[1:]).swapaxes(0, 1)
 
 
+def batch_rows(batch: TrainBatch, cfg: StepConfig) -> dict[str, jax.Array | None]:
+    """The per-row arrays a loss reads, with the aggregation weights of the *whole* batch (``[B, ...]`` each)."""
+    loss_mask_bt = batch.loss_mask_bt.astype(jnp.float32)
+    return {
+        "tokens_bt": batch.tokens_bt,
+        "positions_bt": batch.positions_bt,
+        "loss_mask_bt": loss_mask_bt,
+        "behav_logp_bt": batch.behav_logp_bt,
+        "advantages_bt": batch.advantages_bt,
+        "prox_logp_bt": batch.prox_logp_bt,
+        "weight_bt": token_weights_bt(loss_mask_bt, cfg.loss.aggregation),
+        "metric_weight_bt": token_weights_bt(loss_mask_bt, "token_mean"),
+    }
+
+
+def loss_inputs(model: Decoder, rows: dict[str, jax.Array | None], *, cfg: StepConfig,
+                ref_model: Decoder | None = None) -> LossInputs:
+    """``LossInputs`` of ``rows`` (``batch_rows`` or a micro-batch of them): forward passes in the compute dtype,
+    the proximal log-probs defaulting to the current ones (stop-gradient)."""
+    logp_bt, entropy_bt = _forward_logp_entropy(
+        with_dtype(model, cfg.precision.compute), rows["tokens_bt"], rows["positions_bt"], remat=cfg.remat
+    )
+    prox_logp_bt = rows["prox_logp_bt"]
+    ref_logp_bt = None
+    if ref_model is not None:
+        ref_model_c = with_dtype(ref_model, cfg.precision.compute)
+        ref_logp_bt = jax.lax.stop_gradient(_forward_logp_entropy(ref_model_c, rows["tokens_bt"], rows["positions_bt"])[0])
+    return LossInputs(
+        logp_bt=logp_bt,
+        prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
+        behav_logp_bt=rows["behav_logp_bt"],
+        advantages_bt=rows["advantages_bt"],
+        loss_mask_bt=rows["loss_mask_bt"],
+        weight_bt=rows["weight_bt"],
+        metric_weight_bt=rows["metric_weight_bt"],
+        entropy_bt=entropy_bt,
+        ref_logp_bt=ref_logp_bt,
+    )
+
+
 @partial(nnx.jit, static_argnames=("cfg",), donate_argnums=(0, 1))
 def train_step(
     model: Decoder,
@@ -152,17 +192,8 @@ def train_step(
         raise ValueError(f"kl_coef={cfg.loss.kl_coef} needs a ref_model")
     loss_fn = get_loss(cfg.loss.name)
 
-    loss_mask_bt = batch.loss_mask_bt.astype(jnp.float32)
-    per_row = {
-        "tokens_bt": batch.tokens_bt,
-        "positions_bt": batch.positions_bt,
-        "loss_mask_bt": loss_mask_bt,
-        "behav_logp_bt": batch.behav_logp_bt,
-        "advantages_bt": batch.advantages_bt,
-        "prox_logp_bt": batch.prox_logp_bt,
-        "weight_bt": token_weights_bt(loss_mask_bt, cfg.loss.aggregation),
-        "metric_weight_bt": token_weights_bt(loss_mask_bt, "token_mean"),
-    }
+    per_row = batch_rows(batch, cfg)
+    loss_mask_bt = per_row["loss_mask_bt"]
     micro_batches = {k: _split_micro(v, n_micro) for k, v in per_row.items()}
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -174,26 +205,8 @@ def train_step(
     ref_graphdef, ref_state = nnx.split(ref_model) if use_ref else (None, None)
 
     def micro_loss(params: nnx.State, micro: dict[str, jax.Array | None]):
-        compute_model = with_dtype(nnx.merge(graphdef, params, rest), cfg.precision.compute)
-        logp_bt, entropy_bt = _forward_logp_entropy(
-            compute_model, micro["tokens_bt"], micro["positions_bt"], remat=cfg.remat
-        )
-        prox_logp_bt = micro["prox_logp_bt"]
-        ref_logp_bt = None
-        if use_ref:
-            ref_model_c = with_dtype(nnx.merge(ref_graphdef, ref_state), cfg.precision.compute)
-            ref_logp_bt = _forward_logp_entropy(ref_model_c, micro["tokens_bt"], micro["positions_bt"])[0]
-        inputs = LossInputs(
-            logp_bt=logp_bt,
-            prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
-            behav_logp_bt=micro["behav_logp_bt"],
-            advantages_bt=micro["advantages_bt"],
-            loss_mask_bt=micro["loss_mask_bt"],
-            weight_bt=micro["weight_bt"],
-            metric_weight_bt=micro["metric_weight_bt"],
-            entropy_bt=entropy_bt,
-            ref_logp_bt=None if ref_logp_bt is None else jax.lax.stop_gradient(ref_logp_bt),
-        )
+        ref = nnx.merge(ref_graphdef, ref_state) if use_ref else None
+        inputs = loss_inputs(nnx.merge(graphdef, params, rest), micro, cfg=cfg, ref_model=ref)
         loss, metrics = loss_fn(inputs, cfg.loss)
         # Per token, for the batch-wide p99 of the training–inference mismatch (a quantile does not add up over
         # micro-batches as the means do).

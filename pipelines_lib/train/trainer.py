@@ -53,7 +53,7 @@ from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
-from pipelines_lib.trajectory.trainable import TrainerNeeds
+from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +235,8 @@ class StreamingTrainer:
                 events.append(e)
                 if e.kind == "skipped":
                     self.log(f"trainer: skipped {len(e.groups)} group(s) of {e.shard}: {e.reason}")
+                    if e.reason.startswith(INFRA_REASON):
+                        telemetry.count("groups_skipped_infra", len(e.groups))
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
                 if self.tc.skip_zero_advantage and zero_advantage(rewards):

@@ -73,6 +73,8 @@ class Trajectory:
     task_id: str = ""
     tokenizer_hash: str = ""
     engine_info: str = "{}"
+    status_reason: str | None = None
+    """What failed, for an infrastructure failure (``schema.INFRA_STATUSES``); None otherwise."""
 
     @property
     def trajectory_id(self) -> str:
@@ -153,7 +155,7 @@ def to_table(trajectories: Iterable[Trajectory]) -> pa.Table:
     trajectories = list(trajectories)
     columns: dict[str, pa.Array] = {"trajectory_id": pa.array([t.trajectory_id for t in trajectories], pa.string())}
     for name in ("group_id", "prompt_id", "sample_idx", "group_size", "worker_id", "prompt_len", "reward", "status",
-                 "env_name", "task_id", "tokenizer_hash", "engine_info"):
+                 "env_name", "task_id", "tokenizer_hash", "engine_info", "status_reason"):
         columns[name] = pa.array([getattr(t, name) for t in trajectories], TRAJECTORY_SCHEMA.field(name).type)
     for name in TOKEN_COLUMNS:
         columns[name] = _list_column([getattr(t, name) for t in trajectories], TRAJECTORY_SCHEMA.field(name).type)
@@ -195,6 +197,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
                 task_id=row["task_id"],
                 tokenizer_hash=row["tokenizer_hash"],
                 engine_info=row["engine_info"],
+                status_reason=row["status_reason"],
             )
         )
     return out

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 SCHEMA_VERSION_KEY = b"rollstream.schema_version"
 CAMPAIGN_KEY = b"rollstream.campaign"
 """Schema metadata (since 1.1): the campaign id, the name of the campaign folder the shard was written into."""
 
-STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout", "engine_error")
+STATUSES = ("ok", "max_turns", "max_tokens", "tool_error", "env_error", "timeout", "engine_error", "infra_error")
 """``status`` values. ``ok``: the episode ended normally (reward may still be 0). The others say why it
 stopped early or what failed; a failed sample still completes its group with the configured reward."""
+
+INFRA_STATUSES = ("infra_error", "engine_error")
+"""Statuses of infrastructure failures (a sandbox, a dependency, storage, the engine), not of the policy: a
+group holding one is kept out of the loss (``trajectory.trainable.infra_problem``) instead of rewarded as a
+failure. ``infra_error`` since schema 1.2."""
 
 ROLES = ("system", "user", "assistant", "tool", "env")
 
@@ -83,13 +88,15 @@ TRAJECTORY_SCHEMA = pa.schema(
         _field("task_id", pa.string(), "task within the environment"),
         _field("tokenizer_hash", pa.string(), "hash of the tokenizer files the ids belong to"),
         _field("engine_info", pa.string(), "JSON: engine kind, slots, sampling parameters"),
+        _field("status_reason", pa.string(), "what failed, for infrastructure failures (INFRA_STATUSES); else null",
+               nullable=True),
     ],
     metadata={SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode()},
 )
 
 TOKEN_COLUMNS = ("tokens", "loss_mask", "logprobs", "policy_version")
 
-MINOR_ADDITIONS: dict[str, int] = {"version": 1}
+MINOR_ADDITIONS: dict[str, int] = {"version": 1, "status_reason": 2}
 """Columns added by a minor version: name -> the minor that added it. A shard of an older minor lacks them and
 its reader derives them (``storage.shards.decode_shard``)."""
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines_lib.trajectory.schema import INFRA_STATUSES
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerNeeds:
@@ -84,3 +86,24 @@ def group_problem(group: pa.Table, needs: TrainerNeeds, *, folder_version: int |
         return (f"group {gid}'s oldest policy version is {oldest} but it is filed under v{folder_version:08d} "
                 f"(copied into another version folder?)")
     return None
+
+
+INFRA_REASON = "infrastructure failure"
+"""How every ``infra_problem`` reason starts (what the trainer's metrics and the drills count by)."""
+
+
+def infra_problem(group: pa.Table) -> str | None:
+    """Why ``group`` is kept out of the loss for an infrastructure failure, or None.
+
+    A trajectory whose sandbox, dependency, storage or engine failed (``INFRA_STATUSES``) says nothing about the
+    policy, and its failure reward would push the whole group's advantages; so the group trains on nothing.
+    The reason names the first such trajectory and what failed.
+    """
+    statuses = group.column("status").to_pylist()
+    failed = [i for i, s in enumerate(statuses) if s in INFRA_STATUSES]
+    if not failed:
+        return None
+    i = failed[0]
+    return (f"{INFRA_REASON}: group {group.column('group_id')[0].as_py()} has {len(failed)} "
+            f"trajectory(ies) with status in {INFRA_STATUSES} (sample {group.column('sample_idx')[i].as_py()}: "
+            f"{statuses[i]}: {group.column('status_reason')[i].as_py()})")

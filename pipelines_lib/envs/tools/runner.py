@@ -2,7 +2,9 @@
 
 Agents call every tool through it, so a misbehaving tool (bad arguments, a crash, a hang) turns into
 tool-result text the model sees plus an error kind recorded on the trajectory's turn, never an
-exception that kills the episode. Cancellation still propagates (it is not an episode failure).
+exception that kills the episode. Cancellation still propagates (it is not an episode failure), and so does
+``InfraError``: an infrastructure failure is not something the model did, so it must not become a tool result
+the model learns from (``run_episode`` retries the episode or records it as ``infra_error``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pipelines_lib.envs.base import Tool, ToolError
+from pipelines_lib.envs.base import InfraError, Tool, ToolError
 
 ToolErrorKind = Literal["tool_error", "timeout"]
 
@@ -36,6 +38,7 @@ async def run_tool(
     - deadline passed: ``("Error: tool '<name>' timed out after <t> s", "timeout", latency)``
     - any other exception (a tool bug): ``("Error: internal error in tool '<name>': <Type>: <msg>",
       "tool_error", latency)``
+    - :class:`InfraError` (the tool's infrastructure failed): raised, never a tool result
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -46,6 +49,8 @@ async def run_tool(
         return f"Error: {e}", "tool_error", clock() - start
     except TimeoutError:
         return timeout_text(tool.name, timeout_s), "timeout", clock() - start
+    except InfraError:
+        raise
     except Exception as e:  # a tool bug must not end the episode; it becomes a recorded status
         return (
             f"Error: internal error in tool {tool.name!r}: {type(e).__name__}: {e}",

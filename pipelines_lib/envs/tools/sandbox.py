@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from pipelines_lib.envs.base import Tool, require_str_arg
+from pipelines_lib.envs.base import InfraError, Tool, require_str_arg
 from pipelines_lib.envs.registry import register_tool
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,10 @@ class LocalProcessBackend:
             await worker.reap()
 
     async def run(self, code: str, *, clock: Callable[[], float] = time.perf_counter) -> SandboxResult:
-        worker = self._ready.popleft() if self._ready else await self._started()
+        try:
+            worker = self._ready.popleft() if self._ready else await self._started()
+        except OSError as e:  # no process, no namespace, no pipe: the machine's fault, not the program's
+            raise InfraError(f"sandbox could not start: {type(e).__name__}: {e}") from e
         self._refill()
         cfg = self.config
         proc = worker.proc
