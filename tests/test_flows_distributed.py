@@ -97,8 +97,6 @@ def prefect_cluster(tmp_path, emulator: str) -> Iterator[tuple[dict[str, str], P
         for pool in POOLS:
             cli("work-pool", "create", pool, "--type", "process",
                 "--base-job-template", str(ROOT / "infra/process-job-template.json"))
-        for slot in ("trainer", "rollout0", "rollout1"):
-            cli("global-concurrency-limit", "create", f"gpu:{slot}", "--limit", "1")
         cli("deploy", "--all", "--prefect-file", "infra/prefect.yaml")
         for pool in POOLS:
             start(f"worker-{pool}", "worker", "start", "--pool", pool, "--type", "process")
