@@ -45,7 +45,7 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     (("stauts", "x"), ("invalid choice: 'stauts'", "did you mean 'status'?")),
     (("bench", "--only", "storre"), ("rollstream bench: unknown benchmark 'storre'", "did you mean 'store'?")),
     (("run", "{tmp}/c", "--set", "trainer.max_step=4"), ("rollstream run: trainer.max_step", "'max_steps'")),
-    (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects KEY=VALUE",)),
+    (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects key=value",)),
     (("run", "{tmp}/c", "--preset", "smok"), ("unknown preset 'smok'", "did you mean 'smoke'?")),
     (("run", "{tmp}/c", "--config", "{tmp}/missing.yaml"), ("rollstream run:", "missing.yaml")),
     (("stage", "tran", "{tmp}/c"), ("unknown stage 'tran'", "did you mean 'train'?")),
