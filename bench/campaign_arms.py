@@ -83,6 +83,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,8 @@ RUNNER = "threads"
 SYNC_TOPUP_WAIT_S = 600.0
 """The sync budget's top-up wait: never reached while every group is usable (it would mean a worker lost)."""
 ARM_TIMEOUT_S = 1800.0
+NO_CORRECTION = "_nocorr"
+"""Suffix of an arm trained without off-policy correction (``trainer.step.loss.correction=none``)."""
 
 
 def arm_overrides(arm: str, config: CampaignConfig) -> dict[str, Any]:
@@ -124,7 +127,9 @@ def arm_overrides(arm: str, config: CampaignConfig) -> dict[str, Any]:
                 "rollout.backpressure_max_wait_s": SYNC_TOPUP_WAIT_S}
     if arm.startswith("eta") and arm[3:].isdigit():
         return {"rollout.eta": int(arm[3:])}
-    raise ValueError(f"unknown arm {arm!r}; valid: {ARMS}")
+    if arm.startswith("eta") and arm.endswith(NO_CORRECTION) and arm[3:-len(NO_CORRECTION)].isdigit():
+        return {"rollout.eta": int(arm[3:-len(NO_CORRECTION)]), "trainer.step.loss.correction": "none"}
+    raise ValueError(f"unknown arm {arm!r}; valid: sync, eta<k>, eta<k>{NO_CORRECTION}")
 
 
 def shared_config(sizes: Mapping[str, Any], profile: str) -> CampaignConfig:
@@ -286,12 +291,21 @@ def headline_figures(name: str, arms: Mapping[str, Mapping[str, float]]) -> dict
             f"{name}.eta2_over_sync_wallclock": eta2["wall_s"] / sync["wall_s"]}
 
 
-def run_arms(ctx: BenchContext, name: str, profile: str, arm_names: Sequence[str]) -> BenchResult:
-    """Benchmark ``name``: one warm start, then ``arm_names`` in turn under tool-latency ``profile``."""
+@dataclass(frozen=True, kw_only=True)
+class ArmSet:
+    """What ``run_arm_set`` ran: per arm its figures, reward curve, overrides and campaign URL."""
+
+    arms: dict[str, dict[str, float]]
+    curves: dict[str, list[tuple[float, float]]]
+    configs: dict[str, dict[str, Any]]
+    urls: dict[str, str]
+    warm_s: float
+
+
+def run_arm_set(ctx: BenchContext, name: str, shared: CampaignConfig, arm_names: Sequence[str]) -> ArmSet:
+    """One warm start of ``shared``, then each arm's campaign command in turn from it (module docstring)."""
     from pipelines_lib.stages.warm_start import warm_start
 
-    sizes = QUICK if ctx.quick else FULL
-    shared = shared_config(sizes, profile)
     config_path = ctx.scratch / "arms.yaml"
     config_path.write_text(yaml.safe_dump(shared.to_dict()))
     base = ctx.scratch / "base"
@@ -304,17 +318,27 @@ def run_arms(ctx: BenchContext, name: str, profile: str, arm_names: Sequence[str
     arms: dict[str, dict[str, float]] = {}
     curves: dict[str, list[tuple[float, float]]] = {}
     configs: dict[str, dict[str, Any]] = {}
+    urls: dict[str, str] = {}
     for arm in arm_names:
         configs[arm] = {"init_from": str(base), **arm_overrides(arm, shared)}
-        url = str(ctx.scratch / arm)
-        command_s = _run_arm(url, config_path, configs[arm], ctx.progress)
-        arms[arm], curves[arm] = arm_figures(Store(url))
+        urls[arm] = str(ctx.scratch / arm)
+        command_s = _run_arm(urls[arm], config_path, configs[arm], ctx.progress)
+        arms[arm], curves[arm] = arm_figures(Store(urls[arm]))
         arms[arm]["command_s"] = command_s
         arms[arm]["load_1min"] = os.getloadavg()[0]
         ctx.progress(f"{name} {arm}: " + ", ".join(f"{k}={arms[arm][k]:.4g}" for k in ROW_KEYS if k in arms[arm]))
     steps = {arm: int(f["steps"]) for arm, f in arms.items()}
     if len(set(steps.values())) != 1:
         raise RuntimeError(f"arms trained different numbers of steps {steps}: their figures are not comparable")
+    return ArmSet(arms=arms, curves=curves, configs=configs, urls=urls, warm_s=warm_s)
+
+
+def run_arms(ctx: BenchContext, name: str, profile: str, arm_names: Sequence[str]) -> BenchResult:
+    """Benchmark ``name``: one warm start, then ``arm_names`` in turn under tool-latency ``profile``."""
+    sizes = QUICK if ctx.quick else FULL
+    shared = shared_config(sizes, profile)
+    run = run_arm_set(ctx, name, shared, arm_names)
+    arms, curves, configs, warm_s = run.arms, run.curves, run.configs, run.warm_s
     figures = {**headline_figures(name, arms), f"{name}.warm_start_s": warm_s}
     figures |= {f"{name}.{arm}.{k}": float(v) for arm, f in arms.items() for k, v in f.items()}
     rows = [{"arm": arm, **{k: f.get(k, "n/a") for k in ROW_KEYS}} for arm, f in arms.items()]

@@ -11,10 +11,12 @@ the timed window, for the learning curve.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
@@ -28,7 +30,47 @@ QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_step
                    "trainer.skip_zero_advantage=false"]
 
 
-def _plot(path: Path, steps: list[int], rewards: list[float], evals: dict[int, tuple[int, float]]) -> None:
+def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = ()) -> float:
+    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess; returns its
+    wall clock.
+
+    Exit code 1 (the audit found problems) still leaves figures worth reading."""
+    cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends", *args]
+    ctx.progress(f"{url}: {' '.join(cmd[1:])}")
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return time.monotonic() - t0
+
+
+def version_evals(ctx: BenchContext, store: Store) -> dict[int, dict[str, float]]:
+    """Held-out figures of every published version, evaluating (untimed) the ones the campaign did not.
+
+    Per version: ``step`` (trainer step that published it), ``greedy`` (greedy success), ``pass_at_k``,
+    ``format`` (share of greedy answers well-formed; envs with a ``format`` reward part) and ``published_at``
+    (seconds since the epoch)."""
+    config = load_campaign_config(store)
+    out = {}
+    for version in records.published_versions(store):
+        ctx.progress(f"{store.url}: evaluating v{version} (untimed)")
+        evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
+        report, publication = EvalResult.read(store, version), Publication.entry(store, version)
+        out[version] = {"step": publication.step, "greedy": report.greedy_success_rate,
+                        "pass_at_k": report.pass_at_k or 0.0,
+                        "published_at": dt.datetime.fromisoformat(publication.published_at).timestamp(),
+                        **({"format": report.greedy["format_rate"]} if "format_rate" in report.greedy else {})}
+    return out
+
+
+def reward_curve(store: Store) -> tuple[list[int], list[float]]:
+    """Trainer step and mean reward of the groups it trained on, per step (``train/consumed/*.json``)."""
+    logs = [log for log in records.consumption_logs(store) if log.mean_reward is not None]
+    return [log.step for log in logs], [float(log.mean_reward) for log in logs]
+
+
+def plot_learning(path: Path, steps: list[int], rewards: list[float], evals: dict[int, dict[str, float]],
+                  title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,15 +79,23 @@ def _plot(path: Path, steps: list[int], rewards: list[float], evals: dict[int, t
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, rewards, ".-", label="batch mean reward (train groups)")
     if evals:
-        xs = [s for s, _ in evals.values()]
-        ax.plot(xs, [v for _, v in evals.values()], "o-", label="held-out greedy success")
+        ax.plot([e["step"] for e in evals.values()], [e["greedy"] for e in evals.values()], "o-",
+                label="held-out greedy success")
     ax.set_xlabel("trainer step")
     ax.set_ylim(0, 1)
     ax.legend(loc="lower right")
-    ax.set_title("warm start + streaming GRPO (tiny model, arithmetic + calculator)")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def version_rows(evals: dict[int, dict[str, float]], k: int) -> list[dict[str, str | int]]:
+    """One table row per version: trainer step, greedy success, pass@k (and well-formed share when known)."""
+    return [{"version": v, "trainer step": int(e["step"]), "held-out greedy success": f"{e['greedy']:.1%}",
+             f"pass@{k} (sampled)": f"{e['pass_at_k']:.1%}",
+             **({"greedy answers well-formed": f"{e['format']:.1%}"} if "format" in e else {})}
+            for v, e in sorted(evals.items())]
 
 
 @register_bench(
@@ -66,38 +116,18 @@ def _plot(path: Path, steps: list[int], rewards: list[float], evals: dict[int, t
 )
 def learning(ctx: BenchContext) -> BenchResult:
     url = str(ctx.scratch / "campaign")
-    cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends"]
-    for item in QUICK_OVERRIDES if ctx.quick else []:
-        cmd += ["--set", item]
-    ctx.progress(f"learning: {' '.join(cmd[1:])}")
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-    wall = time.monotonic() - t0
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    wall = run_campaign(ctx, url, [a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item)])
     store = Store(url)
-    config = load_campaign_config(store)
-    for version in records.published_versions(store):
-        ctx.progress(f"learning: evaluating v{version} for the curve (untimed)")
-        evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
-    evals, pass_at_k = {}, {}
-    for version in records.evaluated_versions(store):
-        report = EvalResult.read(store, version)
-        evals[version] = (Publication.entry(store, version).step, report.greedy_success_rate)
-        pass_at_k[version] = report.pass_at_k or 0.0
-    steps, rewards = [], []
-    for log in records.consumption_logs(store):
-        if log.mean_reward is not None:
-            steps.append(log.step)
-            rewards.append(log.mean_reward)
-    first, last = min(evals), max(evals)
-    gain = (evals[last][1] - evals[first][1]) * 100
-    _plot(ctx.plot_dir / "learning_curve.png", steps, rewards, evals)
-    rows = [{"version": v, "trainer step": s, "held-out greedy success": f"{x:.1%}",
-             f"pass@{config.eval.samples} (sampled)": f"{pass_at_k[v]:.1%}"} for v, (s, x) in sorted(evals.items())]
+    evals = version_evals(ctx, store)
+    steps, rewards = reward_curve(store)
+    first, last = evals[min(evals)], evals[max(evals)]
+    plot_learning(ctx.plot_dir / "learning_curve.png", steps, rewards, evals,
+                  "warm start + streaming GRPO (tiny model, arithmetic + calculator)")
     summary = json.dumps({"steps": len(steps), "wall_s": round(wall, 1)})
     return BenchResult(
-        figures={"learning.heldout_gain_pts": round(gain, 2), "learning.wallclock_s": round(wall, 1),
-                 "learning.v0_success": evals[first][1], "learning.final_success": evals[last][1],
-                 "learning.v0_pass_at_k": pass_at_k[first], "learning.final_pass_at_k": pass_at_k[last]},
-        rows=rows, plots=["learning_curve.png"], notes=f"run: {summary}; quick={ctx.quick}")
+        figures={"learning.heldout_gain_pts": round((last["greedy"] - first["greedy"]) * 100, 2),
+                 "learning.wallclock_s": round(wall, 1),
+                 "learning.v0_success": first["greedy"], "learning.final_success": last["greedy"],
+                 "learning.v0_pass_at_k": first["pass_at_k"], "learning.final_pass_at_k": last["pass_at_k"]},
+        rows=version_rows(evals, load_campaign_config(store).eval.samples), plots=["learning_curve.png"],
+        notes=f"run: {summary}; quick={ctx.quick}")

@@ -70,16 +70,22 @@ def _available_gib() -> float:
     return kb / 2**20
 
 
+def _one_device():  # noqa: ANN202 - JAX is imported in the part's own process only
+    from pipelines_lib.train.mesh import MeshConfig, make_mesh
+
+    return make_mesh(MeshConfig())
+
+
 def _model(args: dict[str, Any], dtype: str = "float32"):
-    import jax
     from flax import nnx
 
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.train.mesh import shard_node
 
     cfg = ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"])
     model = Decoder(ModelConfig.from_dict({**cfg.to_dict(), "dtype": dtype}), rngs=nnx.Rngs(0))
-    nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))  # committed, as step outputs are
+    shard_node(model, _one_device())  # committed, as step outputs are
     return model
 
 
@@ -103,7 +109,7 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
     from pipelines_lib.train.step import StepConfig, train_step
 
     model = _model(args)
-    optimizer = make_nnx_optimizer(model, OptimConfig())
+    optimizer = make_nnx_optimizer(model, OptimConfig(), _one_device())
     batch = _batch(args, args["rows"], args["length"], model.cfg.vocab_size)
     cfg = StepConfig(remat=args["remat"])
     memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()

@@ -18,13 +18,17 @@ from pathlib import Path
 from typing import Any
 
 BENCH_MODULES: tuple[str, ...] = (
+    "bench.ablation",
     "bench.campaign_arms",
     "bench.engine",
     "bench.learning",
+    "bench.learning2",
     "bench.realsize",
     "bench.replay",
     "bench.rollout",
+    "bench.scale",
     "bench.store",
+    "bench.storage_scale",
     "bench.telemetry",
     "bench.trainer",
     "bench.vllm",

@@ -41,6 +41,7 @@ from pipelines_lib.stages.train import trainer_for
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
+from pipelines_lib.train.mesh import shard_node
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer
@@ -128,7 +129,8 @@ def bench_trainer(ctx: BenchContext) -> BenchResult:
     trainer = trainer_for(store, config, log=lambda line: None)
     trainer.run(max_steps=1)
     bare_model, _ = load_published(store, 0)
-    bare_optimizer = make_nnx_optimizer(bare_model, config.trainer.optim)
+    shard_node(bare_model, trainer.mesh)
+    bare_optimizer = make_nnx_optimizer(bare_model, config.trainer.optim, trainer.mesh)
     [(warm_batch, _)] = logged_batches(trainer, range(1, 2))
     jax.block_until_ready(train_step(bare_model, bare_optimizer, warm_batch, cfg=config.trainer.step))
 

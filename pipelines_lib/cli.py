@@ -123,6 +123,12 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version folder at a time each (default: one per CPU)")
+    p.add_argument("--since", type=int, default=None, metavar="VERSION",
+                   help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
+    p.add_argument("--keep", action="store_true",
+                   help="keep each version folder's result under audit/versions/ for a later --since")
     add_storage_options(p)
 
 
@@ -131,20 +137,21 @@ def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
 
     report = audit_campaign(open_store(args, args.url), progress=_stderr,
-                            progress_every=args.progress_every)
+                            progress_every=args.progress_every, jobs=args.jobs, since=args.since,
+                            keep=args.keep)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 
 
 # -- export -----------------------------------------------------------------------------------------------
 
-def _export_parquet(store: Store, out: Store) -> list:
+def _export_parquet(store: Store, out: Store, jobs: int) -> list:
     from pipelines_lib.audit.export import export_parquet
 
-    return export_parquet(store, out, progress=_stderr)
+    return export_parquet(store, out, progress=_stderr, jobs=jobs)
 
 
-EXPORTERS: dict[str, Callable[[Store, Store], list]] = {"parquet": _export_parquet}
+EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_parquet}
 """Export formats by name; each returns ``audit.export.ExportedVersion``-like records."""
 
 
@@ -153,12 +160,14 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
                                "(a rerun reports each version as written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes, one version at a time each (default: one per CPU)")
     add_storage_options(p)
 
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out))
+    results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0
@@ -248,6 +257,27 @@ def _export_weights(args: argparse.Namespace) -> int:
     except FileExistsError as e:
         raise CommandError(str(e)) from e
     print(json.dumps({"version": version, "out": str(folder), "files": sorted(p.name for p in folder.iterdir())}))
+    return 0
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (default: the config's)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="this process's index in the campaign's distributed group (default: distributed.process_id)")
+    add_storage_options(p)
+
+
+@subcommand("train", "run the train stage in this process: one process of a multi-host trainer, or the whole trainer",
+            _train_args)
+def _train(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.campaign import load_campaign_config
+    from pipelines_lib.stages.train import train
+
+    store = open_store(args, args.url)
+    summary = train(store, load_campaign_config(store), max_steps=args.max_steps, cache=args.settings.cache,
+                    process_id=args.process_id, log=lambda line: print(line, flush=True))
+    print(json.dumps(summary))
     return 0
 
 

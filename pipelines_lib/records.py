@@ -13,6 +13,7 @@ DoneMarker          train/DONE.json                                 train.traine
 StopRequest         rollout/STOP-<utc>.json                         rollout.collect.request_stop
 RunRecord           runs/<key>-<flow_run_id>[-failed-<n>].json      tasks.common.stage_run
 AuditRecord         audit/<utc>.json (+ .txt)                       tasks.audit (an ``audit.AuditReport``)
+AuditVersionResult  audit/versions/v<N>-<digest>-<newest>.json      audit.campaign (one version folder's result)
 ```
 
 Each record is a frozen dataclass. ``write(store)`` is its only way into the folder (create-only, so a second
@@ -35,7 +36,7 @@ from typing import Any, ClassVar, Self, get_type_hints
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import GroupSlice, TailEvent
+from pipelines_lib.storage.tailer import GroupSlice, TailCursor, TailEvent
 from pipelines_lib.trajectory.record import utc_now_iso
 
 
@@ -121,6 +122,9 @@ class Record(_Record):
     """A whole campaign object: versioned, with one path."""
 
     VERSION: ClassVar[int] = 1
+    """The version this code writes."""
+    OLDER_VERSIONS: ClassVar[tuple[int, ...]] = ()
+    """Earlier versions it still reads: their fields are a subset of this version's (the rest take defaults)."""
 
     @classmethod
     def from_json(cls, raw: Any, *, where: str) -> Self:
@@ -128,9 +132,10 @@ class Record(_Record):
         if not isinstance(raw, Mapping):
             raise RecordError(f"{where}: expected a JSON object for a {cls.__name__}, got {type(raw).__name__}")
         version = raw.get(RECORD_VERSION_KEY)
-        if version != cls.VERSION:
+        if isinstance(version, bool) or version not in (cls.VERSION, *cls.OLDER_VERSIONS):
+            supported = " or ".join(str(v) for v in (*cls.OLDER_VERSIONS, cls.VERSION))
             raise RecordError(f"{where}: {cls.__name__} {RECORD_VERSION_KEY} {version!r} is not the supported "
-                              f"{cls.VERSION}")
+                              f"{supported}")
         return cls._from_mapping({k: v for k, v in raw.items() if k != RECORD_VERSION_KEY}, where)
 
     @classmethod
@@ -253,7 +258,10 @@ class ZeroAdvantageGroup(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ConsumptionLog(Record):
-    """What step ``step`` trained on, written before the step's effects (the write-ahead log of exact resume)."""
+    """What step ``step`` trained on, written before the step's effects (the write-ahead log of exact resume).
+
+    Version 2 carries the tail cursor as a delta from the previous step's (``cursor_delta``), so a log's size
+    follows the step, not the campaign; version 1 logs (the whole cursor in ``cursor_after``) still read."""
 
     step: int
     trainer_version: int
@@ -264,15 +272,20 @@ class ConsumptionLog(Record):
     skipped: list[SkippedShard] = field(default_factory=list)
     published_version: int | None = None
     """The version this step publishes, if it does."""
+    cursor_delta: str | None = None
+    """``TailCursor.delta_json(cursor before the step)`` (None in the synthetic demo, which never resumes)."""
     cursor_after: str | None = None
-    """``TailCursor.to_json()`` after the step (None in the synthetic demo, which never resumes)."""
+    """Version 1 only: ``TailCursor.to_json()`` after the step."""
     metrics: dict[str, float] = field(default_factory=dict)
     mean_reward: float | None = None
+
+    VERSION: ClassVar[int] = 2
+    OLDER_VERSIONS: ClassVar[tuple[int, ...]] = (1,)
 
     @classmethod
     def of_step(cls, *, step: int, trainer_version: int, groups: Sequence[GroupSlice], events: Sequence[TailEvent],
                 zero_advantage: Sequence[ZeroAdvantageGroup] = (), published_version: int | None = None,
-                cursor_after: str | None = None, metrics: Mapping[str, float] | None = None) -> Self:
+                cursor_delta: str | None = None, metrics: Mapping[str, float] | None = None) -> Self:
         """The log of a step that trained on ``groups`` after the tailer reported ``events``."""
         rewards = [r for g in groups for r in g.table.column("reward").to_pylist()]
         return cls(
@@ -284,8 +297,16 @@ class ConsumptionLog(Record):
                            for e in events if e.kind == "dropped_stale"],
             skipped=[SkippedShard(shard=e.shard, reason=e.reason, groups=list(e.groups))
                      for e in events if e.kind == "skipped"],
-            published_version=published_version, cursor_after=cursor_after, metrics=dict(metrics or {}),
+            published_version=published_version, cursor_delta=cursor_delta, metrics=dict(metrics or {}),
             mean_reward=sum(rewards) / len(rewards) if rewards else None)
+
+    def cursor_after_step(self, before: TailCursor, *, where: str) -> TailCursor:
+        """The tail cursor after this step, given the one after the step before (version 1 logs hold it whole)."""
+        if self.cursor_after is not None:
+            return TailCursor.from_json(self.cursor_after)
+        if self.cursor_delta is None:
+            raise RecordError(f"{where}: no tail cursor; a trainer cannot resume from this log")
+        return before.after(self.cursor_delta)
 
     @property
     def staleness_max(self) -> int:
@@ -560,6 +581,40 @@ class AuditRecord(Record):
         return cls._read(store, path)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AuditVersionResult(Record):
+    """What the audit found in one version folder (its work unit, as plain JSON in ``result``), kept so that a
+    later incremental audit (``--since``) reuses it while the folder's shards have not changed."""
+
+    version: int
+    digest: str
+    """Hash of the folder's shard names and the trainer's needs the checks used."""
+    newest_version: int | None
+    """The newest published version when it was audited (policy versions above it are findings)."""
+    result: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return layout.audit_version_result(self.version, self.digest, self.newest_version)
+
+    def write(self, store: Store) -> None:
+        self._create(store, self.path)
+
+    @classmethod
+    def read(cls, store: Store, path: str) -> Self:
+        return cls._read(store, path)
+
+
+def audit_version_results(store: Store) -> dict[tuple[int, str], list[tuple[int | None, str]]]:
+    """(version, digest) -> (newest version, path) of every kept per-version audit result."""
+    out: dict[tuple[int, str], list[tuple[int | None, str]]] = {}
+    for name in store.list(layout.AUDIT_VERSIONS):
+        parsed = layout.parse_audit_version_result(name)
+        if parsed is not None:
+            out.setdefault(parsed[:2], []).append((parsed[2], f"{layout.AUDIT_VERSIONS}/{name}"))
+    return out
+
+
 def run_records(store: Store) -> list[RunRecord]:
     """Every run record in the folder, in name order."""
     return [RunRecord._read(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
@@ -568,6 +623,7 @@ def run_records(store: Store) -> list[RunRecord]:
 __all__ = [
     "RECORD_VERSION_KEY",
     "AuditRecord",
+    "AuditVersionResult",
     "CampaignManifest",
     "CheckpointMeta",
     "ConsumedGroup",
@@ -584,6 +640,7 @@ __all__ = [
     "SplitInfo",
     "StopRequest",
     "ZeroAdvantageGroup",
+    "audit_version_results",
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",

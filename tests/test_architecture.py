@@ -48,6 +48,7 @@ JSON_PARSERS_ELSEWHERE = {
     "drills/fuzz.py": "generated fuzz inputs",
     "pipelines_lib/engine/vllm_engine.py": "HTTP responses of the vLLM server",
     "bench/realsize.py": "a child process's JSON output",
+    "bench/scale.py": "a child process's JSON output and arguments",
 }
 BAD_INPUT_PLANTERS = {
     "drills/poison.py": "plants junk under record paths (names no stage writes) to check that readers skip it",

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines_lib.audit import audit_campaign
+from pipelines_lib.audit import AuditReport, audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
 from pipelines_lib.audit.stats import summarize
@@ -323,3 +323,59 @@ def test_export_writes_one_parquet_file_per_version_with_the_same_rows(store: St
     assert [r.status for r in export_parquet(store, out)] == ["unchanged", "unchanged"]
     ShardWriter(store, worker_id="w2", config=WriterConfig(max_groups=1)).add_group(_group("new", 1, "w2"))
     assert [r.status for r in export_parquet(store, out)] == ["unchanged", "stale"]
+
+
+def _same_report(a: AuditReport, b: AuditReport) -> bool:
+    """Equal but for when and how long, and the objects listed (kept per-version results are objects too)."""
+    def findings(r: AuditReport) -> dict:
+        return {k: v for k, v in r.to_dict().items() if k not in ("audited_at", "seconds", "files")}
+    return findings(a) == findings(b)
+
+
+def test_a_trajectory_committed_in_two_version_folders_is_a_duplicate(local_store: Store) -> None:
+    _base(local_store)
+    # The same group again, filed under version 1 by a writer of another name (its provenance names the copy).
+    ShardWriter(local_store, worker_id="w9", config=WriterConfig(max_groups=1)).add_group(
+        [dataclasses.replace(t, policy_version=[1 if v >= 0 else v for v in t.policy_version])
+         for t in _group("w0-v0-p0", 0, "w0")])
+    report = audit_campaign(local_store)
+    dups = [f for f in report.violations if f.kind == "duplicate_trajectory"]
+    assert len(dups) == 2  # one per trajectory of the group
+    assert all(d.path == "trajectories/v00000001" and "also committed in trajectories/v00000000" in d.message
+               for d in dups)
+
+
+def test_an_audit_on_worker_processes_reports_what_one_process_reports(local_store: Store) -> None:
+    infos = _base(local_store)
+    _clean_lineage(local_store, infos)
+    local_store.create(PLANTED, encode_shard(_bad_table(_loss_on_tool_token), {}))
+    one, two = audit_campaign(local_store), audit_campaign(local_store, jobs=2)
+    assert _same_report(one, two) and two.shards == 5 and two.violation_counts == {"policy_version": 1}
+
+
+def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_one_row_group(
+        local_store: Store, tmp_path) -> None:
+    _base(local_store)
+    one, two = Store(str(tmp_path / "one")), Store(str(tmp_path / "two"))
+    assert export_parquet(local_store, one) == export_parquet(local_store, two, jobs=2)
+    for version in (0, 1):
+        a, b = (pq.ParquetFile(s.local_path(f"v{version:08d}.parquet")) for s in (one, two))
+        assert a.read().equals(b.read()) and a.metadata.num_row_groups == 1  # two shards, one row group
+
+
+def test_an_incremental_audit_reuses_unchanged_version_folders_and_reads_changed_ones(local_store: Store) -> None:
+    infos = _base(local_store)
+    _clean_lineage(local_store, infos)
+    full = audit_campaign(local_store, keep=True)
+    assert sorted(local_store.list(layout.AUDIT_VERSIONS)) == sorted(
+        n.rsplit("/", 1)[-1] for n in local_store.walk(layout.AUDIT_VERSIONS))
+    assert len(local_store.list(layout.AUDIT_VERSIONS)) == 2
+    lines: list[str] = []
+    again = audit_campaign(local_store, since=2, progress=lines.append)
+    assert _same_report(full, again) and "reused the kept results of 2 version folder(s) below 2" in lines[-1]
+    # Version 0 gains a shard: its folder is read again, version 1's result is reused; same report as a full audit.
+    ShardWriter(local_store, worker_id="w2", config=WriterConfig(max_groups=1)).add_group(_group("new", 0, "w2"))
+    lines.clear()
+    again = audit_campaign(local_store, since=2, progress=lines.append)
+    assert _same_report(audit_campaign(local_store), again) and again.shards == 5
+    assert "reused the kept results of 1 version folder(s)" in lines[-1]

@@ -43,8 +43,15 @@ def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_et
     assert arm_overrides("eta2", config) == {"rollout.eta": 2}
     for arm in campaign_arms.ARMS:  # every arm is a valid config
         config.with_overrides({**campaign_arms.COMMON, **arm_overrides(arm, config)})
-    with pytest.raises(ValueError, match="valid: \\('sync', 'eta0', 'eta1', 'eta2'\\)"):
+    with pytest.raises(ValueError, match="valid: sync, eta<k>, eta<k>_nocorr"):
         arm_overrides("eta", config)
+
+
+def test_uncorrected_arms_set_eta_and_turn_the_off_policy_correction_off() -> None:
+    config = CampaignConfig.twostep()
+    assert arm_overrides("eta8_nocorr", config) == {"rollout.eta": 8, "trainer.step.loss.correction": "none"}
+    assert config.with_overrides(arm_overrides("eta4_nocorr", config)).trainer.step.loss.correction == "none"
+    assert config.trainer.step.loss.correction == "tis"  # the corrected arms keep the default
 
 
 def test_shared_config_is_the_preset_with_the_sizes_and_only_the_profiles_tool_latency() -> None:

@@ -10,11 +10,14 @@ read them back from the bucket.
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,6 @@ import yaml
 from prefect import get_client
 
 from flows.campaign import campaign
-from flows.recover import recover
 from pipelines_lib.cli import storage_option_args
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import AuditRecord, RunRecord
@@ -66,6 +68,18 @@ def assert_finished(store: Store) -> None:
     assert all(store.exists(layout.eval_path(v)) for v in (0, 1, 2))
     status = campaign_status(store)
     assert status["todo"] == [] and status["shards"] > 0 and status["missing_eval"] == []
+    # Orbax writes around the Store (through tensorstore): its items, the checkpoints' optimiser state included,
+    # must be in the campaign's own storage, not wherever a mistranslated URL would put them.
+    for version in (0, 1, 2):
+        assert {"embed", "layers", "final_norm"} <= _orbax_tree_roots(store, f"{layout.weights_dir(version)}/state")
+    for step in ("00000002", "00000004"):
+        assert _orbax_tree_roots(store, f"train/checkpoints/{step}/state") == {"params", "opt"}
+
+
+def _orbax_tree_roots(store: Store, item: str) -> set[str]:
+    """Top-level keys of the Orbax item ``item`` of the campaign, from the tree metadata Orbax commits with it."""
+    keys = store.read_json(f"{item}/_METADATA")["tree_metadata"].values()
+    return {k["key_metadata"][0]["key"] for k in keys}
 
 
 def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: str, smoke_yaml: str,
@@ -96,36 +110,66 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     assert store.list("train/consumed") == [f"{s:08d}.json" for s in (1, 2, 3, 4)]
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
+HANG_DEADLINE_S = 900
+"""A subprocess still running after this long is hung, not slow (a smoke campaign takes about a minute on 2
+cores, a few on a loaded machine): it is killed and the test fails saying where, instead of hanging the suite."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+_RECOVER = """
+import json, sys
+from flows.recover import recover
+result = recover(sys.argv[1], storage_options=json.loads(sys.argv[2]), poll_s=0.5)
+print("RECOVER RESULT " + json.dumps(result, default=str), flush=True)
+"""
 
 
-def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: str, smoke_yaml: str, tmp_path: Path,
+class Bounded:
+    """A subprocess in its own session, killed with all its descendants once ``deadline_s`` has passed."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str], what: str, deadline_s: float = HANG_DEADLINE_S) -> None:
+        self.what, self.deadline_s, self.hung = what, deadline_s, threading.Event()
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self._timer = threading.Timer(deadline_s, self._kill_hung)
+        self._timer.daemon = True  # never keeps pytest alive
+        self._timer.start()
+
+    def _kill_hung(self) -> None:
+        self.hung.set()
+        self.kill()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def finish(self, head: str = "") -> str:
+        """The whole output once the process has ended; fails the test if the deadline killed it."""
+        output = head + self.proc.communicate()[0]
+        self._timer.cancel()
+        if self.hung.is_set():
+            pytest.fail(f"{self.what} was still running after {self.deadline_s} s (hung); killed. "
+                        f"Last output:\n{output[-3000:]}")
+        return output
+
+
+def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: str, smoke_yaml: str,
                                                                    where: tuple[str, dict | None]) -> None:
     url, options = where
     args = [sys.executable, "-m", "flows.campaign", url, "--config", smoke_yaml, *storage_option_args(options)]
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1"}
-    with open(tmp_path / "campaign.log", "w+") as log:
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # Step 3 is logged after its consumption log is written; checkpoint 2 (and v1) are committed, step 3
-        # has no checkpoint (every 2 steps): the kill lands between checkpoints.
-        for line in proc.stdout:
-            log.write(line)
-            if "trainer: step 3/4 " in line:
-                break
-        alive = proc.poll() is None
-        proc.kill()
-        log.write(proc.communicate(timeout=120)[0])
-        log.seek(0)
-        output = log.read()
+    campaign_run = Bounded(args, env=env, what="the campaign (before its kill)")
+    head = []
+    # Step 3 is logged after its consumption log is written; checkpoint 2 (and v1) are committed, step 3
+    # has no checkpoint (every 2 steps): the kill lands between checkpoints.
+    for line in campaign_run.proc.stdout:
+        head.append(line)
+        if "trainer: step 3/4 " in line:
+            break
+    alive = campaign_run.proc.poll() is None
+    campaign_run.kill()
+    output = campaign_run.finish("".join(head))
     assert alive, f"the campaign ended before the kill:\n{output[-3000:]}"
     assert "committed trajectories/" not in output  # one line per shard only with -v
-    assert proc.returncode == -9, output[-3000:]
+    assert campaign_run.proc.returncode == -9, output[-3000:]
 
     store = Settings.from_env(os.environ).store(url, options)
     before = campaign_status(store)
@@ -133,23 +177,21 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert before["latest_checkpoint"] == "train/checkpoints/00000002"
     logged = {n: store.read(f"train/consumed/{n}") for n in store.list("train/consumed")}
 
-    lines = _Lines()
-    logging.getLogger("prefect").addHandler(lines)
-    try:
-        result = recover(url, storage_options=options, poll_s=0.5)
-    finally:
-        logging.getLogger("prefect").removeHandler(lines)
+    recovery = Bounded([sys.executable, "-c", _RECOVER, url, json.dumps(options)], env=env, what="flows.recover")
+    lines = recovery.finish().splitlines()
+    assert recovery.proc.returncode == 0, "\n".join(lines[-60:])
+    result = json.loads(next(s for s in lines if s.startswith("RECOVER RESULT ")).split(" ", 2)[2])
     assert result["plan"] == ["collect", "train", "evaluate", "audit"]
     # The killed run was still Running in Prefect: the recovery marked it Crashed and named itself there.
     assert [r["name"] for r in result["abandoned"]] == ["smoke-campaign-campaign"]
     # The recovery path that ran: checkpoint 2 restored, logged step 3 replayed, only step 4 trained anew.
-    restored = [s for s in lines.lines if "trainer: restored checkpoint" in s]
-    assert restored and re.search(r"checkpoints/00000002 \(step 2, version 1\)", restored[0]), lines.lines
-    assert any("trainer: replayed 1 logged step(s) after the checkpoint; now at step 3" in s for s in lines.lines)
-    assert [s for s in lines.lines if re.search(r"trainer: step \d/4 ", s)] == [
-        s for s in lines.lines if "trainer: step 4/4 " in s] != []
+    restored = [s for s in lines if "trainer: restored checkpoint" in s]
+    assert restored and re.search(r"checkpoints/00000002 \(step 2, version 1\)", restored[0]), lines
+    assert any("trainer: replayed 1 logged step(s) after the checkpoint; now at step 3" in s for s in lines)
+    assert [s for s in lines if re.search(r"trainer: step \d/4 ", s)] == [
+        s for s in lines if "trainer: step 4/4 " in s] != []
     assert {n: store.read(f"train/consumed/{n}") for n in sorted(logged)} == logged  # kept, not rewritten
-    assert sorted(result["evaluate"]) == [v for v in (0, 1, 2) if v not in before["evaluated_versions"]]
+    assert sorted(map(int, result["evaluate"])) == [v for v in (0, 1, 2) if v not in before["evaluated_versions"]]
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0
     assert_finished(store)
     report = AuditRecord.read(store, result["audit"]["report"]).report

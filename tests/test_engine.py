@@ -7,8 +7,8 @@ repeating one token, which would make "same tokens" comparisons weak.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +25,8 @@ from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.weights import load_weights, save_weights
+from pipelines_lib.publish import CampaignWeights, publish_weights
+from pipelines_lib.storage.store import Store
 
 CONFIG = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32))
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -50,6 +52,12 @@ def run(model: Decoder, body: Callable[[JaxEngine], Awaitable[Any]], config: Eng
             return await asyncio.wait_for(body(engine), timeout=120)  # a broken engine fails, not hangs
 
     return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the engine until ``condition`` holds (``run`` bounds the whole body's time)."""
+    while not condition():
+        await asyncio.sleep(0.001)
 
 
 @nnx.jit
@@ -110,7 +118,7 @@ def test_seeded_request_is_independent_of_batch_composition(model: Decoder) -> N
 
     async def crowded(engine: JaxEngine) -> Any:
         early = [asyncio.create_task(engine.generate(*o)) for o in others[:3]]
-        await asyncio.sleep(0.01)  # the target joins a batch already decoding
+        await until(lambda: engine.stats()["generated_tokens"] >= 3)  # the target joins a batch already decoding
         results = await asyncio.gather(
             engine.generate(*target), *[engine.generate(*o) for o in others[3:]], *early
         )
@@ -118,7 +126,7 @@ def test_seeded_request_is_independent_of_batch_composition(model: Decoder) -> N
 
     a, b = run(model, alone), run(model, crowded)
     assert a.token_ids == b.token_ids
-    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)  # other batch sizes round differently
     other_seed = run(
         model, lambda e: e.generate(target[0], SamplingParams(temperature=1.0, max_new_tokens=20, seed=43))
     )
@@ -159,8 +167,7 @@ def test_swap_under_load_keeps_requests_alive_and_stamps_versions(model: Decoder
             )
             for k in range(6)  # more requests than slots: two join after the swap
         ]
-        while engine.stats()["generated_tokens"] < 20:
-            await asyncio.sleep(0.001)
+        await until(lambda: engine.stats()["generated_tokens"] >= 20)
         engine.swap_weights(new_model, 7)
         assert engine.policy_version == 7
         return await asyncio.gather(*tasks)
@@ -181,6 +188,61 @@ def test_swap_under_load_keeps_requests_alive_and_stamps_versions(model: Decoder
         lambda e: e.generate(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=40)),
     )
     assert solo.token_ids == c.token_ids
+
+
+def test_orbax_load_in_a_thread_races_full_slots_and_every_token_carries_the_weights_that_made_it(
+    model: Decoder, tmp_path
+) -> None:
+    """The rollout worker's path: version 1 is published (Orbax) and loaded from the campaign in a thread while
+    twice as many greedy requests as slots keep the engine saturated; the loading thread installs it.
+
+    Each client resubmits its own prompt until one of its requests was submitted after the swap. Greedy
+    tokens of the two weight sets differ, so a token stamped with the wrong version, or weights installed in
+    the middle of a step, would break the comparison with solo runs of each version."""
+    store = Store(str(tmp_path / "c"))
+    clients = 2 * CONFIG.num_slots
+    requests = [(prompt(4 + 5 * k, k), SamplingParams(temperature=0.0, max_new_tokens=24)) for k in range(clients)]
+
+    def publish_load_and_swap(engine: JaxEngine) -> None:
+        publish_weights(store, lively_model(1), version=1, step=2)
+        engine.swap_weights(CampaignWeights(store).load(1), 1)
+
+    async def body(engine: JaxEngine) -> tuple[list[tuple[int, bool, Any]], int]:
+        loader: asyncio.Task | None = None
+        runs: list[tuple[int, bool, Any]] = []  # (client, submitted after the swap returned, completion)
+
+        async def client(k: int) -> None:
+            while True:
+                after_swap = loader is not None and loader.done()
+                runs.append((k, after_swap, await engine.generate(*requests[k])))
+                if after_swap:
+                    return
+
+        clients_done = asyncio.gather(*[client(k) for k in range(clients)])
+        await until(lambda: engine.stats()["generated_tokens"] >= clients)  # all slots decode before the load
+        loader = asyncio.create_task(asyncio.to_thread(publish_load_and_swap, engine))
+        await loader
+        await clients_done
+        return runs, engine.policy_version
+
+    runs, version = run(model, body)
+    solo = {v: run(m, lambda e: asyncio.gather(*[e.generate(*r) for r in requests]))
+            for v, m in ((0, model), (1, lively_model(1)))}
+    assert version == 1
+    for k, after_swap, c in runs:
+        assert len(c.token_ids) == 24 and c.policy_versions == sorted(c.policy_versions)
+        n_old = c.policy_versions.count(0)
+        assert n_old + c.policy_versions.count(1) == 24
+        if after_swap:
+            assert n_old == 0
+        # Tokens stamped 0 are exactly what the old weights generate; a request wholly on version 1 is exactly
+        # what the published weights generate (tokens after a mid-request swap attend to old keys/values).
+        assert c.token_ids[:n_old] == solo[0][k].token_ids[:n_old]
+        np.testing.assert_allclose(c.logprobs[:n_old], solo[0][k].logprobs[:n_old], rtol=0, atol=1e-4)
+        if n_old == 0:
+            assert c.token_ids == solo[1][k].token_ids
+    assert solo[0][0].token_ids != solo[1][0].token_ids
+    assert any(0 in c.policy_versions for _, _, c in runs)  # requests decoding on v0 while the load ran
 
 
 def test_swap_rejects_mismatched_weights(model: Decoder) -> None:
@@ -242,33 +304,32 @@ def test_static_and_continuous_modes_give_the_same_greedy_tokens(model: Decoder)
 
 
 def test_event_loop_keeps_running_while_engine_computes(model: Decoder, monkeypatch) -> None:
-    """Each compute step is stretched by 0.2 s in the worker thread; a loop blocked by compute would
-    tick about once per step, a free one every ~10 ms."""
+    """Each compute step waits, in its worker thread, for a coroutine it schedules on the event loop: a loop
+    blocked by compute could not run it (the wait would time out), a free one runs it at once."""
+    loop_ran_during_compute: list[bool] = []
 
-    async def body(engine: JaxEngine) -> int:
+    async def body(engine: JaxEngine) -> None:
+        loop = asyncio.get_running_loop()
         real_compute = engine._compute
 
-        def slow_compute(*args: Any) -> Any:
-            time.sleep(0.2)
+        async def ping() -> None:
+            pass
+
+        def gated_compute(*args: Any) -> Any:
+            probe = asyncio.run_coroutine_threadsafe(ping(), loop)
+            try:
+                probe.result(timeout=10)
+                loop_ran_during_compute.append(True)
+            except concurrent.futures.TimeoutError:
+                probe.cancel()
+                loop_ran_during_compute.append(False)
             return real_compute(*args)
 
-        monkeypatch.setattr(engine, "_compute", slow_compute)
-        ticks = 0
-        done = asyncio.Event()
+        monkeypatch.setattr(engine, "_compute", gated_compute)
+        await engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=3))
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while not done.is_set():
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        tick = asyncio.create_task(ticker())
-        await engine.generate(prompt(5), SamplingParams(temperature=0.0, max_new_tokens=3))  # >= 0.6 s
-        done.set()
-        await tick
-        return ticks
-
-    assert run(model, body) >= 20
+    run(model, body)
+    assert len(loop_ran_during_compute) >= 3 and all(loop_ran_during_compute)
 
 
 def test_close_fails_pending_requests_and_refuses_new_ones(model: Decoder) -> None:
@@ -279,10 +340,11 @@ def test_close_fails_pending_requests_and_refuses_new_ones(model: Decoder) -> No
             asyncio.create_task(engine.generate(prompt(5), SamplingParams(max_new_tokens=60)))
             for _ in range(8)
         ]
-        await asyncio.sleep(0.05)
+        # Four requests decoding, four queued; none can finish its 60 tokens before close() stops the scheduler.
+        await until(lambda: engine.stats()["generated_tokens"] >= CONFIG.num_slots)
         await engine.close()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert any(isinstance(r, EngineClosedError) for r in results)
+        assert all(isinstance(r, EngineClosedError) for r in results)
         with pytest.raises(EngineClosedError):
             await engine.generate(prompt(5), GREEDY)
 
@@ -312,7 +374,8 @@ def test_cancelled_request_frees_its_slot(model: Decoder) -> None:
     async def body(engine: JaxEngine) -> tuple[Any, list[bool]]:
         long = SamplingParams(temperature=0.0, max_new_tokens=85)
         hogs = [asyncio.create_task(engine.generate(prompt(5, k), long)) for k in range(CONFIG.num_slots)]
-        await asyncio.sleep(0.02)
+        # Cancelled only once every hog holds a slot: a hog cancelled while queued would free nothing.
+        await until(lambda: engine.stats()["generated_tokens"] >= CONFIG.num_slots)
         hogs[0].cancel()
         completion = await asyncio.wait_for(engine.generate(prompt(7), GREEDY), timeout=30)
         still_running = [not h.done() for h in hogs[1:]]
@@ -363,9 +426,9 @@ def test_prefix_reuse_prefills_only_the_new_turn_and_matches_a_fresh_prefill(mod
         third = await engine.generate(turn1 + first.token_ids + tool_output + second.token_ids, GREEDY)
         return [first, second, third], engine.stats()
 
-    reuse_cfg = EngineConfig(**{**vars(CONFIG), "prefix_reuse": True})
-    reused, stats = run(model, conversation, reuse_cfg)
-    fresh, fresh_stats = run(model, conversation)
+    assert CONFIG.prefix_reuse  # on by default
+    reused, stats = run(model, conversation)
+    fresh, fresh_stats = run(model, conversation, EngineConfig(**{**vars(CONFIG), "prefix_reuse": False}))
     assert [c.token_ids for c in reused] == [c.token_ids for c in fresh]
     np.testing.assert_allclose(reused[1].logprobs, fresh[1].logprobs, rtol=0, atol=1e-4)
     # turn 2 reuses turn 1's prompt and all but its newest completion token: 20 + 12 - 1.
@@ -497,7 +560,7 @@ def test_requests_wait_for_free_blocks_and_reuse_them_with_the_same_greedy_token
     completions, stats = run(model, body, SCARCE)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     for c, s in zip(completions, solos, strict=True):
-        np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-5)
+        np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
     # Admitted two at a time by blocks, not four by slots: at least two waves of 12 decode steps.
     assert stats["decode_steps"] >= 24 and stats["slot_occupancy"] <= 0.5
 
@@ -521,3 +584,26 @@ def test_attention_spans_are_powers_of_two_blocks_up_to_a_full_sequence() -> Non
     assert [config.span_for(n) for n in (1, 16, 17, 33, 65, 96)] == [1, 1, 2, 4, 6, 6]
     with pytest.raises(ValueError, match="num_blocks=5 cannot hold one sequence"):
         EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16, num_blocks=5)
+
+
+def test_decode_runs_occupied_slots_in_row_buckets_and_admitted_prompts_prefill_together(model: Decoder) -> None:
+    """Three short prompts on four slots: one prefill call of 4 rows (3 padded to a row bucket), decode over
+    4 rows while three run and 1 row once two have finished; the tokens are those of solo runs."""
+    requests = [(prompt(5 + k, k), SamplingParams(temperature=0.0, max_new_tokens=m)) for k, m in enumerate((2, 2, 6))]
+    solos = [run(model, lambda e, r=r: e.generate(*r)) for r in requests]
+    shapes: list[tuple[list[tuple[int, ...]], int]] = []
+
+    async def body(engine: JaxEngine) -> list[Any]:
+        dispatch = engine._runner.dispatch
+
+        def logged_dispatch(params: Any, prefills: list[Any], table_rn: np.ndarray, rows: Any) -> Any:
+            shapes.append(([call.tokens_rt.shape for call in prefills], table_rn.shape[0]))
+            return dispatch(params, prefills, table_rn, rows)
+
+        engine._runner.dispatch = logged_dispatch  # type: ignore[method-assign]
+        return await asyncio.gather(*[engine.generate(*r) for r in requests])
+
+    completions = run(model, body)
+    assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
+    assert shapes == [([(4, 16)], 4), ([], 4)] + [([], 1)] * 4
+    assert EngineConfig(num_slots=6).row_buckets == (1, 2, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6

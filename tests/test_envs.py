@@ -29,8 +29,10 @@ from pipelines_lib.envs.coding import CodeConfig, CodeEnv
 from pipelines_lib.envs.multihop import MultihopConfig
 from pipelines_lib.envs.tools.latency import LatencyTool
 from pipelines_lib.envs.tools.sandbox import SandboxConfig
+from pipelines_lib.envs.twostep import MISTAKES as TWOSTEP_MISTAKES
+from pipelines_lib.envs.twostep import TwoStepConfig, TwoStepEnv, steps_of
 
-ENVS = ["arithmetic", "multihop", "code"]
+ENVS = ["arithmetic", "twostep", "multihop", "code"]
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -54,7 +56,7 @@ async def replay(env: BaseTaskEnv, task: Task, demo: list[Message]) -> tuple[flo
 
 
 def test_registries_hold_the_builtins() -> None:
-    assert sorted(ENV_REGISTRY) == ["arithmetic", "code", "multihop"]
+    assert sorted(ENV_REGISTRY) == ["arithmetic", "code", "multihop", "twostep"]
     assert sorted(TOOL_REGISTRY) == ["calculator", "python", "search"]
     assert env_class("arithmetic").name == "arithmetic"
 
@@ -62,7 +64,7 @@ def test_registries_hold_the_builtins() -> None:
 def test_unknown_names_list_the_valid_ones_and_suggest() -> None:
     with pytest.raises(
         ValueError,
-        match=r"unknown env 'arithmetc'; valid envs: arithmetic, code, multihop; did you mean 'arithmetic'\?",
+        match=r"unknown env 'arithmetc'; valid envs: arithmetic, code, multihop, twostep; did you mean 'arithmetic'\?",
     ):
         make_env("arithmetc")
     with pytest.raises(ValueError, match=r"unknown tool 'web'; valid tools: calculator, python, search$"):
@@ -198,7 +200,7 @@ def test_reset_refuses_a_task_of_another_env() -> None:
         asyncio.run(make_env("arithmetic").reset(task))
 
 
-@pytest.mark.parametrize(("name", "n"), [("arithmetic", 20), ("multihop", 20), ("code", 4)])
+@pytest.mark.parametrize(("name", "n"), [("arithmetic", 20), ("twostep", 20), ("multihop", 20), ("code", 4)])
 def test_perfect_demonstrations_replay_to_reward_one(name: str, n: int) -> None:
     env = make_env(name)
     for task in env_class(name).generate_tasks(seed=0, n=n, split="heldout"):
@@ -209,7 +211,7 @@ def test_perfect_demonstrations_replay_to_reward_one(name: str, n: int) -> None:
         assert reward == 1.0 and parts["correct"] == 1.0 and parts["used_tool"] == 1.0, demo
 
 
-@pytest.mark.parametrize(("name", "n"), [("arithmetic", 20), ("multihop", 20), ("code", 4)])
+@pytest.mark.parametrize(("name", "n"), [("arithmetic", 20), ("twostep", 20), ("multihop", 20), ("code", 4)])
 def test_flawed_demonstrations_replay_to_incorrect(name: str, n: int) -> None:
     env = make_env(name)
     for task in env_class(name).generate_tasks(seed=0, n=n, split="train"):
@@ -225,6 +227,48 @@ def test_every_arithmetic_mistake_kind_replays_to_incorrect(mistake: str) -> Non
         reward, parts = asyncio.run(replay(env, task, demo))
         assert parts["correct"] == 0.0 and reward < 1.0
         assert any(m["role"] == "tool" for m in demo) == (mistake != "no_tool")
+
+
+def test_twostep_golden_task_steps_and_rewards() -> None:
+    assert steps_of("37*48+21") == ("37*48", "1776+21")
+    assert steps_of("15+20-99") == ("15+20", "35-99")
+    task = Task(task_id="t", env_name="twostep", prompt="What is 37*48+21?", answer="1797",
+                meta={"expression": "37*48+21"})
+    env = make_env("twostep")
+    assert env.reward(task, "<answer>1797</answer>") == (1.0, {"correct": 1.0, "format": 1.0})
+    # The intermediate result is a well-formed wrong answer; a float or two answers are not well-formed.
+    assert env.reward(task, "<answer>1776</answer>") == (0.0, {"correct": 0.0, "format": 1.0})
+    assert env.reward(task, "<answer>1797.0</answer>") == (0.0, {"correct": 0.0, "format": 0.0})
+    assert env.reward(task, "<answer>1</answer><answer>1797</answer>")[1] == {"correct": 1.0, "format": 0.0}
+
+
+def test_twostep_calculator_does_one_operation_per_call() -> None:
+    calculator = make_env("twostep").tools()["calculator"]
+
+    def call(expression: str) -> tuple[str, str | None]:
+        text, kind, _ = asyncio.run(run_tool(calculator, {"expression": expression}, 1.0))
+        return text, kind
+
+    assert call("37*48") == ("1776", None)
+    assert call("-5+12") == ("7", None)  # a signed operand is still one operation
+    assert call("37*48+21") == ("Error: expression too complex (8 > 7 parts)", "tool_error")
+
+
+@pytest.mark.parametrize("mistake", TWOSTEP_MISTAKES)
+def test_every_twostep_mistake_is_well_formed_but_wrong(mistake: str) -> None:
+    env = TwoStepEnv(config=TwoStepConfig(mistakes=(mistake,)))
+    for task in TwoStepEnv.generate_tasks(seed=0, n=10, split="train"):
+        demo = env.demonstration(task, error_rate=1.0)
+        reward, parts = asyncio.run(replay(env, task, demo))
+        assert parts == {"correct": 0.0, "format": 1.0, "used_tool": 1.0}
+        assert sum(m["role"] == "tool" for m in demo) == (1 if mistake == "stop_early" else 2)
+
+
+def test_twostep_splits_are_disjoint_by_expression() -> None:
+    cls = env_class("twostep")
+    train = {t.meta["expression"] for t in cls.generate_tasks(seed=0, n=2000, split="train")}
+    heldout = {t.meta["expression"] for t in cls.generate_tasks(seed=0, n=500, split="heldout")}
+    assert len(train) == 2000 and len(heldout) == 500 and not train & heldout
 
 
 def test_default_flawed_arithmetic_demonstrations_solve_it_but_answer_a_float() -> None:

@@ -41,7 +41,7 @@ def test_pass_at_k_rejects_impossible_counts() -> None:
 
 
 def episode(reward: float, *, status: str = "ok", tool: bool = True, tool_error: str | None = None,
-            assistant_turns: int = 2) -> Trajectory:
+            assistant_turns: int = 2, parts: dict[str, float] | None = None) -> Trajectory:
     turns = [Turn(role="system", start=0, end=1), Turn(role="user", start=1, end=2)]
     for i in range(assistant_turns):
         turns.append(Turn(role="assistant", start=2 + 2 * i, end=3 + 2 * i))
@@ -50,7 +50,7 @@ def episode(reward: float, *, status: str = "ok", tool: bool = True, tool_error:
     n = turns[-1].end
     return Trajectory(group_id="g", prompt_id="p", sample_idx=0, group_size=1, worker_id="w", tokens=[0] * n,
                       loss_mask=[0] * n, logprobs=[0.0] * n, policy_version=[-1] * n, prompt_len=2, turns=turns,
-                      reward=reward, status=status)
+                      reward=reward, status=status, reward_parts=parts or {})
 
 
 def test_summary_counts_by_hand() -> None:
@@ -77,6 +77,15 @@ def test_summary_counts_by_hand() -> None:
     assert s["pass@1"] == pytest.approx((1 + 0 + 0.5) / 3)
     assert s["pass@2"] == pytest.approx((1 + 0 + 1) / 3) == out["pass_at_k"]
     assert s["tool_use_rate"] == pytest.approx(5 / 6)
+    assert "format_rate" not in g  # these episodes come from an env without a format part
+
+
+def test_format_rate_counts_well_formed_answers_over_all_episodes() -> None:
+    # Well-formed and right, well-formed and wrong, malformed, and an episode that never answered (no parts).
+    greedy = [episode(1.0, parts={"format": 1.0}), episode(0.0, parts={"format": 1.0}),
+              episode(0.0, parts={"format": 0.0}), episode(0.0, status="max_turns")]
+    out = summarize(greedy, [[]] * 4)
+    assert out["greedy"]["format_rate"] == pytest.approx(2 / 4)
 
 
 # The default tokenizer's vocabulary; everything else as small as the engine allows.

@@ -1,5 +1,6 @@
 """Golden numbers for the GRPO / NLL losses, their aggregation and their metrics."""
 
+import dataclasses
 import math
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from pipelines_lib.train.losses import (
+    CORRECTIONS,
     LossConfig,
     LossInputs,
     get_loss,
@@ -232,6 +234,9 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss(aggregation: str, n_micro
         ({"eps_high": -0.1}, "eps_high"),
         ({"behav_weight_cap": 0.0}, "behav_weight_cap"),
         ({"kl_coef": -1.0}, "kl_coef"),
+        ({"correction": "ppo"}, r"'ppo'; choose one of \['geo_mask', 'icepop', 'mis', 'none', 'tis'\]"),
+        ({"mask_low": 1.5}, "mask_low"),
+        ({"mask_high": 0.9}, "mask_high"),
     ],
 )
 def test_loss_config_rejects_bad_values_by_name(kwargs: dict, match: str) -> None:
@@ -247,3 +252,58 @@ def test_masked_quantile_is_the_nearest_rank_over_masked_in_tokens() -> None:
     assert float(masked_quantile(x_bt, mask_bt, 0.99)) == 5.0  # ceil(0.99 * 6) = 6th smallest
     assert float(masked_quantile(x_bt, mask_bt, 0.5)) == 2.0  # ceil(3) = 3rd smallest
     assert float(masked_quantile(x_bt, jnp.zeros_like(mask_bt), 0.99)) == 0.0
+
+
+# Ratios ρ = π_prox / π_behav of four tokens in one row, and the band / cap the corrections use below.
+RHO_T = [8.0, 0.25, 1.5, 1.0]
+BAND_CFG = LossConfig(behav_weight_cap=4.0, mask_low=0.5, mask_high=2.0)
+
+
+def correction_of(name: str, rho_bt, mask_bt=None) -> tuple[np.ndarray, np.ndarray]:
+    log_rho_bt = jnp.log(jnp.asarray(rho_bt, jnp.float32))
+    mask_bt = jnp.ones_like(log_rho_bt) if mask_bt is None else jnp.asarray(mask_bt, jnp.float32)
+    weight_bt, flagged_bt = CORRECTIONS[name](log_rho_bt, mask_bt, BAND_CFG)
+    return np.asarray(weight_bt), np.asarray(flagged_bt)
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "flagged"),
+    [
+        # TIS: min(ρ, C=4) -> 8 is capped at 4, the rest pass.
+        ("tis", [4.0, 0.25, 1.5, 1.0], [1, 0, 0, 0]),
+        # MIS: ρ·1[ρ <= 4] -> 8 is masked (0), the low ratio keeps its 0.25.
+        ("mis", [0.0, 0.25, 1.5, 1.0], [1, 0, 0, 0]),
+        # IcePop: ρ·1[0.5 <= ρ <= 2] -> both tails (8 and 0.25) are masked.
+        ("icepop", [0.0, 0.0, 1.5, 1.0], [1, 1, 0, 0]),
+        ("none", [1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]),
+    ],
+)
+def test_token_corrections_weight_and_flag_known_ratios(name: str, weights: list, flagged: list) -> None:
+    weight_bt, flagged_bt = correction_of(name, [RHO_T])
+    np.testing.assert_allclose(weight_bt, [weights], rtol=1e-6)
+    np.testing.assert_array_equal(flagged_bt, [flagged])
+
+
+def test_geo_mask_drops_whole_sequences_whose_geometric_mean_ratio_leaves_the_band() -> None:
+    # Row 0: geometric mean of (8, 0.25, 1.5, 1.0) = (3)^(1/4) = 1.316 -> kept, TIS weights (8 capped at 4).
+    # Row 1: (4, 4, 1, pad 100): only the three loss tokens count -> 16^(1/3) = 2.52 > 2 -> the row is dropped.
+    weight_bt, flagged_bt = correction_of("geo_mask", [RHO_T, [4.0, 4.0, 1.0, 100.0]], [[1, 1, 1, 1], [1, 1, 1, 0]])
+    np.testing.assert_allclose(weight_bt, [[4.0, 0.25, 1.5, 1.0], [0.0, 0.0, 0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(flagged_bt, [[0, 0, 0, 0], [1, 1, 1, 0]])
+
+
+def test_grpo_applies_the_configured_correction_and_reports_every_corrections_share() -> None:
+    # r = 1, A = 1: each token's surrogate is its weight, so the loss is minus the mean IcePop weight.
+    prox_bt = jnp.full((1, 4), -1.0)
+    behav_bt = prox_bt - jnp.log(jnp.asarray([RHO_T]))
+    x = make_inputs(prox_bt, behav_logp_bt=behav_bt)
+    loss, metrics = get_loss("grpo")(x, dataclasses.replace(BAND_CFG, correction="icepop"))
+    np.testing.assert_allclose(loss, -(1.5 + 1.0) / 4, rtol=1e-6)
+    assert float(metrics.means["behav_weight_capped_frac"]) == pytest.approx(2 / 4)
+    shares = {name: float(metrics.means[f"correction_frac_{name}"]) for name in CORRECTIONS}
+    assert shares == pytest.approx({"tis": 1 / 4, "mis": 1 / 4, "icepop": 2 / 4, "geo_mask": 0.0, "none": 0.0})
+    # |log ρ| mean and KL(π_behav ‖ π_prox) by k3 = ρ − log ρ − 1 per token, averaged.
+    logs = [math.log(r) for r in RHO_T]
+    np.testing.assert_allclose(metrics.means["prox_behav_logp_abs_diff"], sum(map(abs, logs)) / 4, rtol=1e-6)
+    k3 = [r - math.log(r) - 1 for r in RHO_T]  # 8 - 2.079 - 1 = 4.921, 0.25 + 1.386 - 1 = 0.636, 0.0945, 0
+    np.testing.assert_allclose(metrics.means["behav_prox_kl"], sum(k3) / 4, rtol=1e-5)

@@ -149,12 +149,11 @@ def test_sync_mode_starts_a_batch_only_after_the_slowest(tmp_path) -> None:
 def test_done_marker_stops_the_worker_and_flushes(tmp_path) -> None:
     store = Store(str(tmp_path / "c"))
     engine, log = VersionedEngine(), []
-    deadline = time.monotonic() + 0.3
     orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, stop_poll_s=0.05),
                         engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.01, log), tasks=tasks(),
                         writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1000)),
-                        should_stop=lambda: time.monotonic() > deadline)
-    stats = asyncio.run(orch.run())
+                        should_stop=lambda: orch.stats.groups_started >= 5)  # the trainer's marker appears
+    stats = asyncio.run(asyncio.wait_for(orch.run(), 60))
     assert stats.stop_reason == "done marker"
     assert stats.groups_committed == stats.groups_started > 0  # everything started was finished and flushed
 
@@ -166,7 +165,8 @@ def test_a_crashing_episode_function_surfaces_after_flushing_finished_groups(tmp
 
     async def episode(task, group_id, idx):
         if task.task_id == "t3":
-            await asyncio.sleep(0.02)
+            while sum(1 for e in log if e[:2] == ("end", "t0.e0")) < 4:  # t0's group finishes first
+                await asyncio.sleep(0.001)
             raise RuntimeError("bug in episode code")
         return await inner(task, group_id, idx)
 
@@ -176,6 +176,8 @@ def test_a_crashing_episode_function_surfaces_after_flushing_finished_groups(tmp
     with pytest.raises(RuntimeError, match="bug in episode code"):
         asyncio.run(orch.run())
     assert orch.stats.groups_committed >= 1  # t0 finished before the crash and was flushed
+    table, _ = read_shard(store, f"trajectories/v00000000/{store.list('trajectories/v00000000')[0]}")
+    assert "t0.e0" in table.column("group_id").to_pylist()
 
 
 def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_path) -> None:
@@ -188,10 +190,14 @@ def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_pat
             started.append(engine.policy_version)
         return await make_episode(engine, lambda t, i: 0.002, log)(task, group_id, idx)
 
-    async def trainer() -> None:  # publishes a new version every 50 ms
-        for _ in range(4):
-            await asyncio.sleep(0.05)
-            pub.version += 1
+    async def trainer() -> None:
+        """Publishes the next version only once every group started on this one has finished: slots were free
+        all that time, so only the budget kept a fourth group from starting on it."""
+        for version in (1, 2, 3):
+            while not (started.count(version - 1) >= 3
+                       and sum(1 for e in log if e[0] == "end" and e[3] == version - 1) == 4 * started.count(version - 1)):
+                await asyncio.sleep(0.001)
+            pub.version = version
 
     async def main():
         orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=16, max_groups_per_version=3,
@@ -201,7 +207,7 @@ def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_pat
         stats, _ = await asyncio.gather(orch.run(), trainer())
         return stats
 
-    stats = asyncio.run(main())
+    stats = asyncio.run(asyncio.wait_for(main(), 60))
     assert stats.groups_committed == 12
     assert {v: started.count(v) for v in set(started)} == {0: 3, 1: 3, 2: 3, 3: 3}
     assert stats.backpressure_s > 0

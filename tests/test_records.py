@@ -17,7 +17,7 @@ def test_a_record_reads_back_equal_and_its_writer_is_create_only(local_store: St
     log = consumption_log(3, staleness=(0, 2), mean_reward=0.5, published_version=1)
     log.write(local_store)
     assert ConsumptionLog.read(local_store, 3) == log
-    assert local_store.read_json(layout.consumed_log(3))["record_version"] == 1
+    assert local_store.read_json(layout.consumed_log(3))["record_version"] == 2
     log.write(local_store)  # the same bytes again: a retried write that already landed
     with pytest.raises(AlreadyExistsError):
         dataclasses.replace(log, mean_reward=0.75).write(local_store)

@@ -408,7 +408,7 @@ def test_a_code_campaign_refuses_to_start_without_isolation_unless_configured_un
     from pipelines_lib.rollout.episodes import env_sandbox
 
     async def enter(config: CampaignConfig) -> PythonSandbox | None:
-        async with env_sandbox(config) as sandbox:
+        async with env_sandbox(config.env) as sandbox:
             return sandbox
 
     path = os.path.join(tmp_path, "campaign.yaml")

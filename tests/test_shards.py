@@ -192,7 +192,9 @@ def test_tailer_sees_only_its_window_and_counts_stale_groups(local_store: Store)
     dropped = [g for e in events if e.kind == "dropped_stale" for g in e.groups]
     assert sorted(dropped) == sorted(expected[1:4])
     assert tailer.cursor.groups_dropped_stale == 3
-    assert tailer.cursor.done == {2: local_store.list(layout.version_dir(2))}
+    v2 = [layout.parse_shard_path(f"{layout.version_dir(2)}/{n}") for n in local_store.list(layout.version_dir(2))]
+    assert tailer.cursor.marks == {2: {sid.worker_id: max(s.seq for s in v2 if s.worker_id == sid.worker_id)
+                                       for sid in v2}}
 
 
 def test_tailer_reports_bad_shards_and_carries_on(store: Store) -> None:

@@ -100,8 +100,8 @@ import sys
 from pipelines_lib.storage.store import Store
 store = Store(sys.argv[1], storage_options={opts})
 payload = b"z" * (48 * 2**20)
-print("ready", flush=True)
 for i in range(1000):
+    print(f"writing {{i}}", flush=True)
     store.create(f"big/obj-{{i:04d}}", payload)
 """
 
@@ -110,11 +110,13 @@ def test_writer_killed_mid_write_leaves_no_partial_object(store: Store) -> None:
     opts = repr(getattr(store.fs, "storage_options", {}) if store.protocol == "gs" else {})
     proc = subprocess.Popen([sys.executable, "-c", _KILL_WRITER.format(opts=opts), store.url],
                             stdout=subprocess.PIPE, cwd=Path(__file__).parents[1])
-    assert proc.stdout.readline().strip() == b"ready"
+    # Killed once the first object is committed and the second one's write has begun (on a local folder: its
+    # hidden temporary exists).
+    assert [proc.stdout.readline().strip() for _ in range(2)] == [b"writing 0", b"writing 1"]
     deadline = time.monotonic() + 60
-    while not store.list("big") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.15)
+    while (store.protocol == "file" and time.monotonic() < deadline
+           and not any(TEMP_MARKER in n for n in store.list("big", include_hidden=True))):
+        time.sleep(0.001)
     proc.kill()
     proc.wait()
     visible = store.list("big")

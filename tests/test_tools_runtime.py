@@ -41,7 +41,11 @@ class Hanging(Tool):
     description = "never answers"
     parameters = {"type": "object", "properties": {}}
 
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
     async def __call__(self, arguments: dict[str, Any]) -> str:
+        self.entered.set()
         await asyncio.sleep(60)
         return "never"
 
@@ -70,13 +74,14 @@ def test_run_tool_turns_a_tool_bug_into_text() -> None:
 def test_run_tool_times_out_a_hanging_tool() -> None:
     text, kind, latency = asyncio.run(run_tool(Hanging(), {}, 0.05))
     assert (text, kind) == ("Error: tool 'hanging' timed out after 0.05 s", "timeout")
-    assert 0.04 < latency < 1.0
+    assert latency > 0.04  # about the timeout; how much later the loop noticed depends on the machine, so no upper bound
 
 
 def test_run_tool_lets_cancellation_through() -> None:
     async def main() -> None:
-        task = asyncio.create_task(run_tool(Hanging(), {}, 10.0))
-        await asyncio.sleep(0.01)
+        tool = Hanging()
+        task = asyncio.create_task(run_tool(tool, {}, 10.0))
+        await tool.entered.wait()  # cancelled inside the tool call, not before it starts
         task.cancel()
         await task
 

@@ -15,8 +15,12 @@ from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
+from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
 from pipelines_lib.train.step import Precision, StepConfig, logprobs_fn, train_step
+
+ONE_DEVICE = make_mesh(MeshConfig())
+"""Where optimizers are placed in tests that are not about meshes."""
 
 # ModelConfig.tiny() with every dimension shrunk (one layer): the same code paths, a fraction of the
 # compile time, which dominates these tests.
@@ -182,6 +186,8 @@ def test_the_mismatch_p99_is_taken_over_the_loss_tokens_of_the_whole_batch() -> 
     assert n < 100
     np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff_p99"], 0.5, rtol=1e-5)
     np.testing.assert_allclose(metrics["prox_behav_logp_abs_diff"], 0.5 / n, rtol=1e-3)
+    # KL(π_behav ‖ π_prox) by k3 on that one token: ρ − log ρ − 1 with log ρ = 0.5, averaged over n tokens.
+    np.testing.assert_allclose(metrics["behav_prox_kl"], (math.exp(0.5) - 0.5 - 1) / n, rtol=1e-3)
 
 
 def test_padding_rows_and_longer_buckets_leave_the_update_unchanged() -> None:
@@ -216,7 +222,7 @@ def test_grpo_steps_make_positive_advantage_completions_likelier() -> None:
         behav_logp_bt=np.asarray(logprobs_fn(model, draft.tokens_bt, draft.positions_bt)) * draft.loss_mask_bt
     )
     before = sequence_logp(model, batch)
-    optimizer = make_nnx_optimizer(model, OptimConfig(lr=3e-3))
+    optimizer = make_nnx_optimizer(model, OptimConfig(lr=3e-3), ONE_DEVICE)
     for _ in range(3):
         train_step(model, optimizer, batch, cfg=StepConfig())
     after = sequence_logp(model, batch)
@@ -227,7 +233,7 @@ def test_sft_nll_step_fits_the_loss_tokens() -> None:
     tokens, masks, _, _ = ragged_rows()
     batch = build_train_batch(tokens, masks, seq_buckets=BUCKETS)
     model = make_model()
-    optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2))
+    optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2), ONE_DEVICE)
     cfg = StepConfig(loss=LossConfig(name="nll"))
     nll = [float(train_step(model, optimizer, batch, cfg=cfg)["nll"]) for _ in range(8)]
     # A fresh model is near uniform over 64 tokens; 8 steps must have cut the NLL well below that.
@@ -358,7 +364,7 @@ def test_optim_config_rejects_bad_values_by_name(kwargs: dict, match: str) -> No
 
 def test_the_step_updates_parameters_and_optimizer_state_in_their_own_buffers() -> None:
     model = make_model()
-    optimizer = make_nnx_optimizer(model, OptimConfig())
+    optimizer = make_nnx_optimizer(model, OptimConfig(), ONE_DEVICE)
     batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
     memory = train_step.lower(model, optimizer, batch, cfg=SEQ_MEAN).compile().memory_analysis()
     state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))

@@ -33,12 +33,15 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ROOT = Path(__file__).resolve().parents[1]
+ONE_DEVICE = make_mesh(MeshConfig())
+"""Where optimizers are placed in tests that are not about meshes."""
 
 
 def small_config(**trainer) -> CampaignConfig:
@@ -84,6 +87,23 @@ def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) ->
     assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (2, 3, 4, 6)]
     assert train(store, config) == DoneMarker.read(store).to_dict()  # a rerun is a no-op
     assert any("step 6/6" in line for line in logs)
+
+
+def test_each_step_logs_the_behaviour_proximal_mismatch_in_its_consumption_log_and_telemetry(tmp_path) -> None:
+    # Synthetic groups carry made-up sampler logprobs, so the mismatch to the trainer's is large and non-zero.
+    config = small_config(max_steps=2)
+    store = seed_campaign(str(tmp_path / "c"), config)
+    train(store, config, log=lambda _: None)
+    metrics = store.read_json(layout.consumed_log(1))["metrics"]
+    assert metrics["prox_behav_logp_abs_diff_p99"] >= metrics["prox_behav_logp_abs_diff"] > 0
+    assert metrics["behav_prox_kl"] > 0
+    assert {f"correction_frac_{n}" for n in ("tis", "mis", "icepop", "geo_mask", "none")} <= set(metrics)
+    from pipelines_lib.telemetry.trace import read_records
+
+    gauges = {(r["name"], r["tags"]["step"]): r["value"] for r in read_records(store)
+              if r["type"] == "gauge" and r["name"].startswith("train.")}
+    assert gauges[("train.behav_prox_kl", 1)] == pytest.approx(metrics["behav_prox_kl"])
+    assert gauges[("train.correction_frac_icepop", 1)] == pytest.approx(metrics["correction_frac_icepop"])
 
 
 def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tmp_path) -> None:
@@ -218,7 +238,7 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     config = small_config()
     store = Store(str(tmp_path / "c"))
     model = Decoder(config.model, rngs=nnx.Rngs(0))
-    optimizer = make_nnx_optimizer(model, config.trainer.optim)
+    optimizer = make_nnx_optimizer(model, config.trainer.optim, ONE_DEVICE)
     assert restore_latest(store, model=model, optimizer=optimizer) is None
     nnx.update(optimizer, _perturbed(nnx.state(optimizer)))  # non-trivial optimiser state to restore
     saved = [np.asarray(x) for x in jax.tree.leaves((nnx.state(model, nnx.Param), nnx.state(optimizer)))]
@@ -230,7 +250,7 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     store.create("train/checkpoints/00000004/state/partial", b"half")
     assert committed_checkpoints(store) == ["train/checkpoints/00000002"]
     fresh_model = Decoder(config.model, rngs=nnx.Rngs(1))
-    fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim)
+    fresh_opt = make_nnx_optimizer(fresh_model, config.trainer.optim, ONE_DEVICE)
     folder, meta = restore_latest(store, model=fresh_model, optimizer=fresh_opt)
     assert (meta.step, meta.version, meta.cursor, folder) == (2, 1, '{"c": 1}', "train/checkpoints/00000002")
     assert meta.rng == [int(x) for x in jax.random.key_data(rng).ravel()]

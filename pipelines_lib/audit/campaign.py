@@ -19,30 +19,48 @@ say "OK". One listing of the folder drives everything:
   and content disagree (``bad_pointer_entry``: readers skip it).
 - ``campaign.json`` and the evaluations: reported as found.
 
-Shards are fetched ``read_ahead`` at a time on a thread pool (a GCS audit is bound by request latency) and
-processed in name order, so the report does not depend on timing. ``progress`` gets a line every
+Each version folder is one work unit: its shards are fetched ``read_ahead`` at a time on a thread pool (a GCS
+audit is bound by request latency) and processed in name order, in this process or on one of ``jobs`` worker
+processes (decoding is CPU-bound: threads do not help under the GIL). A unit's result is small and bounded:
+counts, value -> count distributions (``stats.Distribution``), findings, the committed groups lineage needs and
+a 64-bit hash per trajectory id, so duplicates across folders are found at 8 bytes an id. Results merge in
+version order, so the report does not depend on timing or on ``jobs``. ``progress`` gets a line every
 ``progress_every`` shards.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
+import hashlib
 import itertools
+import json
+import multiprocessing
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
 from pipelines_lib.audit.report import AuditReport, BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution, shard_figures
-from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication, Record, RecordError
+from pipelines_lib.records import (
+    AuditVersionResult,
+    CampaignManifest,
+    ConsumptionLog,
+    Publication,
+    Record,
+    RecordError,
+)
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decode_shard, identity_problem
 from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_problem
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -70,7 +88,7 @@ def _read(store: Store, path: str) -> bytes | Missing:
         return e
 
 
-def _prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
+def prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
     """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory)."""
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
@@ -112,9 +130,74 @@ class _Accumulator:
     tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     committed: dict[GroupKey, CommittedGroup] = field(default_factory=dict)
     first_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Trajectory id -> (shard, row) within one work unit (a version folder)."""
+    id_hashes: dict[int, str] = field(default_factory=dict)
+    """64-bit hash of each trajectory id -> its version folder: duplicates across work units, at 8 bytes an id."""
     shards: int = 0
     needs: TrainerNeeds | None = None
     newest_version: int | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        """One work unit's result as JSON (``AuditVersionResult.result``); ``from_plain`` reads it back."""
+        hashes = np.array(sorted(self.id_hashes), np.uint64)
+        return {
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "bad_files": [dataclasses.asdict(b) for b in self.bad_files],
+            "schema_versions": dict(self.schema_versions),
+            "by_version": {str(v): dataclasses.asdict(t) for v, t in self.by_version.items()},
+            "by_worker": {w: dataclasses.asdict(t) for w, t in self.by_worker.items()},
+            "dists": {name: sorted(d.counts.items()) for name, d in self.dists.items()},
+            "statuses": dict(self.statuses),
+            "tool_calls": dict(self.tool_calls),
+            "tool_errors": [[tool, kind, n] for (tool, kind), n in sorted(self.tool_errors.items())],
+            "committed": [[shard, gid, c.version, c.prompt_id, c.row_start, c.row_end, c.usable]
+                          for (shard, gid), c in self.committed.items()],
+            "id_hashes": base64.b64encode(hashes.tobytes()).decode(),
+            "id_folder": next(iter(self.id_hashes.values()), ""),
+            "shards": self.shards,
+        }
+
+    @classmethod
+    def from_plain(cls, raw: dict[str, Any]) -> _Accumulator:
+        acc = cls(findings=[Finding(**f) for f in raw["findings"]],
+                  bad_files=[BadFile(**b) for b in raw["bad_files"]],
+                  schema_versions=Counter(raw["schema_versions"]), statuses=Counter(raw["statuses"]),
+                  tool_calls=Counter(raw["tool_calls"]),
+                  tool_errors=Counter({(tool, kind): n for tool, kind, n in raw["tool_errors"]}),
+                  committed={(shard, gid): CommittedGroup(version=v, prompt_id=pid, row_start=a, row_end=b, usable=ok)
+                             for shard, gid, v, pid, a, b, ok in raw["committed"]},
+                  shards=raw["shards"])
+        for mine, theirs in ((acc.by_version, {int(v): t for v, t in raw["by_version"].items()}),
+                             (acc.by_worker, raw["by_worker"])):
+            mine.update({k: _Tally(**t) for k, t in theirs.items()})
+        for name, pairs in raw["dists"].items():
+            acc.dists[name].counts.update({float(v): int(c) for v, c in pairs})
+        hashes = np.frombuffer(base64.b64decode(raw["id_hashes"]), np.uint64)
+        acc.id_hashes = dict.fromkeys(hashes.tolist(), raw["id_folder"])
+        return acc
+
+    def merge(self, unit: _Accumulator) -> None:
+        """Fold in the result of another work unit (a later version folder)."""
+        self.findings += unit.findings
+        self.bad_files += unit.bad_files
+        self.schema_versions.update(unit.schema_versions)
+        for mine, theirs in ((self.by_version, unit.by_version), (self.by_worker, unit.by_worker)):
+            for key, t in theirs.items():
+                m = mine[key]
+                m.shards, m.trajectories, m.groups = m.shards + t.shards, m.trajectories + t.trajectories, m.groups + t.groups
+                m.bytes, m.reward_sum = m.bytes + t.bytes, m.reward_sum + t.reward_sum
+        for name, dist in unit.dists.items():
+            self.dists[name].merge(dist)
+        self.statuses.update(unit.statuses)
+        self.tool_calls.update(unit.tool_calls)
+        self.tool_errors.update(unit.tool_errors)
+        self.committed.update(unit.committed)
+        for h, folder in unit.id_hashes.items():
+            first = self.id_hashes.setdefault(h, folder)
+            if first != folder:
+                self.findings.append(Finding(kind="duplicate_trajectory", path=folder, row=None, trajectory_id=None,
+                                             message=f"a trajectory id of this folder is also committed in {first}"))
+        self.shards += unit.shards
 
     def add_shard_object(self, store: Store, path: str, sid: layout.ShardId, data: bytes | Missing) -> None:
         if isinstance(data, NotAnObjectError):
@@ -174,7 +257,9 @@ class _Accumulator:
                           for v in violations]
         untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance)
         self.findings += untrainable
+        folder = layout.version_dir(sid.version)
         for row, tid in enumerate(table.column("trajectory_id").to_pylist()):
+            self.id_hashes[_id_hash(tid)] = folder
             first = self.first_seen.setdefault(tid, (path, row))
             if first[0] != path:
                 self.findings.append(Finding(kind="duplicate_trajectory", path=path, row=row, trajectory_id=tid,
@@ -203,11 +288,94 @@ class _Accumulator:
         self.tool_errors.update(fig.tool_errors)
 
 
+def _id_hash(trajectory_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Unit:
+    """One version folder's shards, audited on their own (in a worker process when ``jobs`` > 1)."""
+
+    version: int
+    url: str
+    storage_options: dict[str, Any]
+    shards: list[tuple[layout.ShardId, str]]
+    needs: TrainerNeeds | None
+    newest_version: int | None
+    read_ahead: int
+
+    @property
+    def digest(self) -> str:
+        """What the unit's result depends on besides the newest published version: its shards (create-only, so
+        their names) and the trainer's needs."""
+        needs = None if self.needs is None else dataclasses.asdict(self.needs)
+        text = json.dumps([[f for _, f in self.shards], needs], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _audit_unit(unit: _Unit, store: Store | None = None,
+                on_shard: Callable[[int], None] = lambda n: None) -> _Accumulator:
+    """The accumulator of one version folder; ``store`` is the caller's, or one opened here in a worker."""
+    store = store or Store(unit.url, storage_options=unit.storage_options)
+    acc = _Accumulator(needs=unit.needs, newest_version=unit.newest_version)
+    fetched = prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
+    for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
+        acc.add_shard_object(store, path, sid, data)
+        on_shard(1)
+    acc.first_seen.clear()  # duplicates across units go by id_hashes; the worker's result stays small
+    return acc
+
+
+def _audit_units(store: Store, units: list[_Unit], jobs: int,
+                 on_shards: Callable[[int], None]) -> Iterator[_Accumulator]:
+    """Results of ``units`` in order: in this process, or on ``jobs`` worker processes (spawned: no JAX, no
+    threads inherited), at most ``2 * jobs`` results waiting to be merged (bounded memory). ``on_shards(n)``
+    follows progress: per shard in this process, per unit from workers."""
+    if jobs == 1 or len(units) < 2:
+        yield from (_audit_unit(u, store, on_shards) for u in units)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        todo = iter(units)
+        window: deque[tuple[_Unit, Future]] = deque((u, pool.submit(_audit_unit, u))
+                                                    for u in itertools.islice(todo, 2 * jobs))
+        while window:
+            unit, fut = window.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                window.append((nxt, pool.submit(_audit_unit, nxt)))
+            result = fut.result()
+            on_shards(len(unit.shards))
+            yield result
+
+
+def _reusable(store: Store, kept: list[tuple[int | None, str]], newest: int | None) -> _Accumulator | None:
+    """A kept result of the same shards that still holds: audited with the same newest published version, or an
+    older one when it found no untrainable group (a newer pointer only allows more policy versions)."""
+    for then, path in kept:
+        try:
+            record = AuditVersionResult.read(store, path)
+        except RecordError:
+            continue  # a damaged kept result is only a cache miss
+        same = then == newest
+        older_and_clean = (then is not None and newest is not None and then < newest
+                           and not any(f["kind"] == "untrainable_group" for f in record.result["findings"]))
+        if same or older_and_clean:
+            return _Accumulator.from_plain(record.result)
+    return None
+
+
+def _keep(store: Store, unit: _Unit, result: _Accumulator) -> None:
+    record = AuditVersionResult(version=unit.version, digest=unit.digest, newest_version=unit.newest_version,
+                                result=result.to_plain())
+    with contextlib.suppress(AlreadyExistsError):  # an earlier audit of the same shards kept it (create-only)
+        record.write(store)
+
+
 def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
              findings: list[Finding]) -> list[tuple[str, R]]:
     """Records ``cls`` at ``paths`` (in order); unreadable or invalid ones become findings of ``kind``."""
     out = []
-    for path, data in _prefetch(store, paths, read_ahead):
+    for path, data in prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError | NotAnObjectError):
                 raise RecordError(str(data))
@@ -226,7 +394,7 @@ def _pointer_entries(store: Store, paths: list[str], read_ahead: int, findings: 
     """The valid entries of the ``weights/LATEST`` pointer among ``paths``; any other object there (a stray name,
     content that disagrees with its name, a non-record) is a ``bad_pointer_entry`` finding: readers skip it."""
     entries = []
-    for path, data in _prefetch(store, paths, read_ahead):
+    for path, data in prefetch(store, paths, read_ahead):
         try:
             if isinstance(data, NotFoundError | NotAnObjectError):
                 raise RecordError(str(data))
@@ -259,11 +427,16 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
-                   read_ahead: int = 8, max_listed: int = 1000,
-                   clock: Callable[[], float] = time.monotonic) -> AuditReport:
-    """Audit the campaign at ``store``. Raises ``NotACampaignError`` when it has no ``campaign.json``."""
-    if progress_every < 1 or read_ahead < 1:
-        raise ValueError(f"progress_every and read_ahead must be >= 1, got {progress_every}, {read_ahead}")
+                   read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1, since: int | None = None,
+                   keep: bool = False, clock: Callable[[], float] = time.monotonic) -> AuditReport:
+    """Audit the campaign at ``store``, one version folder per work unit on ``jobs`` processes. Raises
+    ``NotACampaignError`` when it has no ``campaign.json``.
+
+    ``keep`` writes each folder's result under ``audit/versions/`` (``AuditVersionResult``); with ``since``,
+    folders below that version reuse a kept result of the same shards instead of being read again."""
+    if progress_every < 1 or read_ahead < 1 or jobs < 1:
+        raise ValueError(f"progress_every, read_ahead and jobs must be >= 1, got {progress_every}, {read_ahead}, "
+                         f"{jobs}")
     start = clock()
     if not store.exists(layout.CAMPAIGN_JSON):
         raise NotACampaignError("audit", store.url, f"not a campaign (no {layout.CAMPAIGN_JSON})")
@@ -286,11 +459,36 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
                               "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
                       for f in under_traj if layout.parse_shard_path(f) is None]
-    fetched = _prefetch(store, [f for _, f in shards], read_ahead)
-    for i, ((sid, _), (path, data)) in enumerate(zip(shards, fetched, strict=True), 1):
-        acc.add_shard_object(store, path, sid, data)
-        if progress is not None and (i % progress_every == 0 or i == len(shards)):
-            progress(f"audit {store.url}: {i}/{len(shards)} shards read ({clock() - start:.1f} s)")
+    by_folder: dict[int, list[tuple[layout.ShardId, str]]] = defaultdict(list)
+    for sid, f in shards:
+        by_folder[sid.version].append((sid, f))
+    units = [_Unit(version=version, url=store.url, storage_options=dict(store.fs.storage_options),
+                   shards=folder_shards, needs=acc.needs, newest_version=acc.newest_version, read_ahead=read_ahead)
+             for version, folder_shards in sorted(by_folder.items())]
+    done = 0
+
+    def on_shards(n: int) -> None:
+        nonlocal done
+        before, done = done, done + n
+        if progress is not None and (done // progress_every > before // progress_every or done == len(shards)):
+            progress(f"audit {store.url}: {done}/{len(shards)} shards read ({clock() - start:.1f} s)")
+
+    kept = records.audit_version_results(store) if since is not None else {}
+    reused = {u.version: r for u in units if since is not None and u.version < since
+              and (r := _reusable(store, kept.get((u.version, u.digest), []), acc.newest_version)) is not None}
+    todo = [u for u in units if u.version not in reused]
+    computed = _audit_units(store, todo, jobs, on_shards)
+    for unit in units:  # in version order, whichever way each result came
+        if unit.version in reused:
+            acc.merge(reused[unit.version])
+            on_shards(len(unit.shards))
+            continue
+        result = next(computed)
+        if keep:
+            _keep(store, unit, result)
+        acc.merge(result)
+    if progress is not None and since is not None:
+        progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
 
     findings = acc.findings
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]

@@ -9,6 +9,11 @@ still-growing campaign into a new folder. Rows carry the shard columns plus ``ca
 exports of several campaigns can be queried together. A file of that name that is not such an export (anything
 else someone left in the folder) is reported ``foreign`` and left alone too.
 
+Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``campaign.prefetch``) and
+their rows go out in row groups of up to ``ROW_GROUP_ROWS`` rows as they are read, so a version costs one
+pass and memory for one row group plus the compressed file. Versions are independent work units, exported on
+``jobs`` worker processes (spawned) when there are several.
+
 A group is exported once: a shard whose content was written under another name (a copy, see
 ``shards.identity_problem``) is skipped with that reason, and so is a shard repeating a group id already
 exported from the same version.
@@ -18,20 +23,27 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines_lib.audit.campaign import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
+from pipelines_lib.storage.shards import ShardError, decode_shard, identity_problem
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"
 EXPORT_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("campaign", pa.string(), nullable=False))
+ROW_GROUP_ROWS = 2**16
+"""Rows per Parquet row group at most; small shards are gathered into one (a row group per tiny shard makes
+the file's metadata, and its writing, cost more than its rows)."""
 EXPORT_STATUSES = ("written", "unchanged", "stale", "empty", "foreign")
 """``written`` now; ``unchanged``: an earlier export of the same shards exists; ``stale``: an earlier export
 exists but the version has other shards now (left as it was); ``empty``: no valid shard, no file;
@@ -75,7 +87,7 @@ def _recorded_shards(out: Store, name: str) -> list[str] | None:
     return [str(s) for s in shards] if isinstance(shards, list) else None
 
 
-def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
+def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8) -> ExportedVersion:
     name = parquet_name(version)
     listed = _listed_shards(store, version)
     if out.exists(name):
@@ -87,10 +99,13 @@ def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
     exported_groups: set[str] = set()
     rows = shards = 0
     campaign = layout.campaign_id(store.url)
+    pending: list[pa.Table] = []
     with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
-        for path in listed:
+        for path, data in prefetch(store, listed, read_ahead):
             try:
-                table, provenance = read_shard(store, path)
+                if isinstance(data, NotFoundError | NotAnObjectError):
+                    raise data
+                table, provenance = decode_shard(data, store.uri(path))
             except (ShardError, NotFoundError, NotAnObjectError) as e:
                 skipped.append((path, str(e)))
                 continue
@@ -102,11 +117,16 @@ def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
                 skipped.append((path, f"{store.uri(path)}: {problem}"))
                 continue
             exported_groups |= groups
-            writer.write_table(table.append_column(EXPORT_SCHEMA.field("campaign"),
-                                                   pa.array([campaign] * table.num_rows, pa.string()))
-                               .replace_schema_metadata(EXPORT_SCHEMA.metadata))
+            pending.append(table.append_column(EXPORT_SCHEMA.field("campaign"),
+                                               pa.array([campaign] * table.num_rows, pa.string()))
+                           .replace_schema_metadata(EXPORT_SCHEMA.metadata))
             rows += table.num_rows
             shards += 1
+            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                pending = []
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
         writer.add_key_value_metadata({
             SCHEMA_VERSION_KEY: SCHEMA_VERSION.encode(),
             EXPORT_META_KEY: json.dumps({"campaign": store.url, "version": version, "source_shards": listed,
@@ -118,18 +138,36 @@ def _export_version(store: Store, out: Store, version: int) -> ExportedVersion:
         out.create(name, sink.getvalue())
     except AlreadyExistsError:
         # A concurrent export won the name; judge its file like any earlier one.
-        return _export_version(store, out, version)
+        return _export_version(store, out, version, read_ahead)
     return ExportedVersion(version=version, path=name, status="written", rows=rows, shards=shards,
                            skipped=tuple(skipped))
 
 
-def export_parquet(store: Store, out: Store, *,
-                   progress: Callable[[str], None] | None = None) -> list[ExportedVersion]:
-    """Export every version folder of the campaign at ``store`` into the folder ``out``."""
+def _export_in_worker(url: str, options: dict[str, Any], out_url: str, out_options: dict[str, Any], version: int,
+                      read_ahead: int) -> ExportedVersion:
+    return _export_version(Store(url, storage_options=options), Store(out_url, storage_options=out_options), version,
+                           read_ahead)
+
+
+def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahead: int) -> Iterator[ExportedVersion]:
+    if jobs == 1 or len(versions) < 2:
+        yield from (_export_version(store, out, v, read_ahead) for v in versions)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        n = len(versions)
+        yield from pool.map(_export_in_worker, [store.url] * n, [dict(store.fs.storage_options)] * n, [out.url] * n,
+                            [dict(out.fs.storage_options)] * n, versions, [read_ahead] * n)
+
+
+def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] | None = None, jobs: int = 1,
+                   read_ahead: int = 8) -> list[ExportedVersion]:
+    """Export every version folder of the campaign at ``store`` into the folder ``out``, ``jobs`` versions at a
+    time on worker processes (results in version order)."""
+    if jobs < 1 or read_ahead < 1:
+        raise ValueError(f"export_parquet: jobs and read_ahead must be >= 1, got {jobs}, {read_ahead}")
     versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
     results = []
-    for version in versions:
-        result = _export_version(store, out, version)
+    for version, result in zip(versions, _exported(store, out, versions, jobs, read_ahead), strict=True):
         results.append(result)
         if progress is not None:
             progress(f"export {store.uri(layout.version_dir(version))} -> {out.uri(result.path)}: {result.status}, "

@@ -84,12 +84,37 @@ def shard_figures(table: pa.Table) -> ShardFigures:
 
 @dataclass
 class Distribution:
-    """Per-trajectory values collected over many shards."""
+    """Per-trajectory values over many shards, kept as value -> count: memory follows the distinct values (lengths
+    up to the longest bucket, turn counts, the reward levels a task gives), not the number of trajectories, and two
+    distributions merge by adding counts (the audit's per-version work units)."""
 
-    chunks: list[np.ndarray] = field(default_factory=list)
+    counts: Counter[float] = field(default_factory=Counter)
 
     def add(self, values: np.ndarray) -> None:
-        self.chunks.append(values)
+        unique, counts = np.unique(values.astype(np.float64), return_counts=True)
+        self.counts.update(dict(zip(unique.tolist(), counts.tolist(), strict=True)))
+
+    def merge(self, other: Distribution) -> None:
+        self.counts.update(other.counts)
 
     def summary(self) -> Summary:
-        return summarize(np.concatenate(self.chunks) if self.chunks else np.empty(0))
+        """``summarize`` of the values (same percentiles), from the counts."""
+        if not self.counts:
+            return summarize(np.empty(0))
+        values = np.array(sorted(self.counts), np.float64)
+        counts = np.array([self.counts[v] for v in values.tolist()], np.int64)
+        n = int(counts.sum())
+        ends = np.cumsum(counts)  # the value at sorted rank k is values[searchsorted(ends, k, side="right")]
+
+        def at(rank: int) -> float:
+            return float(values[np.searchsorted(ends, rank, side="right")])
+
+        def percentile(q: float) -> float:
+            # NumPy's "linear" method: rank q(n-1), interpolated as np.percentile does (its _lerp).
+            pos = q / 100 * (n - 1)
+            lo, t = int(np.floor(pos)), pos - np.floor(pos)
+            a, b = at(lo), at(min(lo + 1, n - 1))
+            return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
+
+        return Summary(count=n, mean=float(values @ counts) / n, p50=percentile(50), p95=percentile(95),
+                       max=float(values[-1]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipelines_lib.train.mesh import MeshConfig
+
 MODES = ("continuous", "static")
 ENGINE_KINDS = ("jax", "vllm")
 """``jax``: the built-in ``JaxEngine`` in the worker process (the embedded default and the reference).
@@ -92,12 +94,13 @@ class EngineConfig:
     """``continuous``: requests join free slots between decode steps and leave the moment they finish.
     ``static``: a batch is admitted only when every slot is free, decodes until its longest request
     finishes, and all its completions are returned together (the baseline to compare against)."""
-    prefix_reuse: bool = False
+    prefix_reuse: bool = True
     """Keep a finished request's keys/values in its slot; a later prompt that extends them (the next
     turn of a conversation) is admitted to that slot and prefills only the new tokens. Weight swaps
-    discard retained prefixes. Off by default: the reused rows were computed in different prefill
-    chunks, so logits can differ from a fresh prefill by float rounding, which weakens "the same seed
-    gives the same tokens whatever else ran before" to "the same up to rounding"."""
+    discard retained prefixes, and admission evicts them when it needs their blocks. The reused rows
+    were computed in other prefill chunks, so logits can differ from a fresh prefill by float rounding
+    (as they do between batch sizes): "the same seed gives the same tokens whatever ran before" holds
+    up to rounding. False prefills every prompt in full."""
     close_timeout_s: float = 60.0
     """How long ``close()`` waits for the compute step in flight before giving up."""
     kind: str = "jax"
@@ -105,6 +108,9 @@ class EngineConfig:
     ``max_seq_len``)."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
     """The vLLM backend, when ``kind`` is ``vllm``."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the ``jax`` engine serves on (default one): ``tensor`` splits every layer's heads and MLP and the
+    KV cache's kv heads over devices, so a model too large for one device serves across several."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_slots <= MAX_SLOTS:
@@ -155,6 +161,18 @@ class EngineConfig:
         ``blocks_per_sequence``, then it."""
         spans = [1 << i for i in range(self.blocks_per_sequence.bit_length()) if 1 << i < self.blocks_per_sequence]
         return (*spans, self.blocks_per_sequence)
+
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a decode step or a batched prefill may run with (one compilation each, per span or
+        bucket): powers of two below ``num_slots``, then it. A step runs the smallest one holding its rows,
+        so its cost follows the slots occupied, not ``num_slots``."""
+        rows = [1 << i for i in range(self.num_slots.bit_length()) if 1 << i < self.num_slots]
+        return (*rows, self.num_slots)
+
+    def rows_for(self, n: int) -> int:
+        """Smallest row bucket holding ``n`` rows."""
+        return next(r for r in self.row_buckets if r >= n)
 
     def span_for(self, positions: int) -> int:
         """Smallest attention span (in blocks) covering ``positions`` positions."""

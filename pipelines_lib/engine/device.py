@@ -13,9 +13,11 @@ How the pieces fit::
         warmup():   compiles every step variant on the live cache, writing nowhere
 
 The KV cache is paged (``model.decoder``, ``engine.blocks``): each step receives the block table. A
-prefill chunk attends over its slot's whole table row; a decode step over the first ``span`` blocks of
-every row, ``span`` the smallest of ``EngineConfig.attention_spans`` covering the longest sequence, so
-its attention costs what the sequences hold, not the context limit.
+prompt's first chunk attends over the blocks its bucket covers (``prefill_calls``: the first chunks of the
+prompts admitted together run as one batch); a decode step runs the occupied slots only, in the smallest
+of ``EngineConfig.row_buckets`` holding them, over the first ``span`` blocks of each row, ``span`` the
+smallest of ``EngineConfig.attention_spans`` covering the longest sequence, so its cost follows the slots
+occupied and the tokens they hold, not ``num_slots × max_seq_len``.
 
 The scheduler dispatches step N+1 *before* collecting step N, so the device computes N+1 while the host
 records N, admits requests and plans N+2 (as vLLM's async scheduling does). A row that continues feeds
@@ -47,6 +49,7 @@ import numpy as np
 from flax import nnx
 
 from pipelines_lib.engine.api import SamplingParams
+from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.sampling import request_keys, sample
 from pipelines_lib.model.decoder import Decoder, KVCache
 
@@ -55,47 +58,50 @@ def _prefill_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
     cache: KVCache,
-    table_1n: jax.Array,
-    tokens_1t: jax.Array,
-    start: jax.Array,
+    table_rn: jax.Array,
+    tokens_rt: jax.Array,
+    start_r: jax.Array,
 ) -> KVCache:
-    """Write the keys/values of one prompt chunk of one slot (block table row ``table_1n``) at positions
-    ``start + [0, T)``.
+    """Write the keys/values of one prompt chunk per row (block table row ``table_rn``) at positions
+    ``start_r + [0, T)``; padding rows name no block, so they write nothing.
 
     Prefill covers the prompt minus its last token; the decode step feeds that token and samples the
     first completion token, so sampling has one code path.
     """
     model = nnx.merge(graphdef, params)
-    positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None, :]
-    return model.hidden(tokens_1t, positions_1t, cache, table_1n)[1]
+    positions_rt = start_r[:, None] + jnp.arange(tokens_rt.shape[1], dtype=jnp.int32)[None, :]
+    return model.hidden(tokens_rt, positions_rt, cache, table_rn)[1]
 
 
 def _decode_step(
     graphdef: nnx.GraphDef[Decoder],
     params: dict[Any, Any],
     cache: KVCache,
-    table_bn: jax.Array,
+    table_rn: jax.Array,
     carry_b: jax.Array,
-    tokens_b: jax.Array,
-    from_carry_b: jax.Array,
-    positions_b: jax.Array,
-    temperature_b: jax.Array,
-    top_k_b: jax.Array,
-    top_p_b: jax.Array,
-    seed_b: jax.Array,
-    index_b: jax.Array,
+    slot_r: jax.Array,
+    tokens_r: jax.Array,
+    from_carry_r: jax.Array,
+    positions_r: jax.Array,
+    temperature_r: jax.Array,
+    top_k_r: jax.Array,
+    top_p_r: jax.Array,
+    seed_r: jax.Array,
+    index_r: jax.Array,
 ) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Feed each slot's newest token at its position and sample completion token ``index_b``, attending
-    over the ``table_bn`` blocks of each row.
+    """Feed the newest token of each row (slot ``slot_r``) at its position and sample completion token
+    ``index_r``, attending over the ``table_rn`` blocks of the row; returns the cache and, per slot, the
+    sampled token (the new carry) and its logprob. Padding rows (slot ``num_slots``) write nothing.
 
-    The newest token is ``carry_b`` (the previous step's sampled token, still on the device) where
-    ``from_carry_b``, else ``tokens_b`` from the host (a row's first step)."""
+    The newest token is the slot's ``carry_b`` entry (the previous step's sampled token, still on the
+    device) where ``from_carry_r``, else ``tokens_r`` from the host (a row's first step)."""
     model = nnx.merge(graphdef, params)
-    fed_b = jnp.where(from_carry_b, carry_b, tokens_b)
-    h_b1d, cache = model.hidden(fed_b[:, None], positions_b[:, None], cache, table_bn)
-    logits_bv = model.unembed(h_b1d[:, 0])
-    token_b, logprob_b = sample(logits_bv, temperature_b, top_k_b, top_p_b, request_keys(seed_b, index_b))
-    return cache, token_b, logprob_b
+    fed_r = jnp.where(from_carry_r, jnp.take(carry_b, slot_r, mode="clip"), tokens_r)
+    h_r1d, cache = model.hidden(fed_r[:, None], positions_r[:, None], cache, table_rn)
+    logits_rv = model.unembed(h_r1d[:, 0])
+    token_r, logprob_r = sample(logits_rv, temperature_r, top_k_r, top_p_r, request_keys(seed_r, index_r))
+    logprob_b = jnp.zeros(carry_b.shape, jnp.float32).at[slot_r].set(logprob_r, mode="drop")
+    return cache, carry_b.at[slot_r].set(token_r, mode="drop"), logprob_b
 
 
 class Steps(NamedTuple):
@@ -103,7 +109,8 @@ class Steps(NamedTuple):
     decode: Any
 
     def compilations(self) -> int:
-        """Compiled variants so far (one per prefill bucket, one per decode attention span, per cache shape)."""
+        """Compiled variants so far (per cache shape: prefill per row bucket and prompt bucket, decode per row
+        bucket and attention span)."""
         return self.prefill._cache_size() + self.decode._cache_size()
 
 
@@ -158,23 +165,66 @@ class DecodeRows:
     def active(self) -> np.ndarray:
         return (self.position < self.idle_position) & (self.index < self.limit)
 
-    def take(self, active: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Copies of the decode inputs (idle rows past the cache end), then advance the active rows by one
-        token, which the device will sample: their next step feeds it from the carry."""
+    def take(self, slot_r: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Decode inputs of the rows ``slot_r`` (active slots, then padding entries ``num_slots`` that feed
+        a position past the cache end), then advance those slots by one token, which the device will
+        sample: their next step feeds it from the carry."""
+        n = len(self.token)
+        real_r = slot_r < n
+        s_r = np.minimum(slot_r, n - 1)
         rows = (
-            self.token.copy(),
-            self.from_carry & active,
-            np.where(active, self.position, self.idle_position).astype(np.int32),
-            self.temperature.copy(),
-            self.top_k.copy(),
-            self.top_p.copy(),
-            self.seed.copy(),
-            self.index.copy(),
+            slot_r.astype(np.int32),
+            self.token[s_r],
+            self.from_carry[s_r] & real_r,
+            np.where(real_r, self.position[s_r], self.idle_position).astype(np.int32),
+            self.temperature[s_r],
+            self.top_k[s_r],
+            self.top_p[s_r],
+            self.seed[s_r],
+            self.index[s_r],
         )
-        self.position[active] += 1
-        self.index[active] += 1
-        self.from_carry[active] = True
+        slots = slot_r[real_r]
+        self.position[slots] += 1
+        self.index[slots] += 1
+        self.from_carry[slots] = True
         return rows
+
+
+class Prefill(NamedTuple):
+    """One batched prefill call: a prompt chunk per row, its start position and block table row."""
+
+    table_rn: np.ndarray
+    tokens_rt: np.ndarray
+    start_r: np.ndarray
+
+
+def prefill_calls(
+    chunks: list[tuple[int, np.ndarray, int]], table: np.ndarray, config: EngineConfig
+) -> list[Prefill]:
+    """Group prefill chunks (slot, padded tokens, start) into calls of few compiled shapes.
+
+    Chunks starting at position 0 (a new prompt, or its first piece) are batched per bucket, padded to a row
+    bucket, and attend over the blocks their bucket covers (``span_for(bucket)``), so a short prompt never
+    attends over the context limit. A chunk starting later (after a reused prefix, or a long prompt's next
+    piece) runs alone over its slot's whole table row, after every first chunk (a slot's chunks stay in order).
+    Padding rows name no block and write nothing.
+    """
+    calls = []
+    no_block = config.pool_blocks
+    firsts: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for slot, tokens, start in chunks:
+        if start == 0:
+            firsts.setdefault(len(tokens), []).append((slot, tokens))
+    for bucket, group in sorted(firsts.items()):
+        rows, span = config.rows_for(len(group)), config.span_for(bucket)
+        table_rn = np.full((rows, span), no_block, np.int32)
+        tokens_rt = np.zeros((rows, bucket), np.int32)
+        for r, (slot, tokens) in enumerate(group):
+            table_rn[r], tokens_rt[r] = table[slot, :span], tokens
+        calls.append(Prefill(table_rn, tokens_rt, np.zeros(rows, np.int32)))
+    calls += [Prefill(table[[slot]], tokens[None, :], np.array([start], np.int32))
+              for slot, tokens, start in chunks if start > 0]
+    return calls
 
 
 @dataclass(frozen=True)
@@ -198,33 +248,33 @@ class DeviceRunner:
         self._credited_until = -math.inf
 
     def dispatch(
-        self,
-        params: dict[Any, Any],
-        prefills: list[tuple[int, np.ndarray, int]],
-        rows: tuple[np.ndarray, ...],
-        table: np.ndarray,
-        span: int,
+        self, params: dict[Any, Any], prefills: list[Prefill], table_rn: np.ndarray, rows: tuple[np.ndarray, ...]
     ) -> Dispatched:
-        """Enqueue the prefill chunks (slot, padded tokens, start), then one decode step over every slot
-        attending over the first ``span`` blocks of ``table``."""
+        """Enqueue the prefill calls, then one decode step over ``rows`` (``DecodeRows.take``) attending
+        over ``table_rn``."""
         at = self._clock()
-        for slot, tokens, start in prefills:
-            self.cache = self.steps.prefill(params, self.cache, table[slot : slot + 1], tokens[None, :], np.int32(start))
-        self.cache, token_b, logprob_b = self.steps.decode(params, self.cache, table[:, :span], self._carry_b, *rows)
-        self._carry_b = token_b
-        return Dispatched(token_b, logprob_b, at)
+        for call in prefills:
+            self.cache = self.steps.prefill(params, self.cache, *call)
+        self.cache, self._carry_b, logprob_b = self.steps.decode(params, self.cache, table_rn, self._carry_b, *rows)
+        return Dispatched(self._carry_b, logprob_b, at)
 
-    def warmup(self, params: dict[Any, Any], buckets: tuple[int, ...], spans: tuple[int, ...], width: int) -> None:
-        """Compile every prefill bucket and decode span on the live cache (no second cache): every table
-        entry is "no block", so nothing is written and requests in flight are untouched."""
-        n = len(self._carry_b)
-        nowhere = np.full((n, width), self.cache[0].k_nskd.shape[0], np.int32)
-        for bucket in buckets:
-            self.cache = self.steps.prefill(params, self.cache, nowhere[:1], np.zeros((1, bucket), np.int32), np.int32(0))
-        idle = DecodeRows(n, width * self.cache[0].k_nskd.shape[1])
-        rows = idle.take(idle.active())
-        for span in spans:
-            self.cache, *_ = self.steps.decode(params, self.cache, nowhere[:, :span], self._carry_b, *rows)
+    def warmup(self, params: dict[Any, Any], config: EngineConfig) -> None:
+        """Compile every prefill and decode variant on the live cache (no second cache): every table entry
+        is "no block" and every decode row padding, so nothing is written and requests in flight are
+        untouched."""
+        n, width, no_block = config.num_slots, config.blocks_per_sequence, config.pool_blocks
+        nowhere = np.full((n, width), no_block, np.int32)
+        for bucket in config.prefill_buckets:
+            shapes = [(rows, config.span_for(bucket)) for rows in config.row_buckets] + [(1, width)]
+            for rows, span in shapes:
+                self.cache = self.steps.prefill(params, self.cache, nowhere[:rows, :span],
+                                                np.zeros((rows, bucket), np.int32), np.zeros(rows, np.int32))
+        idle = DecodeRows(n, config.max_seq_len)
+        for rows in config.row_buckets:
+            decode_rows = idle.take(np.full(rows, n))
+            for span in config.attention_spans:
+                self.cache, *_ = self.steps.decode(params, self.cache, nowhere[:rows, :span], self._carry_b,
+                                                   *decode_rows)
         jax.block_until_ready(self.cache)
 
     def collect(self, step: Dispatched) -> tuple[np.ndarray, np.ndarray, float, bool]:

@@ -8,7 +8,7 @@ How the pieces fit::
                                │   while their KV blocks are free, take the next step's inputs from ``DecodeRows``
                                ▼
                   worker thread (one, ``engine.device.DeviceRunner``): dispatch prefill(admitted) + one
-                  decode step over all slots, then wait for the *previous* step's tokens
+                  decode step over the occupied slots, then wait for the *previous* step's tokens
                                │  (jitted, fixed shapes; the KV cache is donated and updated in place)
                                ▼
                   scheduler appends the previous step's tokens, finishes requests, resolves their futures
@@ -26,10 +26,13 @@ How the pieces fit::
   step attends over the smallest power-of-two number of blocks covering its longest sequence. A block
   is reused without clearing it (see ``model.decoder``).
 * **No recompilation per request.** Prefill pads each prompt chunk to one of the configured buckets
-  (prompts longer than the largest bucket are prefilled in chunks of it); decode always runs every
-  slot, idle rows writing to a position past the cache end, which is dropped. Slot index, positions and
-  sampling settings are traced arguments, so after ``warmup()`` (one compile per bucket plus one per
-  decode attention span, on the live cache) nothing compiles again; ``stats()["compilations"]`` counts compiled variants to prove it.
+  (prompts longer than the largest bucket are prefilled in chunks of it) and batches the first chunks
+  of the prompts admitted together; decode runs only the occupied slots, padded to a row bucket
+  (``EngineConfig.row_buckets``), padding rows writing to a position past the cache end, which is dropped.
+  Slots, positions and sampling settings are traced arguments, so after ``warmup()`` (one compile per
+  row bucket and prefill bucket, per prefill bucket at full width, and per row bucket and decode
+  attention span, on the live cache) nothing compiles again; ``stats()["compilations"]`` counts compiled
+  variants to prove it.
   The steps are shared by every engine over an equally shaped model, so they compile once per process.
 * **The event loop never blocks on compute.** Device calls run in a dedicated worker thread; the
   scheduler awaits them, so tools and agents keep running while the engine computes.
@@ -43,7 +46,7 @@ How the pieces fit::
   In-flight requests continue with the new weights and every token is stamped with the version that
   produced it (``Completion.policy_versions``); note that the KV cache of their earlier tokens was
   computed by the older weights.
-* **Prefix reuse** (``EngineConfig.prefix_reuse``, off by default): a finished request leaves its
+* **Prefix reuse** (``EngineConfig.prefix_reuse``, on by default): a finished request leaves its
   keys/values (its blocks) with its slot; a later prompt extending them (the next turn of the same
   conversation) goes to that slot and prefills only what is new. Swapped weights discard every retained
   prefix, and so does admission when it needs the blocks.
@@ -68,12 +71,21 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx, traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
 
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.blocks import BlockTable, SlotMemory
 from pipelines_lib.engine.config import EngineConfig
-from pipelines_lib.engine.device import DecodeRows, DeviceRunner, Dispatched, steps_for
+from pipelines_lib.engine.device import (
+    DecodeRows,
+    DeviceRunner,
+    Dispatched,
+    Prefill,
+    prefill_calls,
+    steps_for,
+)
 from pipelines_lib.model.decoder import Decoder, init_cache
+from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
 
 
 class EngineClosedError(RuntimeError):
@@ -102,16 +114,15 @@ class _Request:
 
 @dataclass
 class _Step:
-    """One dispatch: the prefill chunks (slot, padded tokens, start) of the admitted prompts, then one decode
-    step attending over ``span`` blocks of ``table``; ``slots``/``requests`` are the rows it samples for,
-    ``version`` the weights it runs with."""
+    """One dispatch: the prefill calls of the admitted prompts, then one decode step over ``rows`` attending
+    over ``table_rn``; ``slots``/``requests`` are the slots it samples for, ``version`` the weights it runs
+    with."""
 
     params: dict[Any, Any]
     version: int
-    prefills: list[tuple[int, np.ndarray, int]]
+    prefills: list[Prefill]
+    table_rn: np.ndarray
     rows: tuple[np.ndarray, ...]
-    table: np.ndarray
-    span: int
     slots: list[int]
     requests: list[_Request]
 
@@ -165,23 +176,29 @@ class JaxEngine:
         self.config = config
         self.model_cfg = model.cfg
         self._graphdef, state = nnx.split(model, nnx.Param)
-        # Parameters and cache are committed to one device: jit keys its cache on committedness, and
-        # weights restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
-        self._device = jax.devices()[0]
-        self._params = jax.device_put(nnx.to_pure_dict(state), self._device)
+        # Parameters and cache are committed to the engine's mesh (by the rules table of ``train.mesh``: heads,
+        # MLP and vocabulary over ``tensor``): jit keys its cache on committedness and shardings, and weights
+        # restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
+        mesh = make_mesh(config.mesh)
+        self._params = nnx.to_pure_dict(place_state(state, mesh))
         self._param_specs = {
             path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()
         }
+        self._param_shardings = jax.tree.map(lambda leaf: leaf.sharding, self._params)
         self._version = policy_version
         self._latest_version = policy_version
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
         self._steps = steps_for(self._graphdef)
+        cache = init_cache(model.cfg, config.pool_blocks, config.block_size)
+        # Keys and values split over kv heads, like the projections that write them.
+        cache_sharding = NamedSharding(mesh, logical_spec((None, None, "kv_heads", "head_dim"),
+                                                          cache[0].k_nskd.shape, mesh))
         self._runner = DeviceRunner(
             self._steps,
-            jax.device_put(init_cache(model.cfg, config.pool_blocks, config.block_size), self._device),
+            jax.device_put(cache, cache_sharding),
             config.num_slots,
-            self._device,
+            NamedSharding(mesh, PartitionSpec()),
             clock,
         )
         self._rows = DecodeRows(config.num_slots, config.max_seq_len)
@@ -253,9 +270,10 @@ class JaxEngine:
         extra = sorted(set(flat) - set(self._param_specs), key=str)
         if extra:
             raise ValueError(f"swap_weights: unexpected parameter {'/'.join(map(str, extra[0]))}")
-        # Rebuilt in the engine's own structure so the compiled steps accept it as is.
+        # Rebuilt in the engine's own structure and layout so the compiled steps accept it as is: weights already
+        # on the engine's shardings stay where they are, others move device to device, never through the host.
         pure = jax.device_put(
-            traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}), self._device
+            traverse_util.unflatten_dict({path: flat[path] for path in self._param_specs}), self._param_shardings
         )
         with self._swap_lock:
             self._pending_swap = (pure, version)
@@ -342,13 +360,12 @@ class JaxEngine:
         inflight = None
         if step is not None:
             inflight = _InFlight(
-                step, self._runner.dispatch(step.params, step.prefills, step.rows, step.table, step.span)
+                step, self._runner.dispatch(step.params, step.prefills, step.table_rn, step.rows)
             )
         return inflight, self._runner.collect(previous.dispatched) if previous is not None else None
 
     def _warmup_sync(self) -> None:
-        cfg = self.config
-        self._runner.warmup(self._params, cfg.prefill_buckets, cfg.attention_spans, cfg.blocks_per_sequence)
+        self._runner.warmup(self._params, self.config)
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
@@ -458,11 +475,16 @@ class JaxEngine:
             self._counters.prefill_calls += 1
             self._counters.prefill_tokens += len(request.prompt) - request.reused
             self._counters.reused_prefix_tokens += request.reused
-        slots = np.flatnonzero(active).tolist()
-        requests = [self._slots[i] for i in slots]
+        slots = np.flatnonzero(active)
+        # Only occupied slots are decoded, in the smallest row bucket holding them (padding rows feed nothing).
+        slot_r = np.full(self.config.rows_for(len(slots)), self.config.num_slots, np.int32)
+        slot_r[: len(slots)] = slots
         span = self.config.span_for(int(self._rows.position[active].max()) + 1)
-        rows = self._rows.take(active)
-        return _Step(params, version, prefills, rows, self._memory.blocks.table.copy(), span, slots, requests)  # type: ignore[arg-type]
+        table = self._memory.blocks.table
+        table_rn = table[np.minimum(slot_r, self.config.num_slots - 1), :span]
+        requests = [self._slots[i] for i in slots]
+        return _Step(params, version, prefill_calls(prefills, table, self.config), table_rn, self._rows.take(slot_r),
+                     slots.tolist(), requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
         """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""

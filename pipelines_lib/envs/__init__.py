@@ -3,14 +3,15 @@
 - :mod:`.base`: the contract (``Task``, ``StepResult``, ``Tool``, ``ToolError``, ``BaseTaskEnv``).
 - :mod:`.registry`: ``ENV_REGISTRY``/``TOOL_REGISTRY``, ``make_env``/``make_tool``.
 - :mod:`.tools`: calculator, sandboxed Python, search, latency wrapper, ``run_tool``.
-- Built-in envs: :mod:`.arithmetic` (the demo), :mod:`.multihop` (search over :mod:`.knowledge`),
-  :mod:`.coding` (``code``: functions checked in the sandbox).
+- Built-in envs: :mod:`.arithmetic` (the demo), :mod:`.twostep` (two calculator calls, the first result
+  carried into the second), :mod:`.multihop` (search over :mod:`.knowledge`), :mod:`.coding` (``code``:
+  functions checked in the sandbox).
 - :mod:`.corpus`: ``all_text_for_tokenizer`` for the default tokenizer.
 
 Importing this package imports every built-in env and tool so the registries are complete.
 """
 
-from pipelines_lib.envs import arithmetic, coding, multihop, tools  # noqa: F401  (registers the built-ins)
+from pipelines_lib.envs import arithmetic, coding, multihop, tools, twostep  # noqa: F401  (registers the built-ins)
 from pipelines_lib.envs.base import (
     BaseTaskEnv,
     InfraError,

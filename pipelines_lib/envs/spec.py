@@ -13,7 +13,7 @@ from pipelines_lib.envs.tools.sandbox import SandboxConfig
 @dataclass(frozen=True, kw_only=True)
 class EnvSpec:
     name: str = "arithmetic"
-    """A key of the env registry (``arithmetic``, ``multihop``, ``code``)."""
+    """A key of the env registry (``arithmetic``, ``twostep``, ``multihop``, ``code``)."""
     tool_latency: LatencyProfile = field(default_factory=LatencyProfile.none)
     """Delay added to every tool call, to emulate slow external services."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

@@ -3,10 +3,11 @@
 ```
 stages.evaluate.evaluate(store, config, version=N)         the stage: eval/v<N:08d>.json (records.EvalResult)
   └─ evaluate_model(model, tokenizer, tasks, cfg, ...)      in memory (the benchmarks call this)
-       JaxEngine(model, engine)
+       JaxEngine(model, engine on cfg.mesh)
        per task: 1 greedy episode + k sampled ones           k = cfg.samples, temperature cfg.temperature
        rollout.episodes.make_episode_fn(...) under a semaphore of cfg.max_concurrency
-       └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses
+       └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses,
+                                                             format_rate (envs with a ``format`` reward part)
 ```
 
 A task is *solved* by an episode that ends ``ok`` with reward >= ``SUCCESS_REWARD`` (the built-in envs give 1.0 for a
@@ -19,11 +20,12 @@ from the campaign seed, the task id and the attempt, so a rerun of the same vers
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
@@ -35,6 +37,7 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
+from pipelines_lib.train.mesh import MeshConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 
@@ -50,6 +53,8 @@ class EvalConfig:
     """Temperature of the sampled attempts (the greedy attempt uses 0)."""
     max_concurrency: int = 32
     """Episodes evaluated at once."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the evaluation engine serves on (its parameters and KV cache split over ``tensor``); default one."""
     versions: Literal["all", "ends"] = "all"
     """Which published versions the campaign evaluates: ``all``, or ``ends`` (version 0 and the last one)."""
 
@@ -88,7 +93,11 @@ def solved(t: Trajectory) -> bool:
 def _episode_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     n = len(trajectories)
     failures = Counter(turn.error for t in trajectories for turn in t.turns if turn.error is not None)
+    # Envs that score the answer's form report a ``format`` part; an episode without one never answered.
+    formats = {"format_rate": sum(t.reward_parts.get("format", 0.0) for t in trajectories) / n} if any(
+        "format" in t.reward_parts for t in trajectories) else {}
     return {
+        **formats,
         "episodes": n,
         "success_rate": sum(map(solved, trajectories)) / n,
         "mean_reward": sum(t.reward for t in trajectories) / n,
@@ -127,7 +136,7 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     k = cfg.samples
     semaphore = asyncio.Semaphore(cfg.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, engine) as jax_engine, env_sandbox(env) as sandbox:
+    async with JaxEngine(model, dataclasses.replace(engine, mesh=cfg.mesh)) as jax_engine, env_sandbox(env) as sandbox:
         episodes = [make_episode_fn(rollout, agent, engine=jax_engine, tokenizer=tokenizer, worker_id="eval",
                                     temperature=temperature, group_size=k + 1, seed_salt=f"eval.{seed}",
                                     sandbox=sandbox)

@@ -18,6 +18,11 @@ One attention implementation serves both uses:
 Layer ``i`` is: x += post_norm?(attn(attn_norm(x))); x += post_norm?(mlp(mlp_norm(x))), with rope on
 q/k (optionally RMS-normalised per head first), grouped-query attention, optional sliding window and
 score soft-cap, and a gated MLP (SwiGLU or GeGLU).
+
+Every parameter names its axes (Flax NNX ``out_sharding`` metadata: ``embed``, ``vocab``, ``heads``,
+``kv_heads``, ``head_dim``, ``mlp``); ``train/mesh.py``'s rules table maps the names onto a device mesh. The
+names are metadata only: nothing is sharded when a decoder is built (``eager_sharding=False``), the stage
+places it on its mesh.
 """
 
 from __future__ import annotations
@@ -132,13 +137,26 @@ def attention(
     return o_btkgd.reshape(b, t, h, d)
 
 
+def _named(init: nnx.Initializer, *axes: str) -> nnx.Initializer:
+    """``init`` whose parameter carries the logical axis names ``axes`` (see the module docstring)."""
+    return nnx.with_partitioning(init, axes, eager_sharding=False)
+
+
+def _linear(d_in: int, d_out: int, axes: tuple[str, str], *, use_bias: bool, dtype: jnp.dtype,
+            rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=dtype, rngs=rngs,
+                      kernel_init=_named(nnx.nn.linear.default_kernel_init, *axes),
+                      bias_init=_named(nnx.nn.linear.default_bias_init, axes[1]))
+
+
 class RMSNorm(nnx.Module):
     """``x / rms(x) * w`` (``rms``) or ``x / rms(x) * (1 + w)`` (``gemma_rms``), normalised in float32."""
 
-    def __init__(self, dim: int, *, eps: float, variant: str, dtype: jnp.dtype):
+    def __init__(self, dim: int, *, eps: float, variant: str, dtype: jnp.dtype, axis: str = "embed"):
         self.eps = eps
         self.plus_one = variant == "gemma_rms"
-        self.scale = nnx.Param(jnp.zeros(dim, dtype) if self.plus_one else jnp.ones(dim, dtype))
+        self.scale = nnx.Param(jnp.zeros(dim, dtype) if self.plus_one else jnp.ones(dim, dtype),
+                               out_sharding=(axis,), eager_sharding=False)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
@@ -151,14 +169,16 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer_kind: str, *, rngs: nnx.Rngs):
         dtype = jnp.dtype(cfg.dtype)
-        lin = {"dtype": dtype, "param_dtype": dtype, "rngs": rngs}
+        lin = {"dtype": dtype, "rngs": rngs}
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.q_proj = nnx.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
-        self.k_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
-        self.v_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, use_bias=cfg.qkv_bias, **lin)
-        self.o_proj = nnx.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, use_bias=False, **lin)
+        # Head-major flattened projections: splitting ``heads`` evenly keeps whole heads on each device.
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.q_proj = _linear(cfg.d_model, q, ("embed", "heads"), use_bias=cfg.qkv_bias, **lin)
+        self.k_proj = _linear(cfg.d_model, kv, ("embed", "kv_heads"), use_bias=cfg.qkv_bias, **lin)
+        self.v_proj = _linear(cfg.d_model, kv, ("embed", "kv_heads"), use_bias=cfg.qkv_bias, **lin)
+        self.o_proj = _linear(q, cfg.d_model, ("heads", "embed"), use_bias=False, **lin)
         if cfg.qk_norm:
-            norm = {"eps": cfg.norm_eps, "variant": cfg.norm, "dtype": dtype}
+            norm = {"eps": cfg.norm_eps, "variant": cfg.norm, "dtype": dtype, "axis": "head_dim"}
             self.q_norm = RMSNorm(cfg.head_dim, **norm)
             self.k_norm = RMSNorm(cfg.head_dim, **norm)
         self.qk_norm = cfg.qk_norm
@@ -209,10 +229,10 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         dtype = jnp.dtype(cfg.dtype)
-        lin = {"use_bias": False, "dtype": dtype, "param_dtype": dtype, "rngs": rngs}
-        self.gate_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **lin)
-        self.up_proj = nnx.Linear(cfg.d_model, cfg.d_ff, **lin)
-        self.down_proj = nnx.Linear(cfg.d_ff, cfg.d_model, **lin)
+        lin = {"use_bias": False, "dtype": dtype, "rngs": rngs}
+        self.gate_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), **lin)
+        self.up_proj = _linear(cfg.d_model, cfg.d_ff, ("embed", "mlp"), **lin)
+        self.down_proj = _linear(cfg.d_ff, cfg.d_model, ("mlp", "embed"), **lin)
         self.activation = cfg.activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -256,13 +276,13 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype = jnp.dtype(cfg.dtype)
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs,
+                               embedding_init=_named(nnx.nn.linear.default_embed_init, "vocab", "embed"))
         self.layers = nnx.List([Block(cfg, kind, rngs=rngs) for kind in cfg.layer_kinds])
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, variant=cfg.norm, dtype=dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = nnx.Linear(
-                cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype, rngs=rngs
-            )
+            self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), use_bias=False, dtype=dtype,
+                                   rngs=rngs)
 
     def __call__(
         self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: bool = False

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-BUILD_VERSION = "3"
+BUILD_VERSION = "4"
 """Bump when the recipe changes: the default cache directory is keyed by it, so stale builds are not reused.
 The key does not cover the env texts: after changing them, bump it (or delete the cache) to retrain."""
 

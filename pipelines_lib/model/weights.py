@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 
+import jax
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
+from jax.sharding import Mesh
 
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.train.mesh import MeshConfig, make_mesh, sharded_shapes
 
 STATE_ITEM = "state"
 CONFIG_FILE = "model_config.json"
@@ -35,11 +38,15 @@ def _path(path_or_url: str) -> epath.Path:
 
 
 def save_weights(model: Decoder, path_or_url: str) -> None:
-    """Write ``model``'s parameters and config under ``path_or_url``; refuses an existing item."""
+    """Write ``model``'s parameters and config under ``path_or_url``; refuses an existing item.
+
+    With parameters spanning several processes every process calls it (Orbax writes each process's shards);
+    process 0 writes the config."""
     root = _path(path_or_url)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(root / STATE_ITEM, nnx.state(model, nnx.Param))
-    (root / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True))
+    if jax.process_index() == 0:
+        (root / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True))
 
 
 def load_config(path_or_url: str) -> ModelConfig:
@@ -49,11 +56,14 @@ def load_config(path_or_url: str) -> ModelConfig:
     return ModelConfig.from_dict(json.loads(config_path.read_text()))
 
 
-def load_weights(path_or_url: str) -> Decoder:
-    """The decoder saved by ``save_weights`` at ``path_or_url``."""
+def load_weights(path_or_url: str, mesh: Mesh | None = None) -> Decoder:
+    """The decoder saved by ``save_weights`` at ``path_or_url``, its parameters sharded on ``mesh`` by the rules
+    table (``train.mesh``; each process reads only its own devices' shards), by default on one device whatever
+    mesh saved them."""
     cfg = load_config(path_or_url)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_params, rest = nnx.split(abstract, nnx.Param, ...)
+    abstract_params = sharded_shapes(abstract_params, make_mesh(MeshConfig()) if mesh is None else mesh)
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(_path(path_or_url) / STATE_ITEM, abstract_params)
     return nnx.merge(graphdef, params, rest)

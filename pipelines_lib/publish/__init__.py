@@ -26,6 +26,9 @@ the same version from a *different* step is refused, so a version number never n
 A leftover without a marker is removed and written again: one trainer publishes a campaign's versions, so the
 only writer of an unmarked folder is a dead earlier attempt of this same publish.
 
+A model spanning several processes is published by all of them: each saves its own Orbax shards, the parameters
+are gathered to every host for the HF folder, and process 0 alone writes the HF files, the marker and the pointer.
+
 ``gs://`` campaigns: Orbax writes through tensorstore, which does not read ``STORAGE_EMULATOR_HOST``; against an
 emulator set ``TENSORSTORE_GCS_HTTP_URL`` (and ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` to skip the credential lookup),
 or the save hangs. The entry points set that environment (``Settings.orbax_environment``). Every Orbax call is
@@ -42,8 +45,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 from flax import nnx
+from jax.sharding import Mesh
 
+from pipelines_lib.distributed import barrier, host_copy, is_writer
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import hf_files
 from pipelines_lib.model.weights import load_weights, save_weights
@@ -78,24 +84,38 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
         raise ValueError(f"publish_weights: step must be >= 0, got {step}")
     rel = weights_dir(version)
     created = False
+    # Several processes (a model spanning hosts): all of them call this; they save the Orbax item together,
+    # process 0 alone writes everything else. The barriers keep them on one view of the folder.
+    barrier(f"publish {rel}: look")
     if not Publication.is_published(store, version):
-        if store.list(rel, include_hidden=True):
+        if is_writer() and store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
+        barrier(f"publish {rel}: save")
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
         store.call_external("save weights", rel, lambda: save_weights(model, store.uri(rel)))
-        for name, data in hf_files(model, tokenizer_dir=tokenizer_dir).items():
-            store.create(f"{hf_dir(version)}/{name}", data)
-        try:
-            Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
-            created = True
-        except AlreadyExistsError:
-            pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
+        host_model = model if jax.process_count() == 1 else nnx.merge(*_host_split(model))
+        if is_writer():
+            for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
+                store.create(f"{hf_dir(version)}/{name}", data)
+            try:
+                Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
+                created = True
+            except AlreadyExistsError:
+                pass  # a concurrent rerun of this same publish committed first; checked below like any rerun
+        barrier(f"publish {rel}: marked")
     publication = Publication.read(store, version)
     if publication.step != step:
         raise PublishError(f"{store.uri(rel)} is already published from step {publication.step}; "
                            f"refusing to publish step {step} as the same version {version}")
-    publication.advance(store)
+    if is_writer():
+        publication.advance(store)
     return {**publication.to_dict(), "created": created}
+
+
+def _host_split(model: Decoder) -> tuple[Any, ...]:
+    """``nnx.split`` of ``model`` with its parameters copied whole to this host (a collective)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return graphdef, host_copy(params), rest
 
 
 class CampaignWeights:
@@ -109,11 +129,12 @@ class CampaignWeights:
         latest = Publication.latest(self.store)
         return None if latest is None else latest.version
 
-    def load_model(self, version: int) -> Decoder:
+    def load_model(self, version: int, mesh: Mesh | None = None) -> Decoder:
+        """Version ``version`` as a decoder; with ``mesh``, sharded on it (``model.weights.load_weights``)."""
         if not Publication.is_published(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
-        return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url))
+        return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url, mesh))
 
     def load(self, version: int) -> nnx.State:
         """Parameters of a published version, as ``JaxEngine.swap_weights`` takes them."""
@@ -153,14 +174,15 @@ class CampaignHFWeights(CampaignWeights):
         return out
 
 
-def load_published(store: Store, version: int | None = None) -> tuple[Decoder, int]:
-    """A published version (default: the one LATEST points at) as a ``Decoder``, and its number."""
+def load_published(store: Store, version: int | None = None, mesh: Mesh | None = None) -> tuple[Decoder, int]:
+    """A published version (default: the one LATEST points at) as a ``Decoder`` (sharded on ``mesh`` when
+    given), and its number."""
     weights = CampaignWeights(store)
     if version is None:
         version = weights.latest()
         if version is None:
             raise NotFoundError("load", store.uri(WEIGHTS_LATEST), "no weights published yet")
-    return weights.load_model(version), version
+    return weights.load_model(version, mesh), version
 
 
 def measure_pickup_latency(store: Store, model: Decoder, *, version: int, step: int, poll_s: float = 0.05,

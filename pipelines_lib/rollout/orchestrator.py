@@ -335,9 +335,19 @@ class Orchestrator:
     async def _run_async(self, done: asyncio.Queue) -> None:
         slots = asyncio.Semaphore(self.config.max_concurrency // self.config.group_size)
         running: set[asyncio.Task] = set()
+        crashed: list[BaseException] = []
+
+        def finished(t: asyncio.Task) -> None:
+            running.discard(t)
+            slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                crashed.append(t.exception())  # type: ignore[arg-type]
+
         try:
             while True:
                 await slots.acquire()
+                if crashed:  # surface a crashed group at once instead of after the run
+                    raise crashed[0]
                 if not self._target_reached():  # no admission wait for a group that will not start
                     await self._admit()
                 item = self._next_task()
@@ -349,12 +359,11 @@ class Orchestrator:
                 self.stats.versions_started[version] += 1
                 t = asyncio.create_task(self._group(*item, done, version))
                 running.add(t)
-                t.add_done_callback(lambda t: (running.discard(t), slots.release()))
-                # Surface a crashed group at once instead of after the run.
-                for finished in [r for r in running if r.done() and r.exception()]:
-                    raise finished.exception()
+                t.add_done_callback(finished)
             if running:
                 await asyncio.gather(*running)
+            if crashed:  # a group that crashed after the last start, before the wait above
+                raise crashed[0]
         finally:
             for t in running:
                 t.cancel()

@@ -16,10 +16,11 @@ from pipelines_lib.records import AuditRecord
 from pipelines_lib.storage.store import Store
 
 
-def audit(store: Store, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Audit and keep the report; returns the verdict, where the report is and its headline counts."""
+def audit(store: Store, *, progress: Callable[[str], None] | None = None, since: int | None = None) -> dict[str, Any]:
+    """Audit and keep the report (and each version folder's result, for a later incremental audit from ``since``);
+    returns the verdict, where the report is and its headline counts."""
     with telemetry.recording(store, "audit", sample_every_s=None), telemetry.span("stage.audit", track="stage"):
-        report = audit_campaign(store, progress=progress)
+        report = audit_campaign(store, progress=progress, since=since, keep=True)
     kept = AuditRecord(audited_at=report.audited_at, ok=report.ok, warnings=report.warnings,
                        report=report.to_dict())
     json_path, text_path = kept.write(store, report.render_text())

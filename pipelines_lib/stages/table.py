@@ -28,7 +28,6 @@ from pipelines_lib.stages import audit, collect, evaluate, prep, train, warm_sta
 from pipelines_lib.stages.resources import (
     ACCEL_POOL,
     CPU_POOL,
-    Accelerator,
     Resources,
     collect_resources,
     cpu_light,
@@ -104,11 +103,11 @@ def stage(name: str) -> Stage:
     return _BY_NAME[name]
 
 
-def resources_for(name: str, config: CampaignConfig, *, worker_index: int = 0, accelerator: Accelerator = "gpu",
-                  device_memory_gib: float = 80.0) -> Resources:
-    """What one run of stage ``name`` needs; ``device_memory_gib`` is one accelerator's memory (80: H100)."""
-    return stage(name).resources(config, worker_index=worker_index, accelerator=accelerator,
-                                 device_memory_gib=device_memory_gib)
+def resources_for(name: str, config: CampaignConfig, *, worker_index: int = 0, accelerator: str = "H100",
+                  topology: str | None = None) -> Resources:
+    """What one run of stage ``name`` needs on ``accelerator`` chips (a name of ``resources.ACCELERATORS``), on a
+    slice of ``topology`` when given (``4x4``; a GPU count), else on the smallest slice that holds it."""
+    return stage(name).resources(config, worker_index=worker_index, accelerator=accelerator, topology=topology)
 
 
 __all__ = ["STAGES", "STAGE_NAMES", "Stage", "resources_for", "stage"]

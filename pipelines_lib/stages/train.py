@@ -12,6 +12,7 @@ from typing import Any
 
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.distributed import initialize, is_writer
 from pipelines_lib.model.tokenizer import tokenizer_dir
 from pipelines_lib.records import DoneMarker
 from pipelines_lib.storage.store import Store
@@ -28,12 +29,16 @@ def trainer_for(store: Store, config: CampaignConfig, *, cache: Path | None = No
 
 def train(
     store: Store, config: CampaignConfig, *, max_steps: int | None = None, cache: Path | None = None,
-    log: Callable[[str], None] = print
+    process_id: int | None = None, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Resume, train to ``max_steps`` (default: ``trainer.max_steps``), mark done; returns the summary."""
+    """Resume, train to ``max_steps`` (default: ``trainer.max_steps``), mark done; returns the summary.
+
+    A trainer spanning hosts runs this in one process per host: ``config.distributed`` (``process_id`` overrides
+    its ``process_id``) joins them before anything touches JAX, and process 0 alone records telemetry."""
+    initialize(config.distributed, process_id=process_id)
     if DoneMarker.exists(store):
         return DoneMarker.read(store).to_dict()
-    with telemetry.recording(store, "trainer"):
+    with telemetry.recording(store if is_writer() else None, "trainer"):
         trainer = trainer_for(store, config, cache=cache, log=log)
         trainer.restore()
         return trainer.run(max_steps)

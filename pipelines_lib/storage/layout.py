@@ -11,6 +11,7 @@ weights/LATEST.json (+ LATEST.json.d/, the pointer's entries)
 eval/v<version:08d>.json                 rollout/STOP-<utc>.json
 runs/<key>-<flow_run_id>[-failed-<attempt>].json
 audit/<utc>.json, audit/<utc>.txt        telemetry/
+audit/versions/v<version:08d>-<shards digest>-<newest published>.json   one version folder's audit result
 ```
 What each JSON object holds is a typed record in ``pipelines_lib.records``.
 Names sort in commit order and never collide: worker ids are unique per process start and ``seq`` counts
@@ -180,6 +181,24 @@ def utc_compact_of(iso: str) -> str:
 
 def audit_report(utc_compact: str, ext: str = "json") -> str:
     return f"{AUDIT}/{utc_compact}.{ext}"
+
+
+AUDIT_VERSIONS = f"{AUDIT}/versions"
+_AUDIT_VERSION_RE = re.compile(r"^v(?P<version>\d{8})-(?P<digest>[0-9a-f]{16})-(?P<newest>\d+|none)\.json$")
+
+
+def audit_version_result(version: int, digest: str, newest: int | None) -> str:
+    """One version folder's audit result, for the shards whose names hash to ``digest`` with ``newest`` the newest
+    published version then (an incremental audit reuses it while those have not changed)."""
+    return f"{AUDIT_VERSIONS}/v{version:08d}-{digest}-{'none' if newest is None else newest}.json"
+
+
+def parse_audit_version_result(name: str) -> tuple[int, str, int | None] | None:
+    """(version, digest, newest) of an ``audit_version_result`` name, or None for any other name."""
+    m = _AUDIT_VERSION_RE.match(name)
+    if m is None:
+        return None
+    return int(m["version"]), m["digest"], None if m["newest"] == "none" else int(m["newest"])
 
 
 def telemetry_file(name: str) -> str:

@@ -51,6 +51,8 @@ MAX_DECODED_BYTES = 256 * 2**20
 """Largest decoded size of one shard any reader accepts (writers commit at ~32 MiB estimated)."""
 TOKEN_BYTES = 13
 """Decoded bytes per token over the four token columns (int32 id, int8 mask, float32 logprob, int32 version)."""
+THREADED_DECODE_BYTES = 2**20
+"""Shards larger than this (in the file) are decompressed on Arrow's thread pool."""
 ROW_OVERHEAD_BYTES = 64 * 2**10
 """Allowance per row for everything but tokens (ids, turns, tool errors, timings, offsets)."""
 
@@ -205,7 +207,10 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True,
     """
     check_declared_sizes(data, where, max_row_tokens=max_row_tokens)
     try:
-        table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+        # Decompressing on Arrow's thread pool pays off for large shards only; for a small one the handoffs cost
+        # more CPU than the decoding (an audit of many small shards runs its own worker processes instead).
+        options = pa.ipc.IpcReadOptions(use_threads=len(data) > THREADED_DECODE_BYTES)
+        table = pa.ipc.open_file(pa.BufferReader(data), options=options).read_all()
         table.validate(full=True)  # IPC reads do not check offsets or UTF-8; a flipped byte must not escape later
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # ArrowMemoryError: a flipped length byte
         raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e

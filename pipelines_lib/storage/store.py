@@ -319,6 +319,11 @@ class Store:
         path = self._path(rel)
 
         def ls() -> list[str]:
+            if self.protocol == "file":  # fsspec's local ls stats every entry: 10x slower on a large folder
+                try:
+                    return os.listdir(path)
+                except (FileNotFoundError, NotADirectoryError):
+                    return []
             try:
                 entries = self.fs.ls(path, detail=False, refresh=True)
             except FileNotFoundError:

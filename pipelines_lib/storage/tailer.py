@@ -5,9 +5,16 @@ The streaming trainer calls ``next_groups(n, min_version=V-η, max_version=V)``.
 ascending, then worker, then seq: deterministic for a fixed set of shards) and returns up to ``n`` whole
 groups, remembering how many rows of a partly consumed shard it has handed out.
 
-``cursor`` is everything needed to continue: the trainer saves ``cursor.to_json()`` in the checkpoint of the
-step that consumed the groups, and a tailer built from it hands out exactly the groups that follow. Read-ahead
-never leaks into the cursor.
+Listing is incremental: the tailer remembers what it listed in each live version folder and hands out known
+shards first; it lists the window again only when they do not fill a request, and then only names it has not
+seen cost anything beyond the listing itself. Emptying a window of S shards is O(S), and an idle poll is one
+listing per window version.
+
+``cursor`` is everything needed to continue, and stays small: per live version and writer, the highest seq
+handed out (a writer commits its shards in seq order), plus the rows handed out of a shard not yet finished.
+The trainer saves ``cursor.to_json()`` in its checkpoints and ``cursor.delta_json(before)`` (what one step
+changed) in each consumption log; ``before.after(delta)`` rebuilds the cursor, and a tailer built from it hands
+out exactly the groups that follow. Read-ahead never leaks into the cursor.
 
 Nothing is skipped silently: an unreadable, foreign or invalid shard becomes a ``TailEvent`` of kind
 ``skipped`` with the reason; when the window moves past a version, its groups not yet handed out become
@@ -74,14 +81,26 @@ class TailEvent:
     groups: tuple[str, ...] = ()
 
 
+CURSOR_FORMAT = 2
+"""Format of ``TailCursor.to_json``; format 1 (a list of every handed-out shard name per version) still reads."""
+
+
+def _cursor_error(what: str, e: BaseException) -> ValueError:
+    return ValueError(f"not a rollstream tail {what}: {e!r}")
+
+
 @dataclass
 class TailCursor:
-    """Serialisable progress of a tailer. Versions below ``retired_below`` are never listed again."""
+    """Serialisable progress of a tailer. Versions below ``retired_below`` are never listed again.
 
-    done: dict[int, list[str]] = field(default_factory=dict)
-    """version -> names of shards fully handed out (or skipped), per live version."""
+    Its size is bounded by writers x versions in the window, whatever the campaign's age: a writer commits its
+    shards in ``seq`` order, so "every shard of writer w in version v up to seq s is done" is one number.
+    """
+
+    marks: dict[int, dict[str, int]] = field(default_factory=dict)
+    """version -> writer -> highest seq of that writer's shards in the version handed out (or skipped)."""
     partial: dict[str, int] = field(default_factory=dict)
-    """shard path -> rows handed out so far."""
+    """shard path -> rows handed out so far, for a shard not yet finished (the only exceptions to ``marks``)."""
     retired_below: int = 0
     groups_consumed: int = 0
     groups_dropped_stale: int = 0
@@ -89,23 +108,43 @@ class TailCursor:
     groups_skipped: int = 0
     """Groups the trainer cannot train on (in skipped shards, or skipped one by one)."""
 
-    def to_json(self) -> str:
-        return json.dumps({
-            "done": {str(v): sorted(names) for v, names in sorted(self.done.items())},
+    def is_done(self, sid: layout.ShardId) -> bool:
+        return sid.seq <= self.marks.get(sid.version, {}).get(sid.worker_id, -1)
+
+    def _plain(self) -> dict:
+        return {
+            "format": CURSOR_FORMAT,
+            "marks": {str(v): dict(sorted(w.items())) for v, w in sorted(self.marks.items())},
             "partial": dict(sorted(self.partial.items())),
             "retired_below": self.retired_below,
             "groups_consumed": self.groups_consumed,
             "groups_dropped_stale": self.groups_dropped_stale,
             "shards_skipped": self.shards_skipped,
             "groups_skipped": self.groups_skipped,
-        }, sort_keys=True)
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self._plain(), sort_keys=True, separators=(",", ":"))
+
+    def copy(self) -> TailCursor:
+        return TailCursor.from_json(self.to_json())
 
     @classmethod
     def from_json(cls, text: str) -> TailCursor:
         try:
             raw = json.loads(text)
+            if "done" in raw:  # format 1: every handed-out shard name of each live version
+                marks: dict[int, dict[str, int]] = {}
+                for v, names in raw["done"].items():
+                    for name in names:
+                        sid = layout.parse_shard_path(f"{layout.version_dir(int(v))}/{name}")
+                        if sid is not None:
+                            w = marks.setdefault(sid.version, {})
+                            w[sid.worker_id] = max(w.get(sid.worker_id, -1), sid.seq)
+            else:
+                marks = {int(v): {str(w): int(s) for w, s in ws.items()} for v, ws in raw["marks"].items()}
             return cls(
-                done={int(v): list(names) for v, names in raw["done"].items()},
+                marks=marks,
                 partial={str(k): int(n) for k, n in raw["partial"].items()},
                 retired_below=int(raw["retired_below"]),
                 groups_consumed=int(raw["groups_consumed"]),
@@ -114,7 +153,35 @@ class TailCursor:
                 groups_skipped=int(raw.get("groups_skipped", 0)),  # cursors saved before groups were skipped
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"not a rollstream tail cursor: {e!r}") from e
+            raise _cursor_error("cursor", e) from e
+
+    def delta_json(self, before: TailCursor) -> str:
+        """What changed since ``before``: the marks and partial shards that moved (a partial shard that finished
+        maps to null) and the totals. A consumption log carries this; ``before.after(delta)`` is this cursor."""
+        plain = self._plain()
+        plain["marks"] = {str(v): moved for v, ws in sorted(self.marks.items())
+                          if (moved := {w: s for w, s in sorted(ws.items()) if before.marks.get(v, {}).get(w) != s})}
+        plain["partial"] = {**{p: n for p, n in sorted(self.partial.items()) if before.partial.get(p) != n},
+                            **{p: None for p in sorted(before.partial) if p not in self.partial}}
+        return json.dumps(plain, sort_keys=True, separators=(",", ":"))
+
+    def after(self, delta: str) -> TailCursor:
+        """The cursor that ``delta`` (a ``delta_json``) leads to from this one."""
+        try:
+            raw = json.loads(delta)
+            out = TailCursor.from_json(json.dumps({**raw, "marks": {}, "partial": {}}))
+            out.marks = {v: dict(ws) for v, ws in self.marks.items() if v >= out.retired_below}
+            for v, ws in raw["marks"].items():
+                out.marks.setdefault(int(v), {}).update({str(w): int(s) for w, s in ws.items()})
+            out.partial = dict(self.partial)
+            for path, rows in raw["partial"].items():
+                if rows is None:
+                    out.partial.pop(path, None)
+                else:
+                    out.partial[str(path)] = int(rows)
+            return out
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise _cursor_error("cursor delta", e) from e
 
 
 class ShardTailer:
@@ -129,6 +196,10 @@ class ShardTailer:
         self._events: list[TailEvent] = []
         self._seen: dict[str, tuple[int, str]] = {}
         """group id -> (version, shard) of groups handed out from versions still in the window."""
+        self._listed: dict[int, set[str]] = {}
+        """version -> every name listed in its folder so far (live versions only)."""
+        self._pending: dict[int, list[layout.ShardId]] = {}
+        """version -> shards listed but not yet finished, in name order."""
 
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
@@ -164,21 +235,48 @@ class ShardTailer:
         return (group_problem(table, self.needs, folder_version=version, newest_version=max_version)
                 or infra_problem(table))
 
-    def _finish(self, version: int, path: str) -> None:
-        self.cursor.done.setdefault(version, []).append(path.rsplit("/", 1)[-1])
-        self.cursor.partial.pop(path, None)
-        self._tables.pop(path, None)
+    def _finish(self, sid: layout.ShardId) -> None:
+        marks = self.cursor.marks.setdefault(sid.version, {})
+        marks[sid.worker_id] = max(marks.get(sid.worker_id, -1), sid.seq)
+        self.cursor.partial.pop(sid.path, None)
+        self._tables.pop(sid.path, None)
+        self._pending[sid.version].remove(sid)
 
-    def _pending(self, version: int) -> list[str]:
-        done = set(self.cursor.done.get(version, ()))
+    def _list(self, version: int) -> list[layout.ShardId]:
+        """Shards of ``version`` not listed before and not done, added to its pending list (name order).
+
+        Incremental: only names this tailer has not seen cost anything beyond the listing itself. A name first
+        seen below its writer's mark after the folder was listed once was committed out of seq order (writers
+        never do that); it is skipped with that reason rather than handed out behind the cursor's back.
+        """
         folder = layout.version_dir(version)
-        return [f"{folder}/{n}" for n in self.store.list(folder)
-                if n not in done and layout.parse_shard_path(f"{folder}/{n}") is not None]
+        first = version not in self._listed
+        known = self._listed.setdefault(version, set())
+        pending = self._pending.setdefault(version, [])
+        new = []
+        for name in self.store.list(folder):
+            if name in known:
+                continue
+            known.add(name)
+            sid = layout.parse_shard_path(f"{folder}/{name}")
+            if sid is None:
+                continue
+            if not self.cursor.is_done(sid):
+                new.append(sid)
+            elif not first:
+                self._skip_shard(sid.path, f"{self.store.uri(sid.path)}: listed after later shards of writer "
+                                 f"{sid.worker_id} were handed out (committed out of seq order)", ())
+        if new:
+            pending.extend(new)
+            pending.sort()
+        return new
 
     def retire_below(self, min_version: int) -> None:
         """Versions older than ``min_version`` are too stale: account their remaining groups as dropped."""
         for version in range(self.cursor.retired_below, min_version):
-            for path in self._pending(version):
+            self._list(version)
+            for sid in self._pending.pop(version):
+                path = sid.path
                 table = self._load(path)
                 if table is not None:
                     start = self.cursor.partial.get(path, 0)
@@ -189,30 +287,44 @@ class ShardTailer:
                         self.cursor.groups_dropped_stale += len(groups)
                 self.cursor.partial.pop(path, None)
                 self._tables.pop(path, None)
-            self.cursor.done.pop(version, None)
+            self.cursor.marks.pop(version, None)
+            self._listed.pop(version, None)
         self.cursor.retired_below = max(self.cursor.retired_below, min_version)
         self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= self.cursor.retired_below}
 
     def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
-        """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order."""
+        """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order.
+
+        Shards already listed are handed out first; the window's folders are listed again only when they do not
+        fill the request, so emptying a window lists it once per batch that ends short, not once per call."""
         if max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {max_groups}")
         self.retire_below(min_version)
+        versions = range(max(min_version, self.cursor.retired_below), max_version + 1)
         out: list[GroupSlice] = []
-        for version in range(max(min_version, self.cursor.retired_below), max_version + 1):
-            for path in self._pending(version):
+        self._hand_out(out, max_groups, versions, max_version)
+        if len(out) < max_groups and any([self._list(v) for v in versions]):
+            self._hand_out(out, max_groups, versions, max_version)
+        return out
+
+    def _hand_out(self, out: list[GroupSlice], max_groups: int, versions: range, max_version: int) -> None:
+        for version in versions:
+            pending = self._pending.get(version, [])
+            while pending:
                 if len(out) == max_groups:
-                    return out
+                    return
+                sid = pending[0]
+                path = sid.path
                 table = self._load(path)
                 if table is None:
-                    self._finish(version, path)
+                    self._finish(sid)
                     continue
                 start = self.cursor.partial.get(path, 0)
                 for s, e, gid in group_runs(table)[0]:
                     if s < start:
                         continue
                     if len(out) == max_groups:
-                        return out
+                        return
                     rows = table.slice(s, e - s)
                     problem = self._group_problem(path, version, max_version, rows)
                     self.cursor.partial[path] = e
@@ -224,5 +336,4 @@ class ShardTailer:
                     out.append(GroupSlice(shard=path, version=version, row_start=s, row_end=e, group_id=gid,
                                           table=rows))
                     self.cursor.groups_consumed += 1
-                self._finish(version, path)
-        return out
+                self._finish(sid)

@@ -7,6 +7,10 @@ train/checkpoints/<step:08d>/COMMITTED     written last (create-only): only comm
 ```
 A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
 of the same step picks a fresh attempt folder suffix so nothing is ever overwritten.
+
+A trainer spanning several processes calls both functions on every process: Orbax writes and reads each
+process's own shards, process 0 alone writes ``meta.json`` and ``COMMITTED``, and barriers keep every process
+on one view of the folder (the same attempt folder, a marker written before anyone looks for it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
 from pipelines_lib.records import CheckpointMeta
 from pipelines_lib.storage import layout
@@ -38,6 +43,7 @@ def save_checkpoint(
     optimizer: nnx.Optimizer,
 ) -> str:
     """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
+    barrier(f"checkpoint {step}: look")
     attempt = 0
     folder = layout.checkpoint_dir(step)
     while store.exists(layout.checkpoint_committed(folder)) or store.list(folder, include_hidden=True):
@@ -45,14 +51,18 @@ def save_checkpoint(
             return folder
         attempt += 1  # a crashed earlier save left a partial folder: never write into it
         folder = layout.checkpoint_dir(step, attempt)
+    barrier(f"checkpoint {step}: save into {folder}")  # nobody writes before everybody has chosen
+
     def save() -> None:
         with ocp.StandardCheckpointer() as checkpointer:
             checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
 
     store.call_external("save checkpoint", f"{folder}/state", save)
-    rng_data = [int(x) for x in jax.random.key_data(rng).ravel()]
-    CheckpointMeta(step=step, version=version, cursor=cursor, rng=rng_data).write(store, folder)
-    store.create(layout.checkpoint_committed(folder), b"")
+    if is_writer():
+        rng_data = [int(x) for x in jax.random.key_data(rng).ravel()]
+        CheckpointMeta(step=step, version=version, cursor=cursor, rng=rng_data).write(store, folder)
+        store.create(layout.checkpoint_committed(folder), b"")
+    barrier(f"checkpoint {folder}: committed")
     return folder
 
 

@@ -10,11 +10,16 @@ How the pieces fit:
   every loss is ``Σ_bt weight_bt · loss_bt``. Because the weights are computed once over the *whole*
   batch, the losses of micro-batch slices sum to the full-batch loss exactly; gradient accumulation
   is a plain sum (``step.py``).
+* A **correction** (``CORRECTIONS``: ``tis``, ``mis``, ``icepop``, ``geo_mask``, ``none``) turns the
+  behaviour-to-proximal log-ratio ``log ρ = logp_prox − logp_behav`` into the constant per-token weight the
+  ``grpo`` surrogate is multiplied by, and says which tokens it capped or masked. The loss applies the one
+  ``LossConfig.correction`` names and reports, for every registered correction, the share of tokens it would
+  cap or mask on the same batch, so one run shows what each would have done.
 * A **loss** (``LOSSES``: ``grpo`` for RL, ``nll`` for the SFT warm start) maps ``LossInputs`` to
   ``(loss, LossMetrics)``. Metric means are pre-weighted by ``mask / global loss-token count`` so
   they, too, sum over micro-batches; metric maxima combine by ``max``.
 
-Configs name a loss and an aggregation; ``LossConfig`` validates both against the registries' keys.
+Configs name a loss, an aggregation and a correction; ``LossConfig`` validates them against the registries' keys.
 """
 
 from __future__ import annotations
@@ -124,6 +129,93 @@ def token_logp_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array) -> tuple
     return jnp.concatenate([pad_b1, logp_bt], axis=1), jnp.concatenate([pad_b1, entropy_bt], axis=1)
 
 
+# ----------------------------------------------------------------------------- off-policy corrections
+
+CorrectionFn = Callable[[jax.Array, jax.Array, "LossConfig"], tuple[jax.Array, jax.Array]]
+CORRECTIONS: dict[str, CorrectionFn] = {}
+
+
+def register_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
+    """Register a ``(log_rho_bt, mask_bt, cfg) -> (weight_bt, flagged_bt)`` correction under ``name``.
+
+    ``log_rho_bt = logp_prox − logp_behav`` (0 off the mask); ``weight_bt`` multiplies each token's surrogate
+    and carries no gradient; ``flagged_bt`` is 1.0 where the correction capped or masked the token.
+    """
+
+    def decorator(fn: CorrectionFn) -> CorrectionFn:
+        if name in CORRECTIONS:
+            raise ValueError(f"correction {name!r} is already registered")
+        CORRECTIONS[name] = fn
+        return fn
+
+    return decorator
+
+
+def _in_band(x: jax.Array, low: float, high: float) -> jax.Array:
+    return (x >= low) & (x <= high)
+
+
+@register_correction("tis")
+def tis_weights(log_rho_bt: jax.Array, mask_bt: jax.Array, cfg: LossConfig) -> tuple[jax.Array, jax.Array]:
+    """Truncated importance sampling (the decoupled objective's capped weight; Yao et al. 2025 "TIS"):
+
+      ``w_t = min(ρ_t, C)``, ``ρ_t = π_prox(y_t) / π_behav(y_t)``, ``C = behav_weight_cap``.
+
+    Every token keeps its gradient; those with ``ρ_t ≥ C`` are flagged as capped.
+    """
+    log_cap = math.log(cfg.behav_weight_cap)
+    return jnp.exp(jnp.minimum(log_rho_bt, log_cap)), (log_rho_bt >= log_cap) * mask_bt
+
+
+@register_correction("mis")
+def mis_weights(log_rho_bt: jax.Array, mask_bt: jax.Array, cfg: LossConfig) -> tuple[jax.Array, jax.Array]:
+    """Masked importance sampling (Yao et al. 2025 "MIS"): tokens whose ratio exceeds the cap lose their gradient.
+
+      ``w_t = ρ_t · 1[ρ_t ≤ C]``, ``C = behav_weight_cap``.
+
+    Unlike TIS, a token the sampler found far less likely than the trainer does is dropped, not down-weighted.
+    """
+    keep_bt = log_rho_bt <= math.log(cfg.behav_weight_cap)
+    return jnp.where(keep_bt, jnp.exp(log_rho_bt), 0.0), (~keep_bt) * mask_bt
+
+
+@register_correction("icepop")
+def icepop_weights(log_rho_bt: jax.Array, mask_bt: jax.Array, cfg: LossConfig) -> tuple[jax.Array, jax.Array]:
+    """IcePop two-sided masking (Ling Team 2025, Ring-1T): keep the ratio inside a band, mask it outside.
+
+      ``w_t = ρ_t · 1[α ≤ ρ_t ≤ β]``, ``α = mask_low``, ``β = mask_high``.
+
+    Masks both tails: tokens the sampler over-rated (``ρ < α``) as well as under-rated (``ρ > β``).
+    """
+    rho_bt = jnp.exp(log_rho_bt)
+    keep_bt = _in_band(rho_bt, cfg.mask_low, cfg.mask_high)
+    return jnp.where(keep_bt, rho_bt, 0.0), (~keep_bt) * mask_bt
+
+
+@register_correction("geo_mask")
+def geo_mask_weights(log_rho_bt: jax.Array, mask_bt: jax.Array, cfg: LossConfig) -> tuple[jax.Array, jax.Array]:
+    """Sequence-level geometric-mean masking (veRL's ``geo`` rollout-IS level), over TIS weights:
+
+      ``g_b = exp(Σ_t m_bt log ρ_bt / Σ_t m_bt)``,  ``w_bt = min(ρ_bt, C) · 1[α ≤ g_b ≤ β]``
+
+    (``α = mask_low``, ``β = mask_high``, ``C = behav_weight_cap``). A sequence whose tokens drifted as a whole
+    is dropped entirely; the per-sequence mean does not grow with length as a product of ratios would. Every
+    loss token of a dropped sequence is flagged.
+    """
+    n_b1 = jnp.maximum(mask_bt.sum(axis=1, keepdims=True), 1.0)
+    geo_b1 = jnp.exp((log_rho_bt * mask_bt).sum(axis=1, keepdims=True) / n_b1)
+    keep_b1 = _in_band(geo_b1, cfg.mask_low, cfg.mask_high)
+    tis_bt, _ = tis_weights(log_rho_bt, mask_bt, cfg)
+    return jnp.where(keep_b1, tis_bt, 0.0), (~keep_b1) * mask_bt
+
+
+@register_correction("none")
+def no_correction_weights(log_rho_bt: jax.Array, mask_bt: jax.Array, cfg: LossConfig) -> tuple[jax.Array, jax.Array]:
+    """No off-policy correction: ``w_t = 1``. Stale samples are trained as if the proximal policy had drawn them
+    (the ablation's uncorrected arm)."""
+    return jnp.ones_like(log_rho_bt), jnp.zeros_like(mask_bt)
+
+
 # ----------------------------------------------------------------------------- losses
 
 LossFn = Callable[[LossInputs, "LossConfig"], tuple[jax.Array, LossMetrics]]
@@ -197,14 +289,18 @@ def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
 
     * ``r_t = exp(logp_θ − logp_prox)``: PPO ratio against the proximal policy (Schulman et al.
       2017, Eq. 7), with DAPO's decoupled clip range ε_low / ε_high ("clip-higher", Yu et al. 2025).
-    * ``w_t = min(exp(logp_prox − logp_behav), C)``: truncated importance weight from the sampler's
-      behaviour policy to the proximal one ("decoupled PPO", Hilton et al. 2022; AReaL's
-      decoupled objective, Fu et al. 2025). With ``logp_prox == logp_behav`` it is 1 and ``J_t`` is ordinary
-      clipped GRPO (Shao et al. 2024, Eq. 3).
+    * ``w_t``: the importance weight from the sampler's behaviour policy to the proximal one, as the
+      correction ``cfg.correction`` shapes it from ``ρ_t = exp(logp_prox − logp_behav)`` (``CORRECTIONS``;
+      the default ``tis`` is ``min(ρ_t, C)``: "decoupled PPO", Hilton et al. 2022; AReaL's decoupled
+      objective, Fu et al. 2025). With ``logp_prox == logp_behav`` every correction gives 1 and ``J_t`` is
+      ordinary clipped GRPO (Shao et al. 2024, Eq. 3).
     * ``k3_t``: KL to a frozen reference (``k3_kl_bt``), only when ``cfg.kl_coef > 0``.
 
     Reported clip fractions count tokens whose gradient the clip removed: ``low`` where
-    ``A < 0 and r < 1 − ε_low``, ``high`` where ``A > 0 and r > 1 + ε_high``.
+    ``A < 0 and r < 1 − ε_low``, ``high`` where ``A > 0 and r > 1 + ε_high``. The behaviour–proximal mismatch:
+    ``behav_weight_capped_frac`` (tokens the applied correction capped or masked), ``correction_frac_<name>``
+    (the same share for every registered correction), ``prox_behav_logp_abs_diff`` (mean ``|log ρ|``) and
+    ``behav_prox_kl`` (k3 estimate of KL(π_behav ‖ π_prox) on the sampled tokens).
     """
     mask_bt = x.loss_mask_bt
     # Off-mask entries (padding, prompt) hold arbitrary log-probs; zeroing the exponents there keeps
@@ -212,9 +308,8 @@ def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
     log_ratio_bt = jnp.where(mask_bt > 0, x.logp_bt - jax.lax.stop_gradient(x.prox_logp_bt), 0.0)
     log_behav_bt = jnp.where(mask_bt > 0, x.prox_logp_bt - x.behav_logp_bt, 0.0)
     ratio_bt = jnp.exp(log_ratio_bt)
-    behav_weight_bt = jax.lax.stop_gradient(
-        jnp.exp(jnp.minimum(log_behav_bt, math.log(cfg.behav_weight_cap)))
-    )
+    log_behav_bt = jax.lax.stop_gradient(log_behav_bt)
+    behav_weight_bt, flagged_bt = CORRECTIONS[cfg.correction](log_behav_bt, mask_bt, cfg)
     advantages_bt = x.advantages_bt
     clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     surrogate_bt = behav_weight_bt * jnp.minimum(ratio_bt * advantages_bt, clipped_ratio_bt * advantages_bt)
@@ -232,9 +327,13 @@ def grpo_loss(x: LossInputs, cfg: LossConfig) -> tuple[jax.Array, LossMetrics]:
         "clip_frac_high": (clipped_high_bt * m_bt).sum(),
         "ratio_mean": (ratio_const_bt * m_bt).sum(),
         "behav_weight_mean": (behav_weight_bt * m_bt).sum(),
-        "behav_weight_capped_frac": ((log_behav_bt >= math.log(cfg.behav_weight_cap)) * m_bt).sum(),
-        "prox_behav_logp_abs_diff": (jnp.abs(x.prox_logp_bt - x.behav_logp_bt) * m_bt).sum(),
+        "behav_weight_capped_frac": (flagged_bt * m_bt).sum(),
+        "prox_behav_logp_abs_diff": (jnp.abs(log_behav_bt) * m_bt).sum(),
+        # Tokens are sampled from π_behav, so k3 with d = logp_prox − logp_behav estimates KL(π_behav ‖ π_prox).
+        "behav_prox_kl": (k3_kl_bt(jnp.zeros_like(log_behav_bt), log_behav_bt) * m_bt).sum(),
     }
+    for name, correction in CORRECTIONS.items():
+        means[f"correction_frac_{name}"] = (correction(log_behav_bt, mask_bt, cfg)[1] * m_bt).sum()
     maxes = {
         "ratio_max": _masked_max(ratio_const_bt, mask_bt),
         "behav_weight_max": _masked_max(behav_weight_bt, mask_bt),
@@ -269,8 +368,15 @@ class LossConfig:
     """Lower clip range: r is clipped at ``1 − eps_low``."""
     eps_high: float = 0.28
     """Upper clip range: r is clipped at ``1 + eps_high`` (DAPO's clip-higher default)."""
+    correction: str = "tis"
+    """A key of ``CORRECTIONS``: how the behaviour-to-proximal ratio ρ weights each token (``tis``, ``mis``,
+    ``icepop``, ``geo_mask``, ``none``)."""
     behav_weight_cap: float = no_limit(5.0)
-    """C in ``w = min(exp(logp_prox − logp_behav), C)``; ``math.inf`` disables the truncation."""
+    """C of ``tis`` (``w = min(ρ, C)``), ``mis`` (``w = ρ·1[ρ ≤ C]``) and ``geo_mask``; ``math.inf`` disables it."""
+    mask_low: float = 0.5
+    """α: lower edge of the band ``icepop`` keeps per token and ``geo_mask`` per sequence (geometric mean)."""
+    mask_high: float = 2.0
+    """β: upper edge of that band."""
     kl_coef: float = 0.0
     """β of the k3 KL penalty to the reference model; 0 disables it (and the reference forward)."""
 
@@ -285,6 +391,13 @@ class LossConfig:
             raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low}")
         if self.eps_high < 0.0:
             raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high}")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(
+                f"LossConfig.correction: unknown {self.correction!r}; choose one of {sorted(CORRECTIONS)}"
+            )
+        if not 0.0 < self.mask_low <= 1.0 <= self.mask_high:
+            raise ValueError(f"LossConfig.mask_low/mask_high must satisfy 0 < low <= 1 <= high, got "
+                             f"{self.mask_low}/{self.mask_high}")
         if not self.behav_weight_cap > 0.0:
             raise ValueError(f"LossConfig.behav_weight_cap must be > 0, got {self.behav_weight_cap}")
         if self.kl_coef < 0.0:

@@ -1,46 +1,51 @@
-"""Device mesh and sharding rules for training (data parallel × FSDP).
+"""Device meshes and the one sharding rules table of every JAX stage (data × FSDP × tensor parallel).
 
-The mesh has two named axes, ``data`` and ``fsdp`` (``MeshConfig``). ``MeshRules`` maps the two
-logical things we shard onto them:
+A stage builds its mesh from its config section (``trainer.mesh``, ``sft.mesh``, ``eval.mesh``,
+``engine.mesh``: a ``MeshConfig``) with ``make_mesh``. The mesh has three named axes:
 
-* **batch rows** are split over *both* axes (``("data", "fsdp")``): FSDP is data parallelism whose
-  parameters happen to be stored in shards, so every device sees different rows;
-* **parameters and optimizer state** are split over ``fsdp`` along their largest dimension that the
-  axis size divides (``param_spec``) and replicated when none does (norm scales of odd width,
-  scalars such as the step count). The rule depends only on the shape, so Adam's moments get the
-  same layout as their parameters without any bookkeeping.
+* ``data``: pure data-parallel replicas;
+* ``fsdp``: data parallelism whose parameters and optimiser state are stored in shards (each device holds
+  ``1 / fsdp`` of them; XLA all-gathers a layer's weights for its matmuls and reduce-scatters gradients);
+* ``tensor``: tensor parallelism: attention heads, MLP columns/rows and the vocabulary split over devices,
+  so one model too large for a device computes across several.
 
-Nothing in ``step.py`` knows about the mesh: ``nnx.jit`` follows the shardings of its inputs and
-XLA inserts the all-gathers (parameters) and reduce-scatters (gradients). Micro-batches are
-strided over rows (``step._split_micro``) so each one still spans every device.
+The decoder's parameters carry *logical* axis names (Flax NNX sharding metadata, set in
+``model/decoder.py``: ``embed``, ``vocab``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``RULES``
+maps each name to mesh axes, and batch rows go over ``data`` × ``fsdp``. Adam's moments inherit their
+parameter's names (``nnx.Optimizer`` copies the metadata), so optimiser state is laid out like the
+parameters without bookkeeping. A dimension whose size the mesh axes do not divide (a single kv head on
+two tensor devices) is replicated over them instead; values without names (step counters) are replicated.
+
+Nothing in ``step.py`` knows about the mesh: ``nnx.jit`` follows the shardings of its inputs and XLA
+inserts the collectives. Micro-batches are strided over rows (``step._split_micro``) so each one still
+spans every device.
 
 Usage::
 
-    mesh = make_mesh(MeshConfig(data=2, fsdp=4))
+    mesh = make_mesh(MeshConfig(data=2, fsdp=-1))                 # -1: the remaining devices
     model = create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), mesh)   # or shard_node(model, mesh)
-    optimizer = make_nnx_optimizer(model, optim_cfg); shard_node(optimizer, mesh)
+    optimizer = make_nnx_optimizer(model, optim_cfg, mesh)
     metrics = train_step(model, optimizer, shard_batch(batch, mesh), cfg=step_cfg)
 
-Use this path on one device too (``MeshConfig()`` is a 1 × 1 mesh). jit keys its cache on whether
+Use this path on one device too (``MeshConfig()`` is a 1 × 1 × 1 mesh). jit keys its cache on whether
 inputs are committed to devices: a freshly initialised model or optimizer is not, the step's outputs
 are, so without placement the *second* step compiles the whole program again.
 
 ``jax.make_mesh`` of the JAX we pin (0.10) defaults to *Explicit* axis types, under which
 sharding-in-types rejects the embedding gather of the decoder; ``make_mesh`` asks for ``Auto`` axes.
 
-**Multi-host** is the same code. Each process calls ``jax.distributed.initialize()`` before
-anything else touches JAX; ``jax.devices()`` then lists every device of every host and the mesh
-spans them. ``create_sharded`` builds each parameter shard on the device that owns it (nothing is
-materialised whole on any host), and ``shard_batch`` assembles the global batch from each process's
-own rows with ``jax.make_array_from_process_local_data`` (each process passes the rows its devices
-hold: with ``make_mesh``'s device order, a contiguous block per process in process order; on one
-host, the whole batch). ``shard_node`` moves an existing single-host model and
-is meant for one host or for values every process holds identically.
+**Multi-host** is the same code. Each process calls ``jax.distributed.initialize()`` before anything
+else touches JAX (``pipelines_lib/distributed.py``); ``jax.devices()`` then lists every device of every
+host and the mesh spans them. ``create_sharded`` builds each parameter shard on the device that owns it
+(nothing is materialised whole on any host); ``model.weights.load_weights(path, mesh)`` and Orbax checkpoint
+restores read only the shards a process's devices hold. Every process builds the same global batch (they
+read the same groups) and ``shard_batch`` places only the rows of its own devices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,83 +56,152 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pipelines_lib.train.batch import TrainBatch
 
-AXES = ("data", "fsdp")
+AXES = ("data", "fsdp", "tensor")
+"""Mesh axis names, in device order (``tensor`` innermost: its collectives run on the closest devices)."""
+
+RULES: Mapping[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "embed": ("fsdp",),
+    "vocab": ("tensor",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "mlp": ("tensor",),
+    "head_dim": (),
+}
+"""Logical axis name → mesh axes that split it. FSDP splits every parameter along its model width
+(``embed``); tensor parallelism splits attention heads, MLP hidden units and the vocabulary; batch rows go
+over both data-parallel axes. The decoder names its parameters' axes with these keys."""
 
 Node = TypeVar("Node")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MeshConfig:
-    """Shape of the training mesh; ``data · fsdp`` must equal the number of devices used."""
+    """Shape of a stage's device mesh; the default is one device. ``-1`` (on one axis) takes the devices the
+    other axes leave: ``{fsdp: -1}`` is FSDP over every device."""
 
     data: int = 1
     """Pure data-parallel replicas (each holds a full copy of the FSDP shards' union)."""
     fsdp: int = 1
-    """Devices that split parameters and optimizer state between them."""
+    """Devices that split parameters and optimizer state between them (and batch rows, like ``data``)."""
+    tensor: int = 1
+    """Devices that split attention heads, MLP units and the vocabulary of every layer (tensor parallelism)."""
 
     def __post_init__(self) -> None:
         for name in AXES:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"MeshConfig.{name} must be a positive int, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or (value < 1 and value != -1):
+                raise ValueError(f"MeshConfig.{name} must be a positive int or -1 (the remaining devices), got {value!r}")
+        if self.sizes().count(-1) > 1:
+            raise ValueError(f"MeshConfig: at most one axis may be -1, got {dict(zip(AXES, self.sizes(), strict=True))}")
 
-    @property
-    def n_devices(self) -> int:
-        return self.data * self.fsdp
+    def sizes(self) -> tuple[int, int, int]:
+        return (self.data, self.fsdp, self.tensor)
 
+    def resolve(self, n_devices: int) -> tuple[int, int, int]:
+        """Axis sizes over ``n_devices`` devices (``-1`` filled in); their product may be less than ``n_devices``."""
+        sizes = self.sizes()
+        fixed = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if n_devices % fixed:
+                raise ValueError(f"MeshConfig {self.describe()}: {n_devices} devices do not divide by {fixed}")
+            sizes = tuple(n_devices // fixed if s == -1 else s for s in sizes)
+        if math.prod(sizes) > n_devices:
+            raise ValueError(f"MeshConfig {self.describe()} needs {math.prod(sizes)} devices, have {n_devices}")
+        return sizes  # type: ignore[return-value]
 
-@dataclass(frozen=True, kw_only=True)
-class MeshRules:
-    """Logical → mesh axis rules."""
-
-    batch: tuple[str, ...] = ("data", "fsdp")
-    """Mesh axes that split batch rows."""
-    params: str = "fsdp"
-    """Mesh axis that splits each parameter's largest divisible dimension."""
-
-    def __post_init__(self) -> None:
-        for axis in (*self.batch, self.params):
-            if axis not in AXES:
-                raise ValueError(f"MeshRules: unknown mesh axis {axis!r}; choose from {AXES}")
+    def describe(self) -> str:
+        return " × ".join(f"{name}={size}" for name, size in zip(AXES, self.sizes(), strict=True))
 
 
 def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
-    """A ``(data, fsdp)`` mesh with ``Auto`` axis types over ``devices`` (default: all of them)."""
+    """A ``(data, fsdp, tensor)`` mesh with ``Auto`` axis types over the first devices of ``devices``
+    (default: every device of every process)."""
     devices = jax.devices() if devices is None else devices
-    if len(devices) < cfg.n_devices:
-        raise ValueError(
-            f"MeshConfig data={cfg.data} × fsdp={cfg.fsdp} needs {cfg.n_devices} devices, have {len(devices)}"
-        )
+    sizes = cfg.resolve(len(devices))
     return jax.make_mesh(
-        (cfg.data, cfg.fsdp),
-        AXES,
-        axis_types=(jax.sharding.AxisType.Auto,) * len(AXES),
-        devices=devices[: cfg.n_devices],
+        sizes, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices[: math.prod(sizes)]
     )
 
 
-def param_spec(shape: tuple[int, ...], mesh: Mesh, rules: MeshRules = MeshRules()) -> PartitionSpec:
-    """Shard the largest dimension divisible by the ``rules.params`` axis size; else replicate."""
-    axis_size = mesh.shape[rules.params]
-    divisible = [d for d, n in enumerate(shape) if n % axis_size == 0 and n >= axis_size]
-    if axis_size == 1 or not divisible:
-        return PartitionSpec()
-    dim = max(divisible, key=lambda d: shape[d])
-    return PartitionSpec(*(rules.params if d == dim else None for d in range(len(shape))))
+def logical_spec(
+    names: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh | jax.sharding.AbstractMesh,
+    rules: Mapping[str, tuple[str, ...]] = RULES,
+) -> PartitionSpec:
+    """The mesh ``PartitionSpec`` of an array of ``shape`` whose dimensions are named ``names``.
+
+    Each named dimension goes over its rule's mesh axes of size > 1 that it divides (and that no earlier
+    dimension took); the others are replicated.
+    """
+    if len(names) != len(shape):
+        raise ValueError(f"logical axes {names} do not match an array of shape {shape}")
+    used: set[str] = set()
+    spec: list[str | tuple[str, ...] | None] = []
+    for name, size in zip(names, shape, strict=True):
+        if name is not None and name not in rules:
+            raise ValueError(f"unknown logical axis {name!r}; the rules table has {sorted(rules)}")
+        axes = tuple(a for a in rules.get(name, ()) if mesh.shape[a] > 1 and a not in used) if name else ()
+        if axes and size % math.prod(mesh.shape[a] for a in axes) == 0:
+            used.update(axes)
+            spec.append(axes if len(axes) > 1 else axes[0])
+        else:
+            spec.append(None)
+    return PartitionSpec(*spec)
 
 
-def state_shardings(state: Any, mesh: Mesh, rules: MeshRules = MeshRules()) -> Any:
-    """``NamedSharding`` for every array leaf of ``state`` (an ``nnx.State`` or any pytree)."""
-    return jax.tree.map(lambda x: NamedSharding(mesh, param_spec(np.shape(x), mesh, rules)), state)
+def _names(variable: nnx.Variable) -> tuple[str | None, ...] | None:
+    names = variable.get_metadata().get("out_sharding")
+    return tuple(names) if names else None
 
 
-def shard_node(node: nnx.Module | nnx.Optimizer, mesh: Mesh, rules: MeshRules = MeshRules()) -> None:
+def state_shardings(state: Any, mesh: Mesh, rules: Mapping[str, tuple[str, ...]] = RULES) -> Any:
+    """``NamedSharding`` for every variable of ``state`` (an ``nnx.State``), by its logical axis names."""
+
+    def sharding(variable: Any) -> NamedSharding:
+        names = _names(variable) if isinstance(variable, nnx.Variable) else None
+        shape = np.shape(variable.get_value() if isinstance(variable, nnx.Variable) else variable)
+        spec = PartitionSpec() if names is None else logical_spec(names, shape, mesh, rules)
+        return NamedSharding(mesh, spec)
+
+    return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _per_leaf(state: Any, mesh: Mesh) -> tuple[list[Any], list[NamedSharding], Any]:
+    """(array leaves of ``state``, the sharding of each, the tree structure): one leaf per variable."""
+    leaves, treedef = jax.tree.flatten(state)
+    shardings = jax.tree.leaves(state_shardings(state, mesh))
+    return leaves, shardings, treedef
+
+
+def _place(x: Any, sharding: NamedSharding) -> jax.Array:
+    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)
+    # A value this process holds whole, onto devices of several processes: each places its own shards.
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def place_state(state: Any, mesh: Mesh) -> Any:
+    """``state`` (an ``nnx.State``) with every variable on its sharding. Arrays already spanning the mesh move
+    device to device; values that span one process's devices only must be the same on every process."""
+    leaves, shardings, treedef = _per_leaf(state, mesh)
+    return jax.tree.unflatten(treedef, [_place(x, s) for x, s in zip(leaves, shardings, strict=True)])
+
+
+def shard_node(node: nnx.Module | nnx.Optimizer, mesh: Mesh) -> None:
     """Move every variable of ``node`` (a model or an optimizer) onto its sharding, in place."""
-    state = nnx.state(node)
-    nnx.update(node, jax.device_put(state, state_shardings(state, mesh, rules)))
+    nnx.update(node, place_state(nnx.state(node), mesh))
 
 
-def create_sharded(factory: Callable[[], Node], mesh: Mesh, rules: MeshRules = MeshRules()) -> Node:
+def sharded_shapes(state: Any, mesh: Mesh) -> Any:
+    """``state`` as ``jax.ShapeDtypeStruct``s carrying their shardings: the target of a sharded Orbax restore,
+    in which each process reads only its devices' shards."""
+    leaves, shardings, treedef = _per_leaf(state, mesh)
+    return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                                        for x, s in zip(leaves, shardings, strict=True)])
+
+
+def create_sharded(factory: Callable[[], Node], mesh: Mesh) -> Node:
     """Build ``factory()`` under jit with every variable constrained to its sharding.
 
     Each device initialises only its own shards, so a model too large for one device (or host) is
@@ -138,21 +212,28 @@ def create_sharded(factory: Callable[[], Node], mesh: Mesh, rules: MeshRules = M
     def build() -> Node:
         node = factory()
         state = nnx.state(node)
-        nnx.update(node, jax.lax.with_sharding_constraint(state, state_shardings(state, mesh, rules)))
+        nnx.update(node, jax.lax.with_sharding_constraint(state, state_shardings(state, mesh)))
         return node
 
     return build()
 
 
-def shard_batch(batch: TrainBatch, mesh: Mesh, rules: MeshRules = MeshRules()) -> TrainBatch:
-    """Split ``batch`` rows over ``rules.batch``; each process passes its own rows (see module doc).
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Rows over the ``batch`` rule's axes, every other dimension whole."""
+    return NamedSharding(mesh, PartitionSpec(RULES["batch"], *(None,) * (ndim - 1)))
+
+
+def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
+    """Split the global ``batch``'s rows over the batch axes; each process places only the rows its own devices
+    hold (every process passes the same global batch, see the module doc).
 
     The global row count must be divisible by the product of the batch axes' sizes (times
     ``grad_accum_steps`` when accumulating, so every micro-batch spans every device).
     """
 
-    def put(local_bt: Any) -> jax.Array:
-        spec = PartitionSpec(rules.batch, *(None,) * (np.ndim(local_bt) - 1))
-        return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), np.asarray(local_bt))
+    def put(global_bt: Any) -> jax.Array:
+        global_bt = np.asarray(global_bt)
+        return jax.make_array_from_callback(global_bt.shape, batch_sharding(mesh, global_bt.ndim),
+                                            lambda index: global_bt[index])
 
     return jax.tree.map(put, batch)

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import jax
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from pipelines_lib.configio import no_limit
+from pipelines_lib.train.mesh import shard_node
 
 SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
 
@@ -129,10 +131,13 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     )
 
 
-def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig) -> nnx.Optimizer:
-    """The ``nnx.Optimizer`` over ``model``'s ``nnx.Param``s that ``step.train_step`` updates."""
+def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig, mesh: Mesh) -> nnx.Optimizer:
+    """The ``nnx.Optimizer`` over ``model``'s ``nnx.Param``s that ``step.train_step`` updates, placed on ``mesh``.
+
+    Adam's moments take their parameter's sharding (``train.mesh``); step counters are replicated.
+    """
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
     # optax creates its step counters uncommitted; the train step returns them committed, and jit keys its
     # cache on committedness: commit them now or the step compiles twice (about 10 s each on CPU).
-    nnx.update(optimizer, jax.device_put(nnx.state(optimizer), jax.devices()[0]))
+    shard_node(optimizer, mesh)
     return optimizer

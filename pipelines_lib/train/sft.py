@@ -26,6 +26,7 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
+from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
 
@@ -46,6 +47,8 @@ class SFTConfig:
                                                                    total_steps=200, weight_decay=0.01))
     seed: int = 0
     """Seed of demonstrations, initialisation and batch order."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the warm start trains on (default one device); ``batch_size`` must divide by ``data`` × ``fsdp``."""
 
     def __post_init__(self) -> None:
         if self.n_demos < 1 or self.steps < 0 or self.batch_size < 1:
@@ -113,7 +116,9 @@ def sft_train(
     if not tokens:
         raise ValueError("sft_train: no demonstrations to train on")
     seq_len = _seq_len(rows, model.cfg.max_seq_len)
-    optimizer = make_nnx_optimizer(model, cfg.optim)
+    mesh = make_mesh(cfg.mesh)
+    shard_node(model, mesh)
+    optimizer = make_nnx_optimizer(model, cfg.optim, mesh)
     rng = np.random.default_rng(cfg.seed)
     order: list[int] = []
     losses: list[float] = []
@@ -129,7 +134,7 @@ def sft_train(
             batch_size=cfg.batch_size,
             pad_id=pad_id,
         )
-        metrics = train_step(model, optimizer, batch, cfg=SFT_STEP)
+        metrics = train_step(model, optimizer, shard_batch(batch, mesh), cfg=SFT_STEP)
         losses.append(float(metrics["nll"]))
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             window = losses[-log_every:]

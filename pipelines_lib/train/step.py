@@ -180,9 +180,10 @@ def train_step(
 
     The training–inference mismatch, per step, on loss tokens: ``prox_behav_logp_abs_diff`` (mean) and
     ``prox_behav_logp_abs_diff_p99`` of ``|logp_trainer − logp_sampler|`` (the trainer's logprob before the
-    update against the engine's recorded one), and ``behav_weight_capped_frac``, the share of tokens whose
-    correction weight hit its cap. ~0 for the built-in engine (same numerics) on fresh data; an inference
-    server's kernels show up here.
+    update against the engine's recorded one), ``behav_prox_kl`` (KL(π_behav ‖ π_prox), k3 estimate),
+    ``behav_weight_capped_frac``, the share of tokens the configured correction capped or masked, and
+    ``correction_frac_<name>``, that share for every registered correction. ~0 for the built-in engine (same
+    numerics) on fresh data; an inference server's kernels and stale groups show up here.
     """
     n_rows = batch.tokens_bt.shape[0]
     n_micro = cfg.grad_accum_steps

@@ -8,27 +8,35 @@
    batch   ← whole groups, advantages per group, bucketed padding
    train_step(model, optimizer, batch)                    one function, GRPO loss from the registry
    train/consumed/<step>.json                             groups (shard, rows, version, staleness),
-                                                          drops, skips (with reasons), and the tail cursor after the step
+                                                          drops, skips (with reasons), and the tail cursor's delta
    every P steps: publish weights/v<V+1> (pointer moved last)
    every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
  train/DONE.json                                          marker last
 ```
 
 Exact resume: a step's consumption log is written before its effects (publication, checkpoint) and
-carries the cursor after the step. After a crash the trainer restores checkpoint K, re-trains steps
-K+1..N from the groups their logs name (same shards, same rows, same order: bit-identical on a
-deterministic backend), takes the cursor of log N, and continues. So no group is trained twice in the
-surviving history, none committed before the crash is skipped, and every published version is one the
-resumed run reproduces. Versions are published only at checkpoints, so a version never runs ahead of the
-state it came from.
+carries what the step changed in the tail cursor (checkpoints hold it whole). After a crash the trainer
+restores checkpoint K, re-trains steps K+1..N from the groups their logs name (same shards, same rows, same
+order: bit-identical on a deterministic backend), applies their cursor deltas to the checkpoint's cursor, and
+continues. So no group is trained twice in the surviving history, none committed before the crash is
+skipped, and every published version is one the resumed run reproduces. Versions are published only at
+checkpoints, so a version never runs ahead of the state it came from.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
 (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
+
+Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
+it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
+``distributed``), every process runs this same loop over the same shards: before each step they check that they
+agree on its groups and cursor (``distributed.agree``; a mismatch is an error, never a silent divergence), every
+process saves and restores its own checkpoint shards, and process 0 alone writes consumption logs, DONE,
+checkpoint markers, publications and the pointer.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines_lib import telemetry
+from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
@@ -50,6 +59,7 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, Ta
 from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
+from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -82,6 +92,9 @@ class TrainerConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     seed: int = 0
     """Seed of the trainer's RNG (saved in every checkpoint)."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices the trainer spans (``data`` × ``fsdp`` × ``tensor``; default one device). Rows of a step are split
+    over ``data`` × ``fsdp``, so ``batch_groups`` × ``group_size`` (÷ ``step.grad_accum_steps``) must divide by it."""
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
@@ -167,19 +180,21 @@ class StreamingTrainer:
         self.log = log
         self.clock = clock
         self.sleep = sleep
-        model, base_version = load_published(store, 0)
+        self.mesh = make_mesh(self.tc.mesh)
+        model, base_version = load_published(store, 0, self.mesh)
         if base_version != 0:
             raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
         self.model = with_dtype(model, self.precision.params)  # the master weights
-        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim)
+        shard_node(self.model, self.mesh)  # committed (a cast's output is not), so the first step compiles once
+        self.optimizer = make_nnx_optimizer(self.model, self.tc.optim, self.mesh)
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
         # What a group must satisfy to be trained on: the campaign's group size, the longest bucket, the vocabulary.
         self.needs = TrainerNeeds(group_size=group_size, max_tokens=config.seq_buckets[-1],
                                   vocab_size=self.model.cfg.vocab_size)
-        self.tailer = ShardTailer(store, needs=self.needs)
+        self.tailer = self._tailer_at(TailCursor())
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
         self._last_wait_log = -1e9
@@ -193,23 +208,26 @@ class StreamingTrainer:
         if restored is not None:
             folder, meta = restored
             self.step, self.version = meta.step, meta.version
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(meta.cursor), needs=self.needs)
+            self.tailer = self._tailer_at(TailCursor.from_json(meta.cursor))
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
             self.log(f"trainer: restored checkpoint {folder} (step {meta.step}, version {meta.version})")
         replayed = 0
         while ConsumptionLog.exists(self.store, self.step + 1):
             entry = ConsumptionLog.read(self.store, self.step + 1)
-            if entry.cursor_after is None:
-                raise ValueError(f"{self.store.uri(ConsumptionLog.path(entry.step))}: no cursor_after; a trainer "
-                                 "cannot resume from this log")
+            cursor = entry.cursor_after_step(self.tailer.cursor,
+                                             where=self.store.uri(ConsumptionLog.path(entry.step)))
             groups = [self.reload_group(g) for g in entry.groups]
+            self.tailer = self._tailer_at(cursor)
             self._train_on(groups, replay=entry)
-            self.tailer = ShardTailer(self.store, cursor=TailCursor.from_json(entry.cursor_after), needs=self.needs)
             replayed += 1
         if replayed:
             self.log(
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
+
+    def _tailer_at(self, cursor: TailCursor) -> ShardTailer:
+        self._logged_cursor = cursor.copy()
+        return ShardTailer(self.store, cursor=cursor, needs=self.needs)
 
     def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
@@ -283,9 +301,12 @@ class StreamingTrainer:
         events: list[TailEvent] | None = None,
     ) -> ConsumptionLog:
         t0 = self.clock()
+        # Every process of a multi-process trainer must be about to train on the same groups from the same cursor.
+        agree(json.dumps([[g.shard, g.row_start, g.row_end] for g in groups] + [self.tailer.cursor.to_json()]),
+              f"the groups and tail cursor of step {self.step + 1}")
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, n_tokens = self.batch(groups)
-            metrics = train_step(self.model, self.optimizer, batch, cfg=self.tc.step)
+            metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
@@ -294,8 +315,10 @@ class StreamingTrainer:
             record = ConsumptionLog.of_step(
                 step=self.step, trainer_version=self.version, groups=groups, events=events or [],
                 zero_advantage=zero_adv or [], published_version=self.version + 1 if publish else None,
-                cursor_after=self.tailer.cursor.to_json(), metrics=metrics)
-            record.write(self.store)  # the write-ahead record
+                cursor_delta=self.tailer.cursor.delta_json(self._logged_cursor), metrics=metrics)
+            if is_writer():
+                record.write(self.store)  # the write-ahead record
+            self._logged_cursor = self.tailer.cursor.copy()
         else:
             record = replay
         if publish:
@@ -310,14 +333,14 @@ class StreamingTrainer:
                     self.store,
                     step=self.step,
                     version=self.version,
-                    cursor=record.cursor_after,  # never None: restore refuses logs without one
+                    cursor=self.tailer.cursor.to_json(),  # in a replay, the cursor the log led to
                     rng=self.rng,
                     model=self.model,
                     optimizer=self.optimizer,
                 )
-        for name, value in {**record.metrics, "mean_reward": record.mean_reward,
-                            "staleness_max": record.staleness_max}.items():
-            if isinstance(value, int | float):
+        # loss, gradient and behaviour–proximal mismatch figures, reward and staleness per step (TensorBoard reads them)
+        for name, value in {**metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}.items():
+            if value is not None:
                 telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
@@ -354,7 +377,7 @@ class StreamingTrainer:
             tokens_trained=self.tokens_trained,
             finished_at=utc_now_iso(),
         )
-        if self.step >= self.tc.max_steps and not DoneMarker.exists(self.store):
+        if self.step >= self.tc.max_steps and is_writer() and not DoneMarker.exists(self.store):
             done.write(self.store)
         return done.to_dict()
 
