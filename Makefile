@@ -50,7 +50,7 @@ sysdeps:
 	fi
 
 demo: $(STAMP) sysdeps
-	$(PY) -m flows.campaign --campaign-url runs/demo-$$(date -u +%Y%m%dT%H%M%S) --evaluate ends
+	$(VENV)/bin/rollstream run runs/demo-$$(date -u +%Y%m%dT%H%M%S) --set eval.versions=ends
 
 store-demo: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream demo

@@ -8,8 +8,8 @@ from the same version 0:
 
 ```
 base       warm_start() once, in this process, into <scratch>/base (SFT: publishes v0)
-arm        python -m flows.campaign --campaign-url <scratch>/<arm> --config <scratch>/arms.yaml
-             --set init_from=<scratch>/base --set <the arm's rollout keys> --evaluate ends --runner RUNNER
+arm        python -m flows.campaign <scratch>/<arm> --config <scratch>/arms.yaml
+             --set init_from=<scratch>/base --set <the arm's rollout keys> --set eval.versions=ends --runner RUNNER
 arms       bench: sync, eta0, eta1, eta2 with heavy tool latency; bench_light: sync, eta2 with light
   sync     rollout.eta=0, rollout.max_groups_per_version=⌈batch_groups·publish_every / workers⌉,
            rollout.backpressure_max_wait_s=SYNC_TOPUP_WAIT_S: the classic loop, generate one version's
@@ -235,8 +235,8 @@ def arm_figures(store: Store) -> tuple[dict[str, float], list[tuple[float, float
 
 def _run_arm(url: str, config_path: Path, overrides: Mapping[str, Any], progress: Callable[[str], None]) -> float:
     """Run one arm's campaign command; returns its wall clock."""
-    cmd = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--config", str(config_path),
-           "--evaluate", "ends", "--runner", RUNNER]
+    cmd = [sys.executable, "-m", "flows.campaign", url, "--config", str(config_path),
+           "--set", "eval.versions=ends", "--runner", RUNNER]
     for key, value in overrides.items():
         cmd += ["--set", f"{key}={json.dumps(value)}"]
     progress(f"bench: python -m flows.campaign {' '.join(cmd[3:])}")

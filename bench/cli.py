@@ -20,7 +20,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.runner import run_benchmarks
+    from bench.runner import load_benches, run_benchmarks
+    from pipelines_lib.cli import CommandError, did_you_mean
+
+    registered = sorted(load_benches())
+    for name in args.only or []:
+        if name not in registered:
+            raise CommandError(f"unknown benchmark {name!r}{did_you_mean(name, registered)}; "
+                               f"registered: {', '.join(registered)}")
 
     figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out,
                              progress=lambda line: print(line, file=sys.stderr, flush=True))

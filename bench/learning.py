@@ -5,7 +5,7 @@ subprocess on the embedded defaults, then reads the campaign folder: ``eval/v*.j
 of version 0 (after the SFT warm start) and of the last published version, and ``train/consumed/*.json`` for
 the learning curve (mean reward of the groups each step trained on). Wall clock counts the whole command,
 Prefect start-up and compilation included: it is what a user waits for. The command evaluates v0 and the last
-version (``--evaluate ends``, as ``make demo`` does); the versions in between are evaluated afterwards, outside
+version (``eval.versions=ends``, as ``make demo`` does); the versions in between are evaluated afterwards, outside
 the timed window, for the learning curve.
 """
 
@@ -31,10 +31,11 @@ QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_step
 
 
 def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = ()) -> float:
-    """``python -m flows.campaign --campaign-url URL --evaluate ends ARGS`` in a subprocess; returns its wall clock.
+    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess; returns its
+    wall clock.
 
     Exit code 1 (the audit found problems) still leaves figures worth reading."""
-    cmd = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--evaluate", "ends", *args]
+    cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends", *args]
     ctx.progress(f"{url}: {' '.join(cmd[1:])}")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])

@@ -33,7 +33,7 @@ QUICK: dict[str, object] = {"sft.steps": 40, "sft.optim.total_steps": 40, "train
              "`twostep` task, the gain in points, the share of v0's greedy answers that are well-formed (one integer "
              "in `<answer>`: the gain is not a format fix), pass@k per version, and the wall clock of the whole "
              "campaign command.",
-    method="`python -m flows.campaign --config <CampaignConfig.twostep() as YAML> --evaluate ends` (tiny decoder, "
+    method="`python -m flows.campaign --config <CampaignConfig.twostep() as YAML> --set eval.versions=ends` (tiny decoder, "
            "2 rollout workers and the trainer as threads of one process, light tool latency, Prefect's ephemeral "
            "API); results read back from the campaign folder, the versions between v0 and the last evaluated after "
            "the timed command. `--quick`: 40 SFT steps, 4 trainer steps, 16 held-out tasks (a smoke run).",

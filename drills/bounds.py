@@ -18,7 +18,6 @@ them to the same figures of other drills.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 
 from drills.blackhole import BlackHole
 from drills.fuzz import CONFIG_BOMB
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.settings import DEFAULTS, ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,9 +177,8 @@ def run_bounds(scratch: Path | None = None, *, quick: bool = False) -> list[Boun
             url_cases.append(_start(f"cli_{command[0]}", "url", [sys.executable, "-m", "pipelines_lib.cli", argv[0],
                                                                  CAMPAIGN, *argv[1:], *options],
                                     scratch=scratch, env=env, deadline_s=url_deadline, check=one_line))
-        storage = json.dumps({"endpoint_url": hole.url, "token": "anon", "project": "drill"})
-        url_cases.append(_start("flow_recover", "url", [sys.executable, "-m", "flows.recover", CAMPAIGN,
-                                                        "--storage-options", storage],
+        storage = storage_option_args({"endpoint_url": hole.url, "token": "anon", "project": "drill"})
+        url_cases.append(_start("flow_recover", "url", [sys.executable, "-m", "flows.recover", CAMPAIGN, *storage],
                                 scratch=scratch, env=env, deadline_s=url_deadline + 2 * STARTUP_S,
                                 prefect_home=scratch / "prefect",
                                 check=lambda code, out, err: code != 0 and CAMPAIGN in err))

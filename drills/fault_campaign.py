@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from drills.faultproxy import FaultPlan, FaultProxy
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import RetryPolicy, Store
@@ -171,8 +172,8 @@ def run_fault_campaign(emulator_url: str, scratch: Path, *, plan: FaultPlan | No
     sets = [a for k, v in {**CAMPAIGN_OVERRIDES, **(overrides or {})}.items() for a in ("--set", f"{k}={v}")]
     with FaultProxy(emulator_url, plan) as proxy:
         options = drill_storage_options(proxy.url)
-        run = _run_process([sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--storage-options",
-                            json.dumps(options), "--evaluate", "ends", *sets],
+        run = _run_process([sys.executable, "-m", "flows.campaign", url, *storage_option_args(options),
+                            "--set", "eval.versions=ends", *sets],
                            env=_stage_env(proxy.url, scratch), log_path=scratch / "campaign.log", timeout_s=timeout_s)
         requests, clients, faults = proxy.requests, dict(proxy.clients), dict(proxy.faults)
     audit_ok, summary, status = _audit(emulator_url, url)
@@ -311,8 +312,8 @@ def run_outage_campaign(emulator_url: str, scratch: Path, *, retry: RetryPolicy 
         hung = stages.exit_code in (None, -signal.SIGKILL)
         errors = {m["stage"]: m["error"] for m in _STAGE_FAILED.finditer(stages.output)}
         prefix = re.compile(rf"^StorageError: storage \w+(?: \w+)? {re.escape(url)}/\S*: ")  # op: "save checkpoint"
-        recover = _run_process([sys.executable, "-m", "flows.recover", url, "--storage-options",
-                                json.dumps(drill_storage_options(proxy.url)), "--evaluate", "ends"],
+        recover = _run_process([sys.executable, "-m", "flows.recover", url,
+                                *storage_option_args(drill_storage_options(proxy.url))],
                                env=env, log_path=scratch / "recover.log", timeout_s=timeout_s)
         requests, faults = proxy.requests, dict(proxy.faults)
     audit_ok, summary, status = _audit(emulator_url, url)

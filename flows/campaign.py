@@ -5,7 +5,7 @@
       -> rollout workers 0..N-1  ||  streaming trainer       (concurrent; workers stop on train/DONE.json)
          TrainProgress polls the folder: terminal line + progress artifact per trainer step
       -> evaluate published versions (all, or v0 and the last) -> eval table artifact per version
-      -> learning curve artifact -> audit (+ markdown artifact)
+      -> learning curve artifact -> audit (+ markdown artifact) -> view/<utc>/report.html + learning_curve.png
 ```
 
 ``run_stages`` is the part after init, for any subset of stages in that order: the campaign flow runs
@@ -13,30 +13,29 @@ them all (each is a no-op where its marker exists), ``flows.recover`` runs those
 Stages start in-process (threads of this flow run: one process, one shared XLA runtime) or, with
 ``use_deployments``, as deployment runs on work pools (``flows.launch``).
 
-Entry point: ``python -m flows.campaign --campaign-url URL [--config FILE] [--set key=value ...]``.
+Command line: ``rollstream run URL [--preset tiny|smoke] [--config FILE] [--set key=value ...]``
+(``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import datetime as dt
-import json
 import sys
-import time
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
-from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
+from flows.runs import label_run
 from pipelines_lib import records
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.configio import ConfigError, parse_overrides
+from pipelines_lib.audit.view import build_view, write_view
+from pipelines_lib.config import CampaignConfig, Preset
+from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
@@ -46,16 +45,6 @@ from tasks.init import init_campaign
 
 STAGE_ORDER = STAGE_NAMES
 """The stage table's order (``pipelines_lib.stages.table``)."""
-EvalChoice = Literal["all", "ends"]
-
-
-def build_config(config_path: str | None = None, overrides: dict[str, Any] | None = None,
-                 workers: int | None = None) -> CampaignConfig:
-    """YAML file (over ``tiny()``), then dotted ``overrides`` (``{"trainer.max_steps": 4}``), then ``workers``."""
-    config = CampaignConfig.from_yaml(config_path) if config_path else CampaignConfig.tiny()
-    if overrides:
-        config = config.with_overrides(overrides)
-    return config if workers is None else dataclasses.replace(config, workers=workers)
 
 
 def expand_campaign_url(url: str, when: dt.datetime) -> str:
@@ -66,12 +55,6 @@ def expand_campaign_url(url: str, when: dt.datetime) -> str:
     """
     when = when.astimezone(dt.UTC)
     return url.replace("{date}", when.strftime("%Y%m%d")).replace("{datetime}", when.strftime("%Y%m%dT%H%M"))
-
-
-def versions_to_evaluate(published: list[int], choice: EvalChoice) -> list[int]:
-    if choice == "all" or len(published) <= 2:
-        return published
-    return [published[0], published[-1]]
 
 
 def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], progress: TrainProgress,
@@ -115,8 +98,7 @@ def _stop_stages(store: Store, reason: str, running: list[PrefectFuture]) -> Non
         future.wait()
 
 
-def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = "all",
-               poll_s: float = 5.0) -> dict[str, Any]:
+def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) -> dict[str, Any]:
     """Run ``stages`` (a subset of ``STAGE_ORDER``, kept in that order); returns their manifests."""
     unknown = set(stages) - set(STAGE_ORDER)
     if unknown:
@@ -140,7 +122,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
         out["collect"] = [c.result() for c in collectors]
     if "evaluate" in stages:
         evaluated = set(records.evaluated_versions(store))
-        todo = [v for v in versions_to_evaluate(records.published_versions(store), evaluate) if v not in evaluated]
+        todo = [v for v in versions_to_evaluate(records.published_versions(store), config.eval.versions) if v not in evaluated]
         futures = {v: launcher.submit("evaluate", version=v) for v in todo}
         out["evaluate"] = {v: f.result() for v, f in futures.items()}
         if not launcher.use_deployments:  # a deployment's stage flow publishes its own table
@@ -153,67 +135,48 @@ def run_stages(launcher: Launcher, stages: list[str], *, evaluate: EvalChoice = 
         if not launcher.use_deployments:
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
+        # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
+        out["view"] = store.uri(write_view(store, build_view(store)))
+        log.info("report and learning curve: %s", out["view"])
     artifacts.publish_telemetry(url, store)
     return out
 
 
-@flow(name="rollstream-campaign", task_runner=ThreadPoolTaskRunner(max_workers=64))
-def campaign(campaign_url: str, config_path: str | None = None, overrides: dict[str, Any] | None = None,
-             workers: int | None = None, storage_options: dict[str, Any] | None = None,
-             use_deployments: bool = False, evaluate: EvalChoice = "all", poll_s: float = 5.0) -> dict[str, Any]:
+def run_name() -> str:
+    """``<campaign>-campaign``: a flow run named after the campaign folder it works on."""
+    return f"{artifacts.campaign_slug(flow_run.parameters['campaign_url'])}-campaign"
+
+
+@flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
+def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None = None,
+             overrides: dict[str, Any] | None = None, workers: int | None = None,
+             storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
+             poll_s: float = 5.0) -> dict[str, Any]:
     """Run (or continue: every stage is idempotent) the campaign at ``campaign_url``.
 
     Args:
         campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
-        config_path: YAML over the ``tiny()`` preset; None runs the preset.
+        preset: the config the YAML and overrides apply to (``tiny``, or the one-minute ``smoke``).
+        config_path: YAML over the preset; None runs the preset.
         overrides: dotted keys over the YAML, e.g. ``{"trainer.max_steps": 4}``.
         workers: rollout workers (overrides ``config.workers``).
         storage_options: fsspec options of the campaign's filesystem (never credentials: use workload identity).
         use_deployments: start each stage as a deployment run (``infra/prefect.yaml``) instead of in-process.
-        evaluate: ``all`` published versions, or ``ends`` (v0 and the last).
         poll_s: seconds between progress polls of the campaign folder.
     """
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
     settings = entry(campaign_url, storage_options)
-    config = build_config(config_path, overrides, workers)
+    label_run(campaign_url, "campaign", preset)
+    config = CampaignConfig.build(preset=preset, config_path=config_path, overrides=overrides, workers=workers)
     init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
-    return {"init": init, **run_stages(launcher, list(STAGE_ORDER), evaluate=evaluate, poll_s=poll_s)}
+    return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flows.campaign", description=__doc__.split("\n\n")[0])
-    p.add_argument("--campaign-url", required=True)
-    p.add_argument("--config", help="YAML config file (over the tiny preset)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
-    p.add_argument("--workers", type=int)
-    p.add_argument("--storage-options", type=json.loads, help="JSON object of fsspec options")
-    p.add_argument("--use-deployments", action="store_true")
-    p.add_argument("--evaluate", choices=["all", "ends"], default="all")
-    p.add_argument("--runner", choices=["threads", "processes"], default="threads",
-                   help="in-process stages as threads (default) or in a process pool")
-    args = p.parse_args(argv)
-    try:
-        overrides = parse_overrides(args.set)
-    except ConfigError as e:
-        raise SystemExit(str(e)) from None
-    # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
-    processes = build_config(args.config, overrides, args.workers).workers + 1
-    run = campaign if args.runner == "threads" else campaign.with_options(
-        task_runner=ProcessPoolTaskRunner(max_workers=processes))
-    t0 = time.monotonic()
-    result = run(campaign_url=args.campaign_url, config_path=args.config, overrides=overrides,
-                 workers=args.workers, storage_options=args.storage_options, use_deployments=args.use_deployments,
-                 evaluate=args.evaluate)
-    audit = result.get("audit", {})
-    print(summary(entry(args.campaign_url, args.storage_options).store(args.campaign_url, args.storage_options), time.monotonic() - t0, audit))
-    return 0 if audit.get("ok") else 1
-
-
-def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
+def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None = None) -> str:
     """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
     evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
@@ -226,6 +189,7 @@ def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
                      f"{evals[first].pass_at_k or 0.0:.1%} -> v{last} {evals[last].pass_at_k or 0.0:.1%}")
     lines += [
         f"campaign folder:  {store.url}",
+        *([f"report + curve:   {view} (learning_curve.png next to it)"] if view else []),
         f"audit it:         .venv/bin/rollstream audit {store.url}",
         f"Perfetto trace:   .venv/bin/rollstream trace {store.url} --out trace.json  (open in https://ui.perfetto.dev)",
         "Prefect UI:       .venv/bin/prefect server start, then rerun with "
@@ -234,5 +198,7 @@ def summary(store: Store, wall_s: float, audit: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the same command line as `rollstream run`
+    from pipelines_lib.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))

@@ -20,17 +20,21 @@ once (``args.settings``), so storage gets the same request timeout and deadline 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from pipelines_lib.configio import ConfigError
 from pipelines_lib.settings import Settings, apply_process_defaults
+from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 
@@ -61,6 +65,12 @@ class CommandError(Exception):
     """A command cannot run; the message is the one line the user sees."""
 
 
+def did_you_mean(name: str, valid: Sequence[str]) -> str:
+    """``"; did you mean 'store'?"`` when a valid name is close to ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 # -- shared arguments -------------------------------------------------------------------------------------
 
 def _storage_option(text: str) -> tuple[str, Any]:
@@ -73,7 +83,13 @@ def _storage_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def _add_storage_options(p: argparse.ArgumentParser) -> None:
+def storage_option_args(options: dict[str, Any] | None) -> list[str]:
+    """``{"token": "anon"}`` -> ``["-o", "token=anon"]``: storage options as a child command's arguments."""
+    return [a for k, v in (options or {}).items()
+            for a in ("-o", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
+
+
+def add_storage_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-option", "-o", action="append", type=_storage_option, default=[], metavar="KEY=VALUE",
                    help="fsspec/gcsfs option for gs:// URLs, repeatable (e.g. endpoint_url=http://127.0.0.1:4443, "
                         "token=anon); STORAGE_EMULATOR_HOST is honoured by gcsfs itself")
@@ -86,6 +102,15 @@ def open_store(args: argparse.Namespace, url: str) -> Store:
         return args.settings.store(url, dict(args.storage_option))
     except (ValueError, ImportError) as e:
         raise CommandError(f"{url}: cannot open storage: {e}") from e
+
+
+def open_campaign_store(args: argparse.Namespace, url: str) -> Store:
+    """``open_store`` for a command that reads a campaign: a folder that is missing or empty is a
+    ``CommandError`` (exit 2), not an empty report."""
+    store = open_store(args, url)
+    if not store.list(""):
+        raise CommandError(f"{url}: no campaign folder here (missing or empty)")
+    return store
 
 
 def _stderr(line: str) -> None:
@@ -104,7 +129,7 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
                    help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
     p.add_argument("--keep", action="store_true",
                    help="keep each version folder's result under audit/versions/ for a later --since")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("audit", "validate every shard of a campaign and report statistics, lineage and anomalies", _audit_args)
@@ -137,12 +162,12 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_store(args, args.url), open_store(args, args.out), args.jobs)
+    results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
                        "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
     return 0
@@ -156,7 +181,7 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
                                  "(columns: README, 'SQL over a campaign')")
     p.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
     p.add_argument("--max-rows", type=int, default=200, metavar="N", help="rows printed as text (default 200)")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("sql", "run a DuckDB SQL query over a campaign's shards, consumption logs and evaluations", _sql_args)
@@ -165,9 +190,7 @@ def _sql(args: argparse.Namespace) -> int:
 
     from pipelines_lib.audit.sql import campaign_tables, render_text
 
-    store = open_store(args, args.url)
-    if not store.list(""):
-        raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
+    store = open_campaign_store(args, args.url)
     try:
         tables = campaign_tables(store)
     except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
@@ -191,16 +214,14 @@ def _view_args(p: argparse.ArgumentParser) -> None:
                    help="groups in the browsable list, sampled evenly across versions (default 400)")
     p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
     p.add_argument("--port", type=int, default=8765, help="port for --serve (0 picks a free one)")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("view", "write a browsable HTML report (and the learning-curve PNG) into the campaign folder", _view_args)
 def _view(args: argparse.Namespace) -> int:
     from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
 
-    store = open_store(args, args.url)
-    if not store.list(""):
-        raise CommandError(f"{args.url}: no campaign folder here (missing or empty)")
+    store = open_campaign_store(args, args.url)
     try:
         view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
     except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
@@ -219,7 +240,7 @@ def _export_weights_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, default=None, help="published version (default: the one LATEST points at)")
     p.add_argument("out", help="local folder to create: a Hugging Face checkpoint (config.json, safetensors, "
                                "the campaign's tokenizer, generation_config.json)")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("export-weights", "write a published version as a Hugging Face checkpoint folder", _export_weights_args)
@@ -244,7 +265,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (default: the config's)")
     p.add_argument("--process-id", type=int, default=None,
                    help="this process's index in the campaign's distributed group (default: distributed.process_id)")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("train", "run the train stage in this process: one process of a multi-host trainer, or the whole trainer",
@@ -278,33 +299,51 @@ def _demo(args: argparse.Namespace) -> int:
 def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("--out", type=Path, default=Path("trace.json"), help="where to write the trace JSON")
-    _add_storage_options(p)
+    p.add_argument("--stage", action="append", default=None, metavar="NAME",
+                   help="only this stage's processes (repeatable): prep, warm_start, collect, train, evaluate, audit")
+    p.add_argument("--since", metavar="WHEN", help="only what overlaps from WHEN on: seconds after the first record, "
+                                                    "or an ISO time (UTC unless it says)")
+    p.add_argument("--until", metavar="WHEN", help="only what overlaps up to WHEN (as --since)")
+    add_storage_options(p)
 
 
 @subcommand("trace", "write the campaign's spans as a Perfetto/Chrome trace (open it in ui.perfetto.dev)", _trace_args)
 def _trace(args: argparse.Namespace) -> int:
-    from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
+    from pipelines_lib.stages.table import STAGE_NAMES
+    from pipelines_lib.telemetry.trace import parse_when, read_records, select, to_chrome_trace
 
-    records = read_records(open_store(args, args.url), on_skip=_stderr)
+    for name in args.stage or []:
+        if name not in STAGE_NAMES:
+            raise CommandError(f"unknown stage {name!r}{did_you_mean(name, STAGE_NAMES)}; valid: {', '.join(STAGE_NAMES)}")
+    records = read_records(open_campaign_store(args, args.url), on_skip=_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
-    trace = to_chrome_trace(records)
+    try:
+        since, until = (None if w is None else parse_when(w, records[0]["ts_us"]) for w in (args.since, args.until))
+    except ValueError as e:
+        raise CommandError(f"--since/--until: {e}") from e
+    chosen = select(records, stages=args.stage, since_us=since, until_us=until)
+    if not chosen:
+        raise CommandError(f"{args.url}: no telemetry in the chosen stages and time window "
+                           f"({len(records)} records in all)")
+    trace = to_chrome_trace(chosen)
     args.out.write_text(json.dumps(trace))
-    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(records)} records; open in https://ui.perfetto.dev")
+    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(chosen)} of {len(records)} records; "
+          "open in https://ui.perfetto.dev")
     return 0
 
 
 def _metrics_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("metrics", "summarise the campaign's spans and gauges (count, total, mean, p95)", _metrics_args)
 def _metrics(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, summarize
 
-    summary = summarize(read_records(open_store(args, args.url), on_skip=_stderr))
+    summary = summarize(read_records(open_campaign_store(args, args.url), on_skip=_stderr))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -324,7 +363,7 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump", default=None, metavar="DIR",
                    help="write the batch as Parquet into DIR (tokens, masks, log-probs, advantages, per-token loss)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("replay", "recompute a logged training step from storage and compare it with its log", _replay_args)
@@ -332,7 +371,7 @@ def _replay(args: argparse.Namespace) -> int:
     from pipelines_lib.configio import ConfigError, parse_overrides
     from pipelines_lib.stages.replay import replay
 
-    store = open_store(args, args.url)
+    store = open_campaign_store(args, args.url)
     try:
         what_if = parse_overrides(args.what_if, flag="--what-if")
         result = replay(store, args.step, what_if=what_if, dump=open_store(args, args.dump) if args.dump else None,
@@ -390,14 +429,44 @@ def _fork(args: argparse.Namespace) -> int:
 
 def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
-    _add_storage_options(p)
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    add_storage_options(p)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """``campaign_status`` as a table: one row per stage, done or to do, with what the folder holds."""
+    versions, evaluated = status["published_versions"], status["evaluated_versions"]
+    checkpoint = status["latest_checkpoint"] or "none"
+    detail = {
+        "prep": f"{'' if status['dataset'] else 'no '}{layout.DATASET_SUCCESS}",
+        "warm_start": "v0 published" if status["warm_start"] else "v0 not published",
+        "collect": f"{status['shards']} shards",
+        "train": f"step {status['train_steps']}, checkpoint {checkpoint}, published {_versions(versions)}",
+        "evaluate": f"evaluated {_versions(evaluated)}",
+        "audit": "audited after the last stage" if "audit" not in status["todo"] else "",
+    }
+    todo = status["todo"]
+    rows = [("stage", "state", "detail")] + [(s, "to do" if s in todo else "done", d) for s, d in detail.items()]
+    if "init" in todo:
+        rows.insert(1, ("init", "to do", "no campaign.json"))
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
+    lines.append(f"to do: {', '.join(todo)} (rollstream recover runs them)" if todo else "to do: nothing")
+    if status["ignored"]:
+        lines.append(f"ignored (not names a stage writes): {', '.join(status['ignored'])}")
+    return "\n".join(lines)
+
+
+def _versions(vs: list[int]) -> str:
+    return ", ".join(f"v{v}" for v in vs) if vs else "none"
 
 
 @subcommand("status", "what each stage of a campaign has committed, and what a recovery would run", _status_args)
 def _status(args: argparse.Namespace) -> int:
     from pipelines_lib.stages.campaign import campaign_status
 
-    print(json.dumps(campaign_status(open_store(args, args.url)), indent=2, default=str))
+    status = campaign_status(open_campaign_store(args, args.url))
+    print(json.dumps(status, indent=2, default=str) if args.json else render_status(status))
     return 0
 
 
@@ -419,8 +488,27 @@ def commands() -> dict[str, Subcommand]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" on a mistyped choice (a subcommand, a stage, a preset)."""
+
+    def error(self, message: str) -> NoReturn:
+        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        super().error(message)
+
+
+def _version() -> str:
+    try:
+        return f"rollstream {version('rollstream')}"
+    except PackageNotFoundError:  # a checkout on PYTHONPATH that was never installed
+        return "rollstream (not installed)"
+
+
 def build_parser(available: dict[str, Subcommand] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollstream", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="rollstream", description=__doc__.split("\n\n")[0],
+                     epilog="exit codes: 0 ok, 1 the command ran and found a problem (audit violations, a failed "
+                            "run), 2 usage error or unreachable input")
+    parser.add_argument("--version", action="version", version=_version())
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in (commands() if available is None else available).values():
         cmd.add_arguments(subs.add_parser(cmd.name, help=cmd.help, description=cmd.help))
@@ -439,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as e:
             raise CommandError(f"bad environment: {e}") from e
         return available[args.command].run(args)
-    except CommandError as e:
+    except (CommandError, ConfigError, FileNotFoundError) as e:  # bad input: the message names it
         _stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL
         _stderr(f"rollstream {args.command}: {e}")
@@ -447,4 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable copy: command modules raise ``pipelines_lib.cli.CommandError``, which a ``__main__`` copy
+    # of this module would not catch.
+    from pipelines_lib.cli import main as _main
+
+    sys.exit(_main())

@@ -25,10 +25,12 @@ Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
@@ -179,11 +181,37 @@ class CampaignConfig:
             node[leaf] = value
         return type(self).from_mapping(nested, base=self)
 
+    @classmethod
+    def preset(cls, name: str) -> CampaignConfig:
+        """The preset ``name`` of ``PRESETS``; an unknown name is refused with the valid ones."""
+        if name not in PRESETS:
+            close = difflib.get_close_matches(name, PRESETS, n=1)
+            raise ConfigError(f"unknown preset {name!r}{f'; did you mean {close[0]!r}?' if close else ''}; "
+                              f"valid: {', '.join(PRESETS)}")
+        return getattr(cls, name)()
+
+    @classmethod
+    def build(cls, *, preset: str = "tiny", config_path: str | Path | None = None,
+              overrides: dict[str, Any] | None = None, workers: int | None = None) -> CampaignConfig:
+        """A campaign's config as a user states it: the preset, the YAML file over it, dotted ``overrides``
+        (``{"trainer.max_steps": 4}``) over that, then ``workers``."""
+        config = cls.preset(preset)
+        if config_path:
+            config = cls.from_yaml(config_path, base=config)
+        if overrides:
+            config = config.with_overrides(overrides)
+        return config if workers is None else dataclasses.replace(config, workers=workers)
+
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+Preset = Literal["tiny", "smoke"]
+PRESETS: tuple[str, ...] = typing.get_args(Preset)
+"""Names of the presets (``CampaignConfig`` class methods) a campaign can start from."""
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -196,4 +224,4 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["CampaignConfig", "ConfigError"]
+__all__ = ["PRESETS", "Preset", "CampaignConfig", "ConfigError"]

@@ -26,9 +26,10 @@ def worker_name(worker_index: int) -> str:
 def collect_rollouts(campaign_url: str, worker_index: int, num_workers: int, target_groups: int | None = None,
                      storage_options: dict[str, Any] | None = None, settings: Settings = DEFAULTS
                      ) -> dict[str, Any]:
-    """A retry resumes: groups already committed by this worker are skipped."""
+    """A retry resumes: groups already committed by this worker are skipped. One line per shard is logged at
+    DEBUG (``rollstream run -v`` shows it)."""
     store, config = open_campaign(campaign_url, storage_options, settings)
     log = get_run_logger()
     return stage_run(store, stage_key("collect", worker_index=worker_index), lambda: collect(
         store, config, worker=worker_name(worker_index), worker_index=worker_index, num_workers=num_workers,
-        target_groups=target_groups, cache=settings.cache, log=log.info))
+        target_groups=target_groups, cache=settings.cache, log=log.info, detail=log.debug))

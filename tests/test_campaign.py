@@ -7,6 +7,7 @@ import pytest
 from drills.fixtures import done_marker, eval_result
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import DatasetSuccess, Publication
+from pipelines_lib.stages.audit import audit as audit_stage
 from pipelines_lib.stages.campaign import (
     CampaignMismatchError,
     campaign_status,
@@ -44,3 +45,22 @@ def test_status_lists_the_stages_a_recovery_must_run(tmp_path) -> None:
     eval_result(1).write(store)
     eval_result(2).write(store)
     assert campaign_status(store)["todo"] == ["audit"]
+    audit_stage(store)
+    assert campaign_status(store)["todo"] == []
+
+
+def test_a_campaign_that_evaluates_the_ends_is_done_without_the_versions_between(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    init_campaign(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
+    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
+    for v in (0, 1, 2):
+        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
+        publication.write(store)
+        publication.advance(store)
+    done_marker().write(store)
+    eval_result(0).write(store)
+    assert campaign_status(store)["todo"] == ["evaluate", "audit"]
+    eval_result(2).write(store)
+    assert campaign_status(store)["todo"] == ["audit"]
+    audit_stage(store)
+    assert campaign_status(store)["todo"] == []

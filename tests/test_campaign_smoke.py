@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect import get_client
 
 from flows.campaign import campaign
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import AuditRecord, RunRecord
 from pipelines_lib.settings import Settings
@@ -65,7 +67,7 @@ def assert_finished(store: Store) -> None:
     assert store.list("train/consumed") == [f"{s:08d}.json" for s in (1, 2, 3, 4)]
     assert all(store.exists(layout.eval_path(v)) for v in (0, 1, 2))
     status = campaign_status(store)
-    assert status["todo"] == ["audit"] and status["shards"] > 0 and status["missing_eval"] == []
+    assert status["todo"] == [] and status["shards"] > 0 and status["missing_eval"] == []
     # Orbax writes around the Store (through tensorstore): its items, the checkpoints' optimiser state included,
     # must be in the campaign's own storage, not wherever a mistranslated URL would put them.
     for version in (0, 1, 2):
@@ -91,9 +93,17 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     assert all(c["stop_reason"] == "done marker" for c in result["collect"])
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0 and result["audit"]["bad_files"] == 0
     run_id = str(state.state_details.flow_run_id)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    assert run.name == "smoke-campaign-campaign"
+    assert {"campaign:smoke-campaign", "stage:campaign", "preset:tiny"} <= set(run.tags)
     for key in STAGE_KEYS:
         assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
+    # The report and the learning-curve PNG land in the campaign folder.
+    folder = "view/" + result["view"].split("/view/", 1)[1].removesuffix("/report.html")
+    assert store.read(f"{folder}/report.html").lower().startswith(b"<!doctype html")
+    assert store.read(f"{folder}/learning_curve.png")[:8] == b"\x89PNG\r\n\x1a\n"
     # A second run of the finished campaign does no stage work: every stage finds its marker.
     again = campaign(url, config_path=smoke_yaml, storage_options=options, poll_s=0.5)
     assert again["init"]["created"] is False and again["evaluate"] == {} and again["train"]["steps"] == 4
@@ -144,9 +154,7 @@ class Bounded:
 def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: str, smoke_yaml: str,
                                                                    where: tuple[str, dict | None]) -> None:
     url, options = where
-    args = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--config", smoke_yaml]
-    if options:
-        args += ["--storage-options", json.dumps(options)]
+    args = [sys.executable, "-m", "flows.campaign", url, "--config", smoke_yaml, *storage_option_args(options)]
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1"}
     campaign_run = Bounded(args, env=env, what="the campaign (before its kill)")
     head = []
@@ -160,6 +168,7 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     campaign_run.kill()
     output = campaign_run.finish("".join(head))
     assert alive, f"the campaign ended before the kill:\n{output[-3000:]}"
+    assert "committed trajectories/" not in output  # one line per shard only with -v
     assert campaign_run.proc.returncode == -9, output[-3000:]
 
     store = Settings.from_env(os.environ).store(url, options)
@@ -173,6 +182,8 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert recovery.proc.returncode == 0, "\n".join(lines[-60:])
     result = json.loads(next(s for s in lines if s.startswith("RECOVER RESULT ")).split(" ", 2)[2])
     assert result["plan"] == ["collect", "train", "evaluate", "audit"]
+    # The killed run was still Running in Prefect: the recovery marked it Crashed and named itself there.
+    assert [r["name"] for r in result["abandoned"]] == ["smoke-campaign-campaign"]
     # The recovery path that ran: checkpoint 2 restored, logged step 3 replayed, only step 4 trained anew.
     restored = [s for s in lines if "trainer: restored checkpoint" in s]
     assert restored and re.search(r"checkpoints/00000002 \(step 2, version 1\)", restored[0]), lines

@@ -20,12 +20,13 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 
 from drills.fixtures import consumption_log
 from flows import artifacts
-from flows.campaign import _wait_training, build_config, expand_campaign_url, versions_to_evaluate
+from flows.campaign import _wait_training, expand_campaign_url
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import RunRecord, StopRequest
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout
@@ -60,9 +61,10 @@ def test_the_flows_environment_defaults_reach_prefects_settings(tmp_path, module
 def test_config_is_yaml_then_overrides_then_workers(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("workers: 3\ntrainer:\n  max_steps: 9\n  publish_every: 3\n")
-    config = build_config(str(path), {"trainer.max_steps": 4}, workers=1)
+    config = CampaignConfig.build(config_path=str(path), overrides={"trainer.max_steps": 4}, workers=1)
     assert (config.workers, config.trainer.max_steps, config.trainer.publish_every) == (1, 4, 3)
-    assert build_config() == CampaignConfig.tiny()
+    assert CampaignConfig.build() == CampaignConfig.tiny()
+    assert CampaignConfig.build(preset="smoke") == CampaignConfig.smoke()
 
 
 def test_scheduled_urls_get_the_scheduled_utc_date() -> None:

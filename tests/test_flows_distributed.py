@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines_lib.cli import storage_option_args
 from pipelines_lib.records import run_records
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import Store
@@ -96,8 +97,6 @@ def prefect_cluster(tmp_path, emulator: str) -> Iterator[tuple[dict[str, str], P
         for pool in POOLS:
             cli("work-pool", "create", pool, "--type", "process",
                 "--base-job-template", str(ROOT / "infra/process-job-template.json"))
-        for slot in ("trainer", "rollout0", "rollout1"):
-            cli("global-concurrency-limit", "create", f"gpu:{slot}", "--limit", "1")
         cli("deploy", "--all", "--prefect-file", "infra/prefect.yaml")
         for pool in POOLS:
             start(f"worker-{pool}", "worker", "start", "--pool", pool, "--type", "process")
@@ -120,8 +119,8 @@ def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(pref
     env, logs = prefect_cluster
     url = f"gs://{env['ROLLSTREAM_BUCKET']}/campaigns/distributed"
     options = gcs_options(emulator)
-    args = [sys.executable, "-m", "flows.campaign", "--campaign-url", url, "--use-deployments", "--workers", "2",
-            "--evaluate", "ends", "--storage-options", json.dumps(options)]
+    args = [sys.executable, "-m", "flows.campaign", url, "--use-deployments", "--workers", "2",
+            "--set", "eval.versions=ends", *storage_option_args(options)]
     for key, value in OVERRIDES.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
     with open(logs / "campaign.log", "w") as out:  # a file, not a pipe: grandchildren may keep a pipe open

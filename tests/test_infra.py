@@ -57,11 +57,14 @@ def test_resources_name_the_valid_stages_for_an_unknown_one() -> None:
         resources_for("publish", TINY)
 
 
-def test_prefect_yaml_schedules_a_nightly_campaign_over_the_stage_deployments() -> None:
+@pytest.mark.parametrize(("name", "root"), [("nightly", "gs://{{ $ROLLSTREAM_BUCKET }}/"),
+                                          ("nightly-local", "{{ $ROLLSTREAM_HOME }}/runs/")])
+def test_prefect_yaml_schedules_a_nightly_campaign_over_the_stage_deployments(name: str, root: str) -> None:
     # The per-stage deployments are checked against the stage table in tests/test_stage_table.py.
     spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
-    nightly = deployments["nightly"]
+    nightly = deployments[name]
+    assert nightly["parameters"]["campaign_url"].startswith(root)
     assert nightly["entrypoint"] == "flows/campaign.py:campaign"
     assert nightly["schedules"][0]["cron"] == "0 2 * * *" and nightly["parameters"]["use_deployments"] is True
     assert "{date}" in nightly["parameters"]["campaign_url"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prefect import Flow
 
 from flows import stages as stage_flows
 from flows.campaign import STAGE_ORDER
@@ -27,15 +28,17 @@ def test_the_campaign_runs_the_table_in_its_order_and_the_launcher_has_a_task_an
 
 
 def test_each_stage_has_one_flow_named_after_it() -> None:
-    flows = {f.name for f in vars(stage_flows).values() if hasattr(f, "name") and f.name.startswith("rollstream-")}
+    flows = {f.name for f in vars(stage_flows).values() if isinstance(f, Flow) and f.name.startswith("rollstream-")}
     assert flows == {s.flow_name for s in STAGES}
+    assert list(stage_flows.STAGE_FLOWS) == list(STAGE_NAMES)
+    assert all(stage_flows.STAGE_FLOWS[s.name].name == s.flow_name for s in STAGES)
 
 
 def test_infra_prefect_yaml_deploys_each_stage_on_its_pool() -> None:
     spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     stage_deployments = {s.deployment.split("/")[1]: s for s in STAGES}
-    assert set(deployments) == set(stage_deployments) | {"nightly", "recover"}
+    assert set(deployments) == set(stage_deployments) | {"nightly", "nightly-local", "recover"}
     tiny = CampaignConfig.tiny()
     for name, s in stage_deployments.items():
         path, attr = deployments[name]["entrypoint"].split(":")

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,15 @@ from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
-from pipelines_lib.telemetry.trace import check_trace, read_records, summarize, to_chrome_trace
+from pipelines_lib.telemetry.tensorboard import event_file, masked_crc32c
+from pipelines_lib.telemetry.trace import (
+    check_trace,
+    parse_when,
+    read_records,
+    select,
+    summarize,
+    to_chrome_trace,
+)
 
 
 class Clock:
@@ -369,6 +378,46 @@ def test_trace_and_metrics_commands_read_any_campaign(tmp_path: Path, capsys: py
     assert main(["trace", str(tmp_path / "empty"), "--out", str(out)]) == 2
 
 
+def _span(process: str, ts_s: float, dur_s: float) -> dict:
+    return {"type": "span", "process": process, "name": "x", "track": "t", "ts_us": int(ts_s * 1e6),
+            "dur_us": int(dur_s * 1e6)}
+
+
+def test_select_keeps_the_chosen_stages_and_what_overlaps_the_window() -> None:
+    records = [_span("rollout-rollout0", 100, 10), _span("trainer", 105, 1), _span("evaluate", 130, 5),
+               _span("warm_start", 50, 40)]
+    assert select(records, stages=["collect"]) == records[:1]  # collect records as rollout-<worker>
+    assert select(records, stages=["train", "evaluate"]) == records[1:3]
+    # [104 s, 112 s]: the rollout span (100-110) and the train step (105-106) overlap it; warm start ended at 90.
+    assert select(records, since_us=104_000_000, until_us=112_000_000) == records[:2]
+
+
+def test_since_and_until_read_seconds_after_the_first_record_or_an_iso_time() -> None:
+    start = 1_764_000_000_000_000
+    assert parse_when("90", start) == start + 90_000_000 and parse_when("2.5", start) == start + 2_500_000
+    assert parse_when("2026-12-02T10:00:00", start) == 1_796_205_600_000_000  # UTC unless it says
+    assert parse_when("2026-12-02T11:00:00+01:00", start) == 1_796_205_600_000_000
+    with pytest.raises(ValueError, match="neither seconds"):
+        parse_when("yesterday", start)
+
+
+def test_trace_command_filters_by_stage_and_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines_lib.cli import main
+
+    store = Store(str(tmp_path / "c"))
+    for process in ("trainer", "evaluate"):
+        with telemetry.recording(store, process, sample_every_s=None), telemetry.span(f"{process}_work", track="t"):
+            pass
+    out = tmp_path / "trace.json"
+    assert main(["trace", store.url, "--out", str(out), "--stage", "evaluate"]) == 0
+    names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert names == {"evaluate_work"}
+    assert main(["trace", store.url, "--out", str(out), "--since", "3600"]) == 2
+    assert "no telemetry in the chosen stages and time window" in capsys.readouterr().err
+    assert main(["trace", store.url, "--stage", "evaluat"]) == 2
+    assert "did you mean 'evaluate'?" in capsys.readouterr().err
+
+
 # -- benchmark -------------------------------------------------------------------------------------------------
 
 def test_overhead_benchmark_times_both_arms_on_episodes_that_record_six_spans(
@@ -390,3 +439,44 @@ def test_overhead_benchmark_times_both_arms_on_episodes_that_record_six_spans(
     assert figures["telemetry.records_per_episode"] >= 6 and figures["telemetry.episode_cost_us"] == pytest.approx(cost_us)
     assert figures["telemetry.modelled_overhead_fraction"] == pytest.approx(cost_us / (figures["telemetry.episode_ms"] * 1e3))
     assert list((tmp_path / "rep0" / "telemetry").iterdir())  # the recorded arm wrote its JSONL
+
+
+# -- TensorBoard ---------------------------------------------------------------------------------------------
+
+def _read_tfrecords(data: bytes) -> list[bytes]:
+    out = []
+    while data:
+        (length,), (len_crc,) = struct.unpack("<Q", data[:8]), struct.unpack("<I", data[8:12])
+        assert len_crc == masked_crc32c(data[:8])
+        body, (crc,) = data[12:12 + length], struct.unpack("<I", data[12 + length:16 + length])
+        assert crc == masked_crc32c(body)
+        out.append(body)
+        data = data[16 + length:]
+    return out
+
+
+def test_masked_crc32c_is_tfrecords_checksum() -> None:
+    # CRC-32C("123456789") = 0xE3069283 (the standard check value); masked: rotate right 15, add 0xA282EAD8.
+    crc = 0xE3069283
+    assert masked_crc32c(b"123456789") == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_an_event_file_holds_the_version_header_then_one_scalar_event_per_gauge() -> None:
+    records = _read_tfrecords(event_file([("a", 3, 0.5, 1.0)], wall_time=1.0))
+    one = bytes.fromhex("09" "000000000000f03f")  # field 1 (wall_time, double) = 1.0
+    assert records[0] == one + bytes.fromhex("1000") + b"\x1a\x0dbrain.Event:2"  # step 0, file_version
+    # step 3; summary (field 5) { value (1) { tag (1) "a", simple_value (2, float) 0.5 } }
+    assert records[1] == one + bytes.fromhex("1003" "2a0a" "0a08" "0a0161" "150000003f")
+
+
+def test_a_flush_writes_the_gauges_as_a_tensorboard_run_of_the_process(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    with telemetry.recording(store, "trainer", sample_every_s=None):
+        telemetry.gauge("train.loss", 0.25, step=7)
+        with telemetry.span("train_step", track="trainer"):
+            pass
+    (name,) = store.list("telemetry/tb/trainer")
+    assert name.startswith("events.out.tfevents.")
+    header, scalar = _read_tfrecords(store.read(f"telemetry/tb/trainer/{name}"))
+    assert b"brain.Event:2" in header and b"\x10\x07" in scalar and b"train.loss" in scalar
+    assert struct.unpack("<f", scalar[-4:]) == (0.25,)

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.engine import JaxEngine
@@ -55,6 +55,8 @@ class EvalConfig:
     """Episodes evaluated at once."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
     """Devices the evaluation engine serves on (its parameters and KV cache split over ``tensor``); default one."""
+    versions: Literal["all", "ends"] = "all"
+    """Which published versions the campaign evaluates: ``all``, or ``ends`` (version 0 and the last one)."""
 
     def __post_init__(self) -> None:
         if self.n_tasks < 1 or self.samples < 1 or not 1 <= self.max_concurrency <= MAX_CONCURRENCY:
@@ -66,6 +68,12 @@ class EvalConfig:
 
 SUCCESS_REWARD = 1.0
 HELDOUT = "heldout"
+
+
+def versions_to_evaluate(published: Sequence[int], choice: Literal["all", "ends"]) -> list[int]:
+    """The published versions ``EvalConfig.versions`` asks for, in order."""
+    published = sorted(published)
+    return published if choice == "all" or len(published) <= 2 else [published[0], published[-1]]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -66,10 +66,12 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
             target_groups: int | None = None, weights_timeout_s: float = 600.0, cache: Path | None = None,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = print, detail: Callable[[str], None] | None = None,
+            progress_every: int = 10) -> dict[str, Any]:
     """Run rollout worker ``worker`` (``worker_index`` of ``num_workers``) until the trainer's done marker, a stop
     request or ``target_groups``; returns its statistics. ``cache`` is the process's cache folder
-    (``Settings.cache``)."""
+    (``Settings.cache``). ``log`` gets a progress line every ``progress_every`` shards, ``detail`` (if given) one
+    line per shard: a campaign commits hundreds of shards, too many lines for a terminal by default."""
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
     layout.check_worker_id(worker)
@@ -84,12 +86,15 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     skip = committed_groups(store, worker)
     tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
     rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)
-    commits = 0
+    commits = shards = 0
 
     def on_commit(info) -> None:
-        nonlocal commits
-        commits += info.n_groups
-        log(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
+        nonlocal commits, shards
+        commits, shards = commits + info.n_groups, shards + 1
+        if detail is not None:
+            detail(f"rollout {worker_id}: committed {info.path} ({info.n_groups} groups, {commits} so far)")
+        if shards % progress_every == 0:
+            log(f"rollout {worker_id}: {shards} shards committed ({commits} groups)")
 
     async def run(scratch: Path) -> Any:
         opened, weights = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)

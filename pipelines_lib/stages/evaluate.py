@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
 from pipelines_lib.envs import Task
@@ -33,10 +34,14 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path 
     ``cache`` is the process's cache folder (``Settings.cache``)."""
     if EvalResult.exists(store, version):
         return EvalResult.read(store, version)
-    model, _ = load_published(store, version)
-    tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
-    result = EvalResult(version=version, split=HELDOUT, temperature=config.eval.temperature,
-                        **score(model, open_tokenizer(config.tokenizer, cache=cache), tasks, config))
+    with telemetry.recording(store, "evaluate"), telemetry.span("stage.evaluate", track="stage", version=version):
+        model, _ = load_published(store, version)
+        tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
+        result = EvalResult(version=version, split=HELDOUT, temperature=config.eval.temperature,
+                            **score(model, open_tokenizer(config.tokenizer, cache=cache), tasks, config))
+        telemetry.gauge("eval.greedy_success_rate", result.greedy_success_rate, step=version)
+        if result.pass_at_k is not None:
+            telemetry.gauge("eval.pass_at_k", result.pass_at_k, step=version)
     try:
         result.write(store)
     except AlreadyExistsError:

@@ -4,7 +4,7 @@
 Stage(name, fn, done_marker, pool, resources, retries, per)
   fn           the stage function (pipelines_lib.stages.<name>)
   done_marker  the marker record that says it is done: a retry or recovery that finds it skips the stage
-               (None: the stage runs every time, like the audit, which is a snapshot)
+               (None: never done; the audit is done once a record exists and every other stage is done)
   pool         the work pool its deployment runs on; resources sizes one run from the campaign config
   retries      task-level retries of failures worth retrying (after the store's own, seconds-scale ones)
   per          one run per campaign, per rollout worker, or per published version
@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import DatasetSuccess, DoneMarker, Publication
+from pipelines_lib.evaluate import versions_to_evaluate
+from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker, Publication
 from pipelines_lib.stages import audit, collect, evaluate, prep, train, warm_start
 from pipelines_lib.stages.resources import (
     ACCEL_POOL,
@@ -34,13 +35,26 @@ from pipelines_lib.stages.resources import (
     train_resources,
     warm_start_resources,
 )
+from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 
-def _evaluated_all(store: Store) -> bool:
-    # Evaluation is done once training is, and every version it published has its EvalResult.
-    return DoneMarker.exists(store) and set(records.published_versions(store)) <= set(
-        records.evaluated_versions(store))
+def _evaluated(store: Store) -> bool:
+    # Evaluation is done once training is, and every version the campaign's ``eval.versions`` asks for (all
+    # published ones, or the ends) has its EvalResult.
+    if not DoneMarker.exists(store):
+        return False
+    choice = (CampaignConfig.from_mapping(CampaignManifest.read(store).config).eval.versions
+              if store.exists(CampaignManifest.PATH) else "all")
+    wanted = versions_to_evaluate(records.published_versions(store), choice)
+    return set(wanted) <= set(records.evaluated_versions(store))
+
+
+def _audited(store: Store) -> bool:
+    # An audit is a snapshot: the campaign is audited once an audit record exists and every other stage is done
+    # (the campaign flow audits last, so that record saw the finished folder).
+    return any(n.endswith(".json") for n in store.list(layout.AUDIT)) and all(
+        s.done(store) for s in STAGES if s.name != "audit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +88,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="collect", fn=collect.collect, done_marker=DoneMarker.exists, pool=ACCEL_POOL,
           resources=collect_resources, per="worker"),
     Stage(name="train", fn=train.train, done_marker=DoneMarker.exists, pool=ACCEL_POOL, resources=train_resources),
-    Stage(name="evaluate", fn=evaluate.evaluate, done_marker=_evaluated_all, pool=CPU_POOL,
+    Stage(name="evaluate", fn=evaluate.evaluate, done_marker=_evaluated, pool=CPU_POOL,
           resources=evaluate_resources, per="version"),
-    Stage(name="audit", fn=audit.audit, done_marker=None, pool=CPU_POOL, resources=cpu_light),
+    Stage(name="audit", fn=audit.audit, done_marker=_audited, pool=CPU_POOL, resources=cpu_light),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from pipelines_lib import telemetry
 from pipelines_lib.agents import AGENT_REGISTRY
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import Decoder
@@ -48,41 +49,42 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
     ``cache`` is the process's cache folder (``Settings.cache``)."""
     if Publication.is_published(store, 0):
         return {**Publication.read(store, 0).to_dict(), "skipped": True}
-    started = time.perf_counter()
-    if config.init_from is not None:
-        model, info = _import_weights(config.init_from, store)
-    else:
-        tokenizer = open_tokenizer(config.tokenizer, cache=cache)
-        if tokenizer.vocab_size > config.model.vocab_size:
-            raise ValueError(
-                f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
+    with telemetry.recording(store, "warm_start"), telemetry.span("stage.warm_start", track="stage"):
+        started = time.perf_counter()
+        if config.init_from is not None:
+            model, info = _import_weights(config.init_from, store)
+        else:
+            tokenizer = open_tokenizer(config.tokenizer, cache=cache)
+            if tokenizer.vocab_size > config.model.vocab_size:
+                raise ValueError(
+                    f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}"
+                )
+            sft = config.sft
+            tokens, masks = demonstration_rows(
+                config.env.name,
+                tokenizer,
+                n=sft.n_demos,
+                error_rate=sft.error_rate,
+                seed=sft.seed,
+                with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools,
             )
-        sft = config.sft
-        tokens, masks = demonstration_rows(
-            config.env.name,
-            tokenizer,
-            n=sft.n_demos,
-            error_rate=sft.error_rate,
-            seed=sft.seed,
-            with_tools=AGENT_REGISTRY[config.agent.kind].uses_tools,
-        )
-        keep = [i for i, row in enumerate(tokens) if len(row) <= config.model.max_seq_len]
-        rows = [tokens[i] for i in keep], [masks[i] for i in keep]
-        model = Decoder(config.model, rngs=nnx.Rngs(sft.seed))
-        log(
-            f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
-            f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}"
-        )
-        info = {
-            "source": "sft",
-            "demos": len(keep),
-            "demos_too_long": len(tokens) - len(keep),
-            **sft_train(
-                model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
-            ),
-        }
-    manifest = publish_weights(store, model, version=0, step=0,
-                               tokenizer_dir=tokenizer_dir(config.tokenizer, cache=cache))
+            keep = [i for i, row in enumerate(tokens) if len(row) <= config.model.max_seq_len]
+            rows = [tokens[i] for i in keep], [masks[i] for i in keep]
+            model = Decoder(config.model, rngs=nnx.Rngs(sft.seed))
+            log(
+                f"sft: {len(keep)} demonstrations (longest {max(map(len, rows[0]))} tokens, "
+                f"{len(tokens) - len(keep)} too long), {sft.steps} steps of {sft.batch_size} on {jax.default_backend()}"
+            )
+            info = {
+                "source": "sft",
+                "demos": len(keep),
+                "demos_too_long": len(tokens) - len(keep),
+                **sft_train(
+                    model, rows, sft, pad_id=tokenizer.pad_id, log=log, log_every=max(1, min(25, sft.steps // 6))
+                ),
+            }
+        manifest = publish_weights(store, model, version=0, step=0,
+                                   tokenizer_dir=tokenizer_dir(config.tokenizer, cache=cache))
     return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
 
 

@@ -205,5 +205,13 @@ def telemetry_file(name: str) -> str:
     return f"{TELEMETRY}/{name}"
 
 
+TENSORBOARD = f"{TELEMETRY}/tb"
+"""TensorBoard's log folder: one run folder per recording process (``tensorboard --logdir <campaign>/telemetry/tb``)."""
+
+
+def tensorboard_file(process: str, name: str) -> str:
+    return f"{TENSORBOARD}/{process}/events.out.tfevents.{name}"
+
+
 def dataset_split(split: str) -> str:
     return f"dataset/{split}.arrow"

@@ -43,6 +43,7 @@ import psutil
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.telemetry.tensorboard import event_file
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("rollstream_recorder", default=None)
 _TRACK: contextvars.ContextVar[str | None] = contextvars.ContextVar("rollstream_track", default=None)
@@ -63,6 +64,7 @@ class Recorder:
         self.flush_every = flush_every
         self._nonce = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._seq = 0
+        self._t0_us = int(clock() * 1e6)
         self._lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
         self.totals: dict[str, float] = {}
@@ -98,6 +100,13 @@ class Recorder:
             return None
         path = layout.telemetry_file(f"{self.process}-{self._nonce}-{seq:05d}.jsonl")
         self.store.create(path, "".join(_ENCODER.encode(r) + "\n" for r in records).encode())
+        # The same gauges for TensorBoard; x is the gauge's ``step`` tag (trainer step, evaluated version), else
+        # seconds since the recorder started.
+        if gauges := [r for r in records if r["type"] == "gauge"]:
+            scalars = [(r["name"], step if isinstance(step := r["tags"].get("step"), int)
+                        else (r["ts_us"] - self._t0_us) // 10**6, r["value"], r["ts_us"] / 1e6) for r in gauges]
+            self.store.create(layout.tensorboard_file(self.process, f"{ts_us // 10**6}.{self._nonce}-{seq:05d}"),
+                              event_file(scalars, wall_time=ts_us / 1e6))
         return path
 
 

@@ -11,6 +11,7 @@ processor (a native binary fetched at run time) is not available.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import statistics
@@ -72,6 +73,40 @@ def read_records(store: Store, *, on_skip: Callable[[str], None] = _log.warning)
             else:
                 on_skip(f"skipped {store.uri(path)} line {i}: {problem}")
     return sorted(records, key=lambda r: r["ts_us"])
+
+
+STAGE_PROCESSES = {"collect": "rollout", "train": "trainer"}
+"""Stage -> the name its recorder's process starts with, where it differs from the stage's name."""
+
+
+def select(records: list[dict[str, Any]], *, stages: list[str] | None = None, since_us: int | None = None,
+           until_us: int | None = None) -> list[dict[str, Any]]:
+    """The records of ``stages`` (every stage when None) that overlap ``[since_us, until_us]`` (epoch µs; a
+    span counts when any part of it falls inside)."""
+    prefixes = [STAGE_PROCESSES.get(s, s) for s in stages] if stages else None
+
+    def wanted(r: dict[str, Any]) -> bool:
+        if prefixes is not None and not any(r["process"] == p or r["process"].startswith(f"{p}-")
+                                            for p in prefixes):
+            return False
+        end = r["ts_us"] + r.get("dur_us", 0)
+        return (since_us is None or end >= since_us) and (until_us is None or r["ts_us"] <= until_us)
+
+    return [r for r in records if wanted(r)]
+
+
+def parse_when(text: str, start_us: int) -> int:
+    """A ``--since``/``--until`` value as epoch µs: seconds after ``start_us`` (``90``, ``2.5``) or an ISO time
+    (``2026-12-02T10:15:00``, UTC unless it names a zone)."""
+    try:
+        return start_us + round(float(text) * 1e6)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither seconds after the first record nor an ISO time") from None
+    return round((when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp() * 1e6)
 
 
 def _lanes(spans: list[dict[str, Any]]) -> list[int]:

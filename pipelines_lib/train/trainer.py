@@ -338,8 +338,10 @@ class StreamingTrainer:
                     model=self.model,
                     optimizer=self.optimizer,
                 )
-        for name, value in metrics.items():  # loss, gradient and behaviour–proximal mismatch figures per step
-            telemetry.gauge(f"train.{name}", value, step=self.step)
+        # loss, gradient and behaviour–proximal mismatch figures, reward and staleness per step (TensorBoard reads them)
+        for name, value in {**metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}.items():
+            if value is not None:
+                telemetry.gauge(f"train.{name}", value, step=self.step)
         telemetry.gauge("trainer_version", self.version)
         telemetry.gauge("dropped_stale_groups", self.tailer.cursor.groups_dropped_stale)
         for g in record.groups:

@@ -1,0 +1,272 @@
+"""The ``rollstream`` subcommands that talk to Prefect: ``run``, ``recover``, ``stage`` (they start flows) and
+``deploy``.
+
+Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``; the
+library never imports ``flows``). Each is an object with ``HELP``, ``add_arguments(parser)`` and ``run(args)``,
+like the ``bench`` and ``drills`` command modules. ``python -m flows.campaign``, ``python -m flows.recover`` and
+``python -m flows.stages`` are the same commands.
+
+A config, URL or argument the command can check before Prefect starts fails there, as one line (exit 2); a
+flow run that ends other than Completed is one line naming the run and its state (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines_lib.cli import CommandError, RunFn, add_storage_options, did_you_mean
+from pipelines_lib.configio import ConfigError, parse_overrides
+
+# Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
+# parser, so names such as the presets and stages are checked when a command runs, against their registries.
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the ``rollstream.commands`` group loads: help line, arguments and the function that runs."""
+
+    HELP: str
+    add_arguments: Any
+    run: RunFn
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any] | None:
+    return dict(args.storage_option) or None
+
+
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also log each stage's detail lines (one per committed shard); default: progress lines only")
+
+
+def verbose_logging(verbose: bool) -> None:
+    """Show the stage tasks' DEBUG lines (per-shard commits) when ``verbose``; Prefect is imported by now."""
+    if verbose:
+        logging.getLogger("prefect.task_runs").setLevel(logging.DEBUG)
+
+
+def _ended(state: Any, what: str) -> int | None:
+    """None when the flow run completed; otherwise the one line saying how it ended, and exit code 1."""
+    if state.is_completed():
+        return None
+    print(f"rollstream: {what} ended {state.name}: {state.message or ''}".rstrip(": "), file=sys.stderr)
+    return 1
+
+
+# -- run --------------------------------------------------------------------------------------------------
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder to create or continue: a path, file://... or gs://bucket/prefix/name")
+    p.add_argument("--preset", default="tiny",
+                   help="config the YAML and --set apply to: tiny (the demo) or smoke (a one-minute campaign)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override over the YAML, repeatable (e.g. trainer.max_steps=4, eval.versions=ends)")
+    p.add_argument("--workers", type=int, help="rollout workers (overrides the config's workers)")
+    p.add_argument("--use-deployments", action="store_true",
+                   help="start each stage as a deployment run on its work pool (see `rollstream deploy`)")
+    p.add_argument("--runner", choices=["threads", "processes"], default="threads",
+                   help="in-process stages as threads (default) or in a process pool")
+    add_verbose(p)
+    add_storage_options(p)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        overrides = parse_overrides(args.set)
+    except ConfigError as e:
+        raise CommandError(str(e)) from e
+    from pipelines_lib.config import CampaignConfig
+
+    try:  # the config is checked here, before Prefect starts, so a typo is one line
+        config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides,
+                                      workers=args.workers)
+    except (ConfigError, ValueError, OSError) as e:
+        raise CommandError(str(e)) from e
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    from flows import entry
+    from flows.campaign import campaign, summary
+
+    # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
+    run = campaign if args.runner == "threads" else campaign.with_options(
+        task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
+    verbose_logging(args.verbose)
+    t0 = time.monotonic()
+    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
+                workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
+                return_state=True)
+    if (code := _ended(state, f"campaign run {args.url}")) is not None:
+        return code
+    result = state.result()
+    audit = result.get("audit", {})
+    print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit,
+                  result.get("view")))
+    return 0 if audit.get("ok") else 1
+
+
+RUN = Command(HELP="run (or continue) a campaign: prep, warm start, rollouts || trainer, evaluation, audit",
+              add_arguments=_run_args, run=_run)
+
+
+# -- recover ----------------------------------------------------------------------------------------------
+
+def _recover_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder whose run died")
+    p.add_argument("--use-deployments", action="store_true", help="start each stage as a deployment run")
+    add_verbose(p)
+    add_storage_options(p)
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.campaign import campaign_status
+
+    status = campaign_status(args.settings.store(args.url, _options(args)))
+    if "init" in status["todo"]:
+        raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
+
+    from flows.recover import recover
+
+    verbose_logging(args.verbose)
+    state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
+                    return_state=True)
+    if (code := _ended(state, f"recover run {args.url}")) is not None:
+        return code
+    result = state.result()
+    ok = result.get("audit", {}).get("ok")
+    took_over = "".join(f"; took over {r['name']} ({r['id']}), now Crashed" for r in result["abandoned"])
+    print(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}{took_over}")
+    return 0 if ok else 1
+
+
+RECOVER = Command(HELP="finish a campaign whose run died: run only the stages its folder lacks",
+                  add_arguments=_recover_args, run=_recover)
+
+
+# -- stage ------------------------------------------------------------------------------------------------
+
+STAGE_FLAGS = {"worker_index": "collect", "num_workers": "collect", "target_groups": "collect",
+               "max_steps": "train", "version": "evaluate"}
+"""Per-stage arguments of ``rollstream stage`` and the stage each applies to."""
+
+
+def _stage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="the stage: prep, warm_start, collect, train, evaluate or audit")
+    p.add_argument("url", help="campaign folder (started by `rollstream run`: the stage reads campaign.json)")
+    p.add_argument("--worker-index", type=int, help="collect: this worker's index")
+    p.add_argument("--num-workers", type=int, help="collect: how many workers share the prompts")
+    p.add_argument("--target-groups", type=int, help="collect: stop after this many groups")
+    p.add_argument("--max-steps", type=int, help="train: stop at this step")
+    p.add_argument("--version", type=int, help="evaluate: the published version (default: LATEST)")
+    add_verbose(p)
+    add_storage_options(p)
+
+
+def _stage(args: argparse.Namespace) -> int:
+    from pipelines_lib.stages.table import STAGE_NAMES
+
+    if args.name not in STAGE_NAMES:
+        raise CommandError(f"unknown stage {args.name!r}{did_you_mean(args.name, STAGE_NAMES)}; "
+                           f"valid: {', '.join(STAGE_NAMES)}")
+    params: dict[str, Any] = {}
+    for flag, owner in STAGE_FLAGS.items():
+        if (value := getattr(args, flag)) is not None:
+            if owner != args.name:
+                raise CommandError(f"--{flag.replace('_', '-')} applies to the {owner} stage, not {args.name}")
+            params[flag] = value
+
+    from flows.stages import STAGE_FLOWS
+
+    verbose_logging(args.verbose)
+    state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
+                                   return_state=True)
+    if (code := _ended(state, f"{args.name} run {args.url}")) is not None:
+        return code
+    result = state.result()
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result.get("ok", True) else 1  # the audit stage's verdict
+
+
+STAGE = Command(HELP="run one stage of a campaign (the flow its deployment runs)", add_arguments=_stage_args,
+                run=_stage)
+
+
+# -- deploy -----------------------------------------------------------------------------------------------
+
+POOL_TEMPLATES = {"process": {"rollstream-cpu": "process-job-template.json",
+                              "rollstream-accel": "process-job-template.json"},
+                  "kubernetes": {"rollstream-cpu": "kubernetes-cpu-job-template.json",
+                                 "rollstream-accel": "kubernetes-accel-job-template.json"}}
+"""Work-pool type -> pool -> its base job template (next to the prefect file)."""
+_VARIABLE = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
+
+
+def _deploy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefect-file", type=Path, default=Path("infra/prefect.yaml"),
+                   help="the deployments file (default infra/prefect.yaml; run from the repository root)")
+    p.add_argument("--name", action="append", default=None, metavar="DEPLOYMENT",
+                   help="deploy only this deployment (repeatable; default: all), e.g. nightly-local")
+    p.add_argument("--pool-type", choices=sorted(POOL_TEMPLATES), default="process",
+                   help="type of the work pools created when missing (process: one machine; kubernetes: a cluster)")
+
+
+def unresolved_variables(spec: dict[str, Any], names: list[str]) -> dict[str, list[str]]:
+    """``{{ $VAR }}`` references of the named deployments (and the pull steps) whose variable is unset, with
+    the deployments that use each."""
+    users: dict[str, list[str]] = {}
+    for deployment in [d for d in spec["deployments"] if d["name"] in names]:
+        for var in _VARIABLE.findall(json.dumps(deployment)):
+            users.setdefault(var, []).append(deployment["name"])
+    for var in _VARIABLE.findall(json.dumps(spec.get("pull") or [])):
+        users.setdefault(var, []).append("pull steps")
+    return {var: sorted(set(who)) for var, who in sorted(users.items()) if not os.environ.get(var)}
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    try:
+        spec = yaml.safe_load(args.prefect_file.read_text())
+    except OSError as e:
+        raise CommandError(f"{args.prefect_file}: cannot read the deployments file: {e.strerror}") from e
+    declared = [d["name"] for d in spec["deployments"]]
+    names = args.name or declared
+    for name in names:
+        if name not in declared:
+            raise CommandError(f"{args.prefect_file}: no deployment {name!r}{did_you_mean(name, declared)}; "
+                               f"declared: {', '.join(declared)}")
+    if missing := unresolved_variables(spec, names):
+        raise CommandError("unresolved variables, set them first: " + "; ".join(
+            f"{var} (used by {', '.join(who)})" for var, who in missing.items()))
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    pools = sorted({d["work_pool"]["name"] for d in spec["deployments"] if d["name"] in names})
+    with get_client(sync_client=True) as client:
+        for pool in pools:
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                template = args.prefect_file.parent / POOL_TEMPLATES[args.pool_type][pool]
+                client.create_work_pool(WorkPoolCreate(name=pool, type=args.pool_type,
+                                                       base_job_template=json.loads(template.read_text())))
+                print(f"created work pool {pool} ({args.pool_type}, {template})", file=sys.stderr)
+    prefect = Path(sys.executable).with_name("prefect")
+    selection = ["--all"] if args.name is None else [a for n in names for a in ("--name", n)]
+    return 0 if subprocess.run([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(args.prefect_file),
+                                *selection], timeout=600).returncode == 0 else 1
+
+
+DEPLOY = Command(HELP="create the work pools if missing and deploy infra/prefect.yaml (refuses unset variables)",
+                 add_arguments=_deploy_args, run=_deploy)
