@@ -405,7 +405,7 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting in the fork, repeatable (rollout.eta=0, trainer.optim.lr=1e-4); "
                         "model.* and tokenizer are refused")
-    _add_storage_options(p)
+    add_storage_options(p)
 
 
 @subcommand("fork", "start a new campaign from a checkpoint of another, under changed settings", _fork_args)
