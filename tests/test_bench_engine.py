@@ -55,6 +55,7 @@ def test_length_mix_rejects_bad_settings_naming_the_value(make, named: str) -> N
         make()
 
 
+@pytest.mark.slow  # about a minute; the engine benchmark (make bench --only engine) measures the same step counts
 def test_one_long_turn_in_four_makes_static_decode_twice_as_many_steps_as_continuous() -> None:
     """4 slots, 12 requests with budgets [32, 4, 4, 4] x 3 in this order (one answer per three tool calls).
 

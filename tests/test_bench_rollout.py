@@ -8,11 +8,14 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from bench import rollout as rollout_bench
 from bench.registry import BenchContext, load_benches
 from pipelines_lib.envs import make_env
 
 
+@pytest.mark.slow  # about a minute; the rollout benchmark itself (make bench --only rollout) runs the same arms
 def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(rollout_bench, "QUICK", {"repeats": 1, "skip": 0, "async_n": 16,
                                                       "sync_batches": {"none": 1, "light": 1, "heavy": 1, "code": 1}})
