@@ -184,7 +184,7 @@ from pipelines_lib.stages.collect import collect
 from pipelines_lib.storage.store import Store
 store = Store(sys.argv[1])
 collect(store, load_campaign_config(store), worker="w", worker_index=0, num_workers=1,
-        target_groups=int(sys.argv[2]), log=lambda s: print(s, flush=True))
+        target_groups=int(sys.argv[2]), log=lambda s: print(s, flush=True), detail=lambda s: print(s, flush=True))
 """
 _COMMITTED = re.compile(r"^rollout (?P<wid>\S+): committed (?P<path>\S+) \((?P<n>\d+) groups")
 
