@@ -1,5 +1,5 @@
 """Benchmarks ``bench`` and ``bench_light``: the synchronous on-policy loop vs streaming GRPO at η = 0, 1, 2, end
-to end (issue 7), with heavy and with light tool latency.
+to end, with heavy and with light tool latency.
 
 Every arm is the real campaign command (``python -m flows.campaign``, as in ``make demo``) in a subprocess, on
 one config file written once (the embedded preset ``CampaignConfig.tiny()`` with ``COMMON``, the mode's sizes and
@@ -107,7 +107,7 @@ FULL: dict[str, Any] = {"dataset.n_heldout": 256, "eval.n_tasks": 256}
 not 2."""
 QUICK: dict[str, Any] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 PROFILES: dict[str, LatencyProfile] = {"heavy": LatencyProfile.heavy(), "light": LatencyProfile.light()}
-"""Tool-latency profiles of issue 7 the arms run under (``env.tool_latency``)."""
+"""Tool-latency profiles the arms run under (``env.tool_latency``)."""
 LIGHT_ARMS = ("sync", "eta2")
 """``bench_light`` runs only the two arms of the headline ratio (about 10 minutes in full mode, ``bench`` about 22)."""
 RUNNER = "threads"
@@ -385,14 +385,14 @@ ARMS_MEASURES = ("Per arm, over the same number of trainer steps from the same w
     "bench",
     title="End to end: synchronous on-policy loop vs streaming GRPO at η = 0, 1, 2 (heavy tool latency)",
     measures=ARMS_MEASURES + "; and whether η = 2 gets within 3 points of the synchronous loop's success in at "
-             "most 60 % of its wall clock when tool latency varies wildly (issue 7's premise: a synchronous batch "
+             "most 60 % of its wall clock when tool latency varies wildly (the premise: a synchronous batch "
              "waits for its slowest trajectory).",
     method="Tool latency **heavy** (`LatencyProfile.heavy()`: log-normal, median 200 ms, σ 1.5, capped at 5 s) in "
            "every arm. " + ARMS_METHOD,
     goals=(Goal(key="bench.eta2_success_gap_pts", op="<=", value=3.0,
-                why="issue 7: η = 2 within 3 points of the synchronous loop (heavy tool latency)"),
+                why="η = 2 within 3 points of the synchronous loop (heavy tool latency)"),
            Goal(key="bench.eta2_over_sync_wallclock", op="<=", value=0.6,
-                why="issue 7: in at most 60 % of its wall clock (heavy tool latency)")),
+                why="in at most 60 % of its wall clock (heavy tool latency)")),
 )
 def bench_campaign_arms(ctx: BenchContext) -> BenchResult:
     return run_arms(ctx, "bench", "heavy", ARMS)

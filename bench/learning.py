@@ -111,7 +111,7 @@ def version_rows(evals: dict[int, dict[str, float]], k: int) -> list[dict[str, s
            "SFT and training to a smoke run whose gain is not meaningful. Wall clock: the campaign command as `make demo` "
            "runs it (v0 and the last version evaluated); the other versions are evaluated after it, untimed, for the "
            "curve.",
-    goals=(Goal(key="learning.heldout_gain_pts", op=">=", value=25.0, why="issue 5: +25 points over v0"),
+    goals=(Goal(key="learning.heldout_gain_pts", op=">=", value=25.0, why="+25 points over v0"),
            Goal(key="learning.wallclock_s", op="<=", value=600.0, why="within 10 minutes on 2 cores")),
 )
 def learning(ctx: BenchContext) -> BenchResult:

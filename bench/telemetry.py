@@ -105,7 +105,7 @@ def _per_span_us(recorder: telemetry.Recorder | None, spans: int) -> tuple[float
            "batches of 5000 `span`s (the recorder's file size) with no recorder and with one, then the flush of "
            "each batch to one JSONL file, per record; the fast decile of the batches.",
     goals=(Goal(key="telemetry.episode_cost_us", op="<=", value=200,
-                why="issue 7, negligible overhead: under 2 % of an episode that generates or calls a tool for "
+                why="negligible overhead: under 2 % of an episode that generates or calls a tool for "
                     "10 ms (tiny-model CPU episodes take seconds); an absolute cost, steady on a shared machine "
                     "where the measured ratio of two arms is not"),),
 )

@@ -1,4 +1,4 @@
-"""The ``bench`` benchmark (issue 7): arm configs, and figures read back from a campaign folder, on synthetic
+"""The ``bench`` benchmark: arm configs, and figures read back from a campaign folder, on synthetic
 consumption logs, telemetry and shards with golden numbers; the whole benchmark end to end is marked slow."""
 
 from __future__ import annotations

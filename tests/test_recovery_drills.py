@@ -1,4 +1,4 @@
-"""Recovery drill (issue 6): a campaign loses its trainer, a rollout worker and an evaluation, then ``recover`` ends it.
+"""Recovery drill: a campaign loses its trainer, a rollout worker and an evaluation, then ``recover`` ends it.
 
 The stages run as separate processes, the way deployment runs do (one stage flow per process, all reporting to
 one Prefect API), so the kills are real SIGKILLs of the processes doing the work:
