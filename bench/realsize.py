@@ -8,7 +8,8 @@ parent (this process, holds no model)      one subprocess per part, so each part
               after each (a leak grows the live bytes, allocator drift only the RSS)
   remat       the same step with per-layer rematerialisation: peak RSS and seconds per step
   bf16        one SGD step (lr 1: the update is the gradient) in float32 and one with bfloat16 compute on
-              float32 masters, from the same weights on the same batch: relative error of the update
+              float32 masters, from the same weights on the same Zipf-token, on-policy batch: relative error
+              of the update, split into what rounding the weights to bfloat16 costs and what the arithmetic adds
   engine      JaxEngine at 16 slots, then at 4, on the same short requests (a paged cache sized for what
               they hold): tokens/s of each, and RSS sampled every 5 ms during the 16-slot warmup over the
               RSS once it has served (steady)
@@ -16,7 +17,8 @@ parent (this process, holds no model)      one subprocess per part, so each part
 
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
-``--quick`` runs the same parts on a small model in seconds. A part's subprocess runs ``python -m
+``--quick`` runs the same parts on a small model in seconds. A part that fails does not stop the others: the
+benchmark records what they measured, then raises ``PartialResult``. A part's subprocess runs ``python -m
 bench.realsize PART ARGS_JSON`` and prints one JSON line of figures.
 """
 
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, Goal, PartialResult, register_bench
 
 QWEN3_0P6B = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
@@ -89,16 +91,32 @@ def _model(args: dict[str, Any], dtype: str = "float32"):
     return model
 
 
-def _batch(args: dict[str, Any], rows: int, length: int, vocab: int):
+def _batch(tokens_bt: list[list[int]], behav_logp_bt: list[list[float]] | None = None):
+    """A GRPO batch over ``tokens_bt``: the first quarter of each row is prompt, advantages standard normal,
+    behaviour log-probs uniform in [-5, -0.5] unless given."""
     import numpy as np
 
     from pipelines_lib.train.batch import build_train_batch
 
     rng = np.random.default_rng(0)
-    tokens = rng.integers(1, vocab, size=(rows, length)).tolist()
+    rows, length = len(tokens_bt), len(tokens_bt[0])
     masks = [[0] * (length // 4) + [1] * (length - length // 4)] * rows
-    behav = (-rng.uniform(0.5, 5.0, size=(rows, length))).tolist()
-    return build_train_batch(tokens, masks, behav, rng.normal(size=rows).tolist(), seq_buckets=(length,))
+    behav = behav_logp_bt or (-rng.uniform(0.5, 5.0, size=(rows, length))).tolist()
+    return build_train_batch(tokens_bt, masks, behav, rng.normal(size=rows).tolist(), seq_buckets=(length,))
+
+
+def _uniform_tokens(rows: int, length: int, vocab: int) -> list[list[int]]:
+    import numpy as np
+
+    return np.random.default_rng(0).integers(1, vocab, size=(rows, length)).tolist()
+
+
+def _zipf_tokens(rows: int, length: int, vocab: int) -> list[list[int]]:
+    """Ids drawn by Zipf's law, P(id k) ∝ 1/k, as natural text's token frequencies fall with their rank."""
+    import numpy as np
+
+    ranks = np.arange(1, vocab)
+    return np.random.default_rng(0).choice(ranks, size=(rows, length), p=(1 / ranks) / np.sum(1 / ranks)).tolist()
 
 
 def part_train(args: dict[str, Any]) -> dict[str, float]:
@@ -110,7 +128,7 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
 
     model = _model(args)
     optimizer = make_nnx_optimizer(model, OptimConfig(), _one_device())
-    batch = _batch(args, args["rows"], args["length"], model.cfg.vocab_size)
+    batch = _batch(_uniform_tokens(args["rows"], args["length"], model.cfg.vocab_size))
     cfg = StepConfig(remat=args["remat"])
     memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()
     state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
@@ -135,6 +153,15 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
 
 
 def part_bf16(args: dict[str, Any]) -> dict[str, float]:
+    """Relative errors of one SGD step's update (lr 1: the update is the gradient), global L2 over every
+    parameter, ``‖Δ − Δ_ref‖ / ‖Δ_ref‖``, on a Zipf-token batch with on-policy behaviour log-probs:
+
+    - ``update_rel_error``: bfloat16 compute on float32 masters against the all-float32 step;
+    - ``weight_rounding_rel_error``: the all-float32 step from the weights rounded to bfloat16 against the
+      all-float32 step, the share of the above that no bfloat16 forward can avoid (it sees those weights);
+    - ``arithmetic_rel_error``: bfloat16 compute against the float32 step from the same rounded weights,
+      the share bfloat16 arithmetic adds.
+    """
     import dataclasses
 
     import jax
@@ -142,24 +169,39 @@ def part_bf16(args: dict[str, Any]) -> dict[str, float]:
     import optax
     from flax import nnx
 
-    from pipelines_lib.train.step import Precision, StepConfig, train_step
+    from pipelines_lib.train.step import Precision, StepConfig, logprobs_fn, train_step
 
     model = _model(args)
-    batch = _batch(args, args["bf16_rows"], args["bf16_length"], model.cfg.vocab_size)
+    tokens = _zipf_tokens(args["bf16_rows"], args["bf16_length"], model.cfg.vocab_size)
+    probe = _batch(tokens)
+    # On-policy, as GRPO's first update on fresh samples: the behaviour log-probs are the model's own.
+    batch = _batch(tokens, np.asarray(logprobs_fn(model, probe.tokens_bt, probe.positions_bt)).tolist())
+    structure = jax.tree.structure(nnx.state(model, nnx.Param))
     w0 = [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
-    sgd = optax.sgd(1.0)
-    deltas = {}
-    for compute in ("float32", "bfloat16"):
-        nnx.update(model, jax.tree.unflatten(jax.tree.structure(nnx.state(model, nnx.Param)),
-                                             [jax.device_put(w, jax.devices()[0]) for w in w0]))
+
+    def start(w: np.ndarray, rounded: bool) -> np.ndarray:
+        return np.asarray(jax.numpy.asarray(w).astype("bfloat16").astype("float32")) if rounded else w
+
+    def update(compute: str, rounded: bool) -> list[np.ndarray]:
+        nnx.update(model, jax.tree.unflatten(structure, [jax.device_put(start(w, rounded), jax.devices()[0])
+                                                         for w in w0]))
         cfg = dataclasses.replace(StepConfig(), precision=Precision(params="float32", compute=compute))
-        train_step(model, nnx.Optimizer(model, sgd, wrt=nnx.Param), batch, cfg=cfg)
-        deltas[compute] = [np.asarray(x) - w for x, w in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), w0,
-                                                               strict=True)]
-    err = sum(float(np.sum((b.astype(np.float64) - f) ** 2)) for b, f in zip(deltas["bfloat16"], deltas["float32"],
-                                                                              strict=True))
-    ref = sum(float(np.sum(f.astype(np.float64) ** 2)) for f in deltas["float32"])
-    return {"update_rel_error": (err / ref) ** 0.5}
+        train_step(model, nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param), batch, cfg=cfg)
+        return [np.asarray(x) - start(w, rounded) for x, w in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), w0,
+                                                                  strict=True)]
+
+    def rel(delta: list[np.ndarray], ref: list[np.ndarray]) -> float:
+        err = sum(float(np.sum((d.astype(np.float64) - r) ** 2)) for d, r in zip(delta, ref, strict=True))
+        return (err / sum(float(np.sum(r.astype(np.float64) ** 2)) for r in ref)) ** 0.5
+
+    # One stored update at a time besides w0: at 0.6 B parameters each is 2.2 GiB.
+    ref = update("float32", rounded=False)
+    out = {"update_rel_error": rel(update("bfloat16", rounded=False), ref)}
+    rounded_ref = update("float32", rounded=True)
+    out["weight_rounding_rel_error"] = rel(rounded_ref, ref)
+    del ref
+    out["arithmetic_rel_error"] = rel(update("bfloat16", rounded=True), rounded_ref)
+    return out
 
 
 def part_engine(args: dict[str, Any]) -> dict[str, float]:
@@ -225,8 +267,13 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
            "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
            "32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX array bytes after the first and the "
            "last. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
-           "(lr 1) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` from the same weights, "
-           "‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖. Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
+           "(lr 1, so the update Δ is the gradient) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` "
+           "from the same weights, ‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖ (L2 over all parameters); the batch's ids follow "
+           "Zipf's law (P(k) ∝ 1/k, as text's tokens do, not uniform over the vocabulary) and its behaviour "
+           "log-probs are the model's own (on-policy, importance ratio 1, as GRPO's first update on fresh "
+           "samples). Split into `bf16_weight_rounding_rel_error` (the float32 step from the weights rounded "
+           "to bfloat16, which any bfloat16 forward sees, against the float32 step) and "
+           "`bf16_arithmetic_rel_error` (bfloat16 compute against the float32 step from those rounded weights). Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
            "`max_seq_len` 1024, a pool of 128 blocks of 16, at 16 then 4 slots, warmed up before timing; "
            "warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over the RSS after serving.",
     goals=(
@@ -246,41 +293,60 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
     if not ctx.quick and _available_gib() < MIN_AVAILABLE_GIB:
         raise RuntimeError(f"realsize needs {MIN_AVAILABLE_GIB} GiB available, the machine has "
                            f"{_available_gib():.1f} (run --quick, or wait)")
-    train = _run_part("train", {**size, "remat": False, "steps": 1}, ctx)
-    remat = _run_part("train", {**size, "remat": True, "steps": 1}, ctx)
-    # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
-    growth = _run_part("train", {**size, "length": size["growth_length"], "remat": False,
-                                 "steps": size["growth_steps"]}, ctx)
-    bf16 = _run_part("bf16", size, ctx)
-    engine = _run_part("engine", size, ctx)
-    figures = {
-        "realsize.train_peak_gib": train["peak_gib"],
-        "realsize.train_aliased_fraction": train["aliased_fraction"],
-        "realsize.train_xla_step_gib": train["xla_step_gib"],
-        "realsize.train_state_gib": train["state_gib"],
-        "realsize.train_step_s": train["step_s"],
-        "realsize.train_rss_growth_gib_20_steps": growth["rss_growth_gib"],
-        "realsize.train_live_bytes_growth_gib_20_steps": growth["live_growth_gib"],
-        "realsize.remat_peak_gib": remat["peak_gib"],
-        "realsize.remat_xla_step_gib": remat["xla_step_gib"],
-        "realsize.remat_step_s": remat["step_s"],
-        "realsize.bf16_update_rel_error": bf16["update_rel_error"],
-        "realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
-        "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
-        "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
-        "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
+    runs = {  # in running order: name -> (part, its arguments)
+        "train": ("train", {**size, "remat": False, "steps": 1}),
+        # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
+        "growth": ("train", {**size, "length": size["growth_length"], "remat": False, "steps": size["growth_steps"]}),
+        "bf16": ("bf16", size),
+        "engine": ("engine", size),
+        "remat": ("train", {**size, "remat": True, "steps": 1}),
     }
-    rows = [
-        {"run": "train step", "peak RSS GiB": train["peak_gib"], "XLA step GiB": train["xla_step_gib"],
-         "s/step": train["step_s"]},
-        {"run": "train step, remat", "peak RSS GiB": remat["peak_gib"], "XLA step GiB": remat["xla_step_gib"],
-         "s/step": remat["step_s"]},
-    ]
-    notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; train batch {size['rows']} × "
-             f"{size['length']}; parameter + optimiser state {train['state_gib']:.2f} GiB; engine ms/step "
-             f"{engine['ms_per_step_16']:.0f} at 16 slots, {engine['ms_per_step_4']:.0f} at 4; warmup peak "
-             f"{engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB.")
-    return BenchResult(figures=figures, rows=rows, notes=notes)
+    out: dict[str, dict[str, float]] = {}
+    failed: dict[str, Exception] = {}
+    for name, (part, args) in runs.items():
+        try:
+            out[name] = _run_part(part, args, ctx)
+        except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other parts still measure; raised below
+            failed[name] = err
+    figures: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
+    notes = [f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; train batch {size['rows']} × {size['length']}"]
+    if train := out.get("train"):
+        figures |= {"realsize.train_peak_gib": train["peak_gib"],
+                    "realsize.train_aliased_fraction": train["aliased_fraction"],
+                    "realsize.train_xla_step_gib": train["xla_step_gib"],
+                    "realsize.train_state_gib": train["state_gib"],
+                    "realsize.train_step_s": train["step_s"]}
+        rows.append({"run": "train step", "peak RSS GiB": train["peak_gib"], "XLA step GiB": train["xla_step_gib"],
+                     "s/step": train["step_s"]})
+        notes.append(f"parameter + optimiser state {train['state_gib']:.2f} GiB")
+    if growth := out.get("growth"):
+        figures |= {"realsize.train_rss_growth_gib_20_steps": growth["rss_growth_gib"],
+                    "realsize.train_live_bytes_growth_gib_20_steps": growth["live_growth_gib"]}
+    if remat := out.get("remat"):
+        figures |= {"realsize.remat_peak_gib": remat["peak_gib"], "realsize.remat_xla_step_gib": remat["xla_step_gib"],
+                    "realsize.remat_step_s": remat["step_s"]}
+        rows.append({"run": "train step, remat", "peak RSS GiB": remat["peak_gib"],
+                     "XLA step GiB": remat["xla_step_gib"], "s/step": remat["step_s"]})
+    if bf16 := out.get("bf16"):
+        figures |= {"realsize.bf16_update_rel_error": bf16["update_rel_error"],
+                    "realsize.bf16_weight_rounding_rel_error": bf16["weight_rounding_rel_error"],
+                    "realsize.bf16_arithmetic_rel_error": bf16["arithmetic_rel_error"]}
+        notes.append(f"bf16 update error {bf16['update_rel_error']:.2%}, of which rounding the weights alone "
+                     f"{bf16['weight_rounding_rel_error']:.2%} and bfloat16 arithmetic on rounded weights "
+                     f"{bf16['arithmetic_rel_error']:.2%}")
+    if engine := out.get("engine"):
+        figures |= {"realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
+                    "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
+                    "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
+                    "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"]}
+        notes.append(f"engine ms/step {engine['ms_per_step_16']:.0f} at 16 slots, {engine['ms_per_step_4']:.0f} at 4; "
+                     f"warmup peak {engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB")
+    notes += [f"part {name} FAILED: {str(err).splitlines()[0]}" for name, err in failed.items()]
+    result = BenchResult(figures=figures, rows=rows, notes="; ".join(notes) + ".")
+    if failed:
+        raise PartialResult(result, f"realsize parts {sorted(failed)} failed") from next(iter(failed.values()))
+    return result
 
 
 if __name__ == "__main__":

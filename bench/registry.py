@@ -80,6 +80,15 @@ class BenchResult:
     """Run-specific remarks (sizes used, anything odd), printed under the table."""
 
 
+class PartialResult(Exception):  # noqa: N818 - a result, carried by the error that cut the run short
+    """Raised by a benchmark whose later part failed after earlier parts measured figures: the runner records
+    ``result`` (its notes say what failed), then lets this error propagate. Raise it ``from`` the part's error."""
+
+    def __init__(self, result: BenchResult, failed: str) -> None:
+        super().__init__(failed)
+        self.result = result
+
+
 BenchFn = Callable[[BenchContext], BenchResult]
 
 

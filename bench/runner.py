@@ -6,7 +6,8 @@
      "runs": {"store": {"date", "quick", "seconds", "machine", "rows", "plots", "notes"}}}
 
 A run replaces the figures of the benchmarks it ran (all keys under their prefix, so renamed figures do not
-linger) and keeps everything else. ``BENCHMARKS.md`` is rendered from that file plus each benchmark's
+linger) and keeps everything else; a benchmark that raises ``PartialResult`` has the figures it measured
+recorded before its error propagates. ``BENCHMARKS.md`` is rendered from that file plus each benchmark's
 registration (what, how, goals), so it always shows the latest run of every benchmark, whichever ran last.
 """
 
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.registry import Bench, BenchContext, BenchResult, key_owner, load_benches
+from bench.registry import Bench, BenchContext, BenchResult, PartialResult, key_owner, load_benches
 
 RESULTS = Path("bench/results.json")
 REPORT = Path("BENCHMARKS.md")
@@ -169,8 +170,11 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         progress(f"bench {name} ({'quick' if quick else 'full'}) ...")
         scratch = Path(tempfile.mkdtemp(prefix=f"rollstream-bench-{name}-"))
         start = clock()
+        partial: PartialResult | None = None
         try:
             result = benches[name].fn(BenchContext(quick=quick, plot_dir=plot_dir, scratch=scratch, progress=progress))
+        except PartialResult as err:  # recorded below like a full result, then raised again
+            result, partial = err.result, err
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         seconds = clock() - start
@@ -185,4 +189,6 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         _write_atomically(results_path, json.dumps(results, indent=2) + "\n")
         _write_atomically(out_dir / REPORT, render_markdown(results, benches))
         progress(f"bench {name}: {len(result.figures)} figures in {seconds:.1f} s")
+        if partial is not None:
+            raise partial
     return figures

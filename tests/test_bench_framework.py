@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import registry
-from bench.registry import Bench, BenchContext, BenchResult, Goal, load_benches, register_bench
+from bench.registry import Bench, BenchContext, BenchResult, Goal, PartialResult, load_benches, register_bench
 from bench.runner import merge_results, render_markdown, run_benchmarks
 from pipelines_lib import cli
 
@@ -72,6 +72,23 @@ def test_figures_must_carry_the_benchmark_prefix(monkeypatch, tmp_path: Path) ->
     monkeypatch.setitem(registry.BENCHES, "toy", _toy({"ratio": 1.0}))
     with pytest.raises(ValueError, match="figure 'ratio': keys must start with 'toy.'"):
         run_benchmarks(names=["toy"], out_dir=tmp_path, progress=lambda line: None)
+
+
+def test_a_partial_result_is_recorded_before_its_error_propagates(monkeypatch, tmp_path: Path) -> None:
+    def fn(ctx: BenchContext) -> BenchResult:
+        try:
+            raise RuntimeError("part two ran out of memory")
+        except RuntimeError as err:
+            raise PartialResult(BenchResult(figures={"toy.ratio": 0.95}, notes="part two failed"), "part two") from err
+
+    load_benches()
+    monkeypatch.setitem(registry.BENCHES, "toy", Bench(name="toy", title="Toy", measures="", method="", goals=(), fn=fn))
+    with pytest.raises(PartialResult, match="part two") as raised:
+        run_benchmarks(names=["toy"], out_dir=tmp_path, progress=lambda line: None)
+    assert "out of memory" in str(raised.value.__cause__)
+    saved = json.loads((tmp_path / "bench" / "results.json").read_text())
+    assert saved["figures"] == {"toy.ratio": 0.95} and saved["runs"]["toy"]["notes"] == "part two failed"
+    assert "part two failed" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
 def test_registration_checks_names_and_goal_keys() -> None:
