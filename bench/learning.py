@@ -44,15 +44,17 @@ def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = ()) -> float
     return time.monotonic() - t0
 
 
-def version_evals(ctx: BenchContext, store: Store) -> dict[int, dict[str, float]]:
-    """Held-out figures of every published version, evaluating (untimed) the ones the campaign did not.
+def version_evals(ctx: BenchContext, store: Store, *, every: int = 1) -> dict[int, dict[str, float]]:
+    """Held-out figures of every ``every``-th published version and the last, evaluating (untimed) the ones the
+    campaign did not.
 
     Per version: ``step`` (trainer step that published it), ``greedy`` (greedy success), ``pass_at_k``,
     ``format`` (share of greedy answers well-formed; envs with a ``format`` reward part) and ``published_at``
     (seconds since the epoch)."""
     config = load_campaign_config(store)
     out = {}
-    for version in records.published_versions(store):
+    published = records.published_versions(store)
+    for version in [v for v in published if v % every == 0 or v == published[-1]]:
         ctx.progress(f"{store.url}: evaluating v{version} (untimed)")
         evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
         report, publication = EvalResult.read(store, version), Publication.entry(store, version)
