@@ -12,13 +12,14 @@ eta<k>_nocorr   rollout.eta = k, trainer.step.loss.correction = none (w = 1: sta
 **Making staleness happen.** Staleness is counted in versions, and the workers load every new version as soon
 as it is published, so a group is stale only by the versions published while it was in flight or waiting to be
 trained. Every arm therefore runs with ``heavy`` tool latency (``LatencyProfile.heavy()``: log-normal, median
-200 ms, σ 1.5, capped at 5 s; two calls per episode), which keeps episodes in flight for seconds, and publishes
-after every trainer step (``publish_every = 1``: a version is one batch of 8 groups, so the 64 episodes each
-worker keeps in flight are two versions' worth and the preset's budget of 16 groups per worker and version lets
-generation run up to four versions' worth ahead of the trainer). With the preset's 30 steps and
-``publish_every = 2`` (quick runs of an earlier layout) the trainer saw groups at most one version old and
-η = 4 bounded nothing. Heavy latency is also the premise of asynchrony: the synchronous loop waits for the
-slowest call of each batch.
+200 ms, σ 1.5, capped at 5 s; two calls per episode), which keeps episodes in flight for seconds while the
+preset's budget (16 groups per worker and version, twice what the trainer consumes per version) lets
+generation run ahead of the trainer. Heavy latency is also the premise of asynchrony: the synchronous loop
+waits for the slowest call of each batch. Episode and tool deadlines are raised (600 s, 30 s) so that a
+machine loaded by other jobs, or the first episodes' compilation, turns no correct episode into a zero-reward
+timeout. A version per trainer step (``publish_every = 1``) would let staleness grow twice as fast, but on this
+task it made the synchronous arm collapse after two steps (rollouts running to the token limit), so the
+preset's ``publish_every = 2`` stays.
 
 After each arm's command, every second version it published and the last are evaluated (untimed) on the
 held-out split, so each arm gets a curve of held-out greedy success against the trainer step that published a
@@ -47,17 +48,18 @@ from pipelines_lib.storage.store import Store
 ARMS = ("sync", "eta1", "eta2", "eta4", "eta8", f"eta4{NO_CORRECTION}", f"eta8{NO_CORRECTION}")
 QUICK_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 """``--quick`` runs the arms of the headline figures only."""
-COMMON: dict[str, object] = {"eval.samples": 1, "trainer.publish_every": 1,
-                             "env.tool_latency": to_mapping(PROFILES["heavy"])}
-"""Every arm: one sampled eval attempt (only greedy success is reported), a version per trainer step and heavy
-tool latency (module docstring: what makes groups stale)."""
-FULL: dict[str, object] = {"trainer.max_steps": 16, "eval.n_tasks": 64}
-"""16 trainer steps (16 versions: room for staleness 8) and 64 held-out tasks (one task is 1.6 points; at 90 %
-success the binomial standard error of one arm's figure is about 4 points): seven arms from one warm start fit in
-about 40 minutes on 2 shared cores (the preset's 30 steps and 128 tasks would take about 90)."""
+COMMON: dict[str, object] = {"eval.samples": 1, "env.tool_latency": to_mapping(PROFILES["heavy"]),
+                             "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0}
+"""Every arm: one sampled eval attempt (only greedy success is reported), heavy tool latency and deadlines no
+loaded machine reaches (module docstring: what makes groups stale)."""
+FULL: dict[str, object] = {"trainer.max_steps": 12, "eval.n_tasks": 64}
+"""12 trainer steps (6 versions: staleness up to 5, so η = 8 bounds nothing a run this short reaches) and 64
+held-out tasks (one task is 1.6 points; at 90 % success the binomial standard error of one arm's figure is
+about 4 points): seven arms from one warm start fit in about 40 minutes on 2 heavily shared cores (the preset's
+30 steps and 128 tasks would take about 90)."""
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 EVAL_EVERY = 2
-"""Every second published version (and the last) is evaluated for the curves: 9 evaluations per arm, not 17."""
+"""Every second published version (and the last) is evaluated for the curves: 4 evaluations per arm, not 7."""
 ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_p95", "staleness_max", "dropped_stale_share",
             "trainer_idle_fraction", "mismatch_mean", "behav_prox_kl_mean", "tis_capped_frac_mean", "load_1min")
 
@@ -117,10 +119,10 @@ def plot_curves(path: Path, curves: Mapping[str, list[tuple[int, float, float]]]
              "2, 4, 8 with the decoupled correction and η = 4, 8 without it, from one warm start; per arm final "
              "success, trainer wall clock, staleness, dropped share and the behaviour–proximal mismatch.",
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file: "
-           "`CampaignConfig.twostep()` with one sampled eval attempt, a version published every trainer step and "
-           "heavy tool latency), each `init_from` one SFT warm start made once (the preset's 200 steps); every "
+           "`CampaignConfig.twostep()` with one sampled eval attempt, heavy tool latency and raised episode and tool "
+           "deadlines), each `init_from` one SFT warm start made once (the preset's 200 steps); every "
            "second published version and the last evaluated after its arm's command (untimed). Uncorrected arms set "
-           "`trainer.step.loss.correction=none`. Full: 16 trainer steps (16 versions), 64 held-out tasks; `--quick`: "
+           "`trainer.step.loss.correction=none`. Full: 12 trainer steps (6 versions), 64 held-out tasks; `--quick`: "
            "sync, η = 4 and η = 4 uncorrected, 4 trainer steps, 16 held-out tasks (a smoke run: the success figures "
            "are noise).",
     goals=(Goal(key="ablation.eta4_gap_pts", op="<=", value=3.0, why="η = 4 with correction within 3 points of sync"),

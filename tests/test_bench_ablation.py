@@ -61,11 +61,11 @@ def test_version_evals_read_every_second_version_and_the_last(tmp_path: Path) ->
     assert sorted(version_evals(ctx, store)) == [0, 1, 2, 3]
 
 
-def test_ablation_arms_publish_every_step_under_heavy_tool_latency_so_groups_can_grow_stale() -> None:
+def test_ablation_arms_run_twostep_under_heavy_tool_latency_with_deadlines_a_loaded_machine_does_not_reach() -> None:
     full = shared_config(quick=False)
-    assert (full.trainer.max_steps, full.trainer.publish_every, full.eval.n_tasks) == (16, 1, 64)
+    assert (full.env.name, full.trainer.max_steps, full.trainer.publish_every, full.eval.n_tasks) == ("twostep", 12, 2, 64)
     assert to_mapping(full.env.tool_latency) == to_mapping(PROFILES["heavy"])
-    assert full.env.name == "twostep"
-    # The sync arm's budget is one version's batch: with a version per step, 8 groups over 2 workers.
-    assert arm_overrides("sync", full)["rollout.max_groups_per_version"] == 4
-    assert shared_config(quick=True).trainer.publish_every == 1
+    assert (full.rollout.episode_timeout_s, full.rollout.tool_timeout_s) == (600.0, 30.0)
+    # The sync arm's budget is one version's batch: 8 groups x 2 steps over 2 workers.
+    assert arm_overrides("sync", full)["rollout.max_groups_per_version"] == 8
+    assert to_mapping(shared_config(quick=True).env.tool_latency) == to_mapping(PROFILES["heavy"])
