@@ -51,7 +51,7 @@ from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
@@ -172,7 +172,7 @@ class StreamingTrainer:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.store = store
+        self.store = with_parents(store)  # a fork resumes from, and tails, its parent's history too
         self.tc = config
         self.eta = eta
         self.group_size = group_size
@@ -181,9 +181,9 @@ class StreamingTrainer:
         self.clock = clock
         self.sleep = sleep
         self.mesh = make_mesh(self.tc.mesh)
-        model, base_version = load_published(store, 0, self.mesh)
+        model, base_version = load_published(self.store, 0, self.mesh)
         if base_version != 0:
-            raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
+            raise RuntimeError(f"{self.store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
         self.model = with_dtype(model, self.precision.params)  # the master weights
         shard_node(self.model, self.mesh)  # committed (a cast's output is not), so the first step compiles once
@@ -310,7 +310,9 @@ class StreamingTrainer:
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
-        publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
+        # A replayed step publishes what its log says it did (a fork replays its parent's steps under its own config).
+        publish = (self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps if replay is None
+                   else replay.published_version is not None)
         if replay is None:
             record = ConsumptionLog.of_step(
                 step=self.step, trainer_version=self.version, groups=groups, events=events or [],
