@@ -232,8 +232,8 @@ def inherited(rel: str, *, step: int, version: int) -> bool:
     and their evaluations up to ``version``. Never ``campaign.json``, the ``LATEST.json`` mirror, ``DONE.json``,
     runs, audits, telemetry or stop markers: those are each campaign's own."""
     parts = [p for p in rel.strip("/").split("/") if p]
-    if len(parts) <= 1 and (not parts or parts[0] in ("dataset", TRAJECTORIES, "train", "weights", EVAL)):
-        return True
+    if len(parts) <= 1:
+        return not parts or parts[0] in ("dataset", TRAJECTORIES, "train", "weights", EVAL)
     top, name = parts[0], parts[1]
     if top == "dataset":
         return True
