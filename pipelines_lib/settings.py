@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.records import with_parents
 from pipelines_lib.storage.store import RetryPolicy, Store
 
 PROCESS_DEFAULTS: Mapping[str, str] = {
@@ -102,10 +101,9 @@ class Settings:
                                    request_timeout_s=self.storage_request_timeout_s)
 
     def store(self, url: str, storage_options: Mapping[str, Any] | None = None) -> Store:
-        """The campaign at ``url`` with these settings' timeouts and deadlines; a fork over its parents' history
-        (``records.with_parents``)."""
-        return with_parents(Store(url, storage_options=dict(storage_options or {}), retry=self.retry(),
-                                  external_deadline_s=self.orbax_deadline_s))
+        """A ``Store`` at ``url`` with these settings' timeouts and deadlines."""
+        return Store(url, storage_options=dict(storage_options or {}), retry=self.retry(),
+                     external_deadline_s=self.orbax_deadline_s)
 
     @staticmethod
     def orbax_environment(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, str]:

@@ -17,7 +17,13 @@ import pytest
 from drills.fixtures import final_params
 from pipelines_lib.audit.view import build_view, render_html
 from pipelines_lib.cli import main
-from pipelines_lib.records import CampaignManifest, ConsumptionLog, DoneMarker, consumption_steps, with_parents
+from pipelines_lib.records import (
+    CampaignManifest,
+    ConsumptionLog,
+    DoneMarker,
+    consumption_steps,
+    with_parents,
+)
 from pipelines_lib.stages.audit import audit
 from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
 from pipelines_lib.stages.fork import fork_campaign
