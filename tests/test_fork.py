@@ -15,12 +15,14 @@ import json
 import pytest
 
 from drills.fixtures import final_params
+from pipelines_lib.audit import audit_campaign
 from pipelines_lib.audit.view import build_view, render_html
 from pipelines_lib.cli import main
 from pipelines_lib.records import (
     CampaignManifest,
     ConsumptionLog,
     DoneMarker,
+    ForkParent,
     consumption_steps,
     with_parents,
 )
@@ -131,6 +133,16 @@ def test_a_fork_reads_its_parent_only_up_to_the_fork_point_and_never_writes_ther
     with pytest.raises(AlreadyExistsError, match="the parent campaign holds this object"):
         view.create(name, b"other bytes")
     assert Store(fork.url).walk() == ["campaign.json"]
+
+
+def test_a_fork_ancestry_that_loops_is_an_error_naming_the_loop_and_an_audit_finding(tmp_path) -> None:
+    a, b = Store(str(tmp_path / "a")), Store(str(tmp_path / "b"))
+    for child, parent in ((a, b), (b, a)):
+        CampaignManifest(schema_version="1", code_version="x", created_at="2026-01-01T00:00:00+00:00", config={},
+                         parent=ForkParent(url=parent.url, step=1, version=0, config_diff={})).write(child)
+    with pytest.raises(ValueError, match=rf"its fork ancestry loops: {a.url} -> {b.url} -> {a.url}"):
+        with_parents(a)
+    assert audit_campaign(a).violation_counts.get("fork_cycle") == 1
 
 
 def test_a_fork_refuses_the_model_and_the_tokenizer_naming_the_key(trained_campaign: Store, tmp_path) -> None:
