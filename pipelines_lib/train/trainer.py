@@ -20,7 +20,9 @@ restores checkpoint K, re-trains steps K+1..N from the groups their logs name (s
 order: bit-identical on a deterministic backend), applies their cursor deltas to the checkpoint's cursor, and
 continues. So no group is trained twice in the surviving history, none committed before the crash is
 skipped, and every published version is one the resumed run reproduces. Versions are published only at
-checkpoints, so a version never runs ahead of the state it came from.
+checkpoints, so a version never runs ahead of the state it came from. A fork (``records.with_parents``) starts the same way
+from its parent's checkpoint and logs up to the fork step, read through the fork's view of its parent; a replayed
+step publishes exactly when its log says it did, whatever the fork's own ``publish_every``.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
