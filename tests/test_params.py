@@ -21,6 +21,8 @@ from flows.campaign import campaign
 from flows.params import CampaignOverrides, Overrides
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configdoc import attribute_docs
+from pipelines_lib.stages.campaign import init_campaign
+from pipelines_lib.storage.store import Store
 
 
 def _same_tree(cls: type, model: type[Overrides], where: str = "") -> None:
@@ -96,3 +98,22 @@ def test_the_server_refuses_a_deployment_run_with_a_bad_override(prefect_api: st
             "campaign_url": "/tmp/never", "overrides": {"trainer": {"max_steps": 4}}})
         assert accepted.parameters["overrides"] == {"trainer": {"max_steps": 4}}
         client.delete_flow_run(accepted.id)  # nothing runs it; the session's server stays tidy
+
+
+def test_the_flow_builds_its_config_from_the_typed_overrides(prefect_api: str, tmp_path: Path) -> None:
+    # A folder started on the plain smoke preset: the same URL with trainer.max_steps overridden is another
+    # experiment, refused naming the section, so the overrides reached the config the flow built.
+    store = Store(str(tmp_path / "c"))
+    init_campaign(store, CampaignConfig.smoke())
+    state = campaign(campaign_url=store.url, preset="smoke", overrides={"trainer": {"max_steps": 3}},
+                     return_state=True)
+    assert state.is_failed() and "sections differing: ['trainer']" in state.message, state.message
+
+
+def test_an_out_of_range_override_fails_the_run_naming_the_field_before_any_stage(prefect_api: str,
+                                                                                   tmp_path: Path) -> None:
+    url = tmp_path / "c"  # ranges are the dataclasses' own checks, applied when the flow builds the config
+    state = campaign(campaign_url=str(url), preset="smoke", overrides={"trainer": {"max_steps": 0}},
+                     return_state=True)
+    assert state.is_failed() and "max_steps" in state.message, state.message
+    assert not url.exists()
