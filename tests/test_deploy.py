@@ -42,6 +42,9 @@ def test_deploy_creates_the_missing_pool_and_registers_the_local_nightly_with_it
     assert pool.type == "process"
     assert deployment.parameters["campaign_url"] == f"{ROOT}/runs/nightly-{{date}}"
     assert [s.schedule.cron for s in schedules] == ["0 2 * * *"] and schedules[0].active
+    # The run form of the deployment is the typed overrides (flows.params), which the server enforces.
+    assert deployment.enforce_parameter_schema
+    assert "CampaignConfigOverrides" in deployment.parameter_openapi_schema["definitions"]
     # A second deploy finds the pool and leaves it be.
     assert cli.main(["deploy", "--name", "nightly-local"]) == 0
     assert "created work pool" not in capsys.readouterr().err
