@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, model_v
 
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configdoc import attribute_docs
+from pipelines_lib.configio import nest_dotted
 
 
 class Overrides(BaseModel):
@@ -67,14 +68,7 @@ class Overrides(BaseModel):
     def from_dotted(cls, dotted: Mapping[str, Any]) -> Overrides:
         """``{"trainer.max_steps": 4}`` (``--set`` items) as this model; a bad key or value raises
         ``pydantic.ValidationError`` naming it."""
-        nested: dict[str, Any] = {}
-        for key, value in dotted.items():
-            node = nested
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-        return cls.model_validate(nested)
+        return cls.model_validate(nest_dotted(dotted))
 
 
 def _field_type(tp: Any) -> Any:
