@@ -47,7 +47,7 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published.
     ``cache`` is the process's cache folder (``Settings.cache``)."""
-    if Publication.is_published(store, 0):
+    if Publication.exists(store, 0):
         return {**Publication.read(store, 0).to_dict(), "skipped": True}
     with telemetry.recording(store, "warm_start"), telemetry.span("stage.warm_start", track="stage"):
         started = time.perf_counter()
