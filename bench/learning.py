@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import records
 from pipelines_lib.records import EvalResult, Publication
@@ -71,23 +72,15 @@ def reward_curve(store: Store) -> tuple[list[int], list[float]]:
 
 def plot_learning(path: Path, steps: list[int], rewards: list[float], evals: dict[int, dict[str, float]],
                   title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, ".-", label="batch mean reward (train groups)")
-    if evals:
-        ax.plot([e["step"] for e in evals.values()], [e["greedy"] for e in evals.values()], "o-",
-                label="held-out greedy success")
-    ax.set_xlabel("trainer step")
-    ax.set_ylim(0, 1)
-    ax.legend(loc="lower right")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, figsize=(6, 3.5), dpi=100) as (_, ax):
+        ax.plot(steps, rewards, ".-", label="batch mean reward (train groups)")
+        if evals:
+            ax.plot([e["step"] for e in evals.values()], [e["greedy"] for e in evals.values()], "o-",
+                    label="held-out greedy success")
+        ax.set_xlabel("trainer step")
+        ax.set_ylim(0, 1)
+        ax.legend(loc="lower right")
+        ax.set_title(title)
 
 
 def version_rows(evals: dict[int, dict[str, float]], k: int) -> list[dict[str, str | int]]:

@@ -66,6 +66,7 @@ from typing import Any, Literal
 
 from flax import nnx
 
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.agents import AgentConfig, ToolAgent, run_episode
 from pipelines_lib.agents.base import FinalResponse, ToolMessages
@@ -331,30 +332,23 @@ async def sandbox_call_ms(n: int) -> dict[str, float]:
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     by_arm = {r["arm"]: r for r in rows}
     names = [*PROFILES, CODE]
     x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
-        ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
-               color=color)
-    ax.hlines(by_arm["ceiling"]["trajectories/h"], -0.5, len(PROFILES) - 0.5, color="tab:green", linestyle="--",
-              label="ceiling (no latency, slots full)")
-    ax.hlines(by_arm[f"{CODE}-ceiling"]["trajectories/h"], len(PROFILES) - 0.5, len(PROFILES) + 0.5,
-              color="tab:olive", linestyle="--", label="code ceiling (instant tool; shorter turns)")
-    ax.set_xticks(x, [f"latency: {p}" for p in PROFILES] + ["code: sandboxed python"], fontsize=8)
-    ax.set_ylabel("trajectories / hour (median)")
-    ax.set_title("rollout throughput: async orchestrator vs sync batches")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 3.8)) as (_, ax):
+        for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
+            ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
+                   color=color)
+        ax.hlines(by_arm["ceiling"]["trajectories/h"], -0.5, len(PROFILES) - 0.5, color="tab:green", linestyle="--",
+                  label="ceiling (no latency, slots full)")
+        ax.hlines(by_arm[f"{CODE}-ceiling"]["trajectories/h"], len(PROFILES) - 0.5, len(PROFILES) + 0.5,
+                  color="tab:olive", linestyle="--", label="code ceiling (instant tool; shorter turns)")
+        ax.set_xticks(x, [f"latency: {p}" for p in PROFILES] + ["code: sandboxed python"], fontsize=8)
+        ax.set_ylabel("trajectories / hour (median)")
+        ax.set_title("rollout throughput: async orchestrator vs sync batches")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4)
 
 
 @register_bench(
