@@ -200,6 +200,54 @@ class ArmResult:
         return self.trajectories / self.window_s * 3600
 
 
+async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, tasks: list[Task], *, skip: int,
+                         n: int, name: str, timeout_s: float,
+                         clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trajectory], dict, dict]:
+    """Run an orchestrator over ``tasks`` until ``skip + n`` trajectories have finished, then stop it.
+
+    Returns the last ``n`` trajectories and the engine's stats (with ``at``, the clock) when the ``skip``-th and
+    the ``(skip + n)``-th finished: the measurement window, after the warm-up. Shards go to a scratch in-memory
+    folder, removed afterwards."""
+    total = skip + n
+    finished: list[Trajectory] = []
+    reached = asyncio.Event()
+    marks: list[dict[str, float]] = []
+
+    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
+        trajectory = await episode_fn(task, group_id, sample_idx)
+        finished.append(trajectory)
+        if len(finished) in (skip, total):
+            marks.append({**engine.stats(), "at": clock()})
+        if len(finished) == total:
+            reached.set()
+        return trajectory
+
+    store = Store(f"memory://rollstream-bench-{name}")
+    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
+                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
+                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
+    engine.reset_stats()
+    if skip == 0:
+        marks.append({**engine.stats(), "at": clock()})
+    run = asyncio.create_task(orchestrator.run())
+    waiter = asyncio.create_task(reached.wait())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not reached.is_set():
+            run.result()  # a crashed run raises here; otherwise it ended short of the target
+            raise RuntimeError(f"{name}: the orchestrator stopped after {len(finished)} of {total} trajectories")
+    finally:
+        waiter.cancel()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        if store.fs.exists(store.uri()):  # nothing is there if the run stopped before its first commit
+            store.fs.rm(store.uri(), recursive=True)
+    a, b = marks
+    return finished[skip:total], a, b
+
+
 async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
                   mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile | None, skip: int,
                   n_trajectories: int, new_tokens_range: tuple[int, int] = NEW_TOKENS,
@@ -212,47 +260,11 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
                        target_groups=-(-total // GROUP_SIZE) if mode == "sync" else None,
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range, sandbox)
-    finished: list[Trajectory] = []
-    reached = asyncio.Event()
-    marks: list[dict[str, float]] = []
-
-    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
-        trajectory = await inner(task, group_id, sample_idx)
-        finished.append(trajectory)
-        if len(finished) in (skip, total):
-            marks.append({**engine.stats(), "at": clock()})
-        if len(finished) == total:
-            reached.set()
-        return trajectory
-
-    store = Store(f"memory://rollstream-bench-rollout/{name}")
-    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
-                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
-                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
-    engine.reset_stats()
-    if skip == 0:
-        marks.append({**engine.stats(), "at": clock()})
-    run = asyncio.create_task(orchestrator.run())
-    waiter = asyncio.create_task(reached.wait())
-    try:
-        async with asyncio.timeout(ARM_TIMEOUT_S):
-            await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if not reached.is_set():
-            run.result()  # a crashed run raises here; otherwise it ended short of the target
-            raise RuntimeError(f"arm {name}: the orchestrator stopped after {len(finished)} of {total} "
-                               "trajectories")
-    finally:
-        waiter.cancel()
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        if store.fs.exists(store.uri()):  # nothing is there if the arm stopped before its first commit
-            store.fs.rm(store.uri(), recursive=True)
+    counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n_trajectories,
+                                         name=f"rollout/{name}", timeout_s=ARM_TIMEOUT_S, clock=clock)
     # Let the engine drop the cancelled requests before the next arm resets its counters.
     await asyncio.sleep(0.2)
-    counted = finished[skip:total]
     tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]
-    a, b = marks
     steps = b["decode_steps"] - a["decode_steps"]
     return ArmResult(
         name=name, trajectories=n_trajectories, window_s=b["at"] - a["at"],
