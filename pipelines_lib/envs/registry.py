@@ -17,34 +17,31 @@ from pipelines_lib.envs.base import BaseTaskEnv, Tool
 ENV_REGISTRY: dict[str, type[BaseTaskEnv]] = {}
 TOOL_REGISTRY: dict[str, type[Tool]] = {}
 
-E = TypeVar("E", bound=type[BaseTaskEnv])
-T = TypeVar("T", bound=type[Tool])
+C = TypeVar("C", bound=type)
 
 
-def register_env(name: str) -> Callable[[E], E]:
+def registering(registry: dict[str, Any], kind: str, name: str) -> Callable[[C], C]:
+    """The class decorator of every registry (envs, tools, sandbox isolation backends): adds the class under
+    ``name``, once, and sets its ``name``."""
+
+    def deco(cls: C) -> C:
+        if name in registry:
+            raise ValueError(f"{kind} {name!r} is already registered by {registry[name].__qualname__}")
+        cls.name = name  # type: ignore[attr-defined]
+        registry[name] = cls
+        return cls
+
+    return deco
+
+
+def register_env(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_env("arithmetic")`` registers the env and sets its ``name``."""
-
-    def deco(cls: E) -> E:
-        if name in ENV_REGISTRY:
-            raise ValueError(f"env {name!r} is already registered by {ENV_REGISTRY[name].__qualname__}")
-        cls.name = name
-        ENV_REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return registering(ENV_REGISTRY, "env", name)
 
 
-def register_tool(name: str) -> Callable[[T], T]:
+def register_tool(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_tool("calculator")`` registers the tool and sets its ``name``."""
-
-    def deco(cls: T) -> T:
-        if name in TOOL_REGISTRY:
-            raise ValueError(f"tool {name!r} is already registered by {TOOL_REGISTRY[name].__qualname__}")
-        cls.name = name
-        TOOL_REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return registering(TOOL_REGISTRY, "tool", name)
 
 
 def _lookup(kind: str, registry: dict[str, Any], name: str) -> Any:
