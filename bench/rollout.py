@@ -201,7 +201,7 @@ class ArmResult:
 
 
 async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, tasks: list[Task], *, skip: int,
-                         n: int, name: str, timeout_s: float,
+                         n: int, bench: str, name: str, timeout_s: float,
                          clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trajectory], dict, dict]:
     """Run an orchestrator over ``tasks`` until ``skip + n`` trajectories have finished, then stop it.
 
@@ -222,7 +222,7 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
             reached.set()
         return trajectory
 
-    store = Store(f"memory://rollstream-bench-{name}")
+    store = Store(f"memory://rollstream-bench-{bench}/{name}")
     orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
                                 tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
                                 writer=ShardWriter(store, worker_id="bench", config=rc.writer))
@@ -236,7 +236,7 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
             await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
         if not reached.is_set():
             run.result()  # a crashed run raises here; otherwise it ended short of the target
-            raise RuntimeError(f"{name}: the orchestrator stopped after {len(finished)} of {total} trajectories")
+            raise RuntimeError(f"{bench} {name}: the orchestrator stopped after {len(finished)} of {total} trajectories")
     finally:
         waiter.cancel()
         run.cancel()
@@ -261,7 +261,7 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range, sandbox)
     counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n_trajectories,
-                                         name=f"rollout/{name}", timeout_s=ARM_TIMEOUT_S, clock=clock)
+                                         bench="rollout", name=name, timeout_s=ARM_TIMEOUT_S, clock=clock)
     # Let the engine drop the cancelled requests before the next arm resets its counters.
     await asyncio.sleep(0.2)
     tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]

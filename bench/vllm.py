@@ -52,7 +52,7 @@ async def _arm(engine: Any, tokenizer: Any, tasks: list, profile: Any, *, skip: 
     rc = RolloutConfig(group_size=GROUP_SIZE, max_concurrency=CONCURRENCY, max_new_tokens=NEW_TOKENS[1],
                        max_tokens=engine.max_seq_len, writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc)
-    counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n, name=f"vllm/{name}",
+    counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n, bench="vllm", name=name,
                                          timeout_s=1200)
     await asyncio.sleep(0.5)  # let cancelled requests leave the engine before the next arm
     window_s = b["at"] - a["at"]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pipelines_lib.envs.base import BaseTaskEnv, Tool
+from pipelines_lib.registry import registering
 
 ENV_REGISTRY: dict[str, type[BaseTaskEnv]] = {}
 TOOL_REGISTRY: dict[str, type[Tool]] = {}
@@ -20,28 +21,14 @@ TOOL_REGISTRY: dict[str, type[Tool]] = {}
 C = TypeVar("C", bound=type)
 
 
-def registering(registry: dict[str, Any], kind: str, name: str) -> Callable[[C], C]:
-    """The class decorator of every registry (envs, tools, sandbox isolation backends): adds the class under
-    ``name``, once, and sets its ``name``."""
-
-    def deco(cls: C) -> C:
-        if name in registry:
-            raise ValueError(f"{kind} {name!r} is already registered by {registry[name].__qualname__}")
-        cls.name = name  # type: ignore[attr-defined]
-        registry[name] = cls
-        return cls
-
-    return deco
-
-
 def register_env(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_env("arithmetic")`` registers the env and sets its ``name``."""
-    return registering(ENV_REGISTRY, "env", name)
+    return registering(ENV_REGISTRY, "env", name, set_name=True)
 
 
 def register_tool(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_tool("calculator")`` registers the tool and sets its ``name``."""
-    return registering(TOOL_REGISTRY, "tool", name)
+    return registering(TOOL_REGISTRY, "tool", name, set_name=True)
 
 
 def _lookup(kind: str, registry: dict[str, Any], name: str) -> Any:

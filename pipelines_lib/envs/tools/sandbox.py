@@ -61,7 +61,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pipelines_lib.envs.base import InfraError, Tool, require_str_arg
-from pipelines_lib.envs.registry import register_tool, registering
+from pipelines_lib.envs.registry import register_tool
+from pipelines_lib.registry import registering
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ ISOLATION_BACKENDS: dict[str, Callable[[SandboxConfig], SandboxBackend]] = {}
 
 def register_isolation(name: str) -> Callable[[type[Any]], type[Any]]:
     """Class decorator: ``@register_isolation("bwrap")`` makes the backend selectable by ``SandboxConfig.isolation``."""
-    return registering(ISOLATION_BACKENDS, "isolation backend", name)
+    return registering(ISOLATION_BACKENDS, "isolation backend", name, set_name=True)
 
 
 @dataclass(frozen=True, kw_only=True)
