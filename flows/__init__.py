@@ -9,6 +9,7 @@ flows/launch.py     a stage in-process (task .submit) or as a deployment run; ru
 flows/monitor.py    progress of a running campaign read from its folder (terminal + progress artifacts)
 flows/artifacts.py  evaluation tables, the learning-curve PNG, the audit summary
 flows/replay.py     one logged training step recomputed from storage (as run, or under a what-if)
+flows/fork.py       a new campaign from a step of another (referencing its history), then optionally recover on it
 ```
 Which stages exist, their order, pools, sizing and retries come from the stage table
 (``pipelines_lib.stages.table``).

@@ -105,7 +105,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         raise ValueError(f"unknown stages {sorted(unknown)}; valid: {STAGE_ORDER}")
     log = get_run_logger()
     url, config = launcher.campaign_url, launcher.config
-    store = launcher.settings.store(url, launcher.storage_options)
+    store = records.with_parents(launcher.settings.store(url, launcher.storage_options))
     out: dict[str, Any] = {}
     for stage in ("prep", "warm_start"):
         if stage in stages:
