@@ -358,7 +358,7 @@ def _reusable(store: Store, kept: list[tuple[int | None, str]], newest: int | No
     older one when it found no untrainable group (a newer pointer only allows more policy versions)."""
     for then, path in kept:
         try:
-            record = AuditVersionResult.read(store, path)
+            record = AuditVersionResult.at(store, path)
         except RecordError:
             continue  # a damaged kept result is only a cache miss
         same = then == newest

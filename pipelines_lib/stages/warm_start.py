@@ -48,7 +48,7 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
     """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published.
     ``cache`` is the process's cache folder (``Settings.cache``)."""
     store = with_parents(store)  # a fork's version 0 is its parent's
-    if Publication.is_published(store, 0):
+    if Publication.exists(store, 0):
         return {**Publication.read(store, 0).to_dict(), "skipped": True}
     with telemetry.recording(store, "warm_start"), telemetry.span("stage.warm_start", track="stage"):
         started = time.perf_counter()

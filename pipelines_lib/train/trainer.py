@@ -217,7 +217,7 @@ class StreamingTrainer:
         while ConsumptionLog.exists(self.store, self.step + 1):
             entry = ConsumptionLog.read(self.store, self.step + 1)
             cursor = entry.cursor_after_step(self.tailer.cursor,
-                                             where=self.store.uri(ConsumptionLog.path(entry.step)))
+                                             where=self.store.uri(ConsumptionLog.path_of(entry.step)))
             groups = [self.reload_group(g) for g in entry.groups]
             self.tailer = self._tailer_at(cursor)
             self._train_on(groups, replay=entry)
