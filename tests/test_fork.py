@@ -145,8 +145,8 @@ def test_a_fork_ancestry_that_loops_is_an_error_naming_the_loop_and_an_audit_fin
     assert audit_campaign(a).violation_counts.get("fork_cycle") == 1
 
 
-def test_a_fork_refuses_the_model_and_the_tokenizer_naming_the_key(trained_campaign: Store, tmp_path) -> None:
-    for key in ("model.n_layers", "tokenizer"):
+def test_a_fork_refuses_keys_the_parents_history_fixes_naming_the_key(trained_campaign: Store, tmp_path) -> None:
+    for key in ("model.n_layers", "tokenizer", "dataset.n_train", "rollout.group_size", "trainer.seq_buckets"):
         with pytest.raises(ValueError, match=rf"--set {key}: a fork keeps its parent's"):
             fork_campaign(trained_campaign, 8, Store(str(tmp_path / "f")), {key: 2})
     assert not (tmp_path / "f").exists()

@@ -17,8 +17,9 @@ parent's cursor under the fork's settings. Its rollout workers start from versio
 viewer walk back through the parent's logs and shards. A fork of a fork chains the same way, each level seeing
 its parent only up to its own fork point.
 
-Changing the model or the tokenizer would make the parent's checkpoints meaningless and is refused; η, the loss,
-the learning rate and everything else may change. Writing ``campaign.json`` is the whole fork: rerunning the
+Changing the model or the tokenizer would make the parent's checkpoints meaningless, and changing the dataset, the
+group size or the sequence buckets would contradict the inherited history: those are refused (``FIXED_KEYS``); η,
+the loss, the learning rate and the rest may change. Writing ``campaign.json`` is the whole fork: rerunning the
 same fork does nothing, another fork or campaign at the same URL is refused.
 """
 
@@ -36,17 +37,23 @@ from pipelines_lib.train.checkpoint import committed_checkpoints
 from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 
-FIXED_KEYS = ("model", "tokenizer")
-"""Config sections a fork may not change (the checkpoint's parameters only fit the parent's model and tokens)."""
+FIXED_KEYS = {
+    "model": "its checkpoint only fits it",
+    "tokenizer": "its checkpoint only fits it",
+    "dataset": "the fork reads the parent's prepared dataset",
+    "rollout.group_size": "the inherited shards hold groups of the parent's size",
+    "trainer.seq_buckets": "the inherited groups were checked trainable against the parent's buckets",
+}
+"""Config keys (a section or one dotted key) a fork may not change, with the reason the error gives."""
 
 
 def check_fork_overrides(overrides: Mapping[str, Any]) -> None:
-    """Refuse a dotted key under ``FIXED_KEYS``, naming it."""
+    """Refuse a dotted key at or under one of ``FIXED_KEYS``, naming it and why."""
     for key in overrides:
-        section = key.split(".", 1)[0]
-        if section in FIXED_KEYS:
-            raise ValueError(f"--set {key}: a fork keeps its parent's {section} (its checkpoint only fits it); "
-                             f"change η, the loss, the optimiser or the rollout instead")
+        for fixed, why in FIXED_KEYS.items():
+            if key == fixed or key.startswith(fixed + "."):
+                raise ValueError(f"--set {key}: a fork keeps its parent's {fixed} ({why}); "
+                                 f"change η, the loss, the optimiser or the rollout's pace instead")
 
 
 def config_diff(parent: Mapping[str, Any], fork: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
