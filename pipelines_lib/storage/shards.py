@@ -14,7 +14,8 @@ Reads are bounded: before a shard is decoded, ``declared_sizes`` reads the sizes
 declares (rows, and the decoded length of every buffer: a compressed buffer starts with it) without
 decompressing anything, and ``decode_shard`` refuses a shard that would decode to more than
 ``MAX_DECODED_BYTES``, or (when the reader knows its longest usable row) to more than ``row_budget`` bytes a
-row. A 27 KB file of compressed zeros declaring a 20 M-token row is refused before it costs memory.
+row. A 1 MB file of LZ4-compressed zeros declaring a 20 M-token row (260 MB decoded) is refused before it costs
+memory.
 
 ``identity_problem`` ties a shard's content to its name: the writer's provenance (worker, seq, version) must
 name the file it is in, so a copy under another name or in another version folder is recognised as one.

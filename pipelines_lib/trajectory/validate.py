@@ -68,6 +68,26 @@ def _token_checks(table: pa.Table, rows: np.ndarray, prompt_len: np.ndarray) -> 
     return found
 
 
+def _turns_suspect(turns: pa.ChunkedArray, n: np.ndarray) -> np.ndarray:
+    """Rows whose turns may break the turn invariants (a null turn or field, a gap, an overlap, a turn past the
+    sequence, or turns that stop short of its end); a superset of the rows the row-by-row check rejects."""
+    arr = turns.combine_chunks()
+    flat = pc.list_flatten(arr)
+    suspect = np.zeros(len(n), bool)
+    if len(flat) == 0:
+        return suspect
+    row = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    fields = [flat.field(name) for name in ("role", "start", "end")]
+    nulls = np.asarray(flat.is_null()) | np.any([np.asarray(f.is_null()) for f in fields], axis=0)
+    start, end = (f.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) for f in fields[1:])
+    first = np.r_[True, row[1:] != row[:-1]]
+    last = np.r_[row[1:] != row[:-1], True]
+    expected = np.where(first, 0, np.r_[0, end[:-1]])
+    bad = nulls | (start != expected) | (start > end) | (end > n[row]) | (last & (end != n[row]))
+    suspect[row[bad]] = True
+    return suspect
+
+
 def validate_table(table: pa.Table) -> list[Violation]:
     """All invariant violations of one shard's table (empty list = valid). Token checks are vectorised."""
     if table.num_rows == 0:
@@ -87,16 +107,26 @@ def validate_table(table: pa.Table) -> list[Violation]:
     lengths = {c: pc.list_value_length(table.column(c)).fill_null(0).to_numpy(zero_copy_only=False)
                for c in TOKEN_COLUMNS}
     n = lengths["tokens"]
-    turns_col = table.column("turns").to_pylist()
     violations: list[Violation] = []
     by_row: dict[int, list[Violation]] = defaultdict(list)
     equal = np.all([lengths[c] == n for c in TOKEN_COLUMNS], axis=0) & (n > 0)
     token_found = _token_checks(table, np.flatnonzero(equal), prompt_len) if equal.any() else {}
-    for i in range(table.num_rows):
+    # Vectorised screen; only the rows it flags take the row-by-row checks below (which word the messages).
+    suspect = ~equal | (prompt_len <= 0) | (prompt_len > n) | _turns_suspect(table.column("turns"), n)
+    suspect |= ~np.isfinite(table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64))
+    suspect |= np.array([tid != f"{p}/{s}/{w}" or st not in STATUSES for tid, p, s, w, st in zip(
+        scalars["trajectory_id"], scalars["prompt_id"], scalars["sample_idx"], scalars["worker_id"],
+        scalars["status"], strict=True)], bool)
+    turns_col = table.column("turns")
+
+    def violation(i: int, kind: str, message: str) -> None:
+        by_row[i].append(Violation(kind=kind, row=i, trajectory_id=scalars["trajectory_id"][i], message=message))
+
+    for i in sorted({*np.flatnonzero(suspect).tolist(), *token_found}):
         tid = scalars["trajectory_id"][i]
 
-        def bad(kind: str, message: str, i: int = i, tid: str = tid) -> None:
-            by_row[i].append(Violation(kind=kind, row=i, trajectory_id=tid, message=message))
+        def bad(kind: str, message: str, i: int = i) -> None:
+            violation(i, kind, message)
 
         if not equal[i]:
             if n[i] == 0 and all(lengths[c][i] == 0 for c in TOKEN_COLUMNS):
@@ -110,7 +140,7 @@ def validate_table(table: pa.Table) -> list[Violation]:
             bad("prompt_len", f"prompt_len {prompt_len[i]} outside (0, {n[i]}]")
         if i in token_found:
             bad(*token_found[i])
-        turns = turns_col[i] or []
+        turns = turns_col[i].as_py() or []
         expected_start = 0
         for k, turn in enumerate(turns):
             if turn is None or turn["start"] is None or turn["end"] is None or turn["role"] is None:
@@ -134,8 +164,8 @@ def validate_table(table: pa.Table) -> list[Violation]:
     stored, derived = table.column("version").to_pylist(), table_group_versions(table).to_pylist()
     for i in np.flatnonzero(equal) if not token_found else ():
         if stored[i] != derived[i]:
-            bad("version", f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}", int(i),
-                scalars["trajectory_id"][i])
+            violation(int(i), "version",
+                      f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}")
     for i in sorted(by_row):
         violations.extend(by_row[i])
     seen: dict[str, int] = {}
