@@ -44,7 +44,7 @@ from pipelines_lib.trajectory.record import (
     utc_now_iso,
 )
 from pipelines_lib.trajectory.schema import CAMPAIGN_KEY, MINOR_ADDITIONS, TRAJECTORY_SCHEMA, check_schema
-from pipelines_lib.trajectory.validate import validate_table
+from pipelines_lib.trajectory.validate import Violation, validate_table, validate_tables
 
 SHARD_META_KEY = b"rollstream.shard"
 COMPRESSION = "lz4"
@@ -233,13 +233,34 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True,
         if name not in table.schema.names:
             table = table.append_column(TRAJECTORY_SCHEMA.field(name), DERIVED_COLUMNS[name](table))
     table = table.select(TRAJECTORY_SCHEMA.names)
-    if validate:
-        violations = validate_table(table)
-        if violations:
-            shown = "; ".join(str(v) for v in violations[:3])
-            more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
-            raise ShardError(f"{where}: {len(violations)} invariant violation(s): {shown}{more}")
+    if validate and (error := _invalid(where, validate_table(table))) is not None:
+        raise error
     return table, provenance
+
+
+def _invalid(where: str, violations: list[Violation]) -> ShardError | None:
+    if not violations:
+        return None
+    shown = "; ".join(str(v) for v in violations[:3])
+    more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+    return ShardError(f"{where}: {len(violations)} invariant violation(s): {shown}{more}")
+
+
+def decode_shards(shards: Sequence[tuple[bytes, str]], *, max_row_tokens: int | None = None
+                  ) -> list[tuple[pa.Table, dict] | ShardError]:
+    """``decode_shard`` (validated) of each ``(data, where)``, the error in place of a shard that fails. The
+    invariants of the decodable ones are checked together (``validate_tables``): per-call overheads dominate a
+    small shard's checks."""
+    out: list[tuple[pa.Table, dict] | ShardError] = []
+    for data, where in shards:
+        try:
+            out.append(decode_shard(data, where, validate=False, max_row_tokens=max_row_tokens))
+        except ShardError as e:
+            out.append(e)
+    decoded = [(i, d) for i, d in enumerate(out) if not isinstance(d, ShardError)]
+    for (i, d), violations in zip(decoded, validate_tables([table for _, (table, _) in decoded]), strict=True):
+        out[i] = _invalid(shards[i][1], violations) or d
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,7 +55,7 @@ import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
+from pipelines_lib.storage.shards import ShardError, decode_shard, decode_shards, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs, infra_problem
 
@@ -79,6 +79,27 @@ class TailEvent:
     shard: str
     reason: str
     groups: tuple[str, ...] = ()
+
+
+DECODE_AHEAD_SHARDS = 64
+"""Pending shards of a version decoded and validated together (a small shard's checks cost their overhead)."""
+DECODE_AHEAD_BYTES = 16 * 2**20
+"""...up to this many bytes of files (large shards are decoded one or a few at a time)."""
+
+
+def _decode_or_error(data: bytes, where: str, max_row_tokens: int | None) -> tuple[pa.Table, dict] | ShardError:
+    try:
+        return decode_shard(data, where, validate=False, max_row_tokens=max_row_tokens)
+    except ShardError as e:
+        return e
+
+
+def _read_or_error(store: Store, path: str, validate: bool,
+                   needs: TrainerNeeds | None) -> tuple[pa.Table, dict] | ShardError | StorageError:
+    try:
+        return read_shard(store, path, validate=validate, max_row_tokens=needs.max_tokens if needs else None)
+    except (ShardError, StorageError) as e:
+        return e
 
 
 CURSOR_FORMAT = 2
@@ -200,19 +221,51 @@ class ShardTailer:
         """version -> every name listed in its folder so far (live versions only)."""
         self._pending: dict[int, list[layout.ShardId]] = {}
         """version -> shards listed but not yet finished, in name order."""
+        self._decoded: dict[str, tuple[pa.Table, dict] | ShardError | StorageError] = {}
+        """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch)."""
 
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
         return events
 
+    def _decode_ahead(self, sid: layout.ShardId) -> None:
+        """Decode ``sid`` and the pending shards after it in its version (up to ``DECODE_AHEAD_SHARDS`` or
+        ``DECODE_AHEAD_BYTES`` of files), validated together. What they hold reaches the caller, the events and
+        the cursor only when ``_load`` takes each in turn."""
+        pending = self._pending[sid.version]
+        batch: list[tuple[bytes, str]] = []
+        paths: list[str] = []
+        size = 0
+        for nxt in pending[pending.index(sid):]:
+            if len(batch) == DECODE_AHEAD_SHARDS or size >= DECODE_AHEAD_BYTES:
+                break
+            if nxt.path in self._tables or nxt.path in self._decoded:
+                continue
+            try:
+                data = self.store.read(nxt.path)
+            except StorageError as e:
+                self._decoded[nxt.path] = e
+                continue
+            batch.append((data, self.store.uri(nxt.path)))
+            paths.append(nxt.path)
+            size += len(data)
+        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
+        decoded = (decode_shards(batch, max_row_tokens=max_row_tokens) if self.validate else
+                   [_decode_or_error(data, where, max_row_tokens) for data, where in batch])
+        self._decoded.update(zip(paths, decoded, strict=True))
+
     def _load(self, path: str) -> pa.Table | None:
         if path not in self._tables:
-            max_row_tokens = self.needs.max_tokens if self.needs is not None else None
-            try:
-                table, provenance = read_shard(self.store, path, validate=self.validate, max_row_tokens=max_row_tokens)
-            except (ShardError, StorageError) as e:
-                self._skip_shard(path, str(e), ())
+            sid = layout.parse_shard_path(path)
+            if path not in self._decoded and sid is not None and sid in self._pending.get(sid.version, ()):
+                self._decode_ahead(sid)
+            got = self._decoded.pop(path, None)
+            if got is None:  # not a pending shard: read on its own
+                got = _read_or_error(self.store, path, self.validate, self.needs)
+            if isinstance(got, ShardError | StorageError):
+                self._skip_shard(path, str(got), ())
                 return None
+            table, provenance = got
             runs, interleaved = group_runs(table)
             problem = identity_problem(path, provenance) or interleaved
             if problem is not None:
@@ -240,6 +293,7 @@ class ShardTailer:
         marks[sid.worker_id] = max(marks.get(sid.worker_id, -1), sid.seq)
         self.cursor.partial.pop(sid.path, None)
         self._tables.pop(sid.path, None)
+        self._decoded.pop(sid.path, None)
         self._pending[sid.version].remove(sid)
 
     def _list(self, version: int) -> list[layout.ShardId]:
@@ -287,6 +341,7 @@ class ShardTailer:
                         self.cursor.groups_dropped_stale += len(groups)
                 self.cursor.partial.pop(path, None)
                 self._tables.pop(path, None)
+                self._decoded.pop(path, None)
             self.cursor.marks.pop(version, None)
             self._listed.pop(version, None)
         self.cursor.retired_below = max(self.cursor.retired_below, min_version)

@@ -112,9 +112,14 @@ def validate_tables(tables: Sequence[pa.Table]) -> list[list[Violation]]:
     row checks run once over the tables concatenated, and only the per-shard ones (empty, nulls, duplicates,
     whole groups) table by table. Tables that share a group id, hold nulls or are empty are checked one by one.
     """
+    if not tables:
+        return []
     if len(tables) == 1 and tables[0].num_rows == 0:
         return [[Violation(kind="empty", row=None, trajectory_id=None, message="shard has no rows")]]
-    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]  # one chunk: Arrow calls cost per chunk
+    try:
+        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]  # Arrow calls cost per chunk
+    except pa.ArrowInvalid:  # schemas that differ in more than metadata
+        return [validate_tables([t])[0] for t in tables]
     ends = np.cumsum([t.num_rows for t in tables])
     group_ids = table.column("group_id").to_pylist()
     gids_per_table = [set(group_ids[e - t.num_rows:e]) for t, e in zip(tables, ends, strict=True)]
