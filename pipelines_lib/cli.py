@@ -165,7 +165,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     add_storage_options(p)
 
 
-@subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
+@subcommand("export", "export committed valid shards for warehouse tools (a dataset partitioned by version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
     results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
@@ -304,17 +305,19 @@ def test_reconcile_without_logs_or_publications_has_no_lineage() -> None:
     assert reconcile(committed, [], []) == (None, [])
 
 
-def test_export_writes_one_parquet_file_per_version_with_the_same_rows(store: Store, tmp_path) -> None:
+def test_export_writes_one_dataset_partitioned_by_version_with_the_same_rows(store: Store, tmp_path) -> None:
     _base(store)
     store.create(PLANTED, b"junk")
     out = Store(str(tmp_path / "export"))
     results = export_parquet(store, out)
     assert [(r.version, r.status, r.rows, r.shards, len(r.skipped)) for r in results] == [
         (0, "written", 8, 2, 1), (1, "written", 8, 2, 0)]
+    assert [r.path for r in results] == ["version=0/data.parquet", "version=1/data.parquet"]
+    dataset = ds.dataset(out.local_path(), format="parquet", partitioning="hive")
     for version in (0, 1):
-        table = pq.read_table(out.local_path(f"v{version:08d}.parquet"))
+        table = dataset.to_table(filter=ds.field("version") == version)
         assert set(table.column("campaign").to_pylist()) == {"c1" if store.url.startswith("gs://") else "campaign"}
-        table = table.drop_columns(["campaign"])
+        table = table.select(TRAJECTORY_SCHEMA.names)  # the partition key comes back from the path
         expected = pa.concat_tables([
             pa.ipc.open_file(pa.BufferReader(store.read(f"{layout.version_dir(version)}/{w}-{version:08d}.arrow")))
             .read_all().select(TRAJECTORY_SCHEMA.names) for w in ("w0", "w1")])
@@ -359,7 +362,7 @@ def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_on
     one, two = Store(str(tmp_path / "one")), Store(str(tmp_path / "two"))
     assert export_parquet(local_store, one) == export_parquet(local_store, two, jobs=2)
     for version in (0, 1):
-        a, b = (pq.ParquetFile(s.local_path(f"v{version:08d}.parquet")) for s in (one, two))
+        a, b = (pq.ParquetFile(s.local_path(f"version={version}/data.parquet")) for s in (one, two))
         assert a.read().equals(b.read()) and a.metadata.num_row_groups == 1  # two shards, one row group
 
 

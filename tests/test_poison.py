@@ -148,7 +148,7 @@ def test_export_writes_a_group_once_and_leaves_a_foreign_file_alone(tmp_path: Pa
     store.create(layout.shard_path(0, "x0", 0), encode_shard(poison._group("g0"), {"worker_id": "x0", "seq": 0,
                                                                                    "version": 0}))
     out = Store(str(tmp_path / "export"))
-    out.create("v00000001.parquet", b"someone else's file")
+    out.create("version=1/data.parquet", b"someone else's file")
     [v0, v1] = export_parquet(store, out)
     assert (v0.status, v0.rows, v1.status) == ("written", 16, "foreign")  # two good shards of two groups
     reasons = dict(v0.skipped)
