@@ -30,6 +30,7 @@ from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.record import Turn, to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.validate import validate_table, validate_tables
 
 PLANTED = "trajectories/v00000000/bad-00000000.arrow"
 
@@ -382,3 +383,32 @@ def test_an_incremental_audit_reuses_unchanged_version_folders_and_reads_changed
     again = audit_campaign(local_store, since=2, progress=lines.append)
     assert _same_report(audit_campaign(local_store), again) and again.shards == 5
     assert "reused the kept results of 1 version folder(s)" in lines[-1]
+
+
+def _renamed(rows: list[dict]) -> None:
+    for row in rows:
+        row["group_id"] = "shared"
+
+
+def _bad_reward_and_status(rows: list[dict]) -> None:
+    rows[0]["reward"] = float("nan")
+    rows[1]["status"] = "lost"
+
+
+def test_shards_validated_together_get_the_findings_each_gets_alone() -> None:
+    def damaged(i: int, edit: Callable[[list[dict]], None]) -> pa.Table:
+        rows = to_table(_group(f"bad{i}", 0, "w")).to_pylist()  # group ids unique in the batch
+        edit(rows)
+        return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+
+    good = [to_table(_group(f"ok{i}", i % 2, "w")) for i in range(3)]
+    bad = [damaged(i, edit) for i, edit in enumerate((_loss_on_tool_token, _no_version_under_loss,
+                                                      _turn_out_of_range, _shorter_logprobs, _bad_reward_and_status))]
+    batch = [good[0], *bad, good[1], good[2]]
+    alone = [validate_table(t) for t in batch]
+    assert validate_tables(batch) == alone
+    assert [bool(v) for v in alone] == [False, True, True, True, True, True, False, False]
+    assert {v.kind for v in alone[5]} == {"reward", "status"} and all(v.row is not None for v in alone[5])
+    # Shards sharing a group id (a copy), an empty one: each still checked on its own terms.
+    shared = [_bad_table(_renamed), _bad_table(_renamed), good[0].slice(0, 0)]
+    assert validate_tables(shared) == [validate_table(t) for t in shared] and validate_tables([]) == []

@@ -7,8 +7,10 @@ groups, remembering how many rows of a partly consumed shard it has handed out.
 
 Listing is incremental: the tailer remembers what it listed in each live version folder and hands out known
 shards first; it lists the window again only when they do not fill a request, and then only names it has not
-seen cost anything beyond the listing itself. Emptying a window of S shards is O(S), and an idle poll is one
-listing per window version.
+seen cost anything beyond the listing itself. Emptying a window of S shards is O(S). An idle poll asks each
+window folder whether it changed (``Store.list_if_changed``: one ``stat`` of a local folder) and lists only
+those that did; on object storage it is one listing per window version. Pending shards are decoded
+``DECODE_AHEAD_SHARDS`` at a time, their invariants checked together.
 
 ``cursor`` is everything needed to continue, and stays small: per live version and writer, the highest seq
 handed out (a writer commits its shards in seq order), plus the rows handed out of a shard not yet finished.
@@ -221,6 +223,8 @@ class ShardTailer:
         """version -> every name listed in its folder so far (live versions only)."""
         self._pending: dict[int, list[layout.ShardId]] = {}
         """version -> shards listed but not yet finished, in name order."""
+        self._list_tokens: dict[int, int | None] = {}
+        """version -> ``Store.list_if_changed`` token of its folder's last listing (an idle poll lists nothing)."""
         self._decoded: dict[str, tuple[pa.Table, dict] | ShardError | StorageError] = {}
         """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch)."""
 
@@ -307,8 +311,9 @@ class ShardTailer:
         first = version not in self._listed
         known = self._listed.setdefault(version, set())
         pending = self._pending.setdefault(version, [])
+        names, self._list_tokens[version] = self.store.list_if_changed(folder, self._list_tokens.get(version))
         new = []
-        for name in self.store.list(folder):
+        for name in names or ():
             if name in known:
                 continue
             known.add(name)
@@ -344,6 +349,7 @@ class ShardTailer:
                 self._decoded.pop(path, None)
             self.cursor.marks.pop(version, None)
             self._listed.pop(version, None)
+            self._list_tokens.pop(version, None)
         self.cursor.retired_below = max(self.cursor.retired_below, min_version)
         self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= self.cursor.retired_below}
 
