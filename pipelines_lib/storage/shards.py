@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -109,16 +110,23 @@ def _deref(buf: bytes, at: int) -> int:
     return at + struct.unpack_from("<I", buf, at)[0]
 
 
-def _structs(buf: bytes, table: tuple[int, int, int], index: int, fmt: str) -> list[tuple]:
-    """A vector of fixed-size structs (``fmt``) stored in field ``index``; [] when absent."""
+def _vector(buf: bytes, table: tuple[int, int, int], index: int, size: int) -> tuple[int, int]:
+    """(position, length) of a vector of ``size``-byte structs stored in field ``index``; (0, 0) when absent."""
     at = _field(buf, table, index)
     if at is None:
-        return []
+        return 0, 0
     vec = _deref(buf, at)
-    n, size = struct.unpack_from("<I", buf, vec)[0], struct.calcsize(fmt)
+    n = struct.unpack_from("<I", buf, vec)[0]
     if vec + 4 + n * size > len(buf):
         raise ValueError(f"vector of {n} entries runs past the end of its buffer")
-    return [struct.unpack_from(fmt, buf, vec + 4 + i * size) for i in range(n)]
+    return vec + 4, n
+
+
+def _structs(buf: bytes, table: tuple[int, int, int], index: int, fmt: str) -> list[tuple]:
+    """A vector of fixed-size structs (``fmt``) stored in field ``index``; [] when absent."""
+    size = struct.calcsize(fmt)
+    start, n = _vector(buf, table, index, size)
+    return [struct.unpack_from(fmt, buf, start + i * size) for i in range(n)]
 
 
 def declared_sizes(data: bytes) -> tuple[int, int]:
@@ -153,16 +161,22 @@ def declared_sizes(data: bytes) -> tuple[int, int]:
             rows += struct.unpack_from("<q", message, length_at)[0] if length_at is not None else 0
             compressed = _field(message, batch, 3) is not None
             body = offset + meta_len
-            for buf_offset, buf_len in _structs(message, batch, 2, "<qq"):
-                if buf_offset < 0 or buf_len < 0 or buf_offset + buf_len > body_len:
-                    raise ValueError(f"buffer ({buf_offset}, {buf_len}) outside its record batch body")
-                size = buf_len
-                if compressed and buf_len >= 8:
-                    size = struct.unpack_from("<q", data, body + buf_offset)[0]
-                    size = buf_len - 8 if size == -1 else size
-                if size < 0:
-                    raise ValueError(f"buffer declares a decoded length of {size}")
-                decoded += size
+            # The buffers as one array: a shard has ~100 of them, and this runs before every decode.
+            start, n = _vector(message, batch, 2, 16)
+            buffers = np.frombuffer(message, "<i8", count=2 * n, offset=start).reshape(-1, 2)
+            buf_offset, buf_len = buffers[:, 0], buffers[:, 1]
+            outside = (buf_offset < 0) | (buf_len < 0) | (buf_offset > body_len - buf_len)
+            if outside.any():
+                raise ValueError(f"buffer {tuple(buffers[outside][0].tolist())} outside its record batch body")
+            size = buf_len.copy()
+            if compressed:
+                prefixed = np.flatnonzero(buf_len >= 8)
+                at = (body + buf_offset[prefixed])[:, None] + np.arange(8)
+                declared = np.frombuffer(data, np.uint8)[at].copy().view("<i8").ravel()
+                size[prefixed] = np.where(declared == -1, buf_len[prefixed] - 8, declared)
+            if (size < 0).any():
+                raise ValueError(f"buffer declares a decoded length of {size[size < 0][0]}")
+            decoded += int(size.sum())
         return rows, decoded
     except (struct.error, IndexError) as e:
         raise ValueError(f"malformed Arrow IPC metadata ({e})") from e

@@ -350,8 +350,9 @@ class ShardTailer:
             self.cursor.marks.pop(version, None)
             self._listed.pop(version, None)
             self._list_tokens.pop(version, None)
-        self.cursor.retired_below = max(self.cursor.retired_below, min_version)
-        self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= self.cursor.retired_below}
+        if min_version > self.cursor.retired_below:
+            self.cursor.retired_below = min_version
+            self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= min_version}
 
     def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
         """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order.
