@@ -158,7 +158,8 @@ EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
-                               "version=N/ per policy version, create-only (a rerun reports each version as written, unchanged, stale or empty)")
+                               "version=N/ per policy version, create-only (a rerun reports each version as "
+                               "written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
