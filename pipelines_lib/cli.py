@@ -157,15 +157,16 @@ EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
-    p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
-                               "(a rerun reports each version as written, unchanged, stale or empty)")
+    p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
+                               "version=N/ per policy version, create-only (a rerun reports each version as "
+                               "written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
     add_storage_options(p)
 
 
-@subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
+@subcommand("export", "export committed valid shards for warehouse tools (a dataset partitioned by version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
     results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
