@@ -16,6 +16,7 @@ import pytest
 
 from drills.fixtures import final_params
 from pipelines_lib.audit import audit_campaign
+from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.view import build_view, render_html
 from pipelines_lib.cli import main
 from pipelines_lib.records import (
@@ -133,6 +134,10 @@ def test_a_fork_reads_its_parent_only_up_to_the_fork_point_and_never_writes_ther
     with pytest.raises(AlreadyExistsError, match="the parent campaign holds this object"):
         view.create(name, b"other bytes")
     assert Store(fork.url).walk() == ["campaign.json"]
+    # Export sees the fork as its trainer does: the parent's versions up to the fork's, row for row.
+    exported = {(e.version, e.rows, e.shards) for e in export_parquet(fork, Store(str(tmp_path / "fork_export")))}
+    parents = {(e.version, e.rows, e.shards) for e in export_parquet(trained_campaign, Store(str(tmp_path / "export")))}
+    assert exported == {e for e in parents if e[0] <= 1} and exported
 
 
 def test_a_fork_ancestry_that_loops_is_an_error_naming_the_loop_and_an_audit_finding(tmp_path) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines_lib import records
 from pipelines_lib.audit.campaign import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
@@ -160,8 +161,8 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
 
 def _export_in_worker(url: str, options: dict[str, Any], out_url: str, out_options: dict[str, Any], version: int,
                       read_ahead: int) -> ExportedVersion:
-    return _export_version(Store(url, storage_options=options), Store(out_url, storage_options=out_options), version,
-                           read_ahead)
+    return _export_version(records.with_parents(Store(url, storage_options=options)),
+                           Store(out_url, storage_options=out_options), version, read_ahead)
 
 
 def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahead: int) -> Iterator[ExportedVersion]:
@@ -177,9 +178,11 @@ def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahe
 def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] | None = None, jobs: int = 1,
                    read_ahead: int = 8) -> list[ExportedVersion]:
     """Export every version folder of the campaign at ``store`` into the folder ``out``, ``jobs`` versions at a
-    time on worker processes (results in version order)."""
+    time on worker processes (results in version order). A fork is exported over its parents' history (the
+    parent's versions up to the fork point, as its trainer saw them)."""
     if jobs < 1 or read_ahead < 1:
         raise ValueError(f"export_parquet: jobs and read_ahead must be >= 1, got {jobs}, {read_ahead}")
+    store = records.with_parents(store)
     versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
     results = []
     for version, result in zip(versions, _exported(store, out, versions, jobs, read_ahead), strict=True):
