@@ -126,7 +126,8 @@ def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
 
 def describe_mesh(mesh: Mesh) -> str:
     """``data=1 × fsdp=4 × tensor=1 (4 devices)``: the axes a stage's mesh resolved to, for its start-up log line."""
-    return " × ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) + f" ({mesh.size} devices)"
+    devices = f"{mesh.size} device" + ("s" if mesh.size > 1 else "")
+    return " × ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) + f" ({devices})"
 
 
 def logical_spec(
