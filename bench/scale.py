@@ -516,7 +516,8 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference, "eng
              "on 4 fake devices: greedy completions identical to one device's. (5) A whole campaign with "
              "`trainer.mesh.fsdp=4` and `engine.mesh.tensor=2` on 8 fake devices against the same campaign on one "
              "device: held-out greedy success of v0 and of the last version (`scale.campaign_mesh_final_success`, "
-             "`scale.campaign_one_device_final_success`). (6) Reported, not a goal: trainer tokens/s of a ~20 "
+             "`scale.campaign_one_device_final_success`), reported side by side (a slow test in `tests/test_mesh.py` holds "
+             "the mesh run to 75 %, the one-device demo's ~96 % less 20 points of run-to-run spread). (6) Reported, not a goal: trainer tokens/s of a ~20 "
              "M-parameter decoder on fsdp=8 over tokens/s on one device (`scale.tokens_per_s_8_over_1`) and the "
              "share of a profiled fsdp=8 step's HLO operation time spent in collectives (`scale.collective_share`). "
              "Fake CPU devices share the machine's cores, so 8 devices are not 8 × the compute: the figures catch "
@@ -558,9 +559,6 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference, "eng
              why="a lost peer fails the job, never hangs it in a collective"),
         Goal(key="scale.engine_tp_greedy_identical", op=">=", value=1,
              why="tensor parallelism serves the same tokens as one device"),
-        Goal(key="scale.campaign_mesh_final_success", op=">=", value=0.75,
-             why="a campaign on a mesh learns like the one-device demo (v0 0 % -> ~96 % measured); 20 points below "
-                 "it for the spread of an asynchronous campaign's runs"),
     ),
 )
 def bench_scale(ctx: BenchContext) -> BenchResult:
