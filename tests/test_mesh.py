@@ -54,9 +54,11 @@ def test_streaming_trainer_on_8_fake_devices_matches_one_device(tmp_path) -> Non
     assert result["data=2×fsdp=2×tensor=2"]["embed_shard_shape"] == [256, 32]
 
 
-def run_campaign_on_fake_devices(prefect_api: str, url: str, args: list[str], *, deadline_s: float) -> str:
+def run_campaign_on_fake_devices(prefect_api: str, url: str, args: list[str], *, deadline_s: float,
+                                 fast_compile: bool = True) -> str:
     """``python -m flows.campaign URL ARGS`` in an interpreter with ``CAMPAIGN_DEVICES`` fake devices; its output."""
-    env = fake_devices_env(CAMPAIGN_DEVICES) | {"PREFECT_API_URL": prefect_api, "PYTHONUNBUFFERED": "1"}
+    env = fake_devices_env(CAMPAIGN_DEVICES, fast_compile=fast_compile) | {"PREFECT_API_URL": prefect_api,
+                                                                           "PYTHONUNBUFFERED": "1"}
     run = Bounded([sys.executable, "-m", "flows.campaign", url, *args], env=env, what="the campaign on a mesh",
                   deadline_s=deadline_s)
     output = run.finish()
@@ -83,7 +85,8 @@ def test_tiny_campaign_on_a_mesh_learns_like_the_one_device_demo(prefect_api: st
     # ``make bench`` (``scale``) runs the same campaign on one device next to it.
     url = str(tmp_path / "mesh_campaign")
     output = run_campaign_on_fake_devices(prefect_api, url, ["--set", "eval.versions=ends",
-                                                             *campaign_args("tiny", mesh=True)], deadline_s=3600)
+                                                             *campaign_args("tiny", mesh=True)], deadline_s=3600,
+                                          fast_compile=False)  # as ``make bench`` runs it: the demo's step speed
     assert "trainer: mesh data=1 × fsdp=4 × tensor=1 (4 devices)" in output
     success = ends_success(url)
     assert success["v0_success"] <= 0.1, success
