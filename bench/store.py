@@ -32,6 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
@@ -95,21 +96,10 @@ def _store_write(store: Store, groups: list[list[Trajectory]]) -> None:
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    labels = [r["variant"] for r in rows]
-    ax.barh(labels, [r["MB/s"] for r in rows],
-            color=["tab:blue" if r["variant"].startswith("store") else "tab:gray" for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("MB/s (in-memory Arrow bytes; median)")
-    ax.set_title("shard store vs raw pyarrow IPC, local folder")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    barh(path, [r["variant"] for r in rows], [r["MB/s"] for r in rows],
+         colors=["tab:blue" if r["variant"].startswith("store") else "tab:gray" for r in rows],
+         xlabel="MB/s (in-memory Arrow bytes; median)", title="shard store vs raw pyarrow IPC, local folder",
+         figsize=(7, 3.2))
 
 
 @register_bench(

@@ -500,18 +500,24 @@ def test_stop_then_next_request_in_the_same_slot_match_solo_runs(model: Decoder)
     np.testing.assert_allclose(after.logprobs, solo.logprobs, atol=1e-5)
 
 
-def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: Decoder) -> None:
-    """One slot, two greedy requests of 5 and 7 tokens: 12 decode steps, none idle between them."""
-    requests = [(prompt(7), SamplingParams(temperature=0.0, max_new_tokens=5)),
-                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
-    solos = [run(model, lambda e, r=r: e.generate(*r), ONE_SLOT) for r in requests]
+def all_at_once(requests: list[tuple[list[int], SamplingParams]]) -> Callable[[JaxEngine], Awaitable[Any]]:
+    """An engine body submitting every request at once: their completions and the engine's stats meanwhile."""
 
     async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
         engine.reset_stats()
         completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
         return completions, engine.stats()
 
-    completions, stats = run(model, body, ONE_SLOT)
+    return body
+
+
+def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: Decoder) -> None:
+    """One slot, two greedy requests of 5 and 7 tokens: 12 decode steps, none idle between them."""
+    requests = [(prompt(7), SamplingParams(temperature=0.0, max_new_tokens=5)),
+                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
+    solos = [run(model, lambda e, r=r: e.generate(*r), ONE_SLOT) for r in requests]
+
+    completions, stats = run(model, all_at_once(requests), ONE_SLOT)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     assert stats["decode_steps"] == 12 and stats["slot_occupancy"] == 1.0 and stats["requests_finished"] == 2
 
@@ -552,12 +558,7 @@ def test_requests_wait_for_free_blocks_and_reuse_them_with_the_same_greedy_token
     requests = [(prompt(40, k), GREEDY) for k in range(4)]  # 40 + 12 positions: 4 blocks of 16
     solos = [run(model, lambda e, r=r: e.generate(*r)) for r in requests]
 
-    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
-        engine.reset_stats()
-        completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
-        return completions, engine.stats()
-
-    completions, stats = run(model, body, SCARCE)
+    completions, stats = run(model, all_at_once(requests), SCARCE)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     for c, s in zip(completions, solos, strict=True):
         np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
