@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,15 +32,15 @@ QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_step
                    "trainer.skip_zero_advantage=false"]
 
 
-def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = ()) -> float:
-    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess; returns its
-    wall clock.
+def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> float:
+    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess (with ``env``
+    when given, e.g. fake devices); returns its wall clock.
 
     Exit code 1 (the audit found problems) still leaves figures worth reading."""
     cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends", *args]
     ctx.progress(f"{url}: {' '.join(cmd[1:])}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return time.monotonic() - t0

@@ -179,7 +179,7 @@ class JaxEngine:
         # Parameters and cache are committed to the engine's mesh (by the rules table of ``train.mesh``: heads,
         # MLP and vocabulary over ``tensor``): jit keys its cache on committedness and shardings, and weights
         # restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
-        mesh = make_mesh(config.mesh)
+        self.mesh = mesh = make_mesh(config.mesh)
         self._params = nnx.to_pure_dict(place_state(state, mesh))
         self._param_specs = {
             path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()

@@ -38,6 +38,7 @@ from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter
 from pipelines_lib.storage.store import Store
+from pipelines_lib.train.mesh import describe_mesh
 
 EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
                          tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
@@ -47,7 +48,9 @@ EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
 def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
     model, version = load_published(store)
-    return JaxEngine(model, config.engine, policy_version=version), CampaignWeights(store)
+    engine = JaxEngine(model, config.engine, policy_version=version)
+    log(f"rollout: JAX engine on mesh {describe_mesh(engine.mesh)}")
+    return engine, CampaignWeights(store)
 
 
 def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,

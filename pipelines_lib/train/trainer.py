@@ -61,7 +61,7 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, Ta
 from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
+from pipelines_lib.train.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -183,6 +183,7 @@ class StreamingTrainer:
         self.clock = clock
         self.sleep = sleep
         self.mesh = make_mesh(self.tc.mesh)
+        self.log(f"trainer: mesh {describe_mesh(self.mesh)}")
         model, base_version = load_published(self.store, 0, self.mesh)
         if base_version != 0:
             raise RuntimeError(f"{self.store.uri()}: expected the warm start as version 0, found {base_version}")
