@@ -52,6 +52,8 @@ FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "growth_
         "requests": 32, "prompt": 24, "new_tokens": 32, "max_seq_len": 1024, "num_blocks": 128}
 QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 32,
          "requests": 16, "prompt": 12, "new_tokens": 8, "max_seq_len": 256, "num_blocks": 48}
+SERVES = 3
+"""Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
 """The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
 GIB = 2**30
@@ -187,14 +189,19 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
             await engine.warmup()
             done.set()
             sampler.join()
-            engine.reset_stats()
-            await asyncio.gather(*[
-                engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
-                                SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
-                for k in range(args["requests"])])
-            stats = engine.stats()
+            # Best of a few serves: one serve lasts well under a second at the quick size, where a single
+            # preemption on a shared machine would decide the figure. Each serve's prompts start with tokens of
+            # their own, so no serve reuses a prefix another one left.
+            serves = []
+            for rep in range(args.get("serves", SERVES)):
+                engine.reset_stats()
+                await asyncio.gather(*[
+                    engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
+                                    SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
+                    for k in range(rep * args["requests"], (rep + 1) * args["requests"])])
+                serves.append(engine.stats())
             await engine.close()
-            return stats
+            return max(serves, key=lambda served: served["tokens_per_s"])
 
         stats = asyncio.run(serve())
         out[f"tokens_per_s_{slots}"] = stats["tokens_per_s"]
@@ -282,7 +289,7 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
     method="`bench/realsize.py` part `engine`, in its own subprocess: random `Decoder` from Qwen3-0.6B's config "
            "values (596 M parameters, float32); 32 requests (prompt 24, 32 new tokens, temperature 1), "
            "`max_seq_len` 1024, a pool of 128 blocks of 16, prefill buckets 16 and 32, at 16 then 4 slots, "
-           "warmed up before timing (`--quick`: the small model, 16 requests of prompt 12 and 8 new tokens, a "
+           "warmed up before timing, the fastest of 3 serves of fresh requests (`--quick`: the small model, 16 requests of prompt 12 and 8 new tokens, a "
            "pool of 48 blocks); warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over "
            "the RSS after serving.",
     goals=(
