@@ -400,7 +400,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _fork_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the parent campaign folder (only read)")
-    p.add_argument("--from-step", type=int, required=True, help="the parent's step to start from (a committed checkpoint at or before it is needed)")
+    p.add_argument("--from-step", type=int, required=True, help="the parent's step to start from (its steps after the newest checkpoint at or before it "
+                        "must be logged: the fork's trainer replays them)")
     p.add_argument("new_url", help="the fork's campaign folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting in the fork, repeatable (rollout.eta=0, trainer.optim.lr=1e-4); "
@@ -408,7 +409,8 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
     add_storage_options(p)
 
 
-@subcommand("fork", "start a new campaign from a checkpoint of another, under changed settings", _fork_args)
+@subcommand("fork", "start a new campaign from a step of another, referencing its history, under changed settings",
+            _fork_args)
 def _fork(args: argparse.Namespace) -> int:
     from pipelines_lib.configio import ConfigError, parse_overrides
     from pipelines_lib.stages.fork import fork_campaign
@@ -416,12 +418,13 @@ def _fork(args: argparse.Namespace) -> int:
     try:
         result = fork_campaign(open_store(args, args.url), args.from_step, open_store(args, args.new_url),
                                parse_overrides(args.set))
-    except (ConfigError, ValueError, FileNotFoundError) as e:  # model/tokenizer keys, no checkpoint, no campaign
+    except (ConfigError, ValueError, FileNotFoundError) as e:  # model/tokenizer keys, unlogged steps, no campaign
         raise CommandError(str(e)) from e
     parent = result["parent"]
     changed = ", ".join(f"{k}={v['fork']}" for k, v in parent["config_diff"].items()) or "nothing"
     print(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
-          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}")
+          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}\n"
+          f"run it with: rollstream recover {result['campaign']}")
     return 0
 
 

@@ -22,11 +22,13 @@ writer of the same object gets ``AlreadyExistsError``); ``read(store, ...)`` is 
 (``RecordError``). Each JSON object carries ``record_version``; a reader refuses versions it does not know.
 Listing helpers (``consumption_steps``, ``published_versions``, ``evaluated_versions``, ``run_records``) parse
 names through ``layout``, so no other module knows how the folder spells a step or a version.
+``with_parents`` opens a fork (``campaign.json`` names a ``parent``) over its parents' history.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, get_type_hints
 
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.forked import ForkStore
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import GroupSlice, TailCursor, TailEvent
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -163,13 +166,13 @@ class Record(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ForkParent(_Record):
-    """Where a forked campaign came from: the parent's URL, the step whose checkpoint it started from, and
-    the settings it changed."""
+    """Where a forked campaign came from: the parent's URL, the step whose state it starts from, and the
+    settings it changed. The fork references the parent's history up to there (``with_parents``), never copies it."""
 
     url: str
     step: int
     version: int
-    """The parent's policy version at ``step`` (the fork publishes it as its own starting version)."""
+    """The parent's policy version after ``step``: the fork's rollout workers start on it."""
     config_diff: dict[str, Any]
     """Dotted config key → ``{"parent": value, "fork": value}`` for every setting the fork changed."""
 
@@ -195,6 +198,37 @@ class CampaignManifest(Record):
     @classmethod
     def read(cls, store: Store) -> Self:
         return cls._read(store, cls.PATH)
+
+
+def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:
+    """A fork's ancestry: ``(campaign, its parent entry)`` from ``store`` up to the first campaign that is no
+    fork, nearest first (empty for a campaign that is no fork, or a folder without ``campaign.json``).
+    A chain that comes back to a campaign already in it is an error naming the loop."""
+    chain: list[tuple[Store, ForkParent]] = []
+    seen = [store.uri()]
+    while store.exists(CampaignManifest.PATH) and (parent := CampaignManifest.read(store).parent) is not None:
+        chain.append((store, parent))
+        store = store.other(parent.url)
+        if store.uri() in seen:
+            raise ValueError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
+        seen.append(store.uri())
+    return chain
+
+
+def with_parents(store: Store) -> Store:
+    """The campaign at ``store`` as its stages see it: ``store`` itself, or for a fork a ``ForkStore`` that also
+    reads its parent's history up to the fork point (``layout.inherited``), the parent's view being built the
+    same way. Only the fork's own folder is ever written through it. Idempotent."""
+    if isinstance(store, ForkStore):
+        return store
+    chain = fork_chain(store)
+    if not chain:
+        return store
+    view = chain[-1][0].other(chain[-1][1].url)
+    for fork, parent in reversed(chain):
+        view = ForkStore(fork, below=view, inherits=functools.partial(layout.inherited, step=parent.step,
+                                                                      version=parent.version))
+    return view
 
 
 # -- dataset/_SUCCESS ------------------------------------------------------------------------------------
@@ -660,6 +694,8 @@ __all__ = [
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",
+    "fork_chain",
     "published_versions",
     "run_records",
+    "with_parents",
 ]

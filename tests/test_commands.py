@@ -46,6 +46,7 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     (("bench", "--only", "storre"), ("rollstream bench: unknown benchmark 'storre'", "did you mean 'store'?")),
     (("run", "{tmp}/c", "--set", "trainer.max_step=4"), ("rollstream run: trainer.max_step", "'max_steps'")),
     (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects key=value",)),
+    (("run", "{tmp}/c", "--set", "init_from=null"), ("--set init_from=null:", "--config file")),
     (("run", "{tmp}/c", "--preset", "smok"), ("unknown preset 'smok'", "did you mean 'smoke'?")),
     (("run", "{tmp}/c", "--config", "{tmp}/missing.yaml"), ("rollstream run:", "missing.yaml")),
     (("stage", "tran", "{tmp}/c"), ("unknown stage 'tran'", "did you mean 'train'?")),

@@ -18,10 +18,10 @@ say "OK". One listing of the folder drives everything:
   ``lineage.reconcile``; one that does not read as its record is a finding, and so is a pointer entry whose name
   and content disagree (``bad_pointer_entry``: readers skip it).
 - ``campaign.json`` and the evaluations: reported as found.
-- for a fork (``campaign.json`` names a ``parent``): the parent, read-only and only up to the fork point (its
-  consumption logs up to the step, its publications up to the version, the shards those logs name), reconciled
-  the same way, then the parent's parent: the ``ancestry``, nearest first, so lineage walks back from the fork's
-  versions through the shards its starting version was trained on.
+- for a fork (``campaign.json`` names a ``parent``): the folder is read over its parent's history up to the fork
+  point (``records.with_parents``: the parent's shards up to the fork's version, its consumption logs up to the
+  step, its publications), read-only, so lineage walks back from the fork's versions through the parent's
+  shards; the ``ancestry`` lists the parents, nearest first, each with its versions up to its fork point.
 
 Each version folder is one work unit: its shards are fetched ``read_ahead`` at a time on a thread pool (a GCS
 audit is bound by request latency) and processed in name order, in this process or on one of ``jobs`` worker
@@ -53,12 +53,13 @@ import pyarrow as pa
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
-from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Counts, Finding
+from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Counts, Finding, Lineage
 from pipelines_lib.audit.stats import Distribution, shard_figures
 from pipelines_lib.records import (
     AuditVersionResult,
     CampaignManifest,
     ConsumptionLog,
+    ForkParent,
     Publication,
     Record,
     RecordError,
@@ -320,7 +321,7 @@ class _Unit:
 def _audit_unit(unit: _Unit, store: Store | None = None,
                 on_shard: Callable[[int], None] = lambda n: None) -> _Accumulator:
     """The accumulator of one version folder; ``store`` is the caller's, or one opened here in a worker."""
-    store = store or Store(unit.url, storage_options=unit.storage_options)
+    store = store or records.with_parents(Store(unit.url, storage_options=unit.storage_options))
     acc = _Accumulator(needs=unit.needs, newest_version=unit.newest_version)
     fetched = prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
     for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
@@ -430,42 +431,12 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
         return None
 
 
-def _ancestry(store: Store, campaign: dict[str, Any] | None, read_ahead: int,
-              findings: list[Finding]) -> tuple[Ancestor, ...]:
-    """A fork's parents, nearest first, each read only up to its fork point: the consumption logs up to the
-    step, the publications up to the version and the shards those logs name, reconciled like the campaign's
-    own. What is wrong there is a finding (with the parent's URL in its path); nothing is written there."""
-    out: list[Ancestor] = []
-    seen = {store.uri()}
-    parent = (campaign or {}).get("parent")
-    while parent is not None:
-        up = store.other(parent["url"])
-        if up.uri() in seen:
-            findings.append(Finding(kind="fork_cycle", path=up.uri(layout.CAMPAIGN_JSON), row=None,
-                                    trajectory_id=None, message=f"{parent['url']} is its own fork ancestor"))
-            break
-        seen.add(up.uri())
-        found: list[Finding] = []
-        manifest = _campaign(up, found)
-        log_paths = [layout.consumed_log(s) for s in records.consumption_steps(up) if s <= parent["step"]]
-        logs = _records(up, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", found)
-        versions = records.published_versions(up)
-        entries = _pointer_entries(up, [up.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions
-                                        if v <= parent["version"]], read_ahead, found)
-        acc = _Accumulator(needs=_needs(manifest, found), newest_version=max(versions, default=None))
-        named = {g.shard for _, log in logs for g in log.groups} | {d.shard for _, log in logs
-                                                                    for d in log.dropped_stale}
-        shards = sorted((sid, f) for f in named if (sid := layout.parse_shard_path(f)) is not None)
-        for (sid, _), (path, data) in zip(shards, prefetch(up, [f for _, f in shards], read_ahead), strict=True):
-            acc.add_shard_object(up, path, sid, data)
-        lineage, lineage_findings = reconcile(acc.committed, logs, entries)
-        findings += [dataclasses.replace(f, path=up.uri(f.path)) for f in found + acc.findings + lineage_findings]
-        findings += [Finding(kind=f"parent_{b.kind}", path=up.uri(b.path), row=None, trajectory_id=None,
-                             message=b.reason) for b in acc.bad_files]
-        out.append(Ancestor(url=parent["url"], step=parent["step"], version=parent["version"],
-                            published=lineage.published if lineage is not None else ()))
-        parent = (manifest or {}).get("parent")
-    return tuple(out)
+def _ancestry(chain: list[tuple[Store, ForkParent]], lineage: Lineage | None) -> tuple[Ancestor, ...]:
+    """A fork's parents, nearest first, each with the versions up to its fork point: the campaign's own lineage
+    already runs through them (a fork is audited over its parents' history, ``records.with_parents``)."""
+    published = lineage.published if lineage is not None else ()
+    return tuple(Ancestor(url=p.url, step=p.step, version=p.version,
+                          published=tuple(v for v in published if v.version <= p.version)) for _, p in chain)
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
@@ -482,6 +453,16 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     start = clock()
     if not store.exists(layout.CAMPAIGN_JSON):
         raise NotACampaignError("audit", store.url, f"not a campaign (no {layout.CAMPAIGN_JSON})")
+    acc = _Accumulator()
+    try:
+        chain = records.fork_chain(store)
+        store = records.with_parents(store)
+    except RecordError:
+        chain = []  # a campaign.json that does not read: ``_campaign`` reports it below
+    except ValueError as e:
+        chain = []
+        acc.findings.append(Finding(kind="fork_cycle", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
+                                    message=str(e)))
     files = store.walk("")
     if progress is not None:
         progress(f"audit {store.url}: {len(files)} objects listed ({clock() - start:.1f} s)")
@@ -490,7 +471,6 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     under_traj = [f for f in visible if f.startswith(layout.TRAJECTORIES + "/")]
     shards = sorted((sid, f) for f in under_traj if (sid := layout.parse_shard_path(f)) is not None)
 
-    acc = _Accumulator()
     campaign = _campaign(store, acc.findings)
     acc.needs = _needs(campaign, acc.findings)
     # Pointer entries first: the newest published version bounds the policy versions a shard may carry.
@@ -541,7 +521,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
-    ancestry = _ancestry(store, campaign, read_ahead, findings)
+    ancestry = _ancestry(chain, lineage)
 
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)

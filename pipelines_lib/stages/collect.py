@@ -25,7 +25,7 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.engine.vllm_engine import VllmEngine
 from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
-from pipelines_lib.records import DoneMarker
+from pipelines_lib.records import DoneMarker, with_parents
 from pipelines_lib.rollout.collect import (
     committed_groups,
     stop_requested,
@@ -77,6 +77,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     layout.check_worker_id(worker)
     if "." in worker:
         raise ValueError(f"worker name may not contain '.', got {worker!r} (it separates the start nonce)")
+    store = with_parents(store)  # a fork's workers read its parent's dataset and starting version
     wait_for_weights(store, weights_timeout_s)
     if DoneMarker.exists(store):
         return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}
