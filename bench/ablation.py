@@ -39,6 +39,7 @@ from pathlib import Path
 
 from bench.campaign_arms import NO_CORRECTION, PROFILES, run_arm_set
 from bench.learning import version_evals
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
@@ -91,27 +92,19 @@ def success_curve(ctx: BenchContext, store: Store) -> list[tuple[int, float, flo
 
 
 def plot_curves(path: Path, curves: Mapping[str, list[tuple[int, float, float]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (by_step, by_wall) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for arm, curve in curves.items():
-        style = "--" if arm.endswith(NO_CORRECTION) else "-"
-        by_step.plot([s for s, _, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
-        by_wall.plot([w for _, w, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
-    by_step.set_xlabel("trainer step")
-    by_step.set_ylabel("held-out greedy success, %")
-    by_step.set_ylim(0, 100)
-    by_step.set_title("vs trainer steps")
-    by_wall.set_xlabel("seconds since the trainer started")
-    by_wall.set_title("vs wall clock")
-    by_wall.legend(fontsize=8)
-    fig.suptitle("twostep: sync vs async η with the decoupled correction (solid) and without (dashed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, figsize=(11, 4), dpi=100, ncols=2, sharey=True) as (fig, (by_step, by_wall)):
+        for arm, curve in curves.items():
+            style = "--" if arm.endswith(NO_CORRECTION) else "-"
+            by_step.plot([s for s, _, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
+            by_wall.plot([w for _, w, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
+        by_step.set_xlabel("trainer step")
+        by_step.set_ylabel("held-out greedy success, %")
+        by_step.set_ylim(0, 100)
+        by_step.set_title("vs trainer steps")
+        by_wall.set_xlabel("seconds since the trainer started")
+        by_wall.set_title("vs wall clock")
+        by_wall.legend(fontsize=8)
+        fig.suptitle("twostep: sync vs async η with the decoupled correction (solid) and without (dashed)")
 
 
 @register_bench(

@@ -14,6 +14,9 @@ parent (this process, holds no model)      one subprocess per part, so each part
               RSS once it has served (steady)
 ```
 
+The engine part is also a benchmark of its own, ``realsize_engine`` (the ``realsize.engine_*`` and
+``realsize.warmup_*`` figures), so it can be measured without the minutes of the train parts.
+
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
 ``--quick`` runs the same parts on a small model in seconds. A part's subprocess runs ``python -m
@@ -49,6 +52,8 @@ FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "growth_
         "requests": 32, "prompt": 24, "new_tokens": 32, "max_seq_len": 1024, "num_blocks": 128}
 QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 32,
          "requests": 16, "prompt": 12, "new_tokens": 8, "max_seq_len": 256, "num_blocks": 48}
+SERVES = 3
+"""Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
 """The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
 GIB = 2**30
@@ -168,7 +173,7 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
     model = _model(args)
     out: dict[str, float] = {}
     for slots in (16, 4):  # 16 first: its warmup runs in a process that has served nothing yet
-        config = EngineConfig(num_slots=slots, max_seq_len=args["max_seq_len"], prefill_buckets=(32,),
+        config = EngineConfig(num_slots=slots, max_seq_len=args["max_seq_len"], prefill_buckets=(16, 32),
                               block_size=16, num_blocks=args["num_blocks"])
         engine = JaxEngine(model, config)
         peak = [_rss_gib()]
@@ -184,14 +189,19 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
             await engine.warmup()
             done.set()
             sampler.join()
-            engine.reset_stats()
-            await asyncio.gather(*[
-                engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
-                                SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
-                for k in range(args["requests"])])
-            stats = engine.stats()
+            # Best of a few serves: one serve lasts well under a second at the quick size, where a single
+            # preemption on a shared machine would decide the figure. Each serve's prompts start with tokens of
+            # their own, so no serve reuses a prefix another one left.
+            serves = []
+            for rep in range(args.get("serves", SERVES)):
+                engine.reset_stats()
+                await asyncio.gather(*[
+                    engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
+                                    SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
+                    for k in range(rep * args["requests"], (rep + 1) * args["requests"])])
+                serves.append(engine.stats())
             await engine.close()
-            return stats
+            return max(serves, key=lambda served: served["tokens_per_s"])
 
         stats = asyncio.run(serve())
         out[f"tokens_per_s_{slots}"] = stats["tokens_per_s"]
@@ -218,17 +228,15 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
     title="A Qwen3-0.6B-shaped model on one CPU device",
     measures="Memory and speed of the train step and the engine at a real model size: peak RSS of a float32 GRPO "
              "step and how much of the parameter + Adam state XLA aliases (donation), RSS growth over 20 steps, "
-             "the same with per-layer remat, the update error of bfloat16 compute on float32 master weights, "
-             "engine tokens/s at 16 over 4 slots with short requests, and the engine warmup's memory peak.",
+             "the same with per-layer remat, and the update error of bfloat16 compute on float32 master weights "
+             "(the engine at this size: `realsize_engine`).",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
            "part in its own subprocess. Train: batch 4 × 256 (GRPO, AdamW), XLA memory analysis of the compiled "
            "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
            "32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX array bytes after the first and the "
            "last. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
            "(lr 1) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` from the same weights, "
-           "‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖. Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
-           "`max_seq_len` 1024, a pool of 128 blocks of 16, at 16 then 4 slots, warmed up before timing; "
-           "warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over the RSS after serving.",
+           "‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖.",
     goals=(
         Goal(key="realsize.train_peak_gib", op="<=", value=10.0, why="≈ 9 GiB of state; donation keeps one copy"),
         Goal(key="realsize.train_aliased_fraction", op=">=", value=0.9,
@@ -236,9 +244,6 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
         Goal(key="realsize.train_rss_growth_gib_20_steps", op="<=", value=0.2, why="flat memory over a run"),
         Goal(key="realsize.bf16_update_rel_error", op="<=", value=1e-2,
              why="bfloat16 compute must not change what a step learns"),
-        Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
-             why="attention and cache follow the tokens held, so more slots pay"),
-        Goal(key="realsize.warmup_peak_over_steady", op="<=", value=1.1, why="warmup allocates no second cache"),
     ),
 )
 def bench_realsize(ctx: BenchContext) -> BenchResult:
@@ -252,7 +257,6 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
     growth = _run_part("train", {**size, "length": size["growth_length"], "remat": False,
                                  "steps": size["growth_steps"]}, ctx)
     bf16 = _run_part("bf16", size, ctx)
-    engine = _run_part("engine", size, ctx)
     figures = {
         "realsize.train_peak_gib": train["peak_gib"],
         "realsize.train_aliased_fraction": train["aliased_fraction"],
@@ -265,10 +269,6 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         "realsize.remat_xla_step_gib": remat["xla_step_gib"],
         "realsize.remat_step_s": remat["step_s"],
         "realsize.bf16_update_rel_error": bf16["update_rel_error"],
-        "realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
-        "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
-        "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
-        "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
     }
     rows = [
         {"run": "train step", "peak RSS GiB": train["peak_gib"], "XLA step GiB": train["xla_step_gib"],
@@ -277,8 +277,39 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
          "s/step": remat["step_s"]},
     ]
     notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; train batch {size['rows']} × "
-             f"{size['length']}; parameter + optimiser state {train['state_gib']:.2f} GiB; engine ms/step "
-             f"{engine['ms_per_step_16']:.0f} at 16 slots, {engine['ms_per_step_4']:.0f} at 4; warmup peak "
+             f"{size['length']}; parameter + optimiser state {train['state_gib']:.2f} GiB.")
+    return BenchResult(figures=figures, rows=rows, notes=notes)
+
+
+@register_bench(
+    "realsize_engine",
+    title="The engine serving a Qwen3-0.6B-shaped model on one CPU device",
+    measures="JaxEngine tokens/s at 16 over 4 slots on short requests (attention and KV cache follow the tokens "
+             "held, so more slots pay), and the memory peak of its warmup over its steady memory.",
+    method="`bench/realsize.py` part `engine`, in its own subprocess: random `Decoder` from Qwen3-0.6B's config "
+           "values (596 M parameters, float32); 32 requests (prompt 24, 32 new tokens, temperature 1), "
+           "`max_seq_len` 1024, a pool of 128 blocks of 16, prefill buckets 16 and 32, at 16 then 4 slots, "
+           "warmed up before timing, the fastest of 3 serves of fresh requests (`--quick`: the small model, 16 requests of prompt 12 and 8 new tokens, a "
+           "pool of 48 blocks); warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over "
+           "the RSS after serving.",
+    goals=(
+        Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
+             why="attention and cache follow the tokens held, so more slots pay"),
+        Goal(key="realsize.warmup_peak_over_steady", op="<=", value=1.1, why="warmup allocates no second cache"),
+    ),
+    prefixes=("realsize.engine_", "realsize.warmup_"),
+)
+def bench_realsize_engine(ctx: BenchContext) -> BenchResult:
+    engine = _run_part("engine", QUICK if ctx.quick else FULL, ctx)
+    figures = {
+        "realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
+        "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
+        "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
+        "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
+    }
+    rows = [{"slots": slots, "tokens/s": engine[f"tokens_per_s_{slots}"], "ms/step": engine[f"ms_per_step_{slots}"]}
+            for slots in (16, 4)]
+    notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; warmup peak "
              f"{engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB.")
     return BenchResult(figures=figures, rows=rows, notes=notes)
 
