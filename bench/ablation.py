@@ -58,8 +58,8 @@ loaded machine reaches (module docstring: what makes groups stale)."""
 FULL: dict[str, object] = {"trainer.max_steps": 12, "eval.n_tasks": 64}
 """12 trainer steps (6 versions: staleness up to 5, so η = 8 bounds nothing a run this short reaches) and 64
 held-out tasks (one task is 1.6 points; at 90 % success the binomial standard error of one arm's figure is
-about 4 points): seven arms from one warm start fit in about 40 minutes on 2 heavily shared cores (the preset's
-30 steps and 128 tasks would take about 90)."""
+about 4 points). Measured per arm command (12 steps): 8-15 minutes at a load average near 20, 2-5 minutes
+near 8; the twostep warm start 10 minutes at load 15-20."""
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 EVAL_EVERY = 2
 """Every second published version (and the last) is evaluated for the curves: 4 evaluations per arm, not 7."""
