@@ -89,6 +89,7 @@ from typing import Any
 
 import yaml
 
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
@@ -250,32 +251,24 @@ def _run_arm(url: str, config_path: Path, overrides: Mapping[str, Any], progress
 
 def _plot(path: Path, arms: Mapping[str, Mapping[str, float]], curves: Mapping[str, list[tuple[float, float]]],
           profile: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for arm, curve in curves.items():
-        left.plot([x for x, _ in curve], [y for _, y in curve], ".-", label=arm)
-    left.set_xlabel("seconds since the trainer started")
-    left.set_ylabel("batch mean reward")
-    left.set_ylim(0, 1)
-    left.legend(fontsize=8)
-    left.set_title(f"training reward vs wall clock ({profile} tool latency)")
-    for arm, f in arms.items():
-        right.plot(f["wall_s"], 100 * f["final_success"], "o")
-        right.annotate(arm, (f["wall_s"], 100 * f["final_success"]), textcoords="offset points", xytext=(5, 3))
-    v0 = next(iter(arms.values()))["v0_success"]
-    right.axhline(100 * v0, color="grey", linestyle=":", label=f"v0 {100 * v0:.1f}%")
-    right.set_xlabel("trainer wall clock, s (same number of steps)")
-    right.set_ylabel("held-out greedy success, %")
-    right.set_ylim(0, 100)
-    right.legend(fontsize=8)
-    right.set_title("final success vs wall clock")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, figsize=(10, 3.8), dpi=100, ncols=2) as (_, (left, right)):
+        for arm, curve in curves.items():
+            left.plot([x for x, _ in curve], [y for _, y in curve], ".-", label=arm)
+        left.set_xlabel("seconds since the trainer started")
+        left.set_ylabel("batch mean reward")
+        left.set_ylim(0, 1)
+        left.legend(fontsize=8)
+        left.set_title(f"training reward vs wall clock ({profile} tool latency)")
+        for arm, f in arms.items():
+            right.plot(f["wall_s"], 100 * f["final_success"], "o")
+            right.annotate(arm, (f["wall_s"], 100 * f["final_success"]), textcoords="offset points", xytext=(5, 3))
+        v0 = next(iter(arms.values()))["v0_success"]
+        right.axhline(100 * v0, color="grey", linestyle=":", label=f"v0 {100 * v0:.1f}%")
+        right.set_xlabel("trainer wall clock, s (same number of steps)")
+        right.set_ylabel("held-out greedy success, %")
+        right.set_ylim(0, 100)
+        right.legend(fontsize=8)
+        right.set_title("final success vs wall clock")
 
 
 ROW_KEYS = ("wall_s", "traj_per_hour", "useful_samples_per_hour", "engine_busy", "trainer_idle_fraction",

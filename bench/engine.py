@@ -12,6 +12,7 @@ from pathlib import Path
 from flax import nnx
 
 from bench.engine_runs import LengthMix, measure_continuous_vs_static, mixed_requests
+from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.model.config import ModelConfig
@@ -34,21 +35,10 @@ SEED = 0
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     colors = {"continuous": "tab:blue", "static": "tab:gray", "ceiling (all slots full)": "tab:green"}
-    fig, ax = plt.subplots(figsize=(6.5, 3.0))
-    ax.barh([f"{r['mix']}: {r['run']}" for r in rows], [r["tokens/s"] for r in rows],
-            color=[colors[r["run"]] for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("generated tokens/s (best of repetitions)")
-    ax.set_title(f"JaxEngine, tiny model, {ENGINE.num_slots} slots")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    barh(path, [f"{r['mix']}: {r['run']}" for r in rows], [r["tokens/s"] for r in rows],
+         colors=[colors[r["run"]] for r in rows], xlabel="generated tokens/s (best of repetitions)",
+         title=f"JaxEngine, tiny model, {ENGINE.num_slots} slots", figsize=(6.5, 3.0))
 
 
 @register_bench(

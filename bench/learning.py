@@ -16,9 +16,11 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib import records
 from pipelines_lib.records import EvalResult, Publication
@@ -30,29 +32,31 @@ QUICK_OVERRIDES = ["sft.steps=40", "sft.optim.total_steps=40", "trainer.max_step
                    "trainer.skip_zero_advantage=false"]
 
 
-def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = ()) -> float:
-    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess; returns its
-    wall clock.
+def run_campaign(ctx: BenchContext, url: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> float:
+    """``python -m flows.campaign URL --set eval.versions=ends ARGS`` (``rollstream run``) in a subprocess (with ``env``
+    when given, e.g. fake devices); returns its wall clock.
 
     Exit code 1 (the audit found problems) still leaves figures worth reading."""
     cmd = [sys.executable, "-m", "flows.campaign", url, "--set", "eval.versions=ends", *args]
     ctx.progress(f"{url}: {' '.join(cmd[1:])}")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], env=env)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"campaign command failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return time.monotonic() - t0
 
 
-def version_evals(ctx: BenchContext, store: Store) -> dict[int, dict[str, float]]:
-    """Held-out figures of every published version, evaluating (untimed) the ones the campaign did not.
+def version_evals(ctx: BenchContext, store: Store, *, every: int = 1) -> dict[int, dict[str, float]]:
+    """Held-out figures of every ``every``-th published version and the last, evaluating (untimed) the ones the
+    campaign did not.
 
     Per version: ``step`` (trainer step that published it), ``greedy`` (greedy success), ``pass_at_k``,
     ``format`` (share of greedy answers well-formed; envs with a ``format`` reward part) and ``published_at``
     (seconds since the epoch)."""
     config = load_campaign_config(store)
     out = {}
-    for version in records.published_versions(store):
+    published = records.published_versions(store)
+    for version in [v for v in published if v % every == 0 or v == published[-1]]:
         ctx.progress(f"{store.url}: evaluating v{version} (untimed)")
         evaluate(store, config, version=version)  # a no-op for the versions the campaign evaluated
         report, publication = EvalResult.read(store, version), Publication.entry(store, version)
@@ -71,23 +75,53 @@ def reward_curve(store: Store) -> tuple[list[int], list[float]]:
 
 def plot_learning(path: Path, steps: list[int], rewards: list[float], evals: dict[int, dict[str, float]],
                   title: str) -> None:
-    import matplotlib
+    with figure(path, figsize=(6, 3.5), dpi=100) as (_, ax):
+        ax.plot(steps, rewards, ".-", label="batch mean reward (train groups)")
+        if evals:
+            ax.plot([e["step"] for e in evals.values()], [e["greedy"] for e in evals.values()], "o-",
+                    label="held-out greedy success")
+        ax.set_xlabel("trainer step")
+        ax.set_ylim(0, 1)
+        ax.legend(loc="lower right")
+        ax.set_title(title)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, rewards, ".-", label="batch mean reward (train groups)")
-    if evals:
-        ax.plot([e["step"] for e in evals.values()], [e["greedy"] for e in evals.values()], "o-",
-                label="held-out greedy success")
-    ax.set_xlabel("trainer step")
-    ax.set_ylim(0, 1)
-    ax.legend(loc="lower right")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+@dataclass(frozen=True, kw_only=True)
+class LearningRun:
+    """A timed campaign command and what its folder says afterwards (``learning_run``)."""
+
+    wall_s: float
+    evals: dict[int, dict[str, float]]
+    """``version_evals`` of every published version."""
+    steps: int
+    """Trainer steps with a mean reward (the reward curve's length)."""
+    rows: list[dict[str, str | int]]
+    """``version_rows``, for the benchmark's table."""
+
+    def figures(self, bench: str) -> dict[str, float]:
+        """The figures every learning benchmark reports, under its name: the gain of the last version over v0 in
+        points, the wall clock, and greedy success and pass@k of both."""
+        first, last = self.evals[min(self.evals)], self.evals[max(self.evals)]
+        return {f"{bench}.heldout_gain_pts": round((last["greedy"] - first["greedy"]) * 100, 2),
+                f"{bench}.wallclock_s": round(self.wall_s, 1),
+                f"{bench}.v0_success": first["greedy"], f"{bench}.final_success": last["greedy"],
+                f"{bench}.v0_pass_at_k": first["pass_at_k"], f"{bench}.final_pass_at_k": last["pass_at_k"]}
+
+    @property
+    def summary(self) -> str:
+        return json.dumps({"steps": self.steps, "wall_s": round(self.wall_s, 1)})
+
+
+def learning_run(ctx: BenchContext, args: Sequence[str], *, plot: str, title: str) -> LearningRun:
+    """``run_campaign`` into a fresh folder, every version evaluated, the reward and success curves plotted."""
+    url = str(ctx.scratch / "campaign")
+    wall = run_campaign(ctx, url, args)
+    store = Store(url)
+    evals = version_evals(ctx, store)
+    steps, rewards = reward_curve(store)
+    plot_learning(ctx.plot_dir / plot, steps, rewards, evals, title)
+    return LearningRun(wall_s=wall, evals=evals, steps=len(steps),
+                       rows=version_rows(evals, load_campaign_config(store).eval.samples))
 
 
 def version_rows(evals: dict[int, dict[str, float]], k: int) -> list[dict[str, str | int]]:
@@ -115,19 +149,7 @@ def version_rows(evals: dict[int, dict[str, float]], k: int) -> list[dict[str, s
            Goal(key="learning.wallclock_s", op="<=", value=600.0, why="within 10 minutes on 2 cores")),
 )
 def learning(ctx: BenchContext) -> BenchResult:
-    url = str(ctx.scratch / "campaign")
-    wall = run_campaign(ctx, url, [a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item)])
-    store = Store(url)
-    evals = version_evals(ctx, store)
-    steps, rewards = reward_curve(store)
-    first, last = evals[min(evals)], evals[max(evals)]
-    plot_learning(ctx.plot_dir / "learning_curve.png", steps, rewards, evals,
-                  "warm start + streaming GRPO (tiny model, arithmetic + calculator)")
-    summary = json.dumps({"steps": len(steps), "wall_s": round(wall, 1)})
-    return BenchResult(
-        figures={"learning.heldout_gain_pts": round((last["greedy"] - first["greedy"]) * 100, 2),
-                 "learning.wallclock_s": round(wall, 1),
-                 "learning.v0_success": first["greedy"], "learning.final_success": last["greedy"],
-                 "learning.v0_pass_at_k": first["pass_at_k"], "learning.final_pass_at_k": last["pass_at_k"]},
-        rows=version_rows(evals, load_campaign_config(store).eval.samples), plots=["learning_curve.png"],
-        notes=f"run: {summary}; quick={ctx.quick}")
+    run = learning_run(ctx, [a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item)],
+                       plot="learning_curve.png", title="warm start + streaming GRPO (tiny model, arithmetic + calculator)")
+    return BenchResult(figures=run.figures("learning"), rows=run.rows, plots=["learning_curve.png"],
+                       notes=f"run: {run.summary}; quick={ctx.quick}")

@@ -12,14 +12,11 @@ greedy answers that are well-formed.
 
 from __future__ import annotations
 
-import json
-
 import yaml
 
-from bench.learning import plot_learning, reward_curve, run_campaign, version_evals, version_rows
+from bench.learning import learning_run
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.storage.store import Store
 
 QUICK: dict[str, object] = {"sft.steps": 40, "sft.optim.total_steps": 40, "trainer.max_steps": 4,
                             "eval.n_tasks": 16, "trainer.skip_zero_advantage": False}
@@ -47,20 +44,10 @@ def learning2(ctx: BenchContext) -> BenchResult:
         config = config.with_overrides(QUICK)
     config_path = ctx.scratch / "twostep.yaml"
     config_path.write_text(yaml.safe_dump(config.to_dict()))
-    url = str(ctx.scratch / "campaign")
-    wall = run_campaign(ctx, url, ["--config", str(config_path)])
-    store = Store(url)
-    evals = version_evals(ctx, store)
-    steps, rewards = reward_curve(store)
-    first, last = evals[min(evals)], evals[max(evals)]
-    plot_learning(ctx.plot_dir / "learning2_curve.png", steps, rewards, evals,
-                  "warm start + streaming GRPO (tiny model, two-step arithmetic)")
+    run = learning_run(ctx, ["--config", str(config_path)], plot="learning2_curve.png",
+                       title="warm start + streaming GRPO (tiny model, two-step arithmetic)")
+    first, last = run.evals[min(run.evals)], run.evals[max(run.evals)]
     return BenchResult(
-        figures={"learning2.v0_format_ok": first["format"],
-                 "learning2.heldout_gain_pts": round((last["greedy"] - first["greedy"]) * 100, 2),
-                 "learning2.wallclock_s": round(wall, 1),
-                 "learning2.v0_success": first["greedy"], "learning2.final_success": last["greedy"],
-                 "learning2.v0_pass_at_k": first["pass_at_k"], "learning2.final_pass_at_k": last["pass_at_k"],
+        figures={"learning2.v0_format_ok": first["format"], **run.figures("learning2"),
                  "learning2.final_format_ok": last["format"]},
-        rows=version_rows(evals, config.eval.samples), plots=["learning2_curve.png"],
-        notes=f"run: {json.dumps({'steps': len(steps), 'wall_s': round(wall, 1)})}; quick={ctx.quick}")
+        rows=run.rows, plots=["learning2_curve.png"], notes=f"run: {run.summary}; quick={ctx.quick}")

@@ -15,6 +15,9 @@ parent (this process, holds no model)      one subprocess per part, so each part
               RSS once it has served (steady)
 ```
 
+The engine part is also a benchmark of its own, ``realsize_engine`` (the ``realsize.engine_*`` and
+``realsize.warmup_*`` figures), so it can be measured without the minutes of the train parts.
+
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
 ``--quick`` runs the same parts on a small model in seconds. A part that fails does not stop the others: the
@@ -51,6 +54,8 @@ FULL = {"hf": QWEN3_0P6B, "rows": 4, "length": 256, "growth_steps": 20, "growth_
         "requests": 32, "prompt": 24, "new_tokens": 32, "max_seq_len": 1024, "num_blocks": 128}
 QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_length": 32, "bf16_rows": 2, "bf16_length": 32,
          "requests": 16, "prompt": 12, "new_tokens": 8, "max_seq_len": 256, "num_blocks": 48}
+SERVES = 3
+"""Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
 """The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
 GIB = 2**30
@@ -210,7 +215,7 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
     model = _model(args)
     out: dict[str, float] = {}
     for slots in (16, 4):  # 16 first: its warmup runs in a process that has served nothing yet
-        config = EngineConfig(num_slots=slots, max_seq_len=args["max_seq_len"], prefill_buckets=(32,),
+        config = EngineConfig(num_slots=slots, max_seq_len=args["max_seq_len"], prefill_buckets=(16, 32),
                               block_size=16, num_blocks=args["num_blocks"])
         engine = JaxEngine(model, config)
         peak = [_rss_gib()]
@@ -226,14 +231,19 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
             await engine.warmup()
             done.set()
             sampler.join()
-            engine.reset_stats()
-            await asyncio.gather(*[
-                engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
-                                SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
-                for k in range(args["requests"])])
-            stats = engine.stats()
+            # Best of a few serves: one serve lasts well under a second at the quick size, where a single
+            # preemption on a shared machine would decide the figure. Each serve's prompts start with tokens of
+            # their own, so no serve reuses a prefix another one left.
+            serves = []
+            for rep in range(args.get("serves", SERVES)):
+                engine.reset_stats()
+                await asyncio.gather(*[
+                    engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(args["prompt"])],
+                                    SamplingParams(temperature=1.0, max_new_tokens=args["new_tokens"], seed=k))
+                    for k in range(rep * args["requests"], (rep + 1) * args["requests"])])
+                serves.append(engine.stats())
             await engine.close()
-            return stats
+            return max(serves, key=lambda served: served["tokens_per_s"])
 
         stats = asyncio.run(serve())
         out[f"tokens_per_s_{slots}"] = stats["tokens_per_s"]
@@ -260,8 +270,8 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
     title="A Qwen3-0.6B-shaped model on one CPU device",
     measures="Memory and speed of the train step and the engine at a real model size: peak RSS of a float32 GRPO "
              "step and how much of the parameter + Adam state XLA aliases (donation), RSS growth over 20 steps, "
-             "the same with per-layer remat, the update error of bfloat16 compute on float32 master weights, "
-             "engine tokens/s at 16 over 4 slots with short requests, and the engine warmup's memory peak.",
+             "the same with per-layer remat, and the update error of bfloat16 compute on float32 master weights "
+             "(the engine at this size: `realsize_engine`).",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
            "part in its own subprocess. Train: batch 4 × 256 (GRPO, AdamW), XLA memory analysis of the compiled "
            "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
@@ -273,9 +283,7 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
            "log-probs are the model's own (on-policy, importance ratio 1, as GRPO's first update on fresh "
            "samples). Split into `bf16_weight_rounding_rel_error` (the float32 step from the weights rounded "
            "to bfloat16, which any bfloat16 forward sees, against the float32 step) and "
-           "`bf16_arithmetic_rel_error` (bfloat16 compute against the float32 step from those rounded weights). Engine: 32 requests (prompt 24, 32 new tokens, temperature 1), "
-           "`max_seq_len` 1024, a pool of 128 blocks of 16, at 16 then 4 slots, warmed up before timing; "
-           "warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over the RSS after serving.",
+           "`bf16_arithmetic_rel_error` (bfloat16 compute against the float32 step from those rounded weights).",
     goals=(
         Goal(key="realsize.train_peak_gib", op="<=", value=10.0, why="≈ 9 GiB of state; donation keeps one copy"),
         Goal(key="realsize.train_aliased_fraction", op=">=", value=0.9,
@@ -283,9 +291,6 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
         Goal(key="realsize.train_rss_growth_gib_20_steps", op="<=", value=0.2, why="flat memory over a run"),
         Goal(key="realsize.bf16_update_rel_error", op="<=", value=1e-2,
              why="bfloat16 compute must not change what a step learns"),
-        Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
-             why="attention and cache follow the tokens held, so more slots pay"),
-        Goal(key="realsize.warmup_peak_over_steady", op="<=", value=1.1, why="warmup allocates no second cache"),
     ),
 )
 def bench_realsize(ctx: BenchContext) -> BenchResult:
@@ -298,7 +303,6 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
         "growth": ("train", {**size, "length": size["growth_length"], "remat": False, "steps": size["growth_steps"]}),
         "bf16": ("bf16", size),
-        "engine": ("engine", size),
         "remat": ("train", {**size, "remat": True, "steps": 1}),
     }
     out: dict[str, dict[str, float]] = {}
@@ -335,18 +339,44 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         notes.append(f"bf16 update error {bf16['update_rel_error']:.2%}, of which rounding the weights alone "
                      f"{bf16['weight_rounding_rel_error']:.2%} and bfloat16 arithmetic on rounded weights "
                      f"{bf16['arithmetic_rel_error']:.2%}")
-    if engine := out.get("engine"):
-        figures |= {"realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
-                    "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
-                    "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
-                    "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"]}
-        notes.append(f"engine ms/step {engine['ms_per_step_16']:.0f} at 16 slots, {engine['ms_per_step_4']:.0f} at 4; "
-                     f"warmup peak {engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB")
     notes += [f"part {name} FAILED: {str(err).splitlines()[0]}" for name, err in failed.items()]
     result = BenchResult(figures=figures, rows=rows, notes="; ".join(notes) + ".")
     if failed:
         raise PartialResult(result, f"realsize parts {sorted(failed)} failed") from next(iter(failed.values()))
     return result
+
+
+@register_bench(
+    "realsize_engine",
+    title="The engine serving a Qwen3-0.6B-shaped model on one CPU device",
+    measures="JaxEngine tokens/s at 16 over 4 slots on short requests (attention and KV cache follow the tokens "
+             "held, so more slots pay), and the memory peak of its warmup over its steady memory.",
+    method="`bench/realsize.py` part `engine`, in its own subprocess: random `Decoder` from Qwen3-0.6B's config "
+           "values (596 M parameters, float32); 32 requests (prompt 24, 32 new tokens, temperature 1), "
+           "`max_seq_len` 1024, a pool of 128 blocks of 16, prefill buckets 16 and 32, at 16 then 4 slots, "
+           "warmed up before timing, the fastest of 3 serves of fresh requests (`--quick`: the small model, 16 requests of prompt 12 and 8 new tokens, a "
+           "pool of 48 blocks); warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over "
+           "the RSS after serving.",
+    goals=(
+        Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
+             why="attention and cache follow the tokens held, so more slots pay"),
+        Goal(key="realsize.warmup_peak_over_steady", op="<=", value=1.1, why="warmup allocates no second cache"),
+    ),
+    prefixes=("realsize.engine_", "realsize.warmup_"),
+)
+def bench_realsize_engine(ctx: BenchContext) -> BenchResult:
+    engine = _run_part("engine", QUICK if ctx.quick else FULL, ctx)
+    figures = {
+        "realsize.engine_tokens_per_s_16": engine["tokens_per_s_16"],
+        "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
+        "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
+        "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
+    }
+    rows = [{"slots": slots, "tokens/s": engine[f"tokens_per_s_{slots}"], "ms/step": engine[f"ms_per_step_{slots}"]}
+            for slots in (16, 4)]
+    notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; warmup peak "
+             f"{engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB.")
+    return BenchResult(figures=figures, rows=rows, notes=notes)
 
 
 if __name__ == "__main__":

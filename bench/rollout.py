@@ -66,6 +66,7 @@ from typing import Any, Literal
 
 from flax import nnx
 
+from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.agents import AgentConfig, ToolAgent, run_episode
 from pipelines_lib.agents.base import FinalResponse, ToolMessages
@@ -199,6 +200,54 @@ class ArmResult:
         return self.trajectories / self.window_s * 3600
 
 
+async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, tasks: list[Task], *, skip: int,
+                         n: int, bench: str, name: str, timeout_s: float,
+                         clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trajectory], dict, dict]:
+    """Run an orchestrator over ``tasks`` until ``skip + n`` trajectories have finished, then stop it.
+
+    Returns the last ``n`` trajectories and the engine's stats (with ``at``, the clock) when the ``skip``-th and
+    the ``(skip + n)``-th finished: the measurement window, after the warm-up. Shards go to a scratch in-memory
+    folder, removed afterwards."""
+    total = skip + n
+    finished: list[Trajectory] = []
+    reached = asyncio.Event()
+    marks: list[dict[str, float]] = []
+
+    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
+        trajectory = await episode_fn(task, group_id, sample_idx)
+        finished.append(trajectory)
+        if len(finished) in (skip, total):
+            marks.append({**engine.stats(), "at": clock()})
+        if len(finished) == total:
+            reached.set()
+        return trajectory
+
+    store = Store(f"memory://rollstream-bench-{bench}/{name}")
+    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
+                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
+                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
+    engine.reset_stats()
+    if skip == 0:
+        marks.append({**engine.stats(), "at": clock()})
+    run = asyncio.create_task(orchestrator.run())
+    waiter = asyncio.create_task(reached.wait())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
+        if not reached.is_set():
+            run.result()  # a crashed run raises here; otherwise it ended short of the target
+            raise RuntimeError(f"{bench} {name}: the orchestrator stopped after {len(finished)} of {total} trajectories")
+    finally:
+        waiter.cancel()
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        if store.fs.exists(store.uri()):  # nothing is there if the run stopped before its first commit
+            store.fs.rm(store.uri(), recursive=True)
+    a, b = marks
+    return finished[skip:total], a, b
+
+
 async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task], *, name: str,
                   mode: Literal["async", "sync"], max_concurrency: int, profile: LatencyProfile | None, skip: int,
                   n_trajectories: int, new_tokens_range: tuple[int, int] = NEW_TOKENS,
@@ -211,47 +260,11 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
                        target_groups=-(-total // GROUP_SIZE) if mode == "sync" else None,
                        writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc, new_tokens_range, sandbox)
-    finished: list[Trajectory] = []
-    reached = asyncio.Event()
-    marks: list[dict[str, float]] = []
-
-    async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
-        trajectory = await inner(task, group_id, sample_idx)
-        finished.append(trajectory)
-        if len(finished) in (skip, total):
-            marks.append({**engine.stats(), "at": clock()})
-        if len(finished) == total:
-            reached.set()
-        return trajectory
-
-    store = Store(f"memory://rollstream-bench-rollout/{name}")
-    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
-                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
-                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
-    engine.reset_stats()
-    if skip == 0:
-        marks.append({**engine.stats(), "at": clock()})
-    run = asyncio.create_task(orchestrator.run())
-    waiter = asyncio.create_task(reached.wait())
-    try:
-        async with asyncio.timeout(ARM_TIMEOUT_S):
-            await asyncio.wait([run, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if not reached.is_set():
-            run.result()  # a crashed run raises here; otherwise it ended short of the target
-            raise RuntimeError(f"arm {name}: the orchestrator stopped after {len(finished)} of {total} "
-                               "trajectories")
-    finally:
-        waiter.cancel()
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        if store.fs.exists(store.uri()):  # nothing is there if the arm stopped before its first commit
-            store.fs.rm(store.uri(), recursive=True)
+    counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n_trajectories,
+                                         bench="rollout", name=name, timeout_s=ARM_TIMEOUT_S, clock=clock)
     # Let the engine drop the cancelled requests before the next arm resets its counters.
     await asyncio.sleep(0.2)
-    counted = finished[skip:total]
     tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]
-    a, b = marks
     steps = b["decode_steps"] - a["decode_steps"]
     return ArmResult(
         name=name, trajectories=n_trajectories, window_s=b["at"] - a["at"],
@@ -331,30 +344,23 @@ async def sandbox_call_ms(n: int) -> dict[str, float]:
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     by_arm = {r["arm"]: r for r in rows}
     names = [*PROFILES, CODE]
     x = np.arange(len(names))
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
-        ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
-               color=color)
-    ax.hlines(by_arm["ceiling"]["trajectories/h"], -0.5, len(PROFILES) - 0.5, color="tab:green", linestyle="--",
-              label="ceiling (no latency, slots full)")
-    ax.hlines(by_arm[f"{CODE}-ceiling"]["trajectories/h"], len(PROFILES) - 0.5, len(PROFILES) + 0.5,
-              color="tab:olive", linestyle="--", label="code ceiling (instant tool; shorter turns)")
-    ax.set_xticks(x, [f"latency: {p}" for p in PROFILES] + ["code: sandboxed python"], fontsize=8)
-    ax.set_ylabel("trajectories / hour (median)")
-    ax.set_title("rollout throughput: async orchestrator vs sync batches")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(7, 3.8)) as (_, ax):
+        for offset, mode, color in ((-0.2, "sync", "tab:gray"), (0.2, "async", "tab:blue")):
+            ax.bar(x + offset, [by_arm[f"{p}-{mode}"]["trajectories/h"] for p in names], width=0.4, label=mode,
+                   color=color)
+        ax.hlines(by_arm["ceiling"]["trajectories/h"], -0.5, len(PROFILES) - 0.5, color="tab:green", linestyle="--",
+                  label="ceiling (no latency, slots full)")
+        ax.hlines(by_arm[f"{CODE}-ceiling"]["trajectories/h"], len(PROFILES) - 0.5, len(PROFILES) + 0.5,
+                  color="tab:olive", linestyle="--", label="code ceiling (instant tool; shorter turns)")
+        ax.set_xticks(x, [f"latency: {p}" for p in PROFILES] + ["code: sandboxed python"], fontsize=8)
+        ax.set_ylabel("trajectories / hour (median)")
+        ax.set_title("rollout throughput: async orchestrator vs sync batches")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4)
 
 
 @register_bench(

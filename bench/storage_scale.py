@@ -4,7 +4,8 @@ A synthetic but valid campaign of N shards is written through the project's own 
 20 policy versions, one group of 4 trajectories per shard, the version's worth of shards per writer in seq
 order), then measured the way a long campaign uses it:
 
-- ``audit``: ``rollstream audit`` of the folder in a child process (one worker process per CPU); wall time and
+- ``audit``: ``rollstream audit`` of the folder in a child process (``--jobs`` one per CPU: the audit's own
+  process and a worker per CPU less one); wall time and
   CPU time (user + system, all processes) per shard, and the peak resident memory of its whole process tree
   (sampled every 20 ms). CPU time is the figure to compare across runs on a shared machine.
 - ``export``: ``export_parquet`` of the folder into a fresh one (one worker process per CPU); wall and CPU time

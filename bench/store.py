@@ -6,11 +6,11 @@ figures are medians over repetitions. Throughput counts the table's in-memory Ar
 
 Variants:
 - ``store write``: ``ShardWriter.add_group`` for every group, then ``flush()``: record-to-Arrow conversion,
-  zstd IPC encoding, create-only commit (temporary file, fsync, link, directory fsync). The rollout worker's
+  LZ4 IPC encoding, create-only commit (temporary file, fsync, link, directory fsync). The rollout worker's
   real path.
 - ``store encode+create``: ``encode_shard`` + ``Store.create`` of the already-built table: the byte path
   alone, to separate conversion cost from storage cost.
-- ``pyarrow write``: the same table written with ``pa.ipc.new_file`` (same zstd compression) to a file in the
+- ``pyarrow write``: the same table written with ``pa.ipc.new_file`` (same compression) to a file in the
   same folder, then fsync: what a careful hand-written writer does. It starts from the built table, so
   ``write_over_pyarrow`` charges the store alone for turning Python objects into Arrow.
 - ``pyarrow write from records``: the same records as plain row dicts through ``Table.from_pylist`` (same
@@ -32,6 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
@@ -95,21 +96,10 @@ def _store_write(store: Store, groups: list[list[Trajectory]]) -> None:
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    labels = [r["variant"] for r in rows]
-    ax.barh(labels, [r["MB/s"] for r in rows],
-            color=["tab:blue" if r["variant"].startswith("store") else "tab:gray" for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("MB/s (in-memory Arrow bytes; median)")
-    ax.set_title("shard store vs raw pyarrow IPC, local folder")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    barh(path, [r["variant"] for r in rows], [r["MB/s"] for r in rows],
+         colors=["tab:blue" if r["variant"].startswith("store") else "tab:gray" for r in rows],
+         xlabel="MB/s (in-memory Arrow bytes; median)", title="shard store vs raw pyarrow IPC, local folder",
+         figsize=(7, 3.2))
 
 
 @register_bench(
@@ -121,9 +111,9 @@ def _plot(path: Path, rows: list[dict]) -> None:
              "store's write with pyarrow converting the same Python records itself (`Table.from_pylist`).",
     method="Synthetic groups (`synthetic_group`, 4 turns per trajectory). Each repetition runs every variant once, "
            "side by side, into a fresh folder; figures are medians (each unvalidated read sample averages 5 back-to-back reads). `store write` is `ShardWriter.add_group` + "
-           "`flush` from trajectory records (conversion, zstd encoding, create-only commit with fsync); "
+           "`flush` from trajectory records (conversion, LZ4 encoding, create-only commit with fsync); "
            "`store encode+create` starts from the built table; `pyarrow write` writes the same table with the same "
-           "zstd compression and fsyncs; `pyarrow write from records` first builds that table from the same records "
+           "compression and fsyncs; `pyarrow write from records` first builds that table from the same records "
            "with `Table.from_pylist` (row dicts), a reference without a goal (`write_over_pyarrow_records`). "
            "`store read` is `read_shard(validate=False)` (the headline read ratio), "
            "`store read+validate` adds the row-by-row invariant check; `pyarrow read` reads the raw file. "

@@ -32,6 +32,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.decoder import Decoder
@@ -83,19 +84,9 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 2.2))
-    ax.barh([r["arm"] for r in rows], [r["loss tokens/s"] for r in rows], color=["tab:blue", "tab:gray"])
-    ax.invert_yaxis()
-    ax.set_xlabel("loss tokens/s (median over repetitions)")
-    ax.set_title("streaming GRPO trainer vs bare train_step loop")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    barh(path, [r["arm"] for r in rows], [r["loss tokens/s"] for r in rows], colors=["tab:blue", "tab:gray"],
+         xlabel="loss tokens/s (median over repetitions)", title="streaming GRPO trainer vs bare train_step loop",
+         figsize=(6, 2.2))
 
 
 @register_bench(

@@ -19,9 +19,7 @@ The vLLM server runs on the same two cores as the orchestrator, like the JAX eng
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import time
 from typing import Any
 
 import jax.numpy as jnp
@@ -29,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from bench.registry import BenchContext, BenchResult, register_bench
-from bench.rollout import GROUP_SIZE, NEW_TOKENS, PROFILES, forced_call_episode_fn
+from bench.rollout import GROUP_SIZE, NEW_TOKENS, PROFILES, forced_call_episode_fn, measure_window
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine.jax_engine import JaxEngine
 from pipelines_lib.engine.vllm_engine import VllmEngine
@@ -37,10 +35,8 @@ from pipelines_lib.envs.arithmetic import ArithmeticEnv
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import save_hf_checkpoint
 from pipelines_lib.model.tokenizer import load_tokenizer, tokenizer_dir
-from pipelines_lib.rollout.collect import worker_tasks
-from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
-from pipelines_lib.storage.store import Store
+from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.train.step import logprobs_fn
 from pipelines_lib.trajectory.record import Trajectory
 
@@ -56,38 +52,13 @@ async def _arm(engine: Any, tokenizer: Any, tasks: list, profile: Any, *, skip: 
     rc = RolloutConfig(group_size=GROUP_SIZE, max_concurrency=CONCURRENCY, max_new_tokens=NEW_TOKENS[1],
                        max_tokens=engine.max_seq_len, writer=WriterConfig(max_groups=4, max_age_s=2.0))
     inner = forced_call_episode_fn(engine, tokenizer, profile, rc)
-    finished: list[Trajectory] = []
-    marks: list[tuple[float, dict[str, float]]] = []
-    reached = asyncio.Event()
-
-    async def episode(task: Any, group_id: str, sample_idx: int) -> Trajectory:
-        trajectory = await inner(task, group_id, sample_idx)
-        finished.append(trajectory)
-        if len(finished) in (skip, skip + n):
-            marks.append((time.perf_counter(), engine.stats()))
-        if len(finished) == skip + n:
-            reached.set()
-        return trajectory
-
-    store = Store(f"memory://rollstream-bench-vllm/{name}")
-    orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
-                                tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
-                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
-    run = asyncio.create_task(orchestrator.run())
-    try:
-        async with asyncio.timeout(1200):
-            await reached.wait()
-    finally:
-        run.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await run
-        if store.fs.exists(store.uri()):
-            store.fs.rm(store.uri(), recursive=True)
+    counted, a, b = await measure_window(engine, rc, inner, tasks, skip=skip, n=n, bench="vllm", name=name,
+                                         timeout_s=1200)
     await asyncio.sleep(0.5)  # let cancelled requests leave the engine before the next arm
-    (t0, a), (t1, b) = marks
-    busy = (b["busy_s"] - a["busy_s"]) / (t1 - t0)
-    tokens_per_s = (b["generated_tokens"] - a["generated_tokens"]) / (t1 - t0) if "generated_tokens" in a else 0.0
-    return n / (t1 - t0) * 3600, finished[skip:skip + n], {"busy_fraction": busy, "tokens_per_s": tokens_per_s}
+    window_s = b["at"] - a["at"]
+    busy = (b["busy_s"] - a["busy_s"]) / window_s
+    tokens_per_s = (b["generated_tokens"] - a["generated_tokens"]) / window_s if "generated_tokens" in a else 0.0
+    return n / window_s * 3600, counted, {"busy_fraction": busy, "tokens_per_s": tokens_per_s}
 
 
 def _mismatch(model: Decoder, trajectories: list[Trajectory]) -> float:

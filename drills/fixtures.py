@@ -6,6 +6,7 @@ seed_trainer_campaign(url, config, n)      campaign.json, a random-init v0 and n
 final_params(store)                        the published parameters of the finished run, as one JSON string
 consumed_group_ids(store)                  the groups of every consumption log, in step order
 consumption_log / done_marker / ...        whole records with the fields a test does not care about filled in
+trained_campaign(store, config)            the records of a campaign trained up to evaluation (v0..v2, DONE)
 ```
 The kill drills compare a killed run with a reference through ``final_params`` and ``consumed_group_ids``; the
 trainer tests pin the same contract in-process.
@@ -21,11 +22,14 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import (
     ConsumedGroup,
     ConsumptionLog,
+    DatasetSuccess,
     DoneMarker,
     EvalResult,
+    Publication,
     RunRecord,
     consumption_logs,
 )
+from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -101,6 +105,19 @@ def eval_result(version: int, **fields: Any) -> EvalResult:
                          "generated_tokens": 1, **fields})
 
 
+def trained_campaign(store: Store, config: CampaignConfig, *, done: bool = True) -> None:
+    """``campaign.json``, the dataset marker and versions 0, 1, 2 published (the pointer moved to each), then the
+    trainer's done marker unless ``done`` is False: a campaign whose next stage is evaluation."""
+    init_campaign(store, config)
+    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
+    for v in (0, 1, 2):
+        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
+        publication.write(store)
+        publication.advance(store)
+    if done:
+        done_marker().write(store)
+
+
 def run_record(key: str, flow_run_id: str, **fields: Any) -> RunRecord:
     return RunRecord(**{"key": key, "flow_run_id": flow_run_id, "flow_run_name": "run", "deployment_id": None,
                         "task_run_id": None, "host": "h", "pid": 1, "started_at": "2026-01-01T00:00:00+00:00",
@@ -108,4 +125,4 @@ def run_record(key: str, flow_run_id: str, **fields: Any) -> RunRecord:
 
 
 __all__ = ["consumed_group_ids", "consumption_log", "done_marker", "eval_result", "final_params", "run_record",
-           "seed_trainer_campaign", "small_trainer_config"]
+           "seed_trainer_campaign", "small_trainer_config", "trained_campaign"]

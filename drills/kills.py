@@ -63,7 +63,7 @@ def publish_in_flight(store: Store) -> bool:
     if not folders:
         return False
     newest = folders[-1]
-    if not Publication.is_published(store, newest):
+    if not Publication.exists(store, newest):
         return True
     latest = Publication.latest(store)
     return latest is None or latest.version < newest or Publication.mirror(store).version < newest
@@ -86,7 +86,7 @@ def check_publication(store: Store, loaded: set[int]) -> dict[str, Any]:
     from pipelines_lib.publish import CampaignWeights
 
     folders = _weights_folders(store)
-    marked = [v for v in folders if Publication.is_published(store, v)]
+    marked = [v for v in folders if Publication.exists(store, v)]
     named = published_versions(store)
     mirror = Publication.mirror(store).version
     weights = CampaignWeights(store)

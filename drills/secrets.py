@@ -9,7 +9,7 @@ quick variant, commit synthetic groups through the ``ShardWriter``), telemetry f
 logged meanwhile is captured.
 
 The search covers every file under the drill folder (campaign, trace, captured logs), both as raw bytes and,
-for Arrow files (shards and dataset are zstd-compressed, so a raw grep would miss them), as decoded rows and
+for Arrow files (shards and dataset are compressed, so a raw grep would miss them), as decoded rows and
 schema metadata. Each (secret, file) hit is a leak; their count is ``reliability.secret_leaks``.
 """
 

@@ -5,10 +5,12 @@ flows/campaign.py   campaign: init -> prep -> warm start (v0) -> N rollout worke
                     -> evaluate published versions -> audit; artifacts (eval tables, learning curve, audit)
 flows/stages.py     one flow per stage (deployable alone); the campaign flow reaches them via run_deployment
 flows/recover.py    campaign_status -> run only the stages that are missing or partial
+flows/params.py     the campaign flow's typed overrides: a pydantic model generated from the config dataclasses
 flows/launch.py     a stage in-process (task .submit) or as a deployment run; run records link the two
 flows/monitor.py    progress of a running campaign read from its folder (terminal + progress artifacts)
 flows/artifacts.py  evaluation tables, the learning-curve PNG, the audit summary
 flows/replay.py     one logged training step recomputed from storage (as run, or under a what-if)
+flows/fork.py       a new campaign from a step of another (referencing its history), then optionally recover on it
 ```
 Which stages exist, their order, pools, sizing and retries come from the stage table
 (``pipelines_lib.stages.table``).

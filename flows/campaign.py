@@ -31,6 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
+from flows.params import CampaignOverrides
 from flows.runs import label_run
 from pipelines_lib import records
 from pipelines_lib.audit.view import build_view, write_view
@@ -105,7 +106,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         raise ValueError(f"unknown stages {sorted(unknown)}; valid: {STAGE_ORDER}")
     log = get_run_logger()
     url, config = launcher.campaign_url, launcher.config
-    store = launcher.settings.store(url, launcher.storage_options)
+    store = records.with_parents(launcher.settings.store(url, launcher.storage_options))
     out: dict[str, Any] = {}
     for stage in ("prep", "warm_start"):
         if stage in stages:
@@ -149,7 +150,7 @@ def run_name() -> str:
 
 @flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
 def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None = None,
-             overrides: dict[str, Any] | None = None, workers: int | None = None,
+             overrides: CampaignOverrides | None = None, workers: int | None = None,
              storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
              poll_s: float = 5.0) -> dict[str, Any]:
     """Run (or continue: every stage is idempotent) the campaign at ``campaign_url``.
@@ -159,7 +160,9 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
         preset: the config the YAML and overrides apply to (``tiny``, or the one-minute ``smoke``).
         config_path: YAML over the preset; None runs the preset.
-        overrides: dotted keys over the YAML, e.g. ``{"trainer.max_steps": 4}``.
+        overrides: any subset of the config over the YAML, nested by section (``{"trainer": {"max_steps": 4}}``);
+            typed from the config dataclasses (``flows.params``), so Prefect shows a form and refuses a bad
+            type or choice, naming the field, before the run starts.
         workers: rollout workers (overrides ``config.workers``).
         storage_options: fsspec options of the campaign's filesystem (never credentials: use workload identity).
         use_deployments: start each stage as a deployment run (``infra/prefect.yaml``) instead of in-process.
@@ -168,7 +171,8 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
     settings = entry(campaign_url, storage_options)
     label_run(campaign_url, "campaign", preset)
-    config = CampaignConfig.build(preset=preset, config_path=config_path, overrides=overrides, workers=workers)
+    config = CampaignConfig.build(preset=preset, config_path=config_path,
+                                  overrides=overrides.dotted() if overrides else None, workers=workers)
     init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,

@@ -88,11 +88,17 @@ def _run(args: argparse.Namespace) -> int:
         overrides = parse_overrides(args.set)
     except ConfigError as e:
         raise CommandError(str(e)) from e
+    nulls = [key for key, value in overrides.items() if value is None]
+    if nulls:  # the flow's typed overrides read null as "not overridden"
+        raise CommandError(f"--set {nulls[0]}=null: the flow reads a null override as \"keep the preset's or YAML's value\"; "
+                           "write the value into the --config file instead")
+    from flows.params import CampaignOverrides
     from pipelines_lib.config import CampaignConfig
 
     try:  # the config is checked here, before Prefect starts, so a typo is one line
         config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides,
                                       workers=args.workers)
+        typed = CampaignOverrides.from_dotted(overrides) if overrides else None
     except (ConfigError, ValueError, OSError) as e:
         raise CommandError(str(e)) from e
     from prefect.task_runners import ProcessPoolTaskRunner
@@ -105,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
     verbose_logging(args.verbose)
     t0 = time.monotonic()
-    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=overrides or None,
+    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
                 workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
                 return_state=True)
     if (code := _ended(state, f"campaign run {args.url}")) is not None:

@@ -157,15 +157,16 @@ EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_
 
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
-    p.add_argument("out", help="output folder (local path or gs://...); one file per policy version, create-only "
-                               "(a rerun reports each version as written, unchanged, stale or empty)")
+    p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
+                               "version=N/ per policy version, create-only (a rerun reports each version as "
+                               "written, unchanged, stale or empty)")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
     add_storage_options(p)
 
 
-@subcommand("export", "export committed valid shards for warehouse tools (one file per version)", _export_args)
+@subcommand("export", "export committed valid shards for warehouse tools (a dataset partitioned by version)", _export_args)
 def _export(args: argparse.Namespace) -> int:
     results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
     print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
@@ -400,7 +401,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _fork_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="the parent campaign folder (only read)")
-    p.add_argument("--from-step", type=int, required=True, help="the parent's step to start from (a committed checkpoint at or before it is needed)")
+    p.add_argument("--from-step", type=int, required=True, help="the parent's step to start from (its steps after the newest checkpoint at or before it "
+                        "must be logged: the fork's trainer replays them)")
     p.add_argument("new_url", help="the fork's campaign folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting in the fork, repeatable (rollout.eta=0, trainer.optim.lr=1e-4); "
@@ -408,7 +410,8 @@ def _fork_args(p: argparse.ArgumentParser) -> None:
     add_storage_options(p)
 
 
-@subcommand("fork", "start a new campaign from a checkpoint of another, under changed settings", _fork_args)
+@subcommand("fork", "start a new campaign from a step of another, referencing its history, under changed settings",
+            _fork_args)
 def _fork(args: argparse.Namespace) -> int:
     from pipelines_lib.configio import ConfigError, parse_overrides
     from pipelines_lib.stages.fork import fork_campaign
@@ -416,12 +419,13 @@ def _fork(args: argparse.Namespace) -> int:
     try:
         result = fork_campaign(open_store(args, args.url), args.from_step, open_store(args, args.new_url),
                                parse_overrides(args.set))
-    except (ConfigError, ValueError, FileNotFoundError) as e:  # model/tokenizer keys, no checkpoint, no campaign
+    except (ConfigError, ValueError, FileNotFoundError) as e:  # model/tokenizer keys, unlogged steps, no campaign
         raise CommandError(str(e)) from e
     parent = result["parent"]
     changed = ", ".join(f"{k}={v['fork']}" for k, v in parent["config_diff"].items()) or "nothing"
     print(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
-          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}")
+          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}\n"
+          f"run it with: rollstream recover {result['campaign']}")
     return 0
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
-from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, to_mapping
+from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, nest_dotted, to_mapping
 from pipelines_lib.dataset import DatasetConfig
 from pipelines_lib.distributed import DistributedConfig
 from pipelines_lib.engine.config import EngineConfig
@@ -172,14 +172,7 @@ class CampaignConfig:
 
     def with_overrides(self, overrides: dict[str, Any]) -> CampaignConfig:
         """``{"rollout.eta": 2, "trainer.max_steps": 10}`` → a validated copy."""
-        nested: dict[str, Any] = {}
-        for dotted, value in overrides.items():
-            node = nested
-            *parents, leaf = dotted.split(".")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = value
-        return type(self).from_mapping(nested, base=self)
+        return type(self).from_mapping(nest_dotted(overrides), base=self)
 
     @classmethod
     def preset(cls, name: str) -> CampaignConfig:

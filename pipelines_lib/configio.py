@@ -106,6 +106,18 @@ def parse_overrides(items: Sequence[str], *, flag: str = "--set") -> dict[str, A
     return out
 
 
+def nest_dotted(dotted: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"trainer.optim.lr": 1e-4}`` → ``{"trainer": {"optim": {"lr": 1e-4}}}`` (dotted overrides as a mapping)."""
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
 def load_yaml(path: str | Path) -> Any:
     """The YAML document in file ``path`` (see the module docstring); errors are ``ConfigError`` naming it."""
     try:

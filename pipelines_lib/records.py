@@ -16,17 +16,22 @@ AuditRecord         audit/<utc>.json (+ .txt)                       tasks.audit 
 AuditVersionResult  audit/versions/v<N>-<digest>-<newest>.json      audit.campaign (one version folder's result)
 ```
 
-Each record is a frozen dataclass. ``write(store)`` is its only way into the folder (create-only, so a second
-writer of the same object gets ``AlreadyExistsError``); ``read(store, ...)`` is the only way out, and
+Each record is a frozen dataclass. Its path comes from ``layout`` in one place: ``PATH`` for an object the
+folder holds once, ``path_of(*key)`` for one of many, named by its ``KEY`` fields (a consumption log by ``step``,
+an eval result or a publication by ``version``). ``write(store)`` is its only way into the folder (create-only,
+so a second writer of the same object gets ``AlreadyExistsError``); ``read(store, *key)`` (or ``at(store, path)``
+for a listed path) is the only way out, ``exists(store, *key)`` its done check, and
 ``from_json`` checks every field's type and the record version, naming the object and the bad field on error
 (``RecordError``). Each JSON object carries ``record_version``; a reader refuses versions it does not know.
 Listing helpers (``consumption_steps``, ``published_versions``, ``evaluated_versions``, ``run_records``) parse
 names through ``layout``, so no other module knows how the folder spells a step or a version.
+``with_parents`` opens a fork (``campaign.json`` names a ``parent``) over its parents' history.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, get_type_hints
 
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.forked import ForkStore
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import GroupSlice, TailCursor, TailEvent
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -150,8 +156,36 @@ class Record(_Record):
     def to_json(self) -> dict[str, Any]:
         return {RECORD_VERSION_KEY: self.VERSION, **self.to_dict()}
 
+    PATH: ClassVar[str | None] = None
+    """The path of a record the folder holds once; one of which it holds many names its path by ``KEY``."""
+    KEY: ClassVar[tuple[str, ...]] = ()
+    """The fields that name one object among many (``("step",)``), in the order ``path_of`` takes them."""
+
     @classmethod
-    def _read(cls, store: Store, rel: str) -> Self:
+    def path_of(cls, *key: Any) -> str:
+        """Where the object named by ``key`` (values of the ``KEY`` fields) lives; a keyed record overrides this
+        with its ``layout`` function."""
+        if cls.PATH is None or key:
+            raise TypeError(f"{cls.__name__}.path_of takes {cls.KEY or 'no key'}, got {key!r}")
+        return cls.PATH
+
+    def write(self, store: Store) -> str:
+        """Create the object at its path (create-only: a second writer gets ``AlreadyExistsError``); returns it."""
+        rel = self.path_of(*(getattr(self, name) for name in self.KEY))
+        self._create(store, rel)
+        return rel
+
+    @classmethod
+    def read(cls, store: Store, *key: Any) -> Self:
+        return cls.at(store, cls.path_of(*key))
+
+    @classmethod
+    def exists(cls, store: Store, *key: Any) -> bool:
+        return store.exists(cls.path_of(*key))
+
+    @classmethod
+    def at(cls, store: Store, rel: str) -> Self:
+        """The record at ``rel``: a path its writer returned or a listing found (audits, run records)."""
         return cls.from_json(store.read_json(rel), where=store.uri(rel))
 
     def _create(self, store: Store, rel: str) -> None:
@@ -163,13 +197,13 @@ class Record(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ForkParent(_Record):
-    """Where a forked campaign came from: the parent's URL, the step whose checkpoint it started from, and
-    the settings it changed."""
+    """Where a forked campaign came from: the parent's URL, the step whose state it starts from, and the
+    settings it changed. The fork references the parent's history up to there (``with_parents``), never copies it."""
 
     url: str
     step: int
     version: int
-    """The parent's policy version at ``step`` (the fork publishes it as its own starting version)."""
+    """The parent's policy version after ``step``: the fork's rollout workers start on it."""
     config_diff: dict[str, Any]
     """Dotted config key → ``{"parent": value, "fork": value}`` for every setting the fork changed."""
 
@@ -189,12 +223,36 @@ class CampaignManifest(Record):
 
     PATH: ClassVar[str] = layout.CAMPAIGN_JSON
 
-    def write(self, store: Store) -> None:
-        self._create(store, self.PATH)
 
-    @classmethod
-    def read(cls, store: Store) -> Self:
-        return cls._read(store, cls.PATH)
+def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:
+    """A fork's ancestry: ``(campaign, its parent entry)`` from ``store`` up to the first campaign that is no
+    fork, nearest first (empty for a campaign that is no fork, or a folder without ``campaign.json``).
+    A chain that comes back to a campaign already in it is an error naming the loop."""
+    chain: list[tuple[Store, ForkParent]] = []
+    seen = [store.uri()]
+    while store.exists(CampaignManifest.PATH) and (parent := CampaignManifest.read(store).parent) is not None:
+        chain.append((store, parent))
+        store = store.other(parent.url)
+        if store.uri() in seen:
+            raise ValueError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
+        seen.append(store.uri())
+    return chain
+
+
+def with_parents(store: Store) -> Store:
+    """The campaign at ``store`` as its stages see it: ``store`` itself, or for a fork a ``ForkStore`` that also
+    reads its parent's history up to the fork point (``layout.inherited``), the parent's view being built the
+    same way. Only the fork's own folder is ever written through it. Idempotent."""
+    if isinstance(store, ForkStore):
+        return store
+    chain = fork_chain(store)
+    if not chain:
+        return store
+    view = chain[-1][0].other(chain[-1][1].url)
+    for fork, parent in reversed(chain):
+        view = ForkStore(fork, below=view, inherits=functools.partial(layout.inherited, step=parent.step,
+                                                                      version=parent.version))
+    return view
 
 
 # -- dataset/_SUCCESS ------------------------------------------------------------------------------------
@@ -217,13 +275,6 @@ class DatasetSuccess(Record):
     bad_rows: list[str]
 
     PATH: ClassVar[str] = layout.DATASET_SUCCESS
-
-    def write(self, store: Store) -> None:
-        self._create(store, self.PATH)
-
-    @classmethod
-    def read(cls, store: Store) -> Self:
-        return cls._read(store, cls.PATH)
 
 
 # -- train/consumed/<step>.json ---------------------------------------------------------------------------
@@ -327,20 +378,11 @@ class ConsumptionLog(Record):
     def staleness_max(self) -> int:
         return max((g.staleness for g in self.groups), default=0)
 
-    @staticmethod
-    def path(step: int) -> str:
+    KEY: ClassVar[tuple[str, ...]] = ("step",)
+
+    @classmethod
+    def path_of(cls, step: int) -> str:  # type: ignore[override]
         return layout.consumed_log(step)
-
-    def write(self, store: Store) -> None:
-        self._create(store, self.path(self.step))
-
-    @classmethod
-    def read(cls, store: Store, step: int) -> Self:
-        return cls._read(store, cls.path(step))
-
-    @classmethod
-    def exists(cls, store: Store, step: int) -> bool:
-        return store.exists(cls.path(step))
 
 
 def consumption_steps(store: Store) -> list[int]:
@@ -366,12 +408,15 @@ class CheckpointMeta(Record):
     """``TailCursor.to_json()`` after the step's groups."""
     rng: list[int]
 
-    def write(self, store: Store, folder: str) -> None:
-        self._create(store, layout.checkpoint_meta(folder))
-
     @classmethod
-    def read(cls, store: Store, folder: str) -> Self:
-        return cls._read(store, layout.checkpoint_meta(folder))
+    def path_of(cls, folder: str) -> str:  # type: ignore[override]
+        """Inside the checkpoint's folder, which the saver names (a later save of one step gets ``.<n>``)."""
+        return layout.checkpoint_meta(folder)
+
+    def write(self, store: Store, folder: str) -> str:  # type: ignore[override]  # the key is not a field
+        rel = self.path_of(folder)
+        self._create(store, rel)
+        return rel
 
 
 # -- weights/v<N>/PUBLISHED.json and weights/LATEST ------------------------------------------------------
@@ -387,21 +432,16 @@ class Publication(Record):
     """The trainer step whose parameters these are (0 for the warm start)."""
     published_at: str
 
-    def write(self, store: Store) -> None:
-        """The commit marker of ``weights/v<N>`` (create-only); ``advance`` then moves the pointer."""
-        self._create(store, layout.published_marker(self.version))
+    KEY: ClassVar[tuple[str, ...]] = ("version",)
+
+    @classmethod
+    def path_of(cls, version: int) -> str:  # type: ignore[override]
+        """The commit marker of ``weights/v<N>``, written before ``advance`` moves the pointer."""
+        return layout.published_marker(version)
 
     def advance(self, store: Store) -> bool:
         """Move ``weights/LATEST`` forward to this publication (False if it is already at or past it)."""
         return store.advance_pointer(layout.WEIGHTS_LATEST, self.to_json())
-
-    @classmethod
-    def read(cls, store: Store, version: int) -> Self:
-        return cls._read(store, layout.published_marker(version))
-
-    @classmethod
-    def is_published(cls, store: Store, version: int) -> bool:
-        return store.exists(layout.published_marker(version))
 
     @classmethod
     def latest(cls, store: Store) -> Self | None:
@@ -412,12 +452,12 @@ class Publication(Record):
     @classmethod
     def mirror(cls, store: Store) -> Self:
         """The plain ``weights/LATEST.json`` file (the tool-readable copy of the pointer's newest entry)."""
-        return cls._read(store, layout.WEIGHTS_LATEST)
+        return cls.at(store, layout.WEIGHTS_LATEST)
 
     @classmethod
     def entry(cls, store: Store, version: int) -> Self:
         """The pointer entry that moved ``weights/LATEST`` to ``version``."""
-        return cls._read(store, store.pointer_entry(layout.WEIGHTS_LATEST, version))
+        return cls.at(store, store.pointer_entry(layout.WEIGHTS_LATEST, version))
 
 
 def published_versions(store: Store) -> list[int]:
@@ -445,20 +485,11 @@ class EvalResult(Record):
     wall_s: float
     generated_tokens: int
 
-    @staticmethod
-    def path(version: int) -> str:
+    KEY: ClassVar[tuple[str, ...]] = ("version",)
+
+    @classmethod
+    def path_of(cls, version: int) -> str:  # type: ignore[override]
         return layout.eval_path(version)
-
-    def write(self, store: Store) -> None:
-        self._create(store, self.path(self.version))
-
-    @classmethod
-    def read(cls, store: Store, version: int) -> Self:
-        return cls._read(store, cls.path(version))
-
-    @classmethod
-    def exists(cls, store: Store, version: int) -> bool:
-        return store.exists(cls.path(version))
 
 
 def evaluated_versions(store: Store) -> list[int]:
@@ -486,17 +517,6 @@ class DoneMarker(Record):
 
     PATH: ClassVar[str] = layout.TRAIN_DONE
 
-    def write(self, store: Store) -> None:
-        self._create(store, self.PATH)
-
-    @classmethod
-    def read(cls, store: Store) -> Self:
-        return cls._read(store, cls.PATH)
-
-    @classmethod
-    def exists(cls, store: Store) -> bool:
-        return store.exists(cls.PATH)
-
 
 # -- rollout/STOP-<utc>.json ------------------------------------------------------------------------------
 
@@ -509,10 +529,11 @@ class StopRequest(Record):
     """``layout.utc_compact`` time; also the object's name."""
     reason: str
 
-    def write(self, store: Store) -> str:
-        rel = layout.stop_marker(self.requested_at)
-        self._create(store, rel)
-        return rel
+    KEY: ClassVar[tuple[str, ...]] = ("requested_at",)
+
+    @classmethod
+    def path_of(cls, requested_at: str) -> str:  # type: ignore[override]
+        return layout.stop_marker(requested_at)
 
     @classmethod
     def times(cls, store: Store) -> list[str]:
@@ -522,10 +543,6 @@ class StopRequest(Record):
     @classmethod
     def newer_than(cls, store: Store, since: str) -> bool:
         return any(t > since for t in cls.times(store))
-
-    @classmethod
-    def read(cls, store: Store, requested_at: str) -> Self:
-        return cls._read(store, layout.stop_marker(requested_at))
 
 
 # -- runs/<key>-<flow_run_id>.json ------------------------------------------------------------------------
@@ -553,15 +570,12 @@ class RunRecord(Record):
     manifest: dict[str, Any] | None = None
     error: str | None = None
 
-    def path(self) -> str:
-        return layout.run_record(self.key, self.flow_run_id, failed_attempt=self.attempt)
-
-    def write(self, store: Store) -> None:
-        self._create(store, self.path())
+    KEY: ClassVar[tuple[str, ...]] = ("key", "flow_run_id", "attempt")
 
     @classmethod
-    def read(cls, store: Store, key: str, flow_run_id: str) -> Self:
-        return cls._read(store, layout.run_record(key, flow_run_id))
+    def path_of(cls, key: str, flow_run_id: str, attempt: str | None = None) -> str:  # type: ignore[override]
+        """A failed attempt's record is kept beside the run's own (``-failed-<attempt>``)."""
+        return layout.run_record(key, flow_run_id, failed_attempt=attempt)
 
 
 # -- audit/<utc>.json -------------------------------------------------------------------------------------
@@ -580,20 +594,18 @@ class AuditRecord(Record):
     warnings: list[str]
     report: dict[str, Any]
 
-    def paths(self) -> tuple[str, str]:
-        stamp = layout.utc_compact_of(self.audited_at)
-        return layout.audit_report(stamp, "json"), layout.audit_report(stamp, "txt")
-
-    def write(self, store: Store, text: str) -> tuple[str, str]:
-        """The report and its text rendering; returns both paths."""
-        json_path, text_path = self.paths()
-        self._create(store, json_path)
-        store.create(text_path, text.encode())
-        return json_path, text_path
+    KEY: ClassVar[tuple[str, ...]] = ("audited_at",)
 
     @classmethod
-    def read(cls, store: Store, path: str) -> Self:
-        return cls._read(store, path)
+    def path_of(cls, audited_at: str, suffix: str = "json") -> str:  # type: ignore[override]
+        return layout.audit_report(layout.utc_compact_of(audited_at), suffix)
+
+    def write(self, store: Store, text: str) -> tuple[str, str]:  # type: ignore[override]
+        """The report, then its text rendering; returns both paths."""
+        text_path = self.path_of(self.audited_at, "txt")
+        json_path = super().write(store)
+        store.create(text_path, text.encode())
+        return json_path, text_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -608,16 +620,11 @@ class AuditVersionResult(Record):
     """The newest published version when it was audited (policy versions above it are findings)."""
     result: dict[str, Any]
 
-    @property
-    def path(self) -> str:
-        return layout.audit_version_result(self.version, self.digest, self.newest_version)
-
-    def write(self, store: Store) -> None:
-        self._create(store, self.path)
+    KEY: ClassVar[tuple[str, ...]] = ("version", "digest", "newest_version")
 
     @classmethod
-    def read(cls, store: Store, path: str) -> Self:
-        return cls._read(store, path)
+    def path_of(cls, version: int, digest: str, newest_version: int | None) -> str:  # type: ignore[override]
+        return layout.audit_version_result(version, digest, newest_version)
 
 
 def audit_version_results(store: Store) -> dict[tuple[int, str], list[tuple[int | None, str]]]:
@@ -632,7 +639,7 @@ def audit_version_results(store: Store) -> dict[tuple[int, str], list[tuple[int 
 
 def run_records(store: Store) -> list[RunRecord]:
     """Every run record in the folder, in name order."""
-    return [RunRecord._read(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
+    return [RunRecord.at(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
 
 
 __all__ = [
@@ -660,6 +667,8 @@ __all__ = [
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",
+    "fork_chain",
     "published_versions",
     "run_records",
+    "with_parents",
 ]

@@ -23,7 +23,7 @@ from prefect.runtime import deployment, flow_run, task_run
 from prefect.states import State
 
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import RunRecord
+from pipelines_lib.records import RunRecord, with_parents
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
@@ -37,8 +37,9 @@ IO_RETRY_DELAYS_S = [10, 30, 90]
 
 def open_store(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings) -> Store:
     """The campaign's ``Store`` with the entry point's timeouts and deadlines (the flows read ``settings`` and
-    point Orbax at a ``gs://`` endpoint before any task runs: ``flows.entry``)."""
-    return settings.store(campaign_url, storage_options)
+    point Orbax at a ``gs://`` endpoint before any task runs: ``flows.entry``); a fork over its parents' history
+    (``records.with_parents``)."""
+    return with_parents(settings.store(campaign_url, storage_options))
 
 
 def open_campaign(campaign_url: str, storage_options: dict[str, Any] | None, settings: Settings

@@ -89,6 +89,30 @@ def demo_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return Store(run_demo(str(tmp_path_factory.mktemp("demo") / "demo"), echo=lambda _: None).url)
 
 
+TRAINED_STEPS = 12
+"""Steps of ``trained_campaign``: 24 synthetic version-0 groups, 2 a step; checkpoints and versions 1, 2, 3 at
+steps 4, 8, 12."""
+
+
+@pytest.fixture(scope="session")
+def trained_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A finished small trainer campaign (``TRAINED_STEPS``), for the tests that only read it (replay, fork)."""
+    from drills.fixtures import seed_trainer_campaign, small_trainer_config
+    from pipelines_lib.stages.train import train
+
+    config = small_trainer_config(TRAINED_STEPS, checkpoint_every=4, publish_every=4)
+    store = seed_trainer_campaign(str(tmp_path_factory.mktemp("trained") / "parent"), config, 2 * TRAINED_STEPS)
+    train(store, config, log=lambda _: None)
+    return store
+
+
+def checksums(store: Store) -> dict[str, str]:
+    """Every object under ``store`` (its own folder) -> its SHA-256: equal dicts, byte-identical folders."""
+    import hashlib
+
+    return {rel: hashlib.sha256(store.read(rel)).hexdigest() for rel in store.walk()}
+
+
 @pytest.fixture(scope="session")
 def tok():
     """The embedded default tokenizer (built offline on first use)."""

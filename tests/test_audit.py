@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
@@ -29,6 +30,7 @@ from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.record import Turn, to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.validate import validate_table, validate_tables
 
 PLANTED = "trajectories/v00000000/bad-00000000.arrow"
 
@@ -304,17 +306,19 @@ def test_reconcile_without_logs_or_publications_has_no_lineage() -> None:
     assert reconcile(committed, [], []) == (None, [])
 
 
-def test_export_writes_one_parquet_file_per_version_with_the_same_rows(store: Store, tmp_path) -> None:
+def test_export_writes_one_dataset_partitioned_by_version_with_the_same_rows(store: Store, tmp_path) -> None:
     _base(store)
     store.create(PLANTED, b"junk")
     out = Store(str(tmp_path / "export"))
     results = export_parquet(store, out)
     assert [(r.version, r.status, r.rows, r.shards, len(r.skipped)) for r in results] == [
         (0, "written", 8, 2, 1), (1, "written", 8, 2, 0)]
+    assert [r.path for r in results] == ["version=0/data.parquet", "version=1/data.parquet"]
+    dataset = ds.dataset(out.local_path(), format="parquet", partitioning="hive")
     for version in (0, 1):
-        table = pq.read_table(out.local_path(f"v{version:08d}.parquet"))
+        table = dataset.to_table(filter=ds.field("version") == version)
         assert set(table.column("campaign").to_pylist()) == {"c1" if store.url.startswith("gs://") else "campaign"}
-        table = table.drop_columns(["campaign"])
+        table = table.select(TRAJECTORY_SCHEMA.names)  # the partition key comes back from the path
         expected = pa.concat_tables([
             pa.ipc.open_file(pa.BufferReader(store.read(f"{layout.version_dir(version)}/{w}-{version:08d}.arrow")))
             .read_all().select(TRAJECTORY_SCHEMA.names) for w in ("w0", "w1")])
@@ -359,7 +363,7 @@ def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_on
     one, two = Store(str(tmp_path / "one")), Store(str(tmp_path / "two"))
     assert export_parquet(local_store, one) == export_parquet(local_store, two, jobs=2)
     for version in (0, 1):
-        a, b = (pq.ParquetFile(s.local_path(f"v{version:08d}.parquet")) for s in (one, two))
+        a, b = (pq.ParquetFile(s.local_path(f"version={version}/data.parquet")) for s in (one, two))
         assert a.read().equals(b.read()) and a.metadata.num_row_groups == 1  # two shards, one row group
 
 
@@ -379,3 +383,32 @@ def test_an_incremental_audit_reuses_unchanged_version_folders_and_reads_changed
     again = audit_campaign(local_store, since=2, progress=lines.append)
     assert _same_report(audit_campaign(local_store), again) and again.shards == 5
     assert "reused the kept results of 1 version folder(s)" in lines[-1]
+
+
+def _renamed(rows: list[dict]) -> None:
+    for row in rows:
+        row["group_id"] = "shared"
+
+
+def _bad_reward_and_status(rows: list[dict]) -> None:
+    rows[0]["reward"] = float("nan")
+    rows[1]["status"] = "lost"
+
+
+def test_shards_validated_together_get_the_findings_each_gets_alone() -> None:
+    def damaged(i: int, edit: Callable[[list[dict]], None]) -> pa.Table:
+        rows = to_table(_group(f"bad{i}", 0, "w")).to_pylist()  # group ids unique in the batch
+        edit(rows)
+        return pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+
+    good = [to_table(_group(f"ok{i}", i % 2, "w")) for i in range(3)]
+    bad = [damaged(i, edit) for i, edit in enumerate((_loss_on_tool_token, _no_version_under_loss,
+                                                      _turn_out_of_range, _shorter_logprobs, _bad_reward_and_status))]
+    batch = [good[0], *bad, good[1], good[2]]
+    alone = [validate_table(t) for t in batch]
+    assert validate_tables(batch) == alone
+    assert [bool(v) for v in alone] == [False, True, True, True, True, True, False, False]
+    assert {v.kind for v in alone[5]} == {"reward", "status"} and all(v.row is not None for v in alone[5])
+    # Shards sharing a group id (a copy), an empty one: each still checked on its own terms.
+    shared = [_bad_table(_renamed), _bad_table(_renamed), good[0].slice(0, 0)]
+    assert validate_tables(shared) == [validate_table(t) for t in shared] and validate_tables([]) == []

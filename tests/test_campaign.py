@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from drills.fixtures import done_marker, eval_result
+from drills.fixtures import done_marker, eval_result, trained_campaign
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import DatasetSuccess, Publication
 from pipelines_lib.stages.audit import audit as audit_stage
 from pipelines_lib.stages.campaign import (
     CampaignMismatchError,
@@ -14,7 +13,6 @@ from pipelines_lib.stages.campaign import (
     init_campaign,
     load_campaign_config,
 )
-from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 
@@ -30,12 +28,7 @@ def test_init_is_once_per_url_and_refuses_another_config(store: Store) -> None:
 def test_status_lists_the_stages_a_recovery_must_run(tmp_path) -> None:
     store = Store(str(tmp_path / "c"))
     assert campaign_status(store)["todo"] == ["init", "prep", "warm_start", "collect", "train", "evaluate", "audit"]
-    init_campaign(store, CampaignConfig.tiny())
-    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
-    for v in (0, 1, 2):
-        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
-        publication.write(store)
-        publication.advance(store)
+    trained_campaign(store, CampaignConfig.tiny(), done=False)
     eval_result(0).write(store)
     status = campaign_status(store)
     assert status["todo"] == ["collect", "train", "evaluate", "audit"]
@@ -51,13 +44,7 @@ def test_status_lists_the_stages_a_recovery_must_run(tmp_path) -> None:
 
 def test_a_campaign_that_evaluates_the_ends_is_done_without_the_versions_between(tmp_path) -> None:
     store = Store(str(tmp_path / "c"))
-    init_campaign(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
-    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
-    for v in (0, 1, 2):
-        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
-        publication.write(store)
-        publication.advance(store)
-    done_marker().write(store)
+    trained_campaign(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
     eval_result(0).write(store)
     assert campaign_status(store)["todo"] == ["evaluate", "audit"]
     eval_result(2).write(store)

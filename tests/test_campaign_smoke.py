@@ -194,6 +194,6 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     assert sorted(map(int, result["evaluate"])) == [v for v in (0, 1, 2) if v not in before["evaluated_versions"]]
     assert result["audit"]["ok"] and result["audit"]["violations"] == 0
     assert_finished(store)
-    report = AuditRecord.read(store, result["audit"]["report"]).report
+    report = AuditRecord.at(store, result["audit"]["report"]).report
     accounting = report["lineage"]["accounting"]
     assert accounting["consumed"] == 4 * 2 and accounting["unusable"] == 0  # every trained group once

@@ -85,8 +85,8 @@ def test_export_writes_parquet_and_reports_each_version(local_store: Store, tmp_
     assert cli.main(["export", local_store.url, str(out), "--format", "parquet"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert [(r["version"], r["status"], r["rows"]) for r in results] == [(0, "written", 8), (1, "written", 8)]
-    exported = pq.read_table(out / "v00000001.parquet")
-    assert exported.schema.names == [*TRAJECTORY_SCHEMA.names, "campaign"]
+    exported = pq.read_table(out / "version=1" / "data.parquet")
+    assert exported.schema.names == [*(n for n in TRAJECTORY_SCHEMA.names if n != "version"), "campaign"]
     assert set(exported.column("campaign").to_pylist()) == {"campaign"}  # the folder's name
     assert cli.main(["export", local_store.url, str(out)]) == 0
     assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["unchanged", "unchanged"]

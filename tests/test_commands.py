@@ -16,13 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from drills.fixtures import done_marker, eval_result
+from drills.fixtures import eval_result, trained_campaign
 from pipelines_lib import cli
 from pipelines_lib.cli import build_parser, render_status
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import DatasetSuccess, Publication
-from pipelines_lib.stages.campaign import campaign_status, init_campaign
-from pipelines_lib.storage import layout
+from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +44,7 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     (("bench", "--only", "storre"), ("rollstream bench: unknown benchmark 'storre'", "did you mean 'store'?")),
     (("run", "{tmp}/c", "--set", "trainer.max_step=4"), ("rollstream run: trainer.max_step", "'max_steps'")),
     (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects key=value",)),
+    (("run", "{tmp}/c", "--set", "init_from=null"), ("--set init_from=null:", "--config file")),
     (("run", "{tmp}/c", "--preset", "smok"), ("unknown preset 'smok'", "did you mean 'smoke'?")),
     (("run", "{tmp}/c", "--config", "{tmp}/missing.yaml"), ("rollstream run:", "missing.yaml")),
     (("stage", "tran", "{tmp}/c"), ("unknown stage 'tran'", "did you mean 'train'?")),
@@ -93,19 +92,9 @@ def test_version_and_exit_codes_are_in_the_help() -> None:
             "drills"} <= names
 
 
-def _finished(store: Store, config: CampaignConfig) -> None:
-    init_campaign(store, config)
-    DatasetSuccess(source="tiny", seed=0, splits={}, bad_rows=[]).write(store)
-    for v in (0, 1, 2):
-        publication = Publication(version=v, path=layout.weights_dir(v), step=2 * v, published_at="t")
-        publication.write(store)
-        publication.advance(store)
-    done_marker().write(store)
-
-
 def test_status_is_a_table_by_default_and_json_on_request(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
-    _finished(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
+    trained_campaign(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
     eval_result(0).write(store)
     eval_result(2).write(store)
     table = rollstream("status", store.url)

@@ -3,9 +3,12 @@ schedule registered by ``prefect deploy``; unset ``{{ $VAR }}`` references refus
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 from prefect import get_client
+from prefect.exceptions import ObjectNotFound
 
 from pipelines_lib import cli
 
@@ -39,6 +42,28 @@ def test_deploy_creates_the_missing_pool_and_registers_the_local_nightly_with_it
     assert pool.type == "process"
     assert deployment.parameters["campaign_url"] == f"{ROOT}/runs/nightly-{{date}}"
     assert [s.schedule.cron for s in schedules] == ["0 2 * * *"] and schedules[0].active
+    # The run form of the deployment is the typed overrides (flows.params), which the server enforces.
+    assert deployment.enforce_parameter_schema
+    assert "CampaignConfigOverrides" in deployment.parameter_openapi_schema["definitions"]
     # A second deploy finds the pool and leaves it be.
     assert cli.main(["deploy", "--name", "nightly-local"]) == 0
     assert "created work pool" not in capsys.readouterr().err
+
+
+def test_deploy_creates_kubernetes_pools_with_the_cluster_job_templates(prefect_api: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    monkeypatch.setenv("ROLLSTREAM_HOME", str(ROOT))
+    monkeypatch.chdir(ROOT)
+    # this session's other deploy tests made it a process pool
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+        client.delete_work_pool("rollstream-cpu")
+    try:
+        assert cli.main(["deploy", "--name", "audit", "--pool-type", "kubernetes"]) == 0
+        assert "created work pool rollstream-cpu (kubernetes" in capsys.readouterr().err
+        with get_client(sync_client=True) as client:
+            pool = client.read_work_pool("rollstream-cpu")
+        template = json.loads((ROOT / "infra" / "kubernetes-cpu-job-template.json").read_text())
+        assert pool.type == "kubernetes" and pool.base_job_template == template
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_work_pool("rollstream-cpu")  # the process pool is what the other deploy tests expect

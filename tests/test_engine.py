@@ -500,18 +500,24 @@ def test_stop_then_next_request_in_the_same_slot_match_solo_runs(model: Decoder)
     np.testing.assert_allclose(after.logprobs, solo.logprobs, atol=1e-5)
 
 
-def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: Decoder) -> None:
-    """One slot, two greedy requests of 5 and 7 tokens: 12 decode steps, none idle between them."""
-    requests = [(prompt(7), SamplingParams(temperature=0.0, max_new_tokens=5)),
-                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
-    solos = [run(model, lambda e, r=r: e.generate(*r), ONE_SLOT) for r in requests]
+def all_at_once(requests: list[tuple[list[int], SamplingParams]]) -> Callable[[JaxEngine], Awaitable[Any]]:
+    """An engine body submitting every request at once: their completions and the engine's stats meanwhile."""
 
     async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
         engine.reset_stats()
         completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
         return completions, engine.stats()
 
-    completions, stats = run(model, body, ONE_SLOT)
+    return body
+
+
+def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: Decoder) -> None:
+    """One slot, two greedy requests of 5 and 7 tokens: 12 decode steps, none idle between them."""
+    requests = [(prompt(7), SamplingParams(temperature=0.0, max_new_tokens=5)),
+                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
+    solos = [run(model, lambda e, r=r: e.generate(*r), ONE_SLOT) for r in requests]
+
+    completions, stats = run(model, all_at_once(requests), ONE_SLOT)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     assert stats["decode_steps"] == 12 and stats["slot_occupancy"] == 1.0 and stats["requests_finished"] == 2
 
@@ -552,12 +558,7 @@ def test_requests_wait_for_free_blocks_and_reuse_them_with_the_same_greedy_token
     requests = [(prompt(40, k), GREEDY) for k in range(4)]  # 40 + 12 positions: 4 blocks of 16
     solos = [run(model, lambda e, r=r: e.generate(*r)) for r in requests]
 
-    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float]]:
-        engine.reset_stats()
-        completions = await asyncio.gather(*[engine.generate(*r) for r in requests])
-        return completions, engine.stats()
-
-    completions, stats = run(model, body, SCARCE)
+    completions, stats = run(model, all_at_once(requests), SCARCE)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     for c, s in zip(completions, solos, strict=True):
         np.testing.assert_allclose(c.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
@@ -607,3 +608,39 @@ def test_decode_runs_occupied_slots_in_row_buckets_and_admitted_prompts_prefill_
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     assert shapes == [([(4, 16)], 4), ([], 4)] + [([], 1)] * 4
     assert EngineConfig(num_slots=6).row_buckets == (1, 2, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
+
+
+def test_prefill_chunks_follow_the_prompt_length_not_the_next_bucket() -> None:
+    config = EngineConfig(max_seq_len=1024, prefill_buckets=(16, 32, 64, 128, 256, 512))
+    # 288 tokens: 256 + 32 costs 288 + 2 calls x 32 = 352 padded-token equivalents, one 512 call 544.
+    assert config.prefill_chunks(288) == (256, 32)
+    assert config.prefill_chunks(500) == (512,)  # 256 + 128 + 128 would cost 608
+    assert config.prefill_chunks(800) == (512, 256, 32)
+    assert config.prefill_chunks(16) == (16,) and config.prefill_chunks(0) == ()
+    assert EngineConfig(prefill_buckets=(16, 64), prefill_call_cost=0).prefill_chunks(35) == (16, 16, 16)
+
+
+def test_prompt_prefilled_in_bucket_chunks_gives_the_greedy_tokens_of_one_padded_chunk(model: Decoder) -> None:
+    """A 36-token prompt (35 prefilled) over buckets (16, 64): as three 16-token calls when calls are free,
+    as one padded 64-token call when they are dear; the same greedy tokens either way."""
+    ids = prompt(36)
+    results = {}
+    for cost in (0, 64):
+        config = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 64), prefill_call_cost=cost)
+        shapes: list[tuple[int, ...]] = []
+
+        async def body(engine: JaxEngine, shapes: list[tuple[int, ...]] = shapes) -> Any:
+            dispatch = engine._runner.dispatch
+
+            def logged_dispatch(params: Any, prefills: list[Any], table_rn: np.ndarray, rows: Any) -> Any:
+                shapes.extend(call.tokens_rt.shape for call in prefills)
+                return dispatch(params, prefills, table_rn, rows)
+
+            engine._runner.dispatch = logged_dispatch  # type: ignore[method-assign]
+            return await engine.generate(ids, GREEDY)
+
+        results[cost] = (run(model, body, config), shapes)
+    (split, split_shapes), (whole, whole_shapes) = results[0], results[64]
+    assert split_shapes == [(1, 16)] * 3 and whole_shapes == [(1, 64)]
+    assert split.token_ids == whole.token_ids
+    np.testing.assert_allclose(split.logprobs, whole.logprobs, rtol=0, atol=1e-4)

@@ -114,15 +114,13 @@ def test_task_records_round_trip() -> None:
         assert Task.from_record(json.loads(json.dumps(record))) == task
 
 
+GOLDEN_ARITHMETIC = Task(task_id="t", env_name="arithmetic", prompt="What is 37*48+129?", answer="1905",
+                         meta={"expression": "37*48+129"})
+
+
 def test_arithmetic_golden_task_and_rewards() -> None:
     env = make_env("arithmetic")
-    task = Task(
-        task_id="t",
-        env_name="arithmetic",
-        prompt="What is 37*48+129?",
-        answer="1905",
-        meta={"expression": "37*48+129"},
-    )
+    task = GOLDEN_ARITHMETIC
     assert env.reward(task, "<answer>1905</answer>") == (1.0, {"correct": 1.0, "format": 1.0})
     assert env.reward(task, "<answer> 1905 </answer>") == (1.0, {"correct": 1.0, "format": 1.0})
     assert env.reward(task, "1905") == (0.0, {"correct": 0.0, "format": 0.0})
@@ -283,13 +281,7 @@ def test_default_flawed_arithmetic_demonstrations_solve_it_but_answer_a_float() 
 
 def test_arithmetic_demonstration_is_the_hermes_conversation() -> None:
     env = make_env("arithmetic")
-    task = Task(
-        task_id="t",
-        env_name="arithmetic",
-        prompt="What is 37*48+129?",
-        answer="1905",
-        meta={"expression": "37*48+129"},
-    )
+    task = GOLDEN_ARITHMETIC
     assert env.demonstration(task)[2:] == [
         {
             "role": "assistant",

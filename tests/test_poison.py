@@ -83,7 +83,7 @@ def test_declared_sizes_are_read_without_decoding_and_bound_the_decode() -> None
     rows, decoded = declared_sizes(encode_shard(table, {}))
     assert rows == 4 and decoded > 4 * 13  # four token columns at least
     huge = encode_shard(poison._huge_row(table, 2_000_000), {})
-    assert len(huge) < 100_000 and declared_sizes(huge)[1] > 2_000_000 * 13
+    assert len(huge) < 200_000 and declared_sizes(huge)[1] > 2_000_000 * 13  # LZ4 compresses zeros ~250:1
     with pytest.raises(ShardError, match=f"over {row_budget(192)} a row"):
         decode_shard(huge, "where.arrow", max_row_tokens=192)
     assert decode_shard(huge, "where.arrow", validate=False)[0].num_rows == 4  # under MAX_DECODED_BYTES
@@ -148,7 +148,7 @@ def test_export_writes_a_group_once_and_leaves_a_foreign_file_alone(tmp_path: Pa
     store.create(layout.shard_path(0, "x0", 0), encode_shard(poison._group("g0"), {"worker_id": "x0", "seq": 0,
                                                                                    "version": 0}))
     out = Store(str(tmp_path / "export"))
-    out.create("v00000001.parquet", b"someone else's file")
+    out.create("version=1/data.parquet", b"someone else's file")
     [v0, v1] = export_parquet(store, out)
     assert (v0.status, v0.rows, v1.status) == ("written", 16, "foreign")  # two good shards of two groups
     reasons = dict(v0.skipped)

@@ -1,13 +1,12 @@
 """Replaying a logged training step from storage: the same floats as the log, a hand-checked what-if, no writes.
 
-One small trainer campaign (4 steps of 2 synthetic groups; checkpoints at steps 2 and 4) serves every test:
-replaying step 2 starts from the warm start and re-trains step 1, step 4 restores checkpoint 2 and re-trains
-step 3. The same folder copied onto the GCS emulator replays to the same floats.
+One small trainer campaign (``conftest.trained_campaign``: 12 steps of 2 synthetic groups, checkpoints at steps 4,
+8 and 12) serves every test: replaying step 2 starts from the warm start and re-trains step 1, step 6 restores
+checkpoint 4 and re-trains step 5. The same folder copied onto the GCS emulator replays to the same floats.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 
@@ -15,33 +14,20 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from pipelines_lib.cli import main
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.stages.replay import dump_name, replay
-from pipelines_lib.stages.train import train
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
+from tests.conftest import checksums
 
 
-def checksums(store: Store) -> dict[str, str]:
-    return {rel: hashlib.sha256(store.read(rel)).hexdigest() for rel in store.walk()}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    config = small_trainer_config(4, checkpoint_every=4)
-    store = seed_trainer_campaign(str(tmp_path_factory.mktemp("replay") / "c"), config, 8)
-    train(store, config, log=lambda _: None)
-    return store
-
-
-@pytest.mark.parametrize(("step", "from_checkpoint"), [(2, 0), (4, 2)])
+@pytest.mark.parametrize(("step", "from_checkpoint"), [(2, 0), (6, 4)])
 def test_replay_reproduces_the_logged_loss_and_grad_norm_exactly_and_writes_nothing(
-        trained: Store, step: int, from_checkpoint: int) -> None:
-    before = checksums(trained)
-    result = replay(trained, step, log=lambda _: None)
-    logged = ConsumptionLog.read(trained, step).metrics
+        trained_campaign: Store, step: int, from_checkpoint: int) -> None:
+    before = checksums(trained_campaign)
+    result = replay(trained_campaign, step, log=lambda _: None)
+    logged = ConsumptionLog.read(trained_campaign, step).metrics
     assert result["identical"]
     assert result["loss"] == {"logged": logged["loss"], "recomputed": logged["loss"]}
     assert result["grad_norm"] == {"logged": logged["grad_norm"], "recomputed": logged["grad_norm"]}
@@ -49,14 +35,14 @@ def test_replay_reproduces_the_logged_loss_and_grad_norm_exactly_and_writes_noth
     assert result["metrics"] == logged  # clip fractions, ratio and weight statistics too
     # The groups' shares add up to the step's loss.
     assert sum(g["loss"] for g in result["groups"]) == pytest.approx(logged["loss"], abs=1e-6)
-    assert checksums(trained) == before
+    assert checksums(trained_campaign) == before
 
 
-def test_replay_dump_holds_the_batch_with_per_token_terms(trained: Store, tmp_path) -> None:
+def test_replay_dump_holds_the_batch_with_per_token_terms(trained_campaign: Store, tmp_path) -> None:
     out = Store(str(tmp_path / "dump"))
-    result = replay(trained, 4, dump=out, log=lambda _: None)
+    result = replay(trained_campaign, 4, dump=out, log=lambda _: None)
     rows = pq.read_table(io.BytesIO(out.read(dump_name(4, what_if=False)))).to_pylist()
-    log = ConsumptionLog.read(trained, 4)
+    log = ConsumptionLog.read(trained_campaign, 4)
     assert [r["group_id"] for r in rows[::4]] == [g.group_id for g in log.groups]
     assert [r["sample_idx"] for r in rows] == [0, 1, 2, 3] * 2
     for r in rows:
@@ -69,7 +55,7 @@ def test_replay_dump_holds_the_batch_with_per_token_terms(trained: Store, tmp_pa
     assert sum(r["contribution"] for r in rows) == pytest.approx(result["loss"]["recomputed"], abs=1e-6)
 
 
-def test_what_if_correction_cap_gives_the_hand_computed_loss_and_scales_exactly(trained: Store) -> None:
+def test_what_if_correction_cap_gives_the_hand_computed_loss_and_scales_exactly(trained_campaign: Store) -> None:
     """Under a cap C far below every ``exp(logp_prox − logp_behav)`` (behaviour log-probs are in [−3, 0], a random
     policy's near −ln 512), every weight is C; before the update r = 1, so with Dr. GRPO's advantages
     ``A_i = r_i − mean(r)`` and token-mean aggregation the loss is ``−C · Σ_i A_i · n_i / Σ_i n_i`` (``n_i`` the
@@ -77,18 +63,18 @@ def test_what_if_correction_cap_gives_the_hand_computed_loss_and_scales_exactly(
     ``exp(min(·, ln C))``)."""
     cap = 2.0 ** -20
     base = {"trainer.advantage": "drgrpo", "trainer.step.loss.behav_weight_cap": cap}
-    before = checksums(trained)
-    small = replay(trained, 3, what_if=base, log=lambda _: None)
-    double = replay(trained, 3, what_if={**base, "trainer.step.loss.behav_weight_cap": 2 * cap}, log=lambda _: None)
-    assert checksums(trained) == before
+    before = checksums(trained_campaign)
+    small = replay(trained_campaign, 3, what_if=base, log=lambda _: None)
+    double = replay(trained_campaign, 3, what_if={**base, "trainer.step.loss.behav_weight_cap": 2 * cap}, log=lambda _: None)
+    assert checksums(trained_campaign) == before
 
     a_i, n_i = [], []
     for g in small["groups"]:
         rewards = g["rewards"]
         a_i += [r - sum(rewards) / len(rewards) for r in rewards]
-    log = ConsumptionLog.read(trained, 3)
+    log = ConsumptionLog.read(trained_campaign, 3)
     for g in log.groups:  # the shard rows the log names, in sample order
-        table, _ = read_shard(trained, g.shard)
+        table, _ = read_shard(trained_campaign, g.shard)
         part = table.slice(g.row_start, g.row_end - g.row_start).to_pylist()
         n_i += [sum(r["loss_mask"]) for r in sorted(part, key=lambda r: r["sample_idx"])]
     expected = -cap * sum(a * n for a, n in zip(a_i, n_i, strict=True)) / sum(n_i)
@@ -100,41 +86,41 @@ def test_what_if_correction_cap_gives_the_hand_computed_loss_and_scales_exactly(
     assert double["grad_norm"]["recomputed"] == pytest.approx(2 * small["grad_norm"]["recomputed"], rel=1e-5)
 
 
-def test_what_if_refuses_a_setting_that_is_not_the_loss(trained: Store) -> None:
+def test_what_if_refuses_a_setting_that_is_not_the_loss(trained_campaign: Store) -> None:
     with pytest.raises(ValueError, match=r"trainer\.optim\.lr.*trainer\.advantage"):
-        replay(trained, 2, what_if={"trainer.optim.lr": 0.1}, log=lambda _: None)
+        replay(trained_campaign, 2, what_if={"trainer.optim.lr": 0.1}, log=lambda _: None)
 
 
-def test_replay_of_a_step_without_a_log_names_the_logged_steps(trained: Store) -> None:
-    with pytest.raises(ValueError, match=r"step 9 has no consumption log \(logged: steps 1\.\.4\)"):
-        replay(trained, 9, log=lambda _: None)
+def test_replay_of_a_step_without_a_log_names_the_logged_steps(trained_campaign: Store) -> None:
+    with pytest.raises(ValueError, match=r"step 13 has no consumption log \(logged: steps 1\.\.12\)"):
+        replay(trained_campaign, 13, log=lambda _: None)
 
 
-def test_replay_command_prints_identical_and_exits_zero(trained: Store, capsys: pytest.CaptureFixture) -> None:
-    assert main(["replay", trained.url, "--step", "3", "--json"]) == 0
+def test_replay_command_prints_identical_and_exits_zero(trained_campaign: Store, capsys: pytest.CaptureFixture) -> None:
+    assert main(["replay", trained_campaign.url, "--step", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["identical"] and out["step"] == 3
-    assert main(["replay", trained.url, "--step", "3", "--what-if", "trainer.model=x"]) == 2
+    assert main(["replay", trained_campaign.url, "--step", "3", "--what-if", "trainer.model=x"]) == 2
     assert "only the step's loss settings" in capsys.readouterr().err
 
 
-def test_replay_on_the_gcs_emulator_gives_the_same_floats(trained: Store, gcs_store: Store, gcs_emulator: str,
+def test_replay_on_the_gcs_emulator_gives_the_same_floats(trained_campaign: Store, gcs_store: Store, gcs_emulator: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # Orbax reads through tensorstore, which ignores STORAGE_EMULATOR_HOST (used by etils' gcsfs backend).
     for name, value in (("STORAGE_EMULATOR_HOST", gcs_emulator), ("TENSORSTORE_GCS_HTTP_URL", gcs_emulator),
                         ("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anon")):
         monkeypatch.setenv(name, value)
-    for rel in trained.walk():
-        gcs_store.create(rel, trained.read(rel))
+    for rel in trained_campaign.walk():
+        gcs_store.create(rel, trained_campaign.read(rel))
     result = replay(gcs_store, 4, log=lambda _: None)
     assert result["identical"]
-    assert result["loss"]["recomputed"] == ConsumptionLog.read(trained, 4).metrics["loss"]
+    assert result["loss"]["recomputed"] == ConsumptionLog.read(trained_campaign, 4).metrics["loss"]
 
 
-def test_replay_flow_reports_an_identical_step(prefect_api, trained: Store) -> None:
+def test_replay_flow_reports_an_identical_step(prefect_api, trained_campaign: Store) -> None:
     from flows.replay import replay_flow
 
-    before = checksums(trained)
-    result = replay_flow(trained.url, 2)
+    before = checksums(trained_campaign)
+    result = replay_flow(trained_campaign.url, 2)
     assert result["identical"] and result["replayed_steps"] == 1
-    assert checksums(trained) == before  # no run record either: a replay reads only
+    assert checksums(trained_campaign) == before  # no run record either: a replay reads only

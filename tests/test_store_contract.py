@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -170,3 +171,17 @@ def test_unreachable_gcs_endpoint_fails_with_the_url() -> None:
                   retry=RetryPolicy(attempts=2, base_delay_s=0.0, max_delay_s=0.01, deadline_s=5))
     with pytest.raises(StorageError, match="gs://bucket/c/x"):
         store.read("x")
+
+
+def test_list_if_changed_lists_a_settled_local_folder_again_only_after_a_create(local_store: Store) -> None:
+    local_store.create("f/a", b"1")
+    names, token = local_store.list_if_changed("f", None)
+    assert names == ["a"] and token is None  # just changed: its time may not move on the next create
+    folder = local_store.local_path("f")
+    settled = time.time_ns() - 10**10
+    os.utime(folder, ns=(settled, settled))
+    assert local_store.list_if_changed("f", None) == (["a"], settled)
+    assert local_store.list_if_changed("f", settled) == (None, settled)
+    local_store.create("f/b", b"2")
+    assert local_store.list_if_changed("f", settled)[0] == ["a", "b"]
+    assert local_store.list_if_changed("missing", None) == ([], None)

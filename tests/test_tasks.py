@@ -40,7 +40,7 @@ def test_audit_task_keeps_its_report_under_audit(campaign: Store) -> None:
         summary = audit.fn(campaign.url)
     assert summary["ok"] and summary["shards"] == 0
     assert campaign.exists(summary["report"]) and campaign.exists(summary["text"])
-    kept = AuditRecord.read(campaign, summary["report"])
+    kept = AuditRecord.at(campaign, summary["report"])
     assert kept.ok is True and kept.report["shards"] == 0
 
 

@@ -202,9 +202,10 @@ def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_
     assert not store.exists(layout.TRAIN_DONE) and committed_checkpoints(store) == ["train/checkpoints/00000002"]
     logs: list[str] = []
     assert train(store, config, log=logs.append)["steps"] == 6
-    assert logs[0] == "trainer: restored checkpoint train/checkpoints/00000002 (step 2, version 1)"
-    assert logs[1] == "trainer: replayed 1 logged step(s) after the checkpoint; now at step 3"
-    assert [line.split()[2] for line in logs[2:] if line.startswith("trainer: step")] == ["4/6", "5/6", "6/6"]
+    assert logs[0] == "trainer: mesh data=1 × fsdp=1 × tensor=1 (1 device)"
+    assert logs[1] == "trainer: restored checkpoint train/checkpoints/00000002 (step 2, version 1)"
+    assert logs[2] == "trainer: replayed 1 logged step(s) after the checkpoint; now at step 3"
+    assert [line.split()[2] for line in logs[3:] if line.startswith("trainer: step")] == ["4/6", "5/6", "6/6"]
     assert consumed_group_ids(store) == consumed_group_ids(reference)
     assert final_params(store) == final_params(reference)
 

@@ -21,7 +21,7 @@ from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from tests.test_vllm_engine import vllm_python
+from tests.test_vllm_engine import EAGER, vllm_python
 
 
 def vllm_campaign_config() -> CampaignConfig:
@@ -30,7 +30,7 @@ def vllm_campaign_config() -> CampaignConfig:
         "model.tie_embeddings": False,
         "engine.kind": "vllm",
         "engine.vllm.python": str(vllm_python()),
-        "engine.vllm.max_num_seqs": 16,
+        "engine.vllm.max_num_seqs": 16, "engine.vllm.extra_args": list(EAGER),
         "sft.steps": 20, "sft.n_demos": 64,
         "dataset.n_train": 64,
         "rollout.group_size": 4, "rollout.max_concurrency": 16,

@@ -37,6 +37,9 @@ from pipelines_lib.model.hf_export import save_hf_checkpoint
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokenizer
 
 LOGPROB_TOLERANCE = 1e-4
+EAGER = ("--enforce-eager",)
+"""Servers in tests skip torch.compile: it would spend about a minute of a 2-core machine's start-up compiling a
+model this small (the serving path, its numerics and the reload endpoints are the same in eager mode)."""
 MAX_SEQ_LEN = 192
 PROMPTS = [[1, 5, 9, 33, 100], [7] * 40, list(range(3, 60, 2))]
 MODELS = {seed: Decoder(ModelConfig.tiny(), rngs=nnx.Rngs(seed)) for seed in (0, 1)}
@@ -69,7 +72,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    config = VllmConfig(python=str(vllm_python()), max_num_seqs=16)
+    config = VllmConfig(python=str(vllm_python()), max_num_seqs=16, extra_args=EAGER)
     srv = VllmServer(config, max_model_len=MAX_SEQ_LEN, log_path=tmp_path_factory.mktemp("vllm") / "server.log",
                      log=lambda _: None)
     asyncio.run(srv.start(folders["v0"]))

@@ -48,12 +48,14 @@ env scored the answer and ended the episode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pipelines_lib import telemetry
 from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, MessageInfo, ToolMessages
@@ -66,10 +68,22 @@ from pipelines_lib.trajectory.schema import INFRA_STATUSES
 log = logging.getLogger(__name__)
 
 
+TimeBucket = Literal["generate_s", "env_s", "reward_s"]
+
+
+@dataclass(kw_only=True)
+class _Phase:
+    """One timed phase of a turn; ``bucket`` may change once the phase knows what it was."""
+
+    bucket: TimeBucket
+    seconds: float = 0.0
+
+
 @dataclass(kw_only=True)
 class _Outcome:
     """Mutable so a deadline that interrupts the loop keeps what was already decided."""
 
+    clock: Callable[[], float]
     status: str = "ok"
     reason: str | None = None
     """What failed, for an infrastructure failure."""
@@ -78,6 +92,17 @@ class _Outcome:
     generate_s: float = 0.0
     env_s: float = 0.0
     reward_s: float = 0.0
+
+    @contextlib.contextmanager
+    def timed(self, bucket: TimeBucket) -> Iterator[_Phase]:
+        """Add the enclosed phase's seconds to ``bucket`` (or to the one the phase switched to) when it ends.
+
+        A phase cut short by an exception (the episode's deadline, a bug) adds nothing: the timings stop there."""
+        phase = _Phase(bucket=bucket)
+        start = self.clock()
+        yield phase
+        phase.seconds = self.clock() - start
+        setattr(self, phase.bucket, getattr(self, phase.bucket) + phase.seconds)
 
     def scored(self, result: StepResult) -> None:
         self.reward = result.reward
@@ -113,116 +138,144 @@ def _tool_spans(action: ToolMessages, act_start: float | None) -> None:
         start = stop
 
 
-async def _loop(
-    *,
-    env: BaseTaskEnv,
-    task: Task,
-    agent: ConversationAgentBase,
-    engine: Engine,
-    sampling: SamplingParams,
-    limit: int,
-    tool_timeout_s: float,
-    out: _Outcome,
-    clock: Callable[[], float],
-) -> None:
-    t = clock()
-    try:
-        with telemetry.span("env_reset"):
-            messages = await env.reset(task)
-    except InfraError as err:  # the runner records the bare task prompt
-        out.env_s += clock() - t
-        out.infra("infra_error", err)
-        return
-    except Exception:
-        log.warning("env %s: reset(%s) failed", env.name, task.task_id, exc_info=True)
-        out.env_s += clock() - t
-        out.status = "env_error"
-        return
-    out.env_s += clock() - t
-    agent.start(messages, env.tools())
-    if agent.prompt_len > limit:
-        agent.clip_prompt(limit)
-        out.status = "max_tokens"
-        return
-    for turn in range(env.max_turns):
-        room = limit - len(agent.tokens)
-        if room < 1:
+@dataclass(kw_only=True)
+class _Turns:
+    """The turns of one attempt. Each phase (reset, generate, respond) times itself into ``out`` once, records its
+    own span, and turns its failures into ``out``'s status; ``None`` from a phase means the episode ended."""
+
+    env: BaseTaskEnv
+    task: Task
+    agent: ConversationAgentBase
+    engine: Engine
+    sampling: SamplingParams
+    limit: int
+    tool_timeout_s: float
+    out: _Outcome
+
+    async def run(self) -> None:
+        agent, out = self.agent, self.out
+        messages = await self._reset()
+        if messages is None:
+            return
+        agent.start(messages, self.env.tools())
+        if agent.prompt_len > self.limit:
+            agent.clip_prompt(self.limit)
             out.status = "max_tokens"
             return
-        t = clock()
-        with telemetry.span("generate", turn=turn, prompt_tokens=len(agent.tokens)) as gen:
+        for turn in range(self.env.max_turns):
+            room = self.limit - len(agent.tokens)
+            if room < 1:
+                out.status = "max_tokens"
+                return
+            text = await self._generate(turn, room)
+            if text is None:
+                return
+            reply = await self._respond(turn, text)
+            if reply is None:
+                return
+            if turn == self.env.max_turns - 1:  # nothing would answer these messages
+                break
+            new_messages, infos = reply
+            rendered = agent.render_messages(new_messages)
+            if len(agent.tokens) + sum(map(len, rendered)) >= self.limit:  # no room left to generate after them
+                out.status = "max_tokens"
+                return
+            agent.append_messages(new_messages, infos, rendered)
+        out.status = "max_turns"
+
+    async def _reset(self) -> list[Message] | None:
+        """``env.reset``: the first messages (env time)."""
+        with self.out.timed("env_s"):
+            try:
+                with telemetry.span("env_reset"):
+                    return await self.env.reset(self.task)
+            except InfraError as err:  # the runner records the bare task prompt
+                self.out.infra("infra_error", err)
+            except Exception:
+                log.warning("env %s: reset(%s) failed", self.env.name, self.task.task_id, exc_info=True)
+                self.out.status = "env_error"
+        return None
+
+    async def _generate(self, turn: int, room: int) -> str | None:
+        """One engine call on exactly the recorded ids, at most ``room`` new ones (generate time; the wait of a call
+        the engine could not serve is not). Returns the response text."""
+        sampling = dataclasses.replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, room))
+        with telemetry.span("generate", turn=turn, prompt_tokens=len(self.agent.tokens)) as gen:
             generate_start = telemetry.now()
             try:
-                completion = await engine.generate(
-                    list(agent.tokens), dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room))
-                )
+                with self.out.timed("generate_s") as phase:
+                    completion = await self.engine.generate(list(self.agent.tokens), sampling)
             except EngineUnavailableError as err:
-                log.warning("episode %s: engine unavailable: %s", task.task_id, err)
+                log.warning("episode %s: engine unavailable: %s", self.task.task_id, err)
                 gen.tags["error"] = str(err)[:200]
-                out.infra("engine_error", err)
-                return
+                self.out.infra("engine_error", err)
+                return None
             gen.tags.update(tokens=len(completion.token_ids), version=completion.policy_version,
                             finish=completion.finish_reason)
             _queue_wait_span(generate_start, completion)
-        out.generate_s += clock() - t
-        text = agent.add_generation(completion, clock() - t)
+        text = self.agent.add_generation(completion, phase.seconds)
         if completion.finish_reason == "context" or (
-            completion.finish_reason == "length" and room < sampling.max_new_tokens and len(completion.token_ids) == room
+            completion.finish_reason == "length" and room < self.sampling.max_new_tokens
+            and len(completion.token_ids) == room
         ):
-            out.status = "max_tokens"
-            return
-        t = clock()
-        act_start = telemetry.now()
-        try:
-            action = await agent.act(text, tool_timeout_s=tool_timeout_s)
-        except InfraError as err:  # a tool's infrastructure failed (``run_tool`` lets only this through)
-            out.env_s += clock() - t
-            out.infra("infra_error", err)
-            return
-        if isinstance(action, FinalResponse):
+            self.out.status = "max_tokens"
+            return None
+        return text
+
+    async def _respond(self, turn: int, text: str) -> tuple[list[Message], list[MessageInfo]] | None:
+        """The agent acts on the response: its tool calls run, or its final answer goes to ``env.step`` (env time;
+        reward time when the env scored the answer). Returns the messages for the model to answer."""
+        result: StepResult | None = None
+        with self.out.timed("env_s") as phase:
+            act_start = telemetry.now()
             try:
-                with telemetry.span("env_step", turn=turn) as step:
-                    result = await env.step(action.text)
-                    if result.done:  # the env scored the answer: this step was the reward computation
-                        step.name = "reward"
-                        step.tags["reward"] = result.reward
-            except InfraError as err:
-                out.env_s += clock() - t
-                out.infra("infra_error", err)
-                return
-            except Exception:
-                log.warning("env %s: step failed on task %s", env.name, task.task_id, exc_info=True)
-                out.env_s += clock() - t
-                out.status = "env_error"
-                return
-            out.scored(result)
-            if result.done:
-                out.reward_s += clock() - t
-                return
-            out.env_s += clock() - t
-            if not result.messages:  # the env broke its contract: nothing for the model to answer
-                out.status = "env_error"
-                return
-            new_messages: list[Message] = list(result.messages)
-            infos = [MessageInfo(role="env") for _ in new_messages]
-        else:
-            out.env_s += clock() - t
-            _tool_spans(action, act_start)
-            new_messages, infos = action.messages, action.infos
-            if action.failed and agent.config.tool_failure_ends_episode:
-                rendered = agent.render_messages(new_messages, add_generation_prompt=False)
-                if len(agent.tokens) + sum(map(len, rendered)) <= limit:
-                    agent.append_messages(new_messages, infos, rendered)
-                out.status = "tool_error"
-                return
-        if turn == env.max_turns - 1:  # nothing would answer these messages
-            break
-        rendered = agent.render_messages(new_messages)
-        if len(agent.tokens) + sum(map(len, rendered)) >= limit:  # no room left to generate after them
-            out.status = "max_tokens"
-            return
-        agent.append_messages(new_messages, infos, rendered)
-    out.status = "max_turns"
+                action = await self.agent.act(text, tool_timeout_s=self.tool_timeout_s)
+            except InfraError as err:  # a tool's infrastructure failed (``run_tool`` lets only this through)
+                self.out.infra("infra_error", err)
+                return None
+            if isinstance(action, FinalResponse):
+                result = await self._env_step(turn, action.text)
+                if result is not None and result.done:
+                    phase.bucket = "reward_s"
+        if isinstance(action, ToolMessages):
+            return self._tool_results(action, act_start)
+        if result is None or result.done:
+            return None
+        if not result.messages:  # the env broke its contract: nothing for the model to answer
+            self.out.status = "env_error"
+            return None
+        return list(result.messages), [MessageInfo(role="env") for _ in result.messages]
+
+    async def _env_step(self, turn: int, answer: str) -> StepResult | None:
+        """``env.step`` on the final answer; its span is named ``reward`` when the env scored it and ended."""
+        try:
+            with telemetry.span("env_step", turn=turn) as step:
+                result = await self.env.step(answer)
+                if result.done:
+                    step.name = "reward"
+                    step.tags["reward"] = result.reward
+        except InfraError as err:
+            self.out.infra("infra_error", err)
+            return None
+        except Exception:
+            log.warning("env %s: step failed on task %s", self.env.name, self.task.task_id, exc_info=True)
+            self.out.status = "env_error"
+            return None
+        self.out.scored(result)
+        return result
+
+    def _tool_results(self, action: ToolMessages,
+                      act_start: float | None) -> tuple[list[Message], list[MessageInfo]] | None:
+        """The tools' messages; a failed call ends the episode under ``tool_failure_ends_episode`` (its messages
+        kept when they fit)."""
+        _tool_spans(action, act_start)
+        if action.failed and self.agent.config.tool_failure_ends_episode:
+            rendered = self.agent.render_messages(action.messages, add_generation_prompt=False)
+            if len(self.agent.tokens) + sum(map(len, rendered)) <= self.limit:
+                self.agent.append_messages(action.messages, action.infos, rendered)
+            self.out.status = "tool_error"
+            return None
+        return action.messages, action.infos
 
 
 async def run_episode(
@@ -265,14 +318,14 @@ async def run_episode(
     started_at = utc_now_iso()
     limit = min(engine.max_seq_len, max_tokens)
     for attempt in range(infra_retries + 1):
-        out = _Outcome()
+        out = _Outcome(clock=clock)
         agent.clear()
         with telemetry.span("episode", group=group_id, sample=sample_idx, version=engine.policy_version,
                             attempt=attempt) as episode:
             try:
                 async with asyncio.timeout(episode_timeout_s) as deadline:
-                    await _loop(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
-                                tool_timeout_s=tool_timeout_s, out=out, clock=clock)
+                    await _Turns(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
+                                 tool_timeout_s=tool_timeout_s, out=out).run()
             except TimeoutError:
                 if not deadline.expired():
                     raise

@@ -18,10 +18,10 @@ say "OK". One listing of the folder drives everything:
   ``lineage.reconcile``; one that does not read as its record is a finding, and so is a pointer entry whose name
   and content disagree (``bad_pointer_entry``: readers skip it).
 - ``campaign.json`` and the evaluations: reported as found.
-- for a fork (``campaign.json`` names a ``parent``): the parent, read-only and only up to the fork point (its
-  consumption logs up to the step, its publications up to the version, the shards those logs name), reconciled
-  the same way, then the parent's parent: the ``ancestry``, nearest first, so lineage walks back from the fork's
-  versions through the shards its starting version was trained on.
+- for a fork (``campaign.json`` names a ``parent``): the folder is read over its parent's history up to the fork
+  point (``records.with_parents``: the parent's shards up to the fork's version, its consumption logs up to the
+  step, its publications), read-only, so lineage walks back from the fork's versions through the parent's
+  shards; the ``ancestry`` lists the parents, nearest first, each with its versions up to its fork point.
 
 Each version folder is one work unit: its shards are fetched ``read_ahead`` at a time on a thread pool (a GCS
 audit is bound by request latency) and processed in name order, in this process or on one of ``jobs`` worker
@@ -53,12 +53,13 @@ import pyarrow as pa
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
-from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Counts, Finding
+from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Counts, Finding, Lineage
 from pipelines_lib.audit.stats import Distribution, shard_figures
 from pipelines_lib.records import (
     AuditVersionResult,
     CampaignManifest,
     ConsumptionLog,
+    ForkParent,
     Publication,
     Record,
     RecordError,
@@ -70,9 +71,11 @@ from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_proble
 from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionError
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs
-from pipelines_lib.trajectory.validate import validate_table
+from pipelines_lib.trajectory.validate import Violation, validate_tables
 
 R = TypeVar("R", bound=Record)
+BATCH_SHARDS = 64
+"""Decoded shards checked together (``validate_tables``, ``shard_figures``): bounds a work unit's memory."""
 _POINTER_ENTRIES = f"{layout.WEIGHTS_LATEST}.d/"
 
 
@@ -93,7 +96,11 @@ def _read(store: Store, path: str) -> bytes | Missing:
 
 
 def prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
-    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory)."""
+    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory). A local folder is
+    read inline: there is no request latency to hide, and handing each file over from a thread costs more."""
+    if store.local_path() is not None:
+        yield from ((path, _read(store, path)) for path in paths)
+        return
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
         window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p))
@@ -203,38 +210,64 @@ class _Accumulator:
                                              message=f"a trajectory id of this folder is also committed in {first}"))
         self.shards += unit.shards
 
-    def add_shard_object(self, store: Store, path: str, sid: layout.ShardId, data: bytes | Missing) -> None:
-        if isinstance(data, NotAnObjectError):
-            self.bad_files.append(BadFile(path=path, kind="not_a_file", reason=str(data)))
-            return
-        if isinstance(data, NotFoundError):
-            self.bad_files.append(BadFile(path=path, kind="unreadable", reason=str(data)))
-            return
-        decoded = self._decode(store.uri(path), path, data)
-        if decoded is not None:
-            self._add_shard(path, sid, *decoded, len(data))
+    def add_shard_objects(self, store: Store, shards: Iterable[tuple[str, layout.ShardId, bytes | Missing]]) -> None:
+        """Fold in ``(path, shard id, fetched object)`` in order, ``BATCH_SHARDS`` decoded shards at a time."""
+        batch: list[tuple[str, layout.ShardId, pa.Table, dict, int]] = []
+        for path, sid, data in shards:
+            if isinstance(data, NotAnObjectError):
+                self.bad_files.append(BadFile(path=path, kind="not_a_file", reason=str(data)))
+            elif isinstance(data, NotFoundError):
+                self.bad_files.append(BadFile(path=path, kind="unreadable", reason=str(data)))
+            elif (decoded := self._decode(store.uri(path), path, data)) is not None:
+                batch.append((path, sid, *decoded, len(data)))
+            if len(batch) == BATCH_SHARDS:
+                self._add_batch(batch)
+                batch = []
+        if batch:
+            self._add_batch(batch)
+
+    def _add_batch(self, batch: list[tuple[str, layout.ShardId, pa.Table, dict, int]]) -> None:
+        """Shards checked and summarised together: per-call overheads dominate a small shard's checks."""
+        tables = [table for _, _, table, _, _ in batch]
+        whole = pa.concat_tables(tables).combine_chunks()
+        fig = shard_figures(whole)
+        shard_of_row = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
+        reward_sums = np.bincount(shard_of_row, weights=fig.reward, minlength=len(tables))
+        for (path, sid, table, provenance, n_bytes), violations, reward_sum in zip(
+                batch, validate_tables(tables), reward_sums.tolist(), strict=True):
+            self._add_shard(path, sid, table, provenance, n_bytes, violations, reward_sum)
+        for name in ("reward", "tokens", "generated_tokens", "turns"):
+            self.dists[name].add(getattr(fig, name))
+        self.statuses.update(fig.statuses)
+        self.tool_calls.update(fig.tool_calls)
+        self.tool_errors.update(fig.tool_errors)
 
     def _decode(self, uri: str, path: str, data: bytes) -> tuple[pa.Table, dict] | None:
+        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
         try:
-            meta = pa.ipc.open_file(pa.BufferReader(data)).schema.metadata or {}
+            # The common case decodes once; the schema is opened on its own only to classify a failure.
+            decoded = decode_shard(data, uri, validate=False, max_row_tokens=max_row_tokens)
+            failure = None
+        except ShardError as e:
+            decoded, failure = None, e
+        try:
+            meta = (decoded[0].schema if decoded else pa.ipc.open_file(pa.BufferReader(data)).schema).metadata or {}
         except (pa.ArrowInvalid, OSError) as e:
             self.bad_files.append(BadFile(path=path, kind="unreadable", reason=f"not an Arrow IPC file ({e})"))
             return None
         raw_version = meta.get(SCHEMA_VERSION_KEY)
         self.schema_versions[raw_version.decode() if raw_version else "none"] += 1
-        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
+        if failure is None:
+            return decoded
         try:
             check_declared_sizes(data, uri, max_row_tokens=max_row_tokens)
         except ShardError as e:
             self.bad_files.append(BadFile(path=path, kind="oversized", reason=str(e)))
             return None
-        try:
-            return decode_shard(data, uri, validate=False, max_row_tokens=max_row_tokens)
-        except ShardError as e:
-            kind = ("foreign_schema" if raw_version is None
-                    else "schema_version" if isinstance(e.__cause__, SchemaVersionError) else "unreadable")
-            self.bad_files.append(BadFile(path=path, kind=kind, reason=str(e)))
-            return None
+        kind = ("foreign_schema" if raw_version is None
+                else "schema_version" if isinstance(failure.__cause__, SchemaVersionError) else "unreadable")
+        self.bad_files.append(BadFile(path=path, kind=kind, reason=str(failure)))
+        return None
 
     def _trainer_findings(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict) -> list[Finding]:
         """What the trainer's tailer would skip in this (invariant-valid) shard, as findings."""
@@ -254,9 +287,9 @@ class _Accumulator:
                     out.append(finding("untrainable_group", problem, start))
         return out
 
-    def _add_shard(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict, n_bytes: int) -> None:
+    def _add_shard(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict, n_bytes: int,
+                   violations: list[Violation], reward_sum: float) -> None:
         self.shards += 1
-        violations = validate_table(table)
         self.findings += [Finding(kind=v.kind, path=path, row=v.row, trajectory_id=v.trajectory_id, message=v.message)
                           for v in violations]
         untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance)
@@ -278,18 +311,12 @@ class _Accumulator:
             self.committed[(path, gid)] = CommittedGroup(version=sid.version, prompt_id=prompts[gid],
                                                          row_start=first_row, row_end=last_row + 1,
                                                          usable=not violations and not untrainable)
-        fig = shard_figures(table)
         for tally in (self.by_version[sid.version], self.by_worker[sid.worker_id]):
             tally.shards += 1
             tally.trajectories += table.num_rows
             tally.groups += len(spans)
             tally.bytes += n_bytes
-            tally.reward_sum += float(fig.reward.sum())
-        for name in ("reward", "tokens", "generated_tokens", "turns"):
-            self.dists[name].add(getattr(fig, name))
-        self.statuses.update(fig.statuses)
-        self.tool_calls.update(fig.tool_calls)
-        self.tool_errors.update(fig.tool_errors)
+            tally.reward_sum += reward_sum
 
 
 def _id_hash(trajectory_id: str) -> int:
@@ -320,33 +347,43 @@ class _Unit:
 def _audit_unit(unit: _Unit, store: Store | None = None,
                 on_shard: Callable[[int], None] = lambda n: None) -> _Accumulator:
     """The accumulator of one version folder; ``store`` is the caller's, or one opened here in a worker."""
-    store = store or Store(unit.url, storage_options=unit.storage_options)
+    store = store or records.with_parents(Store(unit.url, storage_options=unit.storage_options))
     acc = _Accumulator(needs=unit.needs, newest_version=unit.newest_version)
     fetched = prefetch(store, [f for _, f in unit.shards], unit.read_ahead)
-    for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
-        acc.add_shard_object(store, path, sid, data)
-        on_shard(1)
+
+    def counted() -> Iterator[tuple[str, layout.ShardId, bytes | Missing]]:
+        for (sid, _), (path, data) in zip(unit.shards, fetched, strict=True):
+            yield path, sid, data
+            on_shard(1)
+
+    acc.add_shard_objects(store, counted())
     acc.first_seen.clear()  # duplicates across units go by id_hashes; the worker's result stays small
     return acc
 
 
 def _audit_units(store: Store, units: list[_Unit], jobs: int,
                  on_shards: Callable[[int], None]) -> Iterator[_Accumulator]:
-    """Results of ``units`` in order: in this process, or on ``jobs`` worker processes (spawned: no JAX, no
-    threads inherited), at most ``2 * jobs`` results waiting to be merged (bounded memory). ``on_shards(n)``
-    follows progress: per shard in this process, per unit from workers."""
+    """Results of ``units`` in order: in this process, or here and on ``jobs - 1`` worker processes (spawned: no
+    JAX, no threads inherited). Every ``jobs``-th unit is audited here while the workers audit the others, so
+    ``jobs`` processes decode and none waits idle holding memory; at most ``2 * jobs`` results wait to be merged
+    (bounded memory). ``on_shards(n)`` follows progress: per shard in this process, per unit from workers."""
     if jobs == 1 or len(units) < 2:
         yield from (_audit_unit(u, store, on_shards) for u in units)
         return
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        todo = iter(units)
-        window: deque[tuple[_Unit, Future]] = deque((u, pool.submit(_audit_unit, u))
-                                                    for u in itertools.islice(todo, 2 * jobs))
+    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        def start(i: int, unit: _Unit) -> Future | None:
+            return None if i % jobs == 0 else pool.submit(_audit_unit, unit)
+
+        todo = enumerate(units)
+        window: deque[tuple[_Unit, Future | None]] = deque((u, start(i, u)) for i, u in itertools.islice(todo, 2 * jobs))
         while window:
             unit, fut = window.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                window.append((nxt, pool.submit(_audit_unit, nxt)))
+                window.append((nxt[1], start(*nxt)))
+            if fut is None:
+                yield _audit_unit(unit, store, on_shards)
+                continue
             result = fut.result()
             on_shards(len(unit.shards))
             yield result
@@ -357,7 +394,7 @@ def _reusable(store: Store, kept: list[tuple[int | None, str]], newest: int | No
     older one when it found no untrainable group (a newer pointer only allows more policy versions)."""
     for then, path in kept:
         try:
-            record = AuditVersionResult.read(store, path)
+            record = AuditVersionResult.at(store, path)
         except RecordError:
             continue  # a damaged kept result is only a cache miss
         same = then == newest
@@ -430,42 +467,12 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
         return None
 
 
-def _ancestry(store: Store, campaign: dict[str, Any] | None, read_ahead: int,
-              findings: list[Finding]) -> tuple[Ancestor, ...]:
-    """A fork's parents, nearest first, each read only up to its fork point: the consumption logs up to the
-    step, the publications up to the version and the shards those logs name, reconciled like the campaign's
-    own. What is wrong there is a finding (with the parent's URL in its path); nothing is written there."""
-    out: list[Ancestor] = []
-    seen = {store.uri()}
-    parent = (campaign or {}).get("parent")
-    while parent is not None:
-        up = store.other(parent["url"])
-        if up.uri() in seen:
-            findings.append(Finding(kind="fork_cycle", path=up.uri(layout.CAMPAIGN_JSON), row=None,
-                                    trajectory_id=None, message=f"{parent['url']} is its own fork ancestor"))
-            break
-        seen.add(up.uri())
-        found: list[Finding] = []
-        manifest = _campaign(up, found)
-        log_paths = [layout.consumed_log(s) for s in records.consumption_steps(up) if s <= parent["step"]]
-        logs = _records(up, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", found)
-        versions = records.published_versions(up)
-        entries = _pointer_entries(up, [up.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions
-                                        if v <= parent["version"]], read_ahead, found)
-        acc = _Accumulator(needs=_needs(manifest, found), newest_version=max(versions, default=None))
-        named = {g.shard for _, log in logs for g in log.groups} | {d.shard for _, log in logs
-                                                                    for d in log.dropped_stale}
-        shards = sorted((sid, f) for f in named if (sid := layout.parse_shard_path(f)) is not None)
-        for (sid, _), (path, data) in zip(shards, prefetch(up, [f for _, f in shards], read_ahead), strict=True):
-            acc.add_shard_object(up, path, sid, data)
-        lineage, lineage_findings = reconcile(acc.committed, logs, entries)
-        findings += [dataclasses.replace(f, path=up.uri(f.path)) for f in found + acc.findings + lineage_findings]
-        findings += [Finding(kind=f"parent_{b.kind}", path=up.uri(b.path), row=None, trajectory_id=None,
-                             message=b.reason) for b in acc.bad_files]
-        out.append(Ancestor(url=parent["url"], step=parent["step"], version=parent["version"],
-                            published=lineage.published if lineage is not None else ()))
-        parent = (manifest or {}).get("parent")
-    return tuple(out)
+def _ancestry(chain: list[tuple[Store, ForkParent]], lineage: Lineage | None) -> tuple[Ancestor, ...]:
+    """A fork's parents, nearest first, each with the versions up to its fork point: the campaign's own lineage
+    already runs through them (a fork is audited over its parents' history, ``records.with_parents``)."""
+    published = lineage.published if lineage is not None else ()
+    return tuple(Ancestor(url=p.url, step=p.step, version=p.version,
+                          published=tuple(v for v in published if v.version <= p.version)) for _, p in chain)
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
@@ -482,6 +489,16 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     start = clock()
     if not store.exists(layout.CAMPAIGN_JSON):
         raise NotACampaignError("audit", store.url, f"not a campaign (no {layout.CAMPAIGN_JSON})")
+    acc = _Accumulator()
+    try:
+        chain = records.fork_chain(store)
+        store = records.with_parents(store)
+    except RecordError:
+        chain = []  # a campaign.json that does not read: ``_campaign`` reports it below
+    except ValueError as e:
+        chain = []
+        acc.findings.append(Finding(kind="fork_cycle", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
+                                    message=str(e)))
     files = store.walk("")
     if progress is not None:
         progress(f"audit {store.url}: {len(files)} objects listed ({clock() - start:.1f} s)")
@@ -490,7 +507,6 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     under_traj = [f for f in visible if f.startswith(layout.TRAJECTORIES + "/")]
     shards = sorted((sid, f) for f in under_traj if (sid := layout.parse_shard_path(f)) is not None)
 
-    acc = _Accumulator()
     campaign = _campaign(store, acc.findings)
     acc.needs = _needs(campaign, acc.findings)
     # Pointer entries first: the newest published version bounds the policy versions a shard may carry.
@@ -541,7 +557,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
     lineage, lineage_findings = reconcile(acc.committed, logs, entries)
     findings += lineage_findings
-    ancestry = _ancestry(store, campaign, read_ahead, findings)
+    ancestry = _ancestry(chain, lineage)
 
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)

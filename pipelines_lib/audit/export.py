@@ -1,7 +1,10 @@
-"""Export committed, valid shards as Parquet for warehouse tools (BigQuery, DuckDB, Spark): one file per version.
+"""Export committed, valid shards as one Parquet dataset for warehouse tools (BigQuery, DuckDB, Spark).
 
-``out/v<version:08d>.parquet`` holds every row of the version's shards that read and validate (one row group
-per shard, in shard-name order); shards that do not are left out and listed in the result. The file's
+The dataset is partitioned by policy version, hive style: ``out/version=<N>/data.parquet`` holds every row of
+version folder N's shards that read and validate (in shard-name order), without the ``version`` column, which is
+the partition key (``pyarrow.dataset.dataset(out, partitioning="hive")`` and the warehouses read it back from
+the path); shards that do not validate, or whose rows are of another version than their folder, are left out and
+listed in the result. The file's
 key-value metadata ``rollstream.export`` records the shards listed when it was written, so a rerun is cheap
 and safe: the same listing means the file is ``unchanged`` (nothing is read); a version that gained shards
 since is reported ``stale`` and left alone, because exports are create-only like everything else: export a
@@ -9,9 +12,10 @@ still-growing campaign into a new folder. Rows carry the shard columns plus ``ca
 exports of several campaigns can be queried together. A file of that name that is not such an export (anything
 else someone left in the folder) is reported ``foreign`` and left alone too.
 
-Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``campaign.prefetch``) and
-their rows go out in row groups of up to ``ROW_GROUP_ROWS`` rows as they are read, so a version costs one
-pass and memory for one row group plus the compressed file. Versions are independent work units, exported on
+Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``campaign.prefetch``), decoded
+and validated ``BATCH_SHARDS`` at a time (``shards.decode_shards``), and their rows go out in row groups of up to
+``ROW_GROUP_ROWS`` rows as they are read, so a version costs one pass and memory for one row group plus the
+compressed file. Versions are independent work units, exported on
 ``jobs`` worker processes (spawned) when there are several.
 
 A group is exported once: a shard whose content was written under another name (a copy, see
@@ -22,6 +26,7 @@ exported from the same version.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import multiprocessing
 from collections.abc import Callable, Iterator
@@ -32,15 +37,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines_lib import records
 from pipelines_lib.audit.campaign import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.shards import ShardError, decode_shard, identity_problem
+from pipelines_lib.storage.shards import ShardError, decode_shards, identity_problem
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"
-EXPORT_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("campaign", pa.string(), nullable=False))
+PARTITION_KEY = "version"
+EXPORT_SCHEMA = TRAJECTORY_SCHEMA.remove(TRAJECTORY_SCHEMA.get_field_index(PARTITION_KEY)).append(
+    pa.field("campaign", pa.string(), nullable=False))
+"""The shard columns but the partition key, and the campaign id."""
+BATCH_SHARDS = 64
+"""Shards decoded and validated together (``decode_shards``)."""
 ROW_GROUP_ROWS = 2**16
 """Rows per Parquet row group at most; small shards are gathered into one (a row group per tiny shard makes
 the file's metadata, and its writing, cost more than its rows)."""
@@ -69,7 +80,8 @@ class ExportedVersion:
 
 
 def parquet_name(version: int) -> str:
-    return f"v{version:08d}.parquet"
+    """A version's file in the dataset: its hive partition folder."""
+    return f"{PARTITION_KEY}={version}/data.parquet"
 
 
 def _listed_shards(store: Store, version: int) -> list[str]:
@@ -101,30 +113,34 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
     campaign = layout.campaign_id(store.url)
     pending: list[pa.Table] = []
     with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
-        for path, data in prefetch(store, listed, read_ahead):
-            try:
-                if isinstance(data, NotFoundError | NotAnObjectError):
-                    raise data
-                table, provenance = decode_shard(data, store.uri(path))
-            except (ShardError, NotFoundError, NotAnObjectError) as e:
-                skipped.append((path, str(e)))
-                continue
-            groups = set(table.column("group_id").to_pylist())
-            problem = identity_problem(path, provenance) or (
-                f"group(s) {sorted(groups & exported_groups)[:3]} already exported from another shard"
-                if groups & exported_groups else None)
-            if problem is not None:
-                skipped.append((path, f"{store.uri(path)}: {problem}"))
-                continue
-            exported_groups |= groups
-            pending.append(table.append_column(EXPORT_SCHEMA.field("campaign"),
-                                               pa.array([campaign] * table.num_rows, pa.string()))
-                           .replace_schema_metadata(EXPORT_SCHEMA.metadata))
-            rows += table.num_rows
-            shards += 1
-            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
-                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-                pending = []
+        objects = prefetch(store, listed, read_ahead)
+        while batch := list(itertools.islice(objects, BATCH_SHARDS)):
+            fetched = [(path, data) for path, data in batch if not isinstance(data, NotFoundError | NotAnObjectError)]
+            skipped += [(path, str(data)) for path, data in batch if isinstance(data, NotFoundError | NotAnObjectError)]
+            for (path, _), decoded in zip(fetched, decode_shards([(d, store.uri(p)) for p, d in fetched]), strict=True):
+                if isinstance(decoded, ShardError):
+                    skipped.append((path, str(decoded)))
+                    continue
+                table, provenance = decoded
+                groups = set(table.column("group_id").to_pylist())
+                problem = identity_problem(path, provenance) or (
+                    f"group(s) {sorted(groups & exported_groups)[:3]} already exported from another shard"
+                    if groups & exported_groups else None) or (
+                    f"rows of version(s) {sorted(others)}, filed under {layout.version_dir(version)}"
+                    if (others := set(table.column(PARTITION_KEY).to_pylist()) - {version}) else None)
+                if problem is not None:
+                    skipped.append((path, f"{store.uri(path)}: {problem}"))
+                    continue
+                exported_groups |= groups
+                pending.append(table.drop_columns([PARTITION_KEY])
+                               .append_column(EXPORT_SCHEMA.field("campaign"),
+                                              pa.array([campaign] * table.num_rows, pa.string()))
+                               .replace_schema_metadata(EXPORT_SCHEMA.metadata))
+                rows += table.num_rows
+                shards += 1
+                if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                    pending = []
         if pending:
             writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
         writer.add_key_value_metadata({
@@ -145,8 +161,8 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
 
 def _export_in_worker(url: str, options: dict[str, Any], out_url: str, out_options: dict[str, Any], version: int,
                       read_ahead: int) -> ExportedVersion:
-    return _export_version(Store(url, storage_options=options), Store(out_url, storage_options=out_options), version,
-                           read_ahead)
+    return _export_version(records.with_parents(Store(url, storage_options=options)),
+                           Store(out_url, storage_options=out_options), version, read_ahead)
 
 
 def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahead: int) -> Iterator[ExportedVersion]:
@@ -162,9 +178,11 @@ def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahe
 def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] | None = None, jobs: int = 1,
                    read_ahead: int = 8) -> list[ExportedVersion]:
     """Export every version folder of the campaign at ``store`` into the folder ``out``, ``jobs`` versions at a
-    time on worker processes (results in version order)."""
+    time on worker processes (results in version order). A fork is exported over its parents' history (the
+    parent's versions up to the fork point, as its trainer saw them)."""
     if jobs < 1 or read_ahead < 1:
         raise ValueError(f"export_parquet: jobs and read_ahead must be >= 1, got {jobs}, {read_ahead}")
+    store = records.with_parents(store)
     versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
     results = []
     for version, result in zip(versions, _exported(store, out, versions, jobs, read_ahead), strict=True):

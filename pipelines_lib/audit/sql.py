@@ -121,7 +121,9 @@ def _eval_row(result: EvalResult) -> dict:
 
 
 def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = None) -> CampaignTables:
-    """Read the campaign at ``store`` into the tables ``rollstream sql`` and the viewer query."""
+    """Read the campaign at ``store`` (a fork over its parents' history) into the tables ``rollstream sql`` and the
+    viewer query."""
+    store = records.with_parents(store)
     trajectories, skipped = read_trajectories(store, progress=progress)
     consumed, dropped = _log_rows(records.consumption_logs(store))
     evals = [_eval_row(EvalResult.read(store, v)) for v in records.evaluated_versions(store)]

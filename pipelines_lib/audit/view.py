@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
 from pipelines_lib.audit.sql import CampaignTables, campaign_tables
-from pipelines_lib.records import CampaignManifest
+from pipelines_lib.records import CampaignManifest, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -122,6 +122,7 @@ def _group_records(trajectories: pa.Table, chosen: list[str]) -> list[dict[str, 
 
 def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS,
                progress: Callable[[str], None] | None = None) -> View:
+    store = with_parents(store)
     tables = campaign_tables(store, progress=progress)
     summary = summarize(tables)
     evals = eval_points(store)

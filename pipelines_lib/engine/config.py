@@ -88,8 +88,12 @@ class EngineConfig:
     follow the tokens actually held: a request is admitted when the blocks of its prompt and
     ``max_new_tokens`` are free. At least one full-length sequence's worth."""
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
-    """Prompt chunks are padded to the smallest bucket that fits; longer prompts are prefilled in
-    chunks of the largest bucket. One compilation per bucket, made once."""
+    """Sizes a prefill call pads its prompt chunk to (one compilation per bucket, made once). A prompt is
+    prefilled in a sequence of bucket-sized chunks chosen for its length (``prefill_chunks``): a 288-token
+    prompt runs as 256 + 32, not padded to 512."""
+    prefill_call_cost: int = 32
+    """What one more prefill call costs, in prompt tokens (the device's fixed cost per call, e.g. reading
+    the weights once): a prompt is split into one more chunk only when that saves more padding than this."""
     mode: str = "continuous"
     """``continuous``: requests join free slots between decode steps and leave the moment they finish.
     ``static``: a batch is admitted only when every slot is free, decodes until its longest request
@@ -127,6 +131,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.prefill_buckets has {self.prefill_buckets[-1]} > max_seq_len={self.max_seq_len}"
             )
+        if self.prefill_call_cost < 0:
+            raise ValueError(f"EngineConfig.prefill_call_cost must be >= 0, got {self.prefill_call_cost}")
         if self.mode not in MODES:
             raise ValueError(f"EngineConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.block_size < 1:
@@ -182,3 +188,25 @@ class EngineConfig:
     def bucket_for(self, length: int) -> int:
         """Smallest bucket holding ``length`` tokens (the largest one when none does)."""
         return next((b for b in self.prefill_buckets if b >= length), self.prefill_buckets[-1])
+
+    def prefill_chunks(self, length: int) -> tuple[int, ...]:
+        """Buckets of the prefill calls covering ``length`` prompt tokens, in order (only the last one padded).
+
+        Chunks of the largest bucket while more remains, then the cheaper of padding the rest to one bucket
+        or splitting off the largest bucket below it and planning what is left, at ``bucket +
+        prefill_call_cost`` per call: with buckets up to 512, 288 tokens run as 256 + 32 (cost 352, against 544
+        for one padded 512), 500 as one 512."""
+        largest = self.prefill_buckets[-1]
+        full, rest = divmod(max(length, 0), largest)
+        return (largest,) * full + (self._plan_rest(rest)[1] if rest else ())
+
+    def _plan_rest(self, length: int) -> tuple[int, tuple[int, ...]]:
+        """(cost, buckets) of the cheaper plan for ``0 < length <= largest bucket`` tokens (see ``prefill_chunks``)."""
+        whole = self.bucket_for(length)
+        best = (whole + self.prefill_call_cost, (whole,))
+        below = [b for b in self.prefill_buckets if b < length]
+        if below:
+            cost, rest = self._plan_rest(length - below[-1])
+            if below[-1] + self.prefill_call_cost + cost < best[0]:
+                best = (below[-1] + self.prefill_call_cost + cost, (below[-1], *rest))
+        return best

@@ -25,8 +25,9 @@ How the pieces fit::
   the pool when it finishes, so memory follows the tokens held, not ``slots × max_seq_len``. Each decode
   step attends over the smallest power-of-two number of blocks covering its longest sequence. A block
   is reused without clearing it (see ``model.decoder``).
-* **No recompilation per request.** Prefill pads each prompt chunk to one of the configured buckets
-  (prompts longer than the largest bucket are prefilled in chunks of it) and batches the first chunks
+* **No recompilation per request.** Prefill splits each prompt into chunks of the configured buckets
+  chosen for its length (``EngineConfig.prefill_chunks``: 288 tokens run as 256 + 32, not padded to 512;
+  only the last chunk is padded) and batches the first chunks
   of the prompts admitted together; decode runs only the occupied slots, padded to a row bucket
   (``EngineConfig.row_buckets``), padding rows writing to a position past the cache end, which is dropped.
   Slots, positions and sampling settings are traced arguments, so after ``warmup()`` (one compile per
@@ -179,7 +180,7 @@ class JaxEngine:
         # Parameters and cache are committed to the engine's mesh (by the rules table of ``train.mesh``: heads,
         # MLP and vocabulary over ``tensor``): jit keys its cache on committedness and shardings, and weights
         # restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
-        mesh = make_mesh(config.mesh)
+        self.mesh = mesh = make_mesh(config.mesh)
         self._params = nnx.to_pure_dict(place_state(state, mesh))
         self._param_specs = {
             path: (leaf.shape, leaf.dtype) for path, leaf in traverse_util.flatten_dict(self._params).items()
@@ -487,14 +488,16 @@ class JaxEngine:
                      slots.tolist(), requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
-        """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``."""
-        largest = self.config.prefill_buckets[-1]
+        """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``
+        (``EngineConfig.prefill_chunks``)."""
         chunks = []
-        for start in range(first, len(ids), largest):
-            piece = ids[start : start + largest]
-            padded = np.zeros(self.config.bucket_for(len(piece)), np.int32)
+        start = first
+        for bucket in self.config.prefill_chunks(len(ids) - first):
+            piece = ids[start : start + bucket]
+            padded = np.zeros(bucket, np.int32)
             padded[: len(piece)] = piece
             chunks.append((padded, start))
+            start += len(piece)
         return chunks
 
     def _record(

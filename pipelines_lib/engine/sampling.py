@@ -67,6 +67,29 @@ def filtered_logits(
     return jax.lax.cond(filtering, cut, lambda x: x, scaled_bv)
 
 
+def draw(key_b: jax.Array, weight_bv: jax.Array, chunk: int = 256) -> jax.Array:
+    """Per row, index ``i`` drawn with probability ``weight_bv[i] / sum(weight_bv)`` (weights >= 0, a positive
+    sum) by inverting the cumulative sum at one uniform draw per row: find the chunk of ``chunk`` entries whose
+    cumulative mass crosses the draw, then the entry inside it. One random number per row instead of one per
+    vocabulary entry (a Gumbel draw), which dominated sampling on CPU; a zero-weight entry is never drawn,
+    rounding at a boundary falls back to the last positive entry."""
+    b, v = weight_bv.shape
+    n = -(-v // chunk)
+    w_bnc = jnp.pad(weight_bv, ((0, 0), (0, n * chunk - v))).reshape(b, n, chunk)
+    mass_bn = jnp.sum(w_bnc, axis=-1)
+    cdf_bn = jnp.cumsum(mass_bn, axis=-1)
+    target_b = jax.vmap(jax.random.uniform)(key_b) * cdf_bn[:, -1]
+
+    def last_positive(x_bk: jax.Array) -> jax.Array:
+        return x_bk.shape[-1] - 1 - jnp.argmax(x_bk[:, ::-1] > 0, axis=-1)
+
+    c_b = jnp.minimum(jnp.sum(cdf_bn <= target_b[:, None], axis=-1), last_positive(mass_bn))
+    within_b = target_b - jnp.take_along_axis(cdf_bn - mass_bn, c_b[:, None], axis=-1)[:, 0]
+    w_bc = jnp.take_along_axis(w_bnc, c_b[:, None, None], axis=1)[:, 0]
+    i_b = jnp.minimum(jnp.sum(jnp.cumsum(w_bc, axis=-1) <= within_b[:, None], axis=-1), last_positive(w_bc))
+    return c_b * chunk + i_b
+
+
 def sample(
     logits_bv: jax.Array,
     temperature_b: jax.Array,
@@ -78,12 +101,15 @@ def sample(
 
     Sampled rows draw from ``filtered_logits`` and report the log-probability of the drawn token under
     that same filtered, temperature-scaled distribution (the behaviour policy actually used). Greedy
-    rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value.
+    rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value. One pass of
+    ``exp`` over the vocabulary serves both the draw and the log-probability
+    (``log p(x) = z_x - max z - log Σ exp(z - max z)``).
     """
-    filtered_bv = filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b)
-    drawn_b = jax.vmap(jax.random.categorical)(key_b, filtered_bv)
     greedy_b = temperature_b == 0
-    token_b = jnp.where(greedy_b, jnp.argmax(logits_bv, axis=-1), drawn_b)
-    logp_bv = jnp.where(greedy_b[:, None], jax.nn.log_softmax(logits_bv), jax.nn.log_softmax(filtered_bv))
-    logprob_b = jnp.take_along_axis(logp_bv, token_b[:, None], axis=-1)[:, 0]
+    z_bv = jnp.where(greedy_b[:, None], logits_bv, filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b))
+    max_b = jnp.max(z_bv, axis=-1)
+    weight_bv = jnp.exp(z_bv - max_b[:, None])
+    token_b = jnp.where(greedy_b, jnp.argmax(z_bv, axis=-1), draw(key_b, weight_bv))
+    z_b = jnp.take_along_axis(z_bv, token_b[:, None], axis=-1)[:, 0]
+    logprob_b = z_b - max_b - jnp.log(jnp.sum(weight_bv, axis=-1))
     return token_b.astype(jnp.int32), logprob_b

@@ -42,8 +42,10 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,6 +96,8 @@ class VllmServer:
         self.log = log
         self.port = config.port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.scratch: str | None = None
+        """The server's own TMPDIR (its IPC sockets and scratch files), removed when it stops."""
         self.model_dir: str | None = None
         """The HF folder whose weights the server holds now (kept current by the engine's reloads)."""
 
@@ -121,6 +125,8 @@ class VllmServer:
         env["VLLM_SERVER_DEV_MODE"] = "1"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.cpu_kv_cache_gib)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXTENSION_DIR), env.get("PYTHONPATH")) if p)
+        if self.scratch:
+            env["TMPDIR"] = self.scratch
         return env
 
     async def start(self, model_dir: str | Path) -> None:
@@ -130,6 +136,8 @@ class VllmServer:
             raise FileNotFoundError(f"vLLM interpreter {python} not found: run `make vllm-venv` or set "
                                     "engine.vllm.python (or engine.vllm.url for a running server)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # vLLM leaves IPC sockets and scratch files in TMPDIR; a folder of its own keeps /tmp clean across restarts.
+        self.scratch = self.scratch or tempfile.mkdtemp(prefix="rollstream-vllm-")
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(self.command(model_dir), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.environment(),
@@ -149,16 +157,18 @@ class VllmServer:
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Terminate the server (and its engine-core children: it leads its own process group)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            await asyncio.to_thread(proc.wait, timeout_s)
-        except subprocess.TimeoutExpired:
+        if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            await asyncio.to_thread(proc.wait, timeout_s)
+                os.killpg(proc.pid, 15)
+            try:
+                await asyncio.to_thread(proc.wait, timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                await asyncio.to_thread(proc.wait, timeout_s)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 async def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] = lambda: True,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pipelines_lib.envs.base import (
     BaseTaskEnv,
@@ -34,7 +35,7 @@ from pipelines_lib.envs.base import (
     task_id_for,
 )
 from pipelines_lib.envs.registry import register_env
-from pipelines_lib.envs.tools.calculator import Calculator, evaluate, format_number
+from pipelines_lib.envs.tools.calculator import Calculator, CalculatorLimits, evaluate, format_number
 
 MISTAKES: tuple[str, ...] = ("float_answer", "no_tool", "wrong_expression", "wrong_copy")
 """Kinds of flawed demonstration, see the module docstring."""
@@ -83,24 +84,35 @@ class ArithmeticConfig:
 
 @register_env("arithmetic")
 class ArithmeticEnv(BaseTaskEnv):
-    system_prompt = SYSTEM_PROMPT
+    """Tasks are expressions to evaluate with the calculator. A variant (``twostep``) subclasses it with its own
+    config (``config_class``), expressions (``draw_expression``), calculator limits and demonstrations."""
 
-    def __init__(self, *, config: ArithmeticConfig = ArithmeticConfig()) -> None:
+    system_prompt = SYSTEM_PROMPT
+    config_class: ClassVar[type] = ArithmeticConfig
+    calculator_limits: ClassVar[CalculatorLimits] = CalculatorLimits()
+
+    def __init__(self, *, config: Any = None) -> None:
+        """``config``: an instance of ``config_class`` (its defaults when None)."""
+        config = config or self.config_class()
         super().__init__(max_turns=config.max_turns)
         self.config = config
-        self._set_tools([Calculator()])
+        self._set_tools([Calculator(limits=self.calculator_limits)])
 
     @classmethod
-    def generate_tasks(
-        cls, *, seed: int, n: int, split: str, config: ArithmeticConfig | None = None
-    ) -> list[Task]:
-        cfg = config or ArithmeticConfig()
-        lo, hi = 10 ** (cfg.operand_digits - 1), 10**cfg.operand_digits - 1
+    def draw_expression(cls, config: Any, rng: random.Random) -> str:
+        """One expression of ``config`` (``n_ops`` operators between ``operand_digits``-digit operands)."""
+        lo, hi = 10 ** (config.operand_digits - 1), 10**config.operand_digits - 1
+        expr = str(rng.randint(lo, hi))
+        for _ in range(config.n_ops):
+            expr += rng.choice(config.operators) + str(rng.randint(lo, hi))
+        return expr
+
+    @classmethod
+    def generate_tasks(cls, *, seed: int, n: int, split: str, config: Any = None) -> list[Task]:
+        cfg = config or cls.config_class()
 
         def draw(rng: random.Random) -> tuple[str, Callable[[], Task]]:
-            expr = str(rng.randint(lo, hi))
-            for _ in range(cfg.n_ops):
-                expr += rng.choice(cfg.operators) + str(rng.randint(lo, hi))
+            expr = cls.draw_expression(cfg, rng)
             prompt = rng.choice(PROMPTS).format(expr=expr)
             return expr, lambda: Task(
                 task_id=task_id_for(cls.name, expr),

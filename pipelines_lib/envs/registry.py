@@ -13,38 +13,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pipelines_lib.envs.base import BaseTaskEnv, Tool
+from pipelines_lib.registry import registering
 
 ENV_REGISTRY: dict[str, type[BaseTaskEnv]] = {}
 TOOL_REGISTRY: dict[str, type[Tool]] = {}
 
-E = TypeVar("E", bound=type[BaseTaskEnv])
-T = TypeVar("T", bound=type[Tool])
+C = TypeVar("C", bound=type)
 
 
-def register_env(name: str) -> Callable[[E], E]:
+def register_env(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_env("arithmetic")`` registers the env and sets its ``name``."""
-
-    def deco(cls: E) -> E:
-        if name in ENV_REGISTRY:
-            raise ValueError(f"env {name!r} is already registered by {ENV_REGISTRY[name].__qualname__}")
-        cls.name = name
-        ENV_REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return registering(ENV_REGISTRY, "env", name, set_name=True)
 
 
-def register_tool(name: str) -> Callable[[T], T]:
+def register_tool(name: str) -> Callable[[C], C]:
     """Class decorator: ``@register_tool("calculator")`` registers the tool and sets its ``name``."""
-
-    def deco(cls: T) -> T:
-        if name in TOOL_REGISTRY:
-            raise ValueError(f"tool {name!r} is already registered by {TOOL_REGISTRY[name].__qualname__}")
-        cls.name = name
-        TOOL_REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return registering(TOOL_REGISTRY, "tool", name, set_name=True)
 
 
 def _lookup(kind: str, registry: dict[str, Any], name: str) -> Any:

@@ -22,22 +22,13 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from pipelines_lib.envs.arithmetic import PROMPTS
-from pipelines_lib.envs.base import (
-    BaseTaskEnv,
-    Message,
-    Task,
-    answer_text,
-    draw_unique_tasks,
-    extract_answers,
-    hermes_tool_call,
-    task_id_for,
-)
+from pipelines_lib.envs.arithmetic import ArithmeticEnv
+from pipelines_lib.envs.base import Message, Task, answer_text, extract_answers, hermes_tool_call
 from pipelines_lib.envs.registry import register_env
-from pipelines_lib.envs.tools.calculator import Calculator, CalculatorLimits, evaluate, format_number
+from pipelines_lib.envs.tools.calculator import CalculatorLimits, evaluate, format_number
 
 MISTAKES: tuple[str, ...] = ("stop_early", "wrong_carry")
 """Kinds of flawed demonstration: answer the first call's result, or carry a wrong number into the second call."""
@@ -90,41 +81,26 @@ def steps_of(expression: str) -> tuple[str, str]:
 
 
 @register_env("twostep")
-class TwoStepEnv(BaseTaskEnv):
-    system_prompt = SYSTEM_PROMPT
+class TwoStepEnv(ArithmeticEnv):
+    """``arithmetic`` with a one-operation calculator and two-step expressions; rewards insist on an integer."""
 
-    def __init__(self, *, config: TwoStepConfig = TwoStepConfig()) -> None:
-        super().__init__(max_turns=config.max_turns)
-        self.config = config
-        self._set_tools([Calculator(limits=ONE_OPERATION)])
+    system_prompt = SYSTEM_PROMPT
+    config_class: ClassVar[type] = TwoStepConfig
+    calculator_limits: ClassVar[CalculatorLimits] = ONE_OPERATION
 
     @classmethod
-    def generate_tasks(cls, *, seed: int, n: int, split: str, config: TwoStepConfig | None = None) -> list[Task]:
-        cfg = config or TwoStepConfig()
-        lo, hi = 10 ** (cfg.operand_digits - 1), 10**cfg.operand_digits - 1
-
-        def draw(rng: random.Random) -> tuple[str, Callable[[], Task]]:
-            a, b, c = (rng.randint(lo, hi) for _ in range(3))
-            expr = f"{a}{rng.choice(cfg.first_ops)}{b}{rng.choice(cfg.second_ops)}{c}"
-            prompt = rng.choice(PROMPTS).format(expr=expr)
-            return expr, lambda: Task(
-                task_id=task_id_for(cls.name, expr),
-                env_name=cls.name,
-                prompt=prompt,
-                answer=format_number(evaluate(expr)),
-                meta={"expression": expr},
-            )
-
-        return draw_unique_tasks(
-            env_name=cls.name, seed=seed, n=n, split=split, heldout_fraction=cfg.heldout_fraction, draw=draw
-        )
+    def draw_expression(cls, config: Any, rng: random.Random) -> str:
+        """``a op1 b op2 c`` with ``op1`` from ``first_ops`` and ``op2`` from ``second_ops``."""
+        lo, hi = 10 ** (config.operand_digits - 1), 10**config.operand_digits - 1
+        a, b, c = (rng.randint(lo, hi) for _ in range(3))
+        return f"{a}{rng.choice(config.first_ops)}{b}{rng.choice(config.second_ops)}{c}"
 
     def reward(self, task: Task, response: str) -> tuple[float, dict[str, float]]:
-        """1 for the exact integer; ``format`` is 1 when there is exactly one answer and it is an integer."""
+        """``arithmetic``'s, except that ``format`` is 1 only when the one answer is an integer."""
+        correct, parts = super().reward(task, response)
         answers = extract_answers(response)
-        correct = float(bool(answers) and answers[-1] == task.answer)
         well_formed = float(len(answers) == 1 and _INTEGER_RE.fullmatch(answers[0]) is not None)
-        return correct, {"correct": correct, "format": well_formed}
+        return correct, parts | {"format": well_formed}
 
     def _demonstration(self, task: Task, *, corrupt: bool, rng: random.Random) -> list[Message]:
         first, second = steps_of(task.meta["expression"])

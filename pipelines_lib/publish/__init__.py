@@ -87,7 +87,7 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
     # Several processes (a model spanning hosts): all of them call this; they save the Orbax item together,
     # process 0 alone writes everything else. The barriers keep them on one view of the folder.
     barrier(f"publish {rel}: look")
-    if not Publication.is_published(store, version):
+    if not Publication.exists(store, version):
         if is_writer() and store.list(rel, include_hidden=True):
             store.fs.rm(store.uri(rel), recursive=True)  # a crashed attempt's leftovers (module docstring)
         barrier(f"publish {rel}: save")
@@ -131,7 +131,7 @@ class CampaignWeights:
 
     def load_model(self, version: int, mesh: Mesh | None = None) -> Decoder:
         """Version ``version`` as a decoder; with ``mesh``, sharded on it (``model.weights.load_weights``)."""
-        if not Publication.is_published(self.store, version):
+        if not Publication.exists(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         url = self.store.uri(weights_dir(version))
         return self.store.call_external("load weights", weights_dir(version), lambda: load_weights(url, mesh))
@@ -151,7 +151,7 @@ class CampaignHFWeights(CampaignWeights):
     def load(self, version: int) -> Path:  # type: ignore[override] - an HF folder, not parameters
         """A local folder holding version ``version``'s HF checkpoint: the campaign's own when it is on local
         disk, else a copy downloaded once into ``cache_dir`` (complete before it is renamed into place)."""
-        if not Publication.is_published(self.store, version):
+        if not Publication.exists(self.store, version):
             raise NotFoundError("load", self.store.uri(weights_dir(version)), f"version {version} is not published")
         names = self.store.list(hf_dir(version))
         if "config.json" not in names:

@@ -79,7 +79,9 @@ def _numbered(store: Store, folder: str, parse: Callable[[str], int | None], ign
 
 
 def campaign_status(store: Store) -> dict[str, Any]:
-    """What each stage has committed; ``todo`` lists the stages a recovery must run, in order."""
+    """What each stage has committed (a fork: with its parent's history); ``todo`` lists the stages a recovery
+    must run, in order."""
+    store = records.with_parents(store)
     versions = records.published_versions(store)
     entries = {store.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions}
     ignored = [path for n in store.list(f"{layout.WEIGHTS_LATEST}.d")

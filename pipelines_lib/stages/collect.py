@@ -25,7 +25,7 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.engine.vllm_engine import VllmEngine
 from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
-from pipelines_lib.records import DoneMarker
+from pipelines_lib.records import DoneMarker, with_parents
 from pipelines_lib.rollout.collect import (
     committed_groups,
     stop_requested,
@@ -38,6 +38,7 @@ from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter
 from pipelines_lib.storage.store import Store
+from pipelines_lib.train.mesh import describe_mesh
 
 EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
                          tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
@@ -47,7 +48,9 @@ EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
 def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
     model, version = load_published(store)
-    return JaxEngine(model, config.engine, policy_version=version), CampaignWeights(store)
+    engine = JaxEngine(model, config.engine, policy_version=version)
+    log(f"rollout: JAX engine on mesh {describe_mesh(engine.mesh)}")
+    return engine, CampaignWeights(store)
 
 
 def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
@@ -77,6 +80,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     layout.check_worker_id(worker)
     if "." in worker:
         raise ValueError(f"worker name may not contain '.', got {worker!r} (it separates the start nonce)")
+    store = with_parents(store)  # a fork's workers read its parent's dataset and starting version
     wait_for_weights(store, weights_timeout_s)
     if DoneMarker.exists(store):
         return {"worker": worker, "groups_committed": 0, "stop_reason": "trainer already done"}

@@ -18,7 +18,7 @@ from pipelines_lib.evaluate import HELDOUT, evaluate_model
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer, open_tokenizer
 from pipelines_lib.publish import load_published
-from pipelines_lib.records import EvalResult
+from pipelines_lib.records import EvalResult, with_parents
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
 
@@ -32,6 +32,7 @@ def score(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task], confi
 def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path | None = None) -> EvalResult:
     """Score published ``version`` on the first ``config.eval.n_tasks`` held-out tasks (a no-op once scored).
     ``cache`` is the process's cache folder (``Settings.cache``)."""
+    store = with_parents(store)
     if EvalResult.exists(store, version):
         return EvalResult.read(store, version)
     with telemetry.recording(store, "evaluate"), telemetry.span("stage.evaluate", track="stage", version=version):

@@ -1,27 +1,26 @@
-"""Fork a campaign from one of its checkpoints into a new folder, under changed settings, without touching it.
+"""Fork a campaign at one of its steps into a new folder, under changed settings, without copying or touching it.
 
 ```
-parent: campaign.json, dataset/, weights/v0, weights/v<V>, train/checkpoints/<N>/      (only read)
+parent: dataset/, trajectories/, train/consumed/, train/checkpoints/, weights/          only read, never copied
    │ fork_campaign(parent, N, new, {"rollout.eta": 0})
    ▼
-fork:   dataset/<split>.arrow … then dataset/_SUCCESS                            copies, marker last
-        weights/v00000000/, weights/v<V>/ … PUBLISHED.json last, LATEST → v<V>   copies, pointer moved last
-        train/checkpoints/<N>/state, meta.json (a fresh cursor), COMMITTED       the parent's state after step N
-        campaign.json                                                            the fork's config + ``parent``
+fork:   campaign.json      the fork's config + parent {url, step N, version V, config_diff}: the fork's only object
 ```
 
-The fork copies what its stages read (the dataset, version 0 for the trainer's model shape and
-reference, version V for the rollout workers, the checkpoint for the trainer); it never references the
-parent's objects, so a fork keeps working when its parent moves or is deleted, and nothing written into the fork
-can reach the parent. Step N needs a committed checkpoint at or before it: one of step K < N is restored and the parent's
-logged steps K+1..N re-trained in memory from the rows their logs name (as a replay does), then saved as the
-fork's checkpoint N. Its trainer restores checkpoint N (parameters, optimiser, RNG, step N, version V) and
-tails the fork's own shards from an empty cursor; its workers start from version V. ``campaign.json`` is written
-last: a folder without it is an unfinished fork, and a rerun of the same fork completes it (every copy is
-create-only and skips objects already there) or, once complete, does nothing.
+The fork references its parent's history up to step N. Every stage opens a campaign through
+``records.with_parents``, which for a fork reads the parent's dataset, its shards of versions <= V (the groups it
+had committed but not trained at step N included), its consumption logs and checkpoints up to N and its
+published versions up to V as the fork's own, and writes only into the fork's folder (``storage.forked``). So the
+fork's trainer resumes as after a crash: it restores the parent's newest checkpoint at or before N (parameters,
+optimiser, RNG, version, tail cursor), replays the parent's logged steps after it, and tails on from the
+parent's cursor under the fork's settings. Its rollout workers start from version V; lineage, the audit and the
+viewer walk back through the parent's logs and shards. A fork of a fork chains the same way, each level seeing
+its parent only up to its own fork point.
 
-Changing the model or the tokenizer would make the checkpoint meaningless and is refused; η, the loss, the
-learning rate and everything else may change.
+Changing the model or the tokenizer would make the parent's checkpoints meaningless, and changing the dataset, the
+group size or the sequence buckets would contradict the inherited history: those are refused (``FIXED_KEYS``); η,
+the loss, the learning rate and the rest may change. Writing ``campaign.json`` is the whole fork: rerunning the
+same fork does nothing, another fork or campaign at the same URL is refused.
 """
 
 from __future__ import annotations
@@ -29,39 +28,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jax
-import numpy as np
-
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import (
-    CampaignManifest,
-    CheckpointMeta,
-    ConsumptionLog,
-    DatasetSuccess,
-    ForkParent,
-    Publication,
-)
+from pipelines_lib.records import CampaignManifest, CheckpointMeta, ConsumptionLog, ForkParent, with_parents
 from pipelines_lib.stages.campaign import CampaignMismatchError, code_version, load_campaign_config
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import TailCursor
-from pipelines_lib.train.checkpoint import committed_checkpoints, save_checkpoint
-from pipelines_lib.train.replay import retrain_to
-from pipelines_lib.train.trainer import StreamingTrainer
+from pipelines_lib.train.checkpoint import committed_checkpoints
 from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 
-FIXED_KEYS = ("model", "tokenizer")
-"""Config sections a fork may not change (the checkpoint's parameters only fit the parent's model and tokens)."""
+FIXED_KEYS = {
+    "model": "its checkpoint only fits it",
+    "tokenizer": "its checkpoint only fits it",
+    "dataset": "the fork reads the parent's prepared dataset",
+    "rollout.group_size": "the inherited shards hold groups of the parent's size",
+    "trainer.seq_buckets": "the inherited groups were checked trainable against the parent's buckets",
+}
+"""Config keys (a section or one dotted key) a fork may not change, with the reason the error gives."""
 
 
 def check_fork_overrides(overrides: Mapping[str, Any]) -> None:
-    """Refuse a dotted key under ``FIXED_KEYS``, naming it."""
+    """Refuse a dotted key at or under one of ``FIXED_KEYS``, naming it and why."""
     for key in overrides:
-        section = key.split(".", 1)[0]
-        if section in FIXED_KEYS:
-            raise ValueError(f"--set {key}: a fork keeps its parent's {section} (its checkpoint only fits it); "
-                             f"change η, the loss, the optimiser or the rollout instead")
+        for fixed, why in FIXED_KEYS.items():
+            if key == fixed or key.startswith(fixed + "."):
+                raise ValueError(f"--set {key}: a fork keeps its parent's {fixed} ({why}); "
+                                 f"change η, the loss, the optimiser or the rollout's pace instead")
 
 
 def config_diff(parent: Mapping[str, Any], fork: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -76,84 +68,35 @@ def config_diff(parent: Mapping[str, Any], fork: Mapping[str, Any], prefix: str 
     return out
 
 
-def _checkpoint_for(parent: Store, step: int) -> str:
-    """The newest committed checkpoint at or before ``step``; a ``ValueError`` naming the checkpointed steps."""
-    folders = committed_checkpoints(parent)
-    usable = [f for f in folders if (layout.checkpoint_step(f) or 0) <= step]
-    if not usable:
-        have = ", ".join(str(layout.checkpoint_step(f)) for f in folders) or "none"
-        raise ValueError(f"{parent.uri(layout.CHECKPOINTS)}: step {step} has no committed checkpoint at or before "
-                         f"it to fork from (steps with one: {have})")
-    return usable[-1]
-
-
-def _version_after(parent: Store, meta: CheckpointMeta, step: int) -> int:
-    """The parent's policy version after ``step``, from its log; every step after the checkpoint must be logged."""
-    if meta.step == step:
+def _version_after(parent: Store, step: int) -> int:
+    """The parent's policy version after ``step``. The fork's trainer restores the newest committed checkpoint
+    at or before ``step`` (none: the warm start) and replays the logged steps after it, so each must be logged."""
+    if step < 1:
+        raise ValueError(f"{parent.uri()}: a fork starts after a trained step (>= 1), got step {step}")
+    folders = [f for f in committed_checkpoints(parent) if (layout.checkpoint_step(f) or 0) <= step]
+    meta = CheckpointMeta.read(parent, folders[-1]) if folders else None
+    if meta is not None and meta.step == step:
         return meta.version
-    missing = [s for s in range(meta.step + 1, step + 1) if not ConsumptionLog.exists(parent, s)]
+    start = 0 if meta is None else meta.step
+    missing = [s for s in range(start + 1, step + 1) if not ConsumptionLog.exists(parent, s)]
     if missing:
-        raise ValueError(f"{parent.uri(layout.CONSUMED)}: forking at step {step} re-trains steps "
-                         f"{meta.step + 1}..{step} from the checkpoint of step {meta.step}, but steps {missing} "
-                         "have no consumption log")
+        origin = "the warm start" if meta is None else f"the checkpoint of step {start}"
+        raise ValueError(f"{parent.uri(layout.CONSUMED)}: a fork at step {step} replays steps {start + 1}..{step} "
+                         f"from {origin}, but steps {missing} have no consumption log")
     log = ConsumptionLog.read(parent, step)
     return log.trainer_version if log.published_version is None else log.published_version
 
 
-def _seed_checkpoint(parent: Store, base: CampaignConfig, folder: str, meta: CheckpointMeta, step: int,
-                     version: int, fork: Store) -> None:
-    """The fork's committed checkpoint of ``step``: the parent's state then, with an empty cursor (the fork
-    trains on its own shards only). A parent checkpoint of that very step is copied; from an earlier one the
-    logged steps in between are re-trained in memory (``train.replay.retrain_to``, reading the parent only)."""
-    target = layout.checkpoint_dir(step)
-    if fork.exists(layout.checkpoint_committed(target)):
-        return
-    cursor = TailCursor().to_json()
-    if meta.step != step:
-        trainer = StreamingTrainer(parent, base.trainer, eta=base.rollout.eta, group_size=base.rollout.group_size,
-                                   log=lambda _: None)
-        retrain_to(trainer, step)
-        save_checkpoint(fork, step=step, version=version, cursor=cursor,
-                        rng=jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32)), model=trainer.model,
-                        optimizer=trainer.optimizer)
-        return
-    _copy_folder(parent, fork, f"{folder}/state", f"{target}/state")
-    if not fork.exists(layout.checkpoint_meta(target)):
-        CheckpointMeta(step=step, version=version, cursor=cursor, rng=meta.rng).write(fork, target)
-    fork.create(layout.checkpoint_committed(target), b"")
-
-
-def _copy(parent: Store, fork: Store, src: str, dst: str | None = None) -> None:
-    """Copy one object, create-only; one already in the fork is complete (create-only writers) and kept."""
-    dst = dst or src
-    if not fork.exists(dst):
-        fork.create(dst, parent.read(src))
-
-
-def _copy_folder(parent: Store, fork: Store, src: str, dst: str, *, last: tuple[str, ...] = ()) -> None:
-    """Every object under ``src`` into ``dst``; the names in ``last`` (markers) after all the others."""
-    names = [p[len(src) + 1:] for p in parent.walk(src)]
-    for name in sorted(names, key=lambda n: (n in last, n)):
-        _copy(parent, fork, f"{src}/{name}", f"{dst}/{name}")
-
-
-def _copy_version(parent: Store, fork: Store, version: int) -> None:
-    folder = layout.weights_dir(version)
-    _copy_folder(parent, fork, folder, folder, last=(layout.PUBLISHED,))
-    Publication.read(fork, version).advance(fork)
-
-
 def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Create the fork at ``fork`` from checkpoint ``step`` of ``parent`` under ``overrides`` (dotted keys, as
+    """Create the fork at ``fork`` from step ``step`` of ``parent`` under ``overrides`` (dotted keys, as
     ``CampaignConfig.with_overrides``); returns ``{"campaign", "parent", "created"}``. Only reads ``parent``."""
     if parent.uri() == fork.uri():
         raise ValueError(f"{fork.uri()}: a fork needs a new campaign URL, not its parent's")
     check_fork_overrides(overrides)
+    parent = with_parents(parent)
     base = load_campaign_config(parent)
     config: CampaignConfig = base.with_overrides(dict(overrides))
-    folder = _checkpoint_for(parent, step)
-    meta = CheckpointMeta.read(parent, folder)
-    version = _version_after(parent, meta, step)
+    version = _version_after(parent, step)
     origin = ForkParent(url=parent.url, step=step, version=version,
                         config_diff=config_diff(base.to_dict(), config.to_dict()))
     if fork.exists(layout.CAMPAIGN_JSON):
@@ -162,14 +105,6 @@ def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str,
             raise CampaignMismatchError(f"{fork.uri(layout.CAMPAIGN_JSON)}: already a campaign, not this fork of "
                                         f"{parent.url} at step {step}; use a new URL")
         return {"campaign": fork.url, "parent": origin.to_dict(), "created": False}
-
-    if parent.exists(DatasetSuccess.PATH):
-        for split in DatasetSuccess.read(parent).splits.values():
-            _copy(parent, fork, split.path)
-        _copy(parent, fork, DatasetSuccess.PATH)
-    for v in sorted({0, version}):
-        _copy_version(parent, fork, v)
-    _seed_checkpoint(parent, base, folder, meta, step, version, fork)
     CampaignManifest(schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
                      config=config.to_dict(), parent=origin).write(fork)
     return {"campaign": fork.url, "parent": origin.to_dict(), "created": True}

@@ -6,13 +6,14 @@ from typing import Any
 
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep as prep_dataset
+from pipelines_lib.records import with_parents
 from pipelines_lib.storage.store import Store
 
 
 def prep(store: Store, config: CampaignConfig, *, source_storage_options: dict[str, Any] | None = None
          ) -> dict[str, Any]:
     """``source_storage_options`` open the source when it is a URL (e.g. another bucket); returns the manifest."""
-    return prep_dataset(store, config.dataset, storage_options=source_storage_options)
+    return prep_dataset(with_parents(store), config.dataset, storage_options=source_storage_options)
 
 
 __all__ = ["prep"]

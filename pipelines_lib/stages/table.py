@@ -83,7 +83,7 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage(name="prep", fn=prep.prep, done_marker=lambda s: s.exists(DatasetSuccess.PATH), pool=CPU_POOL,
           resources=cpu_light),
-    Stage(name="warm_start", fn=warm_start.warm_start, done_marker=lambda s: Publication.is_published(s, 0),
+    Stage(name="warm_start", fn=warm_start.warm_start, done_marker=lambda s: Publication.exists(s, 0),
           pool=ACCEL_POOL, resources=warm_start_resources),
     Stage(name="collect", fn=collect.collect, done_marker=DoneMarker.exists, pool=ACCEL_POOL,
           resources=collect_resources, per="worker"),

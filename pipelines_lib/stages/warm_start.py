@@ -30,7 +30,7 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
 from pipelines_lib.model.tokenizer import open_tokenizer, tokenizer_dir
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import Publication
+from pipelines_lib.records import Publication, with_parents
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.sft import demonstration_rows, sft_train
 
@@ -47,7 +47,8 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Publish version 0 (see the module docstring); a no-op returning its manifest if it is published.
     ``cache`` is the process's cache folder (``Settings.cache``)."""
-    if Publication.is_published(store, 0):
+    store = with_parents(store)  # a fork's version 0 is its parent's
+    if Publication.exists(store, 0):
         return {**Publication.read(store, 0).to_dict(), "skipped": True}
     with telemetry.recording(store, "warm_start"), telemetry.span("stage.warm_start", track="stage"):
         started = time.perf_counter()

@@ -13,7 +13,8 @@ runs/<key>-<flow_run_id>[-failed-<attempt>].json
 audit/<utc>.json, audit/<utc>.txt        telemetry/
 audit/versions/v<version:08d>-<shards digest>-<newest published>.json   one version folder's audit result
 ```
-What each JSON object holds is a typed record in ``pipelines_lib.records``.
+What each JSON object holds is a typed record in ``pipelines_lib.records``. A fork's folder holds only what it
+wrote; ``inherited`` names the parent's objects it reads as its own (``storage.forked``).
 Names sort in commit order and never collide: worker ids are unique per process start and ``seq`` counts
 that worker's shards.
 """
@@ -50,6 +51,7 @@ _CONSUMED_RE = re.compile(r"^(?P<step>\d{8})\.json$")
 _EVAL_RE = re.compile(r"^v(?P<version>\d{8})\.json$")
 _CHECKPOINT_RE = re.compile(r"^(?P<step>\d{8})(\.\d+)?$")
 _STOP_RE = re.compile(r"^STOP-(?P<utc>[0-9TZ]+)\.json$")
+_POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
 
 
 def campaign_id(url: str) -> str:
@@ -215,3 +217,37 @@ def tensorboard_file(process: str, name: str) -> str:
 
 def dataset_split(split: str) -> str:
     return f"dataset/{split}.arrow"
+
+
+def _at_most(number: int | None, bound: int) -> bool:
+    return number is not None and number <= bound
+
+
+def inherited(rel: str, *, step: int, version: int) -> bool:
+    """Whether a fork from ``step`` (policy ``version`` then) reads ``rel`` from its parent when it has no object
+    there itself: the parent's history up to the fork point, and the folders holding it.
+
+    ``dataset/``; shards of versions <= ``version`` (those the parent had not trained on at ``step`` included);
+    consumption logs and checkpoints of steps <= ``step``; published versions, their ``weights/LATEST`` entries
+    and their evaluations up to ``version``. Never ``campaign.json``, the ``LATEST.json`` mirror, ``DONE.json``,
+    runs, audits, telemetry or stop markers: those are each campaign's own."""
+    parts = [p for p in rel.strip("/").split("/") if p]
+    if len(parts) <= 1:
+        return not parts or parts[0] in ("dataset", TRAJECTORIES, "train", "weights", EVAL)
+    top, name = parts[0], parts[1]
+    if top == "dataset":
+        return True
+    if top == TRAJECTORIES:
+        return _at_most(parse_version_dir(name), version)
+    if f"{top}/{name}" == CONSUMED:
+        return len(parts) == 2 or _at_most(parse_consumed_name(parts[2]), step)
+    if f"{top}/{name}" == CHECKPOINTS:
+        return len(parts) == 2 or _at_most(checkpoint_step(parts[2]), step)
+    if f"{top}/{name}" == f"{WEIGHTS_LATEST}.d":
+        m = _POINTER_ENTRY_RE.match(parts[2]) if len(parts) > 2 else None
+        return len(parts) == 2 or (m is not None and int(m["value"]) <= version)
+    if top == "weights":
+        return _at_most(parse_version_dir(name), version)
+    if top == EVAL:
+        return _at_most(parse_eval_name(name), version)
+    return False

@@ -59,6 +59,9 @@ _POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
 
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
 
+SETTLED_S = 1.0
+"""How long a local folder must have been unchanged before ``list_if_changed`` trusts its modification time."""
+
 _log = logging.getLogger(__name__)
 
 
@@ -334,6 +337,24 @@ class Store:
         if not include_hidden:
             names = [n for n in names if not n.startswith(".")]
         return sorted(set(names))
+
+    def list_if_changed(self, rel: str, since: int | None) -> tuple[list[str] | None, int | None]:
+        """``(list(rel), token)``, or ``(None, since)`` when folder ``rel`` has not changed since the listing that
+        returned the token ``since``. Only a local folder gives tokens (its modification time, which every create
+        moves); elsewhere the token is None and every call lists.
+
+        A token is handed out only once the folder has been still for ``SETTLED_S``: a file system stamps times
+        at a coarse tick, and a create in the tick of the previous change would leave the time as it was."""
+        if self.protocol != "file":
+            return self.list(rel), None
+        try:
+            mtime_ns = self._call("stat", rel, lambda: os.stat(self._path(rel))).st_mtime_ns
+        except NotFoundError:
+            return [], None
+        if since is not None and mtime_ns == since:
+            return None, since
+        token = mtime_ns if time.time_ns() - mtime_ns > SETTLED_S * 1e9 else None
+        return self.list(rel), token
 
     def walk(self, rel: str = "") -> list[str]:
         """Every object under ``rel`` (hidden ones included), as paths relative to the campaign root."""

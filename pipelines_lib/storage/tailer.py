@@ -7,8 +7,10 @@ groups, remembering how many rows of a partly consumed shard it has handed out.
 
 Listing is incremental: the tailer remembers what it listed in each live version folder and hands out known
 shards first; it lists the window again only when they do not fill a request, and then only names it has not
-seen cost anything beyond the listing itself. Emptying a window of S shards is O(S), and an idle poll is one
-listing per window version.
+seen cost anything beyond the listing itself. Emptying a window of S shards is O(S). An idle poll asks each
+window folder whether it changed (``Store.list_if_changed``: one ``stat`` of a local folder) and lists only
+those that did; on object storage it is one listing per window version. Pending shards are decoded
+``DECODE_AHEAD_SHARDS`` at a time, their invariants checked together.
 
 ``cursor`` is everything needed to continue, and stays small: per live version and writer, the highest seq
 handed out (a writer commits its shards in seq order), plus the rows handed out of a shard not yet finished.
@@ -55,7 +57,7 @@ import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, identity_problem, read_shard
+from pipelines_lib.storage.shards import ShardError, decode_shard, decode_shards, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs, infra_problem
 
@@ -79,6 +81,27 @@ class TailEvent:
     shard: str
     reason: str
     groups: tuple[str, ...] = ()
+
+
+DECODE_AHEAD_SHARDS = 64
+"""Pending shards of a version decoded and validated together (a small shard's checks cost their overhead)."""
+DECODE_AHEAD_BYTES = 16 * 2**20
+"""...up to this many bytes of files (large shards are decoded one or a few at a time)."""
+
+
+def _decode_or_error(data: bytes, where: str, max_row_tokens: int | None) -> tuple[pa.Table, dict] | ShardError:
+    try:
+        return decode_shard(data, where, validate=False, max_row_tokens=max_row_tokens)
+    except ShardError as e:
+        return e
+
+
+def _read_or_error(store: Store, path: str, validate: bool,
+                   needs: TrainerNeeds | None) -> tuple[pa.Table, dict] | ShardError | StorageError:
+    try:
+        return read_shard(store, path, validate=validate, max_row_tokens=needs.max_tokens if needs else None)
+    except (ShardError, StorageError) as e:
+        return e
 
 
 CURSOR_FORMAT = 2
@@ -200,19 +223,53 @@ class ShardTailer:
         """version -> every name listed in its folder so far (live versions only)."""
         self._pending: dict[int, list[layout.ShardId]] = {}
         """version -> shards listed but not yet finished, in name order."""
+        self._list_tokens: dict[int, int | None] = {}
+        """version -> ``Store.list_if_changed`` token of its folder's last listing (an idle poll lists nothing)."""
+        self._decoded: dict[str, tuple[pa.Table, dict] | ShardError | StorageError] = {}
+        """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch)."""
 
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
         return events
 
+    def _decode_ahead(self, sid: layout.ShardId) -> None:
+        """Decode ``sid`` and the pending shards after it in its version (up to ``DECODE_AHEAD_SHARDS`` or
+        ``DECODE_AHEAD_BYTES`` of files), validated together. What they hold reaches the caller, the events and
+        the cursor only when ``_load`` takes each in turn."""
+        pending = self._pending[sid.version]
+        batch: list[tuple[bytes, str]] = []
+        paths: list[str] = []
+        size = 0
+        for nxt in pending[pending.index(sid):]:
+            if len(batch) == DECODE_AHEAD_SHARDS or size >= DECODE_AHEAD_BYTES:
+                break
+            if nxt.path in self._tables or nxt.path in self._decoded:
+                continue
+            try:
+                data = self.store.read(nxt.path)
+            except StorageError as e:
+                self._decoded[nxt.path] = e
+                continue
+            batch.append((data, self.store.uri(nxt.path)))
+            paths.append(nxt.path)
+            size += len(data)
+        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
+        decoded = (decode_shards(batch, max_row_tokens=max_row_tokens) if self.validate else
+                   [_decode_or_error(data, where, max_row_tokens) for data, where in batch])
+        self._decoded.update(zip(paths, decoded, strict=True))
+
     def _load(self, path: str) -> pa.Table | None:
         if path not in self._tables:
-            max_row_tokens = self.needs.max_tokens if self.needs is not None else None
-            try:
-                table, provenance = read_shard(self.store, path, validate=self.validate, max_row_tokens=max_row_tokens)
-            except (ShardError, StorageError) as e:
-                self._skip_shard(path, str(e), ())
+            sid = layout.parse_shard_path(path)
+            if path not in self._decoded and sid is not None and sid in self._pending.get(sid.version, ()):
+                self._decode_ahead(sid)
+            got = self._decoded.pop(path, None)
+            if got is None:  # not a pending shard: read on its own
+                got = _read_or_error(self.store, path, self.validate, self.needs)
+            if isinstance(got, ShardError | StorageError):
+                self._skip_shard(path, str(got), ())
                 return None
+            table, provenance = got
             runs, interleaved = group_runs(table)
             problem = identity_problem(path, provenance) or interleaved
             if problem is not None:
@@ -240,6 +297,7 @@ class ShardTailer:
         marks[sid.worker_id] = max(marks.get(sid.worker_id, -1), sid.seq)
         self.cursor.partial.pop(sid.path, None)
         self._tables.pop(sid.path, None)
+        self._decoded.pop(sid.path, None)
         self._pending[sid.version].remove(sid)
 
     def _list(self, version: int) -> list[layout.ShardId]:
@@ -253,8 +311,9 @@ class ShardTailer:
         first = version not in self._listed
         known = self._listed.setdefault(version, set())
         pending = self._pending.setdefault(version, [])
+        names, self._list_tokens[version] = self.store.list_if_changed(folder, self._list_tokens.get(version))
         new = []
-        for name in self.store.list(folder):
+        for name in names or ():
             if name in known:
                 continue
             known.add(name)
@@ -287,10 +346,13 @@ class ShardTailer:
                         self.cursor.groups_dropped_stale += len(groups)
                 self.cursor.partial.pop(path, None)
                 self._tables.pop(path, None)
+                self._decoded.pop(path, None)
             self.cursor.marks.pop(version, None)
             self._listed.pop(version, None)
-        self.cursor.retired_below = max(self.cursor.retired_below, min_version)
-        self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= self.cursor.retired_below}
+            self._list_tokens.pop(version, None)
+        if min_version > self.cursor.retired_below:
+            self.cursor.retired_below = min_version
+            self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= min_version}
 
     def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
         """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order.

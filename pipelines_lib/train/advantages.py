@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from pipelines_lib.registry import registering
+
 AdvantageFn = Callable[[jax.Array, float], jax.Array]
 """``(rewards_gk, eps) -> advantages_gk``."""
 
@@ -29,13 +31,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register an estimator under ``name``; names are unique."""
 
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return decorator
+    return registering(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
 
 
 def get_advantage(name: str) -> AdvantageFn:

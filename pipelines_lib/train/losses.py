@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from pipelines_lib.configio import no_limit
+from pipelines_lib.registry import registering
 
 # k3 = exp(d) − d − 1 grows like exp(d); a token the reference finds e^20 times likelier than the
 # policy would dominate the batch, so the log-ratio is clamped (as verl does) before exponentiating.
@@ -225,13 +226,7 @@ LOSSES: dict[str, LossFn] = {}
 def register_loss(name: str) -> Callable[[LossFn], LossFn]:
     """Register a ``(LossInputs, LossConfig) -> (loss, LossMetrics)`` loss under ``name``."""
 
-    def decorator(fn: LossFn) -> LossFn:
-        if name in LOSSES:
-            raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = fn
-        return fn
-
-    return decorator
+    return registering(LOSSES, "loss", name)
 
 
 def get_loss(name: str) -> LossFn:

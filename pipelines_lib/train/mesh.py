@@ -124,6 +124,12 @@ def make_mesh(cfg: MeshConfig, devices: list[jax.Device] | None = None) -> Mesh:
     )
 
 
+def describe_mesh(mesh: Mesh) -> str:
+    """``data=1 × fsdp=4 × tensor=1 (4 devices)``: the axes a stage's mesh resolved to, for its start-up log line."""
+    devices = f"{mesh.size} device" + ("s" if mesh.size > 1 else "")
+    return " × ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) + f" ({devices})"
+
+
 def logical_spec(
     names: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh | jax.sharding.AbstractMesh,
     rules: Mapping[str, tuple[str, ...]] = RULES,

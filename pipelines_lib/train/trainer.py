@@ -20,7 +20,9 @@ restores checkpoint K, re-trains steps K+1..N from the groups their logs name (s
 order: bit-identical on a deterministic backend), applies their cursor deltas to the checkpoint's cursor, and
 continues. So no group is trained twice in the surviving history, none committed before the crash is
 skipped, and every published version is one the resumed run reproduces. Versions are published only at
-checkpoints, so a version never runs ahead of the state it came from.
+checkpoints, so a version never runs ahead of the state it came from. A fork (``records.with_parents``) starts the same way
+from its parent's checkpoint and logs up to the fork step, read through the fork's view of its parent; a replayed
+step publishes exactly when its log says it did, whatever the fork's own ``publish_every``.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
@@ -51,7 +53,7 @@ from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
@@ -59,7 +61,7 @@ from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, Ta
 from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
+from pipelines_lib.train.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.record import utc_now_iso
@@ -172,7 +174,7 @@ class StreamingTrainer:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.store = store
+        self.store = with_parents(store)  # a fork resumes from, and tails, its parent's history too
         self.tc = config
         self.eta = eta
         self.group_size = group_size
@@ -181,9 +183,10 @@ class StreamingTrainer:
         self.clock = clock
         self.sleep = sleep
         self.mesh = make_mesh(self.tc.mesh)
-        model, base_version = load_published(store, 0, self.mesh)
+        self.log(f"trainer: mesh {describe_mesh(self.mesh)}")
+        model, base_version = load_published(self.store, 0, self.mesh)
         if base_version != 0:
-            raise RuntimeError(f"{store.uri()}: expected the warm start as version 0, found {base_version}")
+            raise RuntimeError(f"{self.store.uri()}: expected the warm start as version 0, found {base_version}")
         self.precision = self.tc.step.precision
         self.model = with_dtype(model, self.precision.params)  # the master weights
         shard_node(self.model, self.mesh)  # committed (a cast's output is not), so the first step compiles once
@@ -215,7 +218,7 @@ class StreamingTrainer:
         while ConsumptionLog.exists(self.store, self.step + 1):
             entry = ConsumptionLog.read(self.store, self.step + 1)
             cursor = entry.cursor_after_step(self.tailer.cursor,
-                                             where=self.store.uri(ConsumptionLog.path(entry.step)))
+                                             where=self.store.uri(ConsumptionLog.path_of(entry.step)))
             groups = [self.reload_group(g) for g in entry.groups]
             self.tailer = self._tailer_at(cursor)
             self._train_on(groups, replay=entry)
@@ -310,7 +313,9 @@ class StreamingTrainer:
             metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
-        publish = self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps
+        # A replayed step publishes what its log says it did (a fork replays its parent's steps under its own config).
+        publish = (self.step % self.tc.publish_every == 0 or self.step == self.tc.max_steps if replay is None
+                   else replay.published_version is not None)
         if replay is None:
             record = ConsumptionLog.of_step(
                 step=self.step, trainer_version=self.version, groups=groups, events=events or [],

@@ -128,6 +128,8 @@ def check_schema(schema: pa.Schema, where: str) -> str:
             f"{where}: schema version {version} is not readable by this rollstream "
             f"(reads {SCHEMA_MAJOR}.x); upgrade rollstream or re-export the shard"
         )
+    if schema.equals(TRAJECTORY_SCHEMA):  # the common case in one call (metadata aside), before field by field
+        return version
     for field in TRAJECTORY_SCHEMA:
         idx = schema.get_field_index(field.name)
         if idx < 0 and MINOR_ADDITIONS.get(field.name, 0) > minor:

@@ -15,8 +15,10 @@ every problem. The invariants (ARCHITECTURE §3):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,35 +70,117 @@ def _token_checks(table: pa.Table, rows: np.ndarray, prompt_len: np.ndarray) -> 
     return found
 
 
+def _turns_suspect(turns: pa.ChunkedArray, n: np.ndarray) -> np.ndarray:
+    """Rows whose turns may break the turn invariants (a null turn or field, a gap, an overlap, a turn past the
+    sequence, or turns that stop short of its end); a superset of the rows the row-by-row check rejects."""
+    arr = turns.combine_chunks()
+    flat = pc.list_flatten(arr)
+    suspect = np.zeros(len(n), bool)
+    if len(flat) == 0:
+        return suspect
+    row = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    fields = [flat.field(name) for name in ("role", "start", "end")]
+    nulls = np.asarray(flat.is_null()) | np.any([np.asarray(f.is_null()) for f in fields], axis=0)
+    start, end = (f.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64) for f in fields[1:])
+    first = np.r_[True, row[1:] != row[:-1]]
+    last = np.r_[row[1:] != row[:-1], True]
+    expected = np.where(first, 0, np.r_[0, end[:-1]])
+    bad = nulls | (start != expected) | (start > end) | (end > n[row]) | (last & (end != n[row]))
+    suspect[row[bad]] = True
+    return suspect
+
+
 def validate_table(table: pa.Table) -> list[Violation]:
     """All invariant violations of one shard's table (empty list = valid). Token checks are vectorised."""
-    if table.num_rows == 0:
-        return [Violation(kind="empty", row=None, trajectory_id=None, message="shard has no rows")]
-    # The IPC reader does not enforce non-nullable fields; every check below assumes values, so stop here.
+    return validate_tables([table])[0]
+
+
+def _nulls(table: pa.Table) -> list[Violation]:
+    """The IPC reader does not enforce non-nullable fields; every other check assumes values."""
     nulls = [Violation(kind="null_value", row=table.column(f.name).to_pylist().index(None), trajectory_id=None,
                        message=f"column {f.name!r} has {table.column(f.name).null_count} null value(s)")
              for f in TRAJECTORY_SCHEMA if not f.nullable and table.column(f.name).null_count]
-    nulls += [Violation(kind="null_value", row=None, trajectory_id=None,
-                        message=f"column {c!r} has {pc.list_flatten(table.column(c)).null_count} null element(s)")
-              for c in TOKEN_COLUMNS if pc.list_flatten(table.column(c)).null_count]
+    return nulls + [Violation(kind="null_value", row=None, trajectory_id=None,
+                              message=f"column {c!r} has {pc.list_flatten(table.column(c)).null_count} null element(s)")
+                    for c in TOKEN_COLUMNS if pc.list_flatten(table.column(c)).null_count]
+
+
+def validate_tables(tables: Sequence[pa.Table]) -> list[list[Violation]]:
+    """``validate_table`` of each of ``tables`` (rows numbered within each), checked together.
+
+    A small shard's checks cost their fixed overhead (a few dozen Arrow calls) far more than its rows, so the
+    row checks run once over the tables concatenated, and only the per-shard ones (empty, nulls, duplicates,
+    whole groups) table by table. Tables that share a group id, hold nulls or are empty are checked one by one.
+    """
+    if not tables:
+        return []
+    if len(tables) == 1 and tables[0].num_rows == 0:
+        return [[Violation(kind="empty", row=None, trajectory_id=None, message="shard has no rows")]]
+    try:
+        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]  # Arrow calls cost per chunk
+    except pa.ArrowInvalid:  # schemas that differ in more than metadata
+        return [validate_tables([t])[0] for t in tables]
+    ends = np.cumsum([t.num_rows for t in tables])
+    group_ids = table.column("group_id").to_pylist()
+    gids_per_table = [set(group_ids[e - t.num_rows:e]) for t, e in zip(tables, ends, strict=True)]
+    shared = len(set(group_ids)) != sum(len(g) for g in gids_per_table)
+    nulls = _nulls(table)
+    if len(tables) > 1 and (shared or 0 in ends - np.r_[0, ends[:-1]] or nulls):
+        return [validate_tables([t])[0] for t in tables]
     if nulls:
-        return nulls
+        return [nulls]
+    by_row = _row_violations(table, ends)
+    scalars = {c: table.column(c).to_pylist() for c in ("trajectory_id", "sample_idx", "group_size")}
+    out = []
+    for first, end in zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True):
+        violations = [dataclasses.replace(v, row=v.row - first) for i in sorted(r for r in by_row if first <= r < end)
+                      for v in by_row[i]]
+        seen: dict[str, int] = {}
+        groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for i in range(end - first):
+            tid = scalars["trajectory_id"][first + i]
+            if tid in seen:
+                violations.append(Violation(kind="duplicate", row=i, trajectory_id=tid,
+                                            message=f"same trajectory_id as row {seen[tid]}"))
+            seen.setdefault(tid, i)
+            groups[group_ids[first + i]].append((i, scalars["sample_idx"][first + i], scalars["group_size"][first + i]))
+        for gid, members in groups.items():
+            sizes = {g for _, _, g in members}
+            idxs = sorted(s for _, s, _ in members)
+            if len(sizes) != 1 or idxs != list(range(next(iter(sizes)))):
+                violations.append(Violation(kind="incomplete_group", row=members[0][0], trajectory_id=None,
+                                            message=f"group {gid}: sample_idx {idxs} with group_size {sorted(sizes)}"))
+        out.append(violations)
+    return out
+
+
+def _row_violations(table: pa.Table, ends: np.ndarray) -> dict[int, list[Violation]]:
+    """Row -> its violations, in check order, for a null-free ``table`` of shards ending at rows ``ends``."""
     scalars = {c: table.column(c).to_pylist() for c in
-               ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "group_id", "group_size", "status", "reward")}
+               ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "status", "reward")}
     prompt_len = table.column("prompt_len").to_numpy(zero_copy_only=False)
     lengths = {c: pc.list_value_length(table.column(c)).fill_null(0).to_numpy(zero_copy_only=False)
                for c in TOKEN_COLUMNS}
     n = lengths["tokens"]
-    turns_col = table.column("turns").to_pylist()
-    violations: list[Violation] = []
     by_row: dict[int, list[Violation]] = defaultdict(list)
     equal = np.all([lengths[c] == n for c in TOKEN_COLUMNS], axis=0) & (n > 0)
     token_found = _token_checks(table, np.flatnonzero(equal), prompt_len) if equal.any() else {}
-    for i in range(table.num_rows):
+    # Vectorised screen; only the rows it flags take the row-by-row checks below (which word the messages).
+    suspect = ~equal | (prompt_len <= 0) | (prompt_len > n) | _turns_suspect(table.column("turns"), n)
+    suspect |= ~np.isfinite(table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64))
+    suspect |= np.array([tid != f"{p}/{s}/{w}" or st not in STATUSES for tid, p, s, w, st in zip(
+        scalars["trajectory_id"], scalars["prompt_id"], scalars["sample_idx"], scalars["worker_id"],
+        scalars["status"], strict=True)], bool)
+    turns_col = table.column("turns")
+
+    def violation(i: int, kind: str, message: str) -> None:
+        by_row[i].append(Violation(kind=kind, row=i, trajectory_id=scalars["trajectory_id"][i], message=message))
+
+    for i in sorted({*np.flatnonzero(suspect).tolist(), *token_found}):
         tid = scalars["trajectory_id"][i]
 
-        def bad(kind: str, message: str, i: int = i, tid: str = tid) -> None:
-            by_row[i].append(Violation(kind=kind, row=i, trajectory_id=tid, message=message))
+        def bad(kind: str, message: str, i: int = i) -> None:
+            violation(i, kind, message)
 
         if not equal[i]:
             if n[i] == 0 and all(lengths[c][i] == 0 for c in TOKEN_COLUMNS):
@@ -110,7 +194,7 @@ def validate_table(table: pa.Table) -> list[Violation]:
             bad("prompt_len", f"prompt_len {prompt_len[i]} outside (0, {n[i]}]")
         if i in token_found:
             bad(*token_found[i])
-        turns = turns_col[i] or []
+        turns = turns_col[i].as_py() or []
         expected_start = 0
         for k, turn in enumerate(turns):
             if turn is None or turn["start"] is None or turn["end"] is None or turn["role"] is None:
@@ -129,34 +213,13 @@ def validate_table(table: pa.Table) -> list[Violation]:
         reward = scalars["reward"][i]
         if reward is None or not math.isfinite(reward):
             bad("reward", f"reward {reward} is not finite")
-    # Only on otherwise valid tokens: a damaged policy_version would also move its group's version, and one
-    # damaged token should be one finding.
+    # Only on otherwise valid tokens, in shards without a token finding: a damaged policy_version would also move
+    # its group's version, and one damaged token should be one finding.
+    shard_of = np.searchsorted(ends, np.arange(table.num_rows), side="right")
+    damaged = np.isin(shard_of, shard_of[list(token_found)])
     stored, derived = table.column("version").to_pylist(), table_group_versions(table).to_pylist()
-    for i in np.flatnonzero(equal) if not token_found else ():
+    for i in np.flatnonzero(equal & ~damaged).tolist():
         if stored[i] != derived[i]:
-            bad("version", f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}", int(i),
-                scalars["trajectory_id"][i])
-    for i in sorted(by_row):
-        violations.extend(by_row[i])
-    seen: dict[str, int] = {}
-    groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-    for i, tid in enumerate(scalars["trajectory_id"]):
-        if tid in seen:
-            violations.append(
-                Violation(kind="duplicate", row=i, trajectory_id=tid, message=f"same trajectory_id as row {seen[tid]}")
-            )
-        seen.setdefault(tid, i)
-        groups[scalars["group_id"][i]].append((i, scalars["sample_idx"][i], scalars["group_size"][i]))
-    for gid, members in groups.items():
-        sizes = {g for _, _, g in members}
-        idxs = sorted(s for _, s, _ in members)
-        if len(sizes) != 1 or idxs != list(range(next(iter(sizes)))):
-            violations.append(
-                Violation(
-                    kind="incomplete_group",
-                    row=members[0][0],
-                    trajectory_id=None,
-                    message=f"group {gid}: sample_idx {idxs} with group_size {sorted(sizes)}",
-                )
-            )
-    return violations
+            violation(i, "version",
+                      f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}")
+    return by_row

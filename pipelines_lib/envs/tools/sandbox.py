@@ -62,6 +62,7 @@ from typing import Any, ClassVar, Protocol
 
 from pipelines_lib.envs.base import InfraError, Tool, require_str_arg
 from pipelines_lib.envs.registry import register_tool
+from pipelines_lib.registry import registering
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +98,7 @@ ISOLATION_BACKENDS: dict[str, Callable[[SandboxConfig], SandboxBackend]] = {}
 
 def register_isolation(name: str) -> Callable[[type[Any]], type[Any]]:
     """Class decorator: ``@register_isolation("bwrap")`` makes the backend selectable by ``SandboxConfig.isolation``."""
-
-    def deco(cls: type[Any]) -> type[Any]:
-        if name in ISOLATION_BACKENDS:
-            raise ValueError(f"isolation backend {name!r} is already registered")
-        cls.name = name
-        ISOLATION_BACKENDS[name] = cls
-        return cls
-
-    return deco
+    return registering(ISOLATION_BACKENDS, "isolation backend", name, set_name=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,170 @@
+"""The README's commands, each run by a test.
+
+``readme_commands`` reads every ``rollstream`` command line in README.md's code blocks: the subcommand and the flags
+it shows. ``commands_in_tests`` reads, from the tests' source, every command line a test runs: the argument lists
+given to ``main``/``cli.main``, to a ``rollstream`` helper, or after ``-m pipelines_lib.cli`` (``flows.campaign``,
+``flows.recover`` and ``flows.stages`` are ``run``, ``recover`` and ``stage``). Every subcommand and every flag the
+README shows must be among them, or be in ``BELOW_THE_CLI``: a flag whose behaviour a named test pins through the
+library call it maps to (checked to exist). The read-only commands also run here, on the demo campaign.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from pipelines_lib.cli import build_parser, main
+from pipelines_lib.storage.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = {"pipelines_lib.cli": None, "flows.campaign": "run", "flows.recover": "recover", "flows.stages": "stage"}
+"""``python -m`` modules whose command line is ``rollstream``'s (None: the subcommand follows)."""
+SHORT = {"-o": "--storage-option", "-v": "--verbose"}
+
+BELOW_THE_CLI = {
+    ("replay", "--dump"): "test_replay.py::test_replay_dump_holds_the_batch_with_per_token_terms",
+    ("stage", "--worker-index"):
+        "test_recovery_drills.py::test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_failed_evaluation",
+    ("recover", "--use-deployments"):
+        "test_flows_distributed.py::test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process",
+}
+"""README flags run below the command line: (command, flag) -> the test of the call they map to (``collect_flow``'s
+``worker_index``; the ``Launcher`` with ``use_deployments`` that recover and run share; ``replay(dump=...)``)."""
+
+
+def _subcommands() -> set[str]:
+    return {*build_parser()._subparsers._group_actions[0].choices, "--version"}  # noqa: SLF001
+
+
+def readme_commands(text: str) -> dict[str, set[str]]:
+    """``{subcommand: flags}`` of every ``rollstream`` line in the README's shell and usage blocks."""
+    commands: dict[str, set[str]] = {}
+    for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        if lang in ("yaml", "sql"):
+            continue
+        for line in body.splitlines():
+            # A usage line's description starts after a wide gap; a shell comment after a '#'.
+            for m in re.finditer(r"(?:^|[\s&;\"(])(?:\S*/)?rollstream\s+(--version|[a-z][a-z-]*)(.*?)(?=\s{3,}|#|$)",
+                                 line):
+                flags = re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", m.group(2))
+                commands.setdefault(m.group(1), set()).update(flags)
+    return commands
+
+
+def _strings(node: ast.AST) -> list[str | None]:
+    """The string constants of an argument (lists, tuples and starred parts flattened); None for anything else."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [s for n in node.elts for s in _strings(n)]
+    if isinstance(node, ast.Starred):
+        return _strings(node.value)
+    return [node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None]
+
+
+def commands_in_tests(sources: dict[str, str], subcommands: set[str]) -> dict[str, set[str]]:
+    """``{subcommand: flags}`` of every command line in the tests' source (see the module docstring)."""
+    out: dict[str, set[str]] = {}
+    for source in sources.values():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call):
+                seq = [s for a in node.args for s in _strings(a)]
+            elif isinstance(node, (ast.List, ast.Tuple)):
+                seq = _strings(node)
+            else:
+                continue
+            module = next((i for i, s in enumerate(seq) if s in MODULES), None)
+            if module is not None:
+                sub, rest = MODULES[seq[module]], seq[module + 1:]
+                if sub is None:
+                    sub, rest = (rest[0], rest[1:]) if rest else (None, [])
+            else:
+                while seq and seq[0] is None:  # a helper's leading non-string argument: _rollstream(env, "run", ...)
+                    seq = seq[1:]
+                if len(seq) < 2 and seq != ["--version"]:
+                    continue
+                sub, rest = seq[0], seq[1:]
+            if sub in subcommands:
+                flags = {SHORT.get(s, s).split("=")[0] for s in rest if s and s.startswith("-")}
+                out.setdefault(sub, set()).update(flags)
+    return out
+
+
+def _test_sources() -> dict[str, str]:
+    """The tests' source; of this file only its functions (the table above names commands that run elsewhere)."""
+    sources = {p.name: p.read_text() for p in sorted((ROOT / "tests").glob("test_*.py"))}
+    me = Path(__file__).name
+    sources[me] = "\n".join(ast.get_source_segment(sources[me], node) or "" for node in ast.parse(sources[me]).body
+                            if isinstance(node, ast.FunctionDef))
+    return sources
+
+
+def test_the_readme_names_the_commands_and_flags_it_shows() -> None:
+    text = (ROOT / "README.md").read_text()
+    commands = readme_commands(text)
+    assert {"run", "status", "recover", "deploy", "sql", "view", "audit", "--version"} <= set(commands)
+    assert commands["run"] >= {"--preset", "--set", "--config", "--workers", "--use-deployments"}
+    assert set(commands) <= _subcommands(), set(commands) - _subcommands()  # the README shows no stale command
+
+
+def test_every_readme_command_and_flag_is_run_by_a_test() -> None:
+    readme = readme_commands((ROOT / "README.md").read_text())
+    sources = _test_sources()
+    tested = commands_in_tests(sources, _subcommands())
+    untested = {f"rollstream {sub} {flag}".rstrip() for sub, flags in readme.items()
+                for flag in ["", *sorted(flags)]
+                if sub not in tested or (flag and flag not in tested[sub] and (sub, flag) not in BELOW_THE_CLI)}
+    assert not untested, sorted(untested)
+    for (sub, flag), where in BELOW_THE_CLI.items():
+        assert flag in readme.get(sub, set()) and flag not in tested.get(sub, set()), (sub, flag)  # no stale entry
+        file, name = where.split("::")
+        assert f"def {name}(" in sources[file], where
+
+
+def test_the_scan_finds_command_lines_in_each_form_tests_write_them() -> None:
+    source = '''
+main(["audit", url, "--jobs", "2"])
+_rollstream(env, "sql", url, "SELECT 1", "--json")
+subprocess.run([sys.executable, "-m", "flows.recover", url, "-o", "token=anon"])
+cases = [("trace", "{tmp}/x", "--until=5")]
+'''
+    found = commands_in_tests({"t.py": source}, _subcommands())
+    assert found == {"audit": {"--jobs"}, "sql": {"--json"}, "recover": {"--storage-option"}, "trace": {"--until"}}
+
+
+def test_the_readme_read_only_commands_on_a_campaign(demo_campaign: Store, tmp_path: Path, capsys) -> None:
+    url = demo_campaign.url
+    assert main(["audit", url, "--jobs", "2", "--keep"]) == 0
+    assert "verdict: OK" in capsys.readouterr().out
+    assert main(["audit", url, "--since", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["export", url, str(tmp_path / "parquet"), "--jobs", "2"]) == 0
+    assert sorted(p.name for p in (tmp_path / "parquet").iterdir())
+
+
+def test_view_serve_serves_the_report_on_loopback(demo_campaign: Store) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines_lib.cli", "view", demo_campaign.url, "--serve",
+                             "--port", "0", "--max-groups", "5"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(300, proc.kill)  # a server that never announces itself fails the test, not the suite
+    watchdog.start()
+    try:
+        lines = []
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "serving on " in line:
+                break
+        address = re.search(r"serving on (http://127\.0\.0\.1:\d+/)", "".join(lines))
+        assert address, "".join(lines)
+        with urllib.request.urlopen(address.group(1), timeout=30) as page:
+            assert page.status == 200 and b"<html" in page.read(4096)
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C, as the command says
+        _, err = proc.communicate(timeout=60)
+        watchdog.cancel()
+    assert proc.returncode == 0 and "Traceback" not in err, err
