@@ -79,6 +79,10 @@ def _own_group_dying_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
+DEATH_SETTLE_S = 5.0
+"""How long a request that failed on a launched server waits for the process to show it has exited."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,6 +152,15 @@ class VllmServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    async def exits_within(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Whether the process has exited (or is not running) within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+        return True
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.exists():
@@ -307,13 +320,13 @@ class VllmEngine:
             response = await self._client.post("/v1/completions", json=body)
         except (httpx.TransportError, httpx.TimeoutException) as err:
             self._counters["failed_requests"] += 1
-            self._on_failure()
+            await self._on_failure()
             raise EngineUnavailableError(f"vLLM server at {self._url}: {type(err).__name__}: {err}") from err
         finally:
             self._leave()
         if response.status_code >= 500:
             self._counters["failed_requests"] += 1
-            self._on_failure()
+            await self._on_failure()
             raise EngineUnavailableError(f"vLLM server at {self._url}: HTTP {response.status_code}: "
                                          f"{response.text[:500]}")
         if response.status_code != 200:  # a request this client should never make
@@ -353,13 +366,21 @@ class VllmEngine:
         if self._fatal is not None:
             raise self._fatal
         if self.server is not None and not self.server.alive():
-            self._on_failure()
+            await self._on_failure()
             raise EngineUnavailableError(f"vLLM server at {self._url} is not running (restarting it)")
 
     # -- supervision ---------------------------------------------------------------------------------------
-    def _on_failure(self) -> None:
-        """A request failed: if the launched server has died, restart it (once, whoever notices first)."""
-        if self.server is None or self.server.alive() or (self._restart is not None and not self._restart.done()):
+    async def _on_failure(self) -> None:
+        """A request failed: if the launched server has died, restart it (once, whoever notices first).
+
+        A killed server closes its sockets before it can be reaped (its threads and memory are still being torn
+        down), so a request can fail while the process still looks alive: it gets ``DEATH_SETTLE_S`` to show it
+        has exited before the failure is taken for one of a live server."""
+        if self.server is None or (self._restart is not None and not self._restart.done()):
+            return
+        if not await self.server.exits_within(DEATH_SETTLE_S):
+            return
+        if self._restart is not None and not self._restart.done():  # another request noticed it meanwhile
             return
         self._open.clear()
         self._restart = asyncio.get_running_loop().create_task(self._restart_server())

@@ -99,6 +99,10 @@ class ForkStore(Store):
             names |= {n for n in self.below.list(rel, include_hidden=include_hidden) if self.inherits(prefix + n)}
         return sorted(names)
 
+    def list_if_changed(self, rel: str, since: int | None) -> tuple[list[str] | None, int | None]:
+        """Always a fresh listing: a folder merged from two stores has no one modification time to compare."""
+        return self.list(rel), None
+
     def walk(self, rel: str = "") -> list[str]:
         paths = set(self.own.walk(rel))
         if self.inherits(rel):
