@@ -88,6 +88,7 @@ def test_measure_rejects_a_ceiling_of_an_unknown_set_naming_the_sets() -> None:
         measure_continuous_vs_static({"agent": requests}, repeats=1, ceiling_of="agnet")
 
 
+@pytest.mark.slow  # compiles the engine's shapes (about 25 s); make bench --only engine runs the same wiring at size
 def test_engine_bench_reports_both_mixes_and_the_ceiling(monkeypatch, tmp_path: Path) -> None:
     # The wiring, at the shapes of EngineConfig.tiny() (compiled once per process, shared with the test
     # above) and short budgets, so it runs in seconds; the real sizes are the benchmark's business.

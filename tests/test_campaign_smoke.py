@@ -82,6 +82,9 @@ def _orbax_tree_roots(store: Store, item: str) -> set[str]:
     return {k["key_metadata"][0]["key"] for k in keys}
 
 
+# On the GCS emulator the recover test below runs the same campaign flow (up to its kill) and finishes it with the
+# recover flow, through the same stages, markers and Orbax-through-tensorstore checks: this run is `make test-all`'s.
+@pytest.mark.parametrize("where", ["local", pytest.param("gcs", marks=pytest.mark.slow)], indirect=True)
 def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: str, smoke_yaml: str,
                                                                  where: tuple[str, dict | None]) -> None:
     url, options = where
