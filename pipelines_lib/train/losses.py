@@ -77,14 +77,7 @@ AGGREGATIONS: dict[str, AggregationFn] = {}
 
 def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
     """Register a ``loss_mask_bt -> weight_bt`` aggregation under ``name``."""
-
-    def decorator(fn: AggregationFn) -> AggregationFn:
-        if name in AGGREGATIONS:
-            raise ValueError(f"aggregation {name!r} is already registered")
-        AGGREGATIONS[name] = fn
-        return fn
-
-    return decorator
+    return registering(AGGREGATIONS, "aggregation", name)
 
 
 @register_aggregation("token_mean")
@@ -142,14 +135,7 @@ def register_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
     ``log_rho_bt = logp_prox − logp_behav`` (0 off the mask); ``weight_bt`` multiplies each token's surrogate
     and carries no gradient; ``flagged_bt`` is 1.0 where the correction capped or masked the token.
     """
-
-    def decorator(fn: CorrectionFn) -> CorrectionFn:
-        if name in CORRECTIONS:
-            raise ValueError(f"correction {name!r} is already registered")
-        CORRECTIONS[name] = fn
-        return fn
-
-    return decorator
+    return registering(CORRECTIONS, "correction", name)
 
 
 def _in_band(x: jax.Array, low: float, high: float) -> jax.Array:
