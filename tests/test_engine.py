@@ -436,6 +436,32 @@ def test_prefix_reuse_prefills_only_the_new_turn_and_matches_a_fresh_prefill(mod
     assert fresh_stats["prefill_tokens"] - stats["prefill_tokens"] == 31
 
 
+def test_a_request_in_flight_across_a_swap_leaves_no_prefix_for_the_new_weights(model: Decoder) -> None:
+    """The next turn of a conversation whose first turn was decoding when new weights arrived must be computed
+    wholly by the new weights: the first turn's keys/values (old weights) are not reused, so the next turn's
+    tokens and logprobs equal a fresh run of the new weights on the whole prompt."""
+    new_model = lively_model(1)
+    turn1 = prompt(20)
+    tool_output = prompt(9, 1)
+    long = SamplingParams(temperature=0.0, max_new_tokens=30)
+
+    async def conversation(engine: JaxEngine) -> tuple[Any, Any, dict[str, float]]:
+        pending = asyncio.create_task(engine.generate(turn1, long))
+        await until(lambda: engine.stats()["generated_tokens"] >= 3)
+        engine.swap_weights(new_model, 1)
+        first = await pending
+        second = await engine.generate(turn1 + first.token_ids + tool_output, GREEDY)
+        return first, second, engine.stats()
+
+    first, second, stats = run(model, conversation)
+    assert set(first.policy_versions) == {0, 1}, "the swap landed while the first turn was decoding"
+    assert set(second.policy_versions) == {1}
+    assert stats["reused_prefix_tokens"] == 0
+    fresh = run(new_model, lambda e: e.generate(turn1 + first.token_ids + tool_output, GREEDY))
+    assert second.token_ids == fresh.token_ids
+    np.testing.assert_allclose(second.logprobs, fresh.logprobs, rtol=0, atol=1e-4)
+
+
 def test_engine_satisfies_the_engine_protocol(model: Decoder) -> None:
     engine = JaxEngine(model, CONFIG, policy_version=3)
     assert isinstance(engine, Engine)

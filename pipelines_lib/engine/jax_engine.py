@@ -105,6 +105,8 @@ class _Request:
     reused: int = 0
     """Leading prompt tokens whose keys/values were already in the slot (prefix reuse)."""
     admitted_at: float = 0.0
+    admitted_version: int = 0
+    """Weights version installed when the request was admitted: the one its prompt was prefilled with."""
     first_token_at: float = 0.0
     finish_reason: str | None = None
 
@@ -453,6 +455,7 @@ class JaxEngine:
             free.remove(slot)
             request.reused = reused
             request.admitted_at = now
+            request.admitted_version = self._version
             if self._slots[slot] is not None:
                 self._detached.append(self._slots[slot])  # type: ignore[arg-type]
             self._slots[slot] = request
@@ -540,8 +543,12 @@ class JaxEngine:
             request = self._slots[i]
             assert request is not None
             self._slots[i] = None
-            # Every token but the newest has its keys/values in the slot's blocks.
-            self._memory.finish(i, (request.prompt + request.tokens)[:-1] if self.config.prefix_reuse else [])
+            # Every token but the newest has its keys/values in the slot's blocks. They are kept for a later
+            # prompt only if the weights installed now computed all of them: a request in flight across a swap
+            # (prefilled, or partly decoded, by the old weights) finishes after the swap dropped the free slots'
+            # prefixes, and reusing its keys/values would give the next turn logprobs no version's weights give.
+            reusable = self.config.prefix_reuse and request.admitted_version == self._version
+            self._memory.finish(i, (request.prompt + request.tokens)[:-1] if reusable else [])
             self._resolve(request, now)
 
     def _resolve(self, request: _Request, now: float) -> None:
