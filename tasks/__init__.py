@@ -6,7 +6,7 @@ tasks/common.py          open_campaign(url, storage_options) -> (Store, Campaign
 tasks/init.py            init_campaign      campaign.json (config snapshot)
 tasks/prep.py            prep_dataset       dataset/ + dataset/_SUCCESS
 tasks/warm_start.py      warm_start         weights/v00000000 + LATEST
-tasks/collect_rollouts.py collect_rollouts  trajectories/v*/<worker>.<nonce>-<seq>.arrow until train/DONE.json
+tasks/collect_rollouts.py collect_rollouts  trajectories/v*/<worker>.<nonce>-<seq>-<groups>.arrow until train/DONE.json
 tasks/train.py           train              train/checkpoints, train/consumed, weights/v*, train/DONE.json
 tasks/evaluate.py        evaluate_version   eval/v<N>.json
 tasks/audit.py           audit              audit/<timestamp>.json + .txt

@@ -176,7 +176,7 @@ def test_a_trajectory_committed_in_two_shards_is_a_duplicate(local_store: Store)
     again.add_group(_group("w0-v0-p0", 0, "w0"))
     report = audit_campaign(local_store)
     assert not report.ok and report.violation_counts == {"duplicate_trajectory": 2}
-    assert "also committed in trajectories/v00000000/w0-00000000.arrow row 0" in report.violations[0].message
+    assert "also committed in trajectories/v00000000/w0-00000000-2.arrow row 0" in report.violations[0].message
 
 
 def _log(step: int, version: int, groups: list[tuple[ShardInfo, int]], dropped: list[tuple[ShardInfo, int]] = (),
@@ -232,6 +232,24 @@ def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: St
     assert json.loads(report.to_json())["lineage"]["accounting"]["pending"] == 4
     text = report.render_text()
     assert "verdict: OK" in text and "3 consumed, 1 dropped stale, 4 pending" in text
+
+
+def test_a_shard_dropped_unopened_accounts_all_its_committed_groups_as_dropped(local_store: Store) -> None:
+    w0v0, *_ = sorted(_base(local_store), key=lambda i: i.path)
+    ConsumptionLog(step=1, trainer_version=2, created_at="x", groups=[], dropped_stale=[DroppedStale(
+        shard=w0v0.path, groups=[], reason="version 0 < window start 1", unread_groups=2)]).write(local_store)
+    report = audit_campaign(local_store)
+    assert report.ok, report.render_text()
+    assert report.lineage.by_version[0].dropped_stale == 2 and report.lineage.accounting.pending == 6
+
+
+def test_a_shard_whose_name_miscounts_its_groups_is_a_copied_shard(local_store: Store) -> None:
+    info, *_ = _base(local_store)
+    sid = layout.parse_shard_path(info.path)
+    local_store.create(layout.shard_path(sid.version, sid.worker_id, 9, 5), local_store.read(info.path))
+    report = audit_campaign(local_store)
+    assert report.violation_counts["copied_shard"] == 1
+    assert any("its name declares 5 group(s), it holds 2" in f.message for f in report.violations)
 
 
 def test_audit_flags_a_group_consumed_twice(store: Store) -> None:
@@ -320,7 +338,7 @@ def test_export_writes_one_dataset_partitioned_by_version_with_the_same_rows(sto
         assert set(table.column("campaign").to_pylist()) == {"c1" if store.url.startswith("gs://") else "campaign"}
         table = table.select(TRAJECTORY_SCHEMA.names)  # the partition key comes back from the path
         expected = pa.concat_tables([
-            pa.ipc.open_file(pa.BufferReader(store.read(f"{layout.version_dir(version)}/{w}-{version:08d}.arrow")))
+            pa.ipc.open_file(pa.BufferReader(store.read(layout.shard_path(version, w, version, 2))))
             .read_all().select(TRAJECTORY_SCHEMA.names) for w in ("w0", "w1")])
         assert table.to_pylist() == expected.to_pylist()
     # Create-only and idempotent: a rerun writes nothing; a version that gained a shard is reported stale.

@@ -188,3 +188,13 @@ def test_status_ignores_names_no_stage_writes_and_lists_them(tmp_path: Path) -> 
                                          "train/checkpoints/00000001.x", "train/checkpoints/latest",
                                          "train/consumed/0000001.json", "train/consumed/last.json",
                                          "weights/LATEST.json.d/latest.json"]
+
+
+def test_a_shard_name_declaring_another_group_count_than_its_content_is_refused() -> None:
+    prov = {"worker_id": "w0", "seq": 3, "version": 0, "n_groups": 2}
+    assert identity_problem("trajectories/v00000000/w0-00000003-2.arrow", prov, groups=2) is None
+    assert identity_problem("trajectories/v00000000/w0-00000003-5.arrow", prov, groups=2) == \
+        "its name declares 5 group(s), it holds 2"
+    # Renamed with a count matching its content, the provenance still tells the original name.
+    assert "as trajectories/v00000000/w0-00000003-2.arrow" in identity_problem(
+        "trajectories/v00000000/w0-00000003-1.arrow", prov, groups=1)

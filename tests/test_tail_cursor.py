@@ -110,4 +110,39 @@ def test_a_shard_listed_below_its_writers_mark_is_skipped_with_the_reason(local_
     _write(local_store, version=0, writers=[late], shards_per_writer=1)  # out of seq order: writers never do this
     assert tailer.next_groups(2, min_version=0, max_version=0) == []
     [event] = tailer.drain_events()
-    assert event.kind == "skipped" and "out of seq order" in event.reason and event.shard.endswith("w0-00000002.arrow")
+    assert event.kind == "skipped" and "out of seq order" in event.reason and event.shard.endswith("w0-00000002-1.arrow")
+
+
+def test_moving_past_a_version_counts_its_unopened_shards_from_their_names_without_reading_them(
+        local_store: Store, monkeypatch) -> None:
+    w = ShardWriter(local_store, worker_id="w0", config=WriterConfig(max_groups=3))
+    for i in range(9):
+        w.add_group(synthetic_group(prompt_id=f"p{i}", group_size=2, worker_id="w0", policy_version=0, seed=i,
+                                    max_len=16))
+    tailer = ShardTailer(local_store)
+    first = tailer.next_groups(2, min_version=0, max_version=0)  # the first shard, partly handed out
+    read: list[str] = []
+    real_read = local_store.read
+    monkeypatch.setattr(local_store, "read", lambda rel: read.append(rel) or real_read(rel))
+    assert tailer.next_groups(2, min_version=1, max_version=1) == []
+    assert read == []
+    events = tailer.drain_events()
+    partly, *unopened = [info for info in w.committed]
+    assert [(e.shard, e.groups, e.unread_groups) for e in events] == [
+        (partly.path, partly.group_ids[2:], 0), *[(s.path, (), 3) for s in unopened]]
+    assert tailer.cursor.groups_dropped_stale == 7 and len(first) == 2
+
+
+def test_a_shard_with_an_older_name_is_still_read_to_name_its_dropped_groups(local_store: Store) -> None:
+    w = ShardWriter(local_store, worker_id="w0", config=WriterConfig(max_groups=2))
+    for i in range(2):
+        w.add_group(synthetic_group(prompt_id=f"p{i}", group_size=2, worker_id="w0", policy_version=0, seed=i,
+                                    max_len=16))
+    [info] = w.committed
+    older = layout.shard_path(0, "w0", info.seq)  # the name writers used before it carried the group count
+    local_store.create(older, local_store.read(info.path))
+    local_store.delete(info.path)
+    tailer = ShardTailer(local_store)
+    assert tailer.next_groups(2, min_version=1, max_version=1) == []
+    [event] = tailer.drain_events()
+    assert (event.shard, event.groups, event.unread_groups) == (older, info.group_ids, 0)

@@ -275,7 +275,7 @@ class _Accumulator:
             return Finding(kind=kind, path=path, row=row, trajectory_id=None, message=message)
 
         runs, interleaved = group_runs(table)
-        copied = identity_problem(path, provenance)
+        copied = identity_problem(path, provenance, groups=len(runs))
         out = [finding("copied_shard", copied)] if copied else []
         if interleaved:
             return out + [finding("interleaved_groups", interleaved)]
@@ -515,7 +515,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     acc.newest_version = max((e.version for e in entries), default=None)
 
     acc.bad_files += [BadFile(path=f, kind="foreign_name", reason="not a shard name "
-                              "(trajectories/v<version:08d>/<worker>-<seq:08d>.arrow)")
+                              "(trajectories/v<version:08d>/<worker>-<seq:08d>[-<groups>].arrow)")
                       for f in under_traj if layout.parse_shard_path(f) is None]
     by_folder: dict[int, list[tuple[layout.ShardId, str]]] = defaultdict(list)
     for sid, f in shards:

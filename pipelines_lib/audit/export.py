@@ -123,7 +123,7 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
                     continue
                 table, provenance = decoded
                 groups = set(table.column("group_id").to_pylist())
-                problem = identity_problem(path, provenance) or (
+                problem = identity_problem(path, provenance, groups=len(groups)) or (
                     f"group(s) {sorted(groups & exported_groups)[:3]} already exported from another shard"
                     if groups & exported_groups else None) or (
                     f"rows of version(s) {sorted(others)}, filed under {layout.version_dir(version)}"

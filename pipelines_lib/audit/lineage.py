@@ -2,7 +2,8 @@
 
 Pure functions over already-read records; ``campaign.audit_campaign`` does the reading. The trainer writes one
 ``records.ConsumptionLog`` per step: the groups it trained on (shard, rows, version, staleness), the groups the
-window dropped as stale and the shards (or groups of them) the tailer skipped.
+window dropped as stale (a shard dropped unopened names no group: all of its committed groups are dropped) and the
+shards (or groups of them) the tailer skipped.
 
 A group is identified by ``(shard, group_id)``. Every committed group ends up in exactly one bucket: consumed
 (by one step), dropped as stale, not yet consumed, unusable (its shard breaks an invariant or the trainer
@@ -52,6 +53,9 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
     skipped: list[SkippedShard] = []
     consumed_at: dict[int, list[GroupKey]] = defaultdict(list)
     steps: list[int] = []
+    shard_groups: dict[str, list[str]] = defaultdict(list)
+    for shard, gid in committed:
+        shard_groups[shard].append(gid)
     for path, log in logs:
         step = log.step
         steps.append(step)
@@ -67,7 +71,8 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
                     message=f"group {g.group_id} of {g.shard} logged as rows [{g.row_start}, {g.row_end}), "
                             f"the shard holds it in rows [{c.row_start}, {c.row_end})"))
         for d in log.dropped_stale:
-            for gid in d.groups:
+            # A shard dropped unopened names no groups: all of the committed ones are its dropped groups.
+            for gid in d.groups or (shard_groups[d.shard] if d.unread_groups else ()):
                 uses[(d.shard, gid)].append(_Use(kind="dropped", step=step, log=path))
         skipped += [SkippedShard(step=step, shard=s.shard, reason=s.reason) for s in log.skipped]
         for s in log.skipped:

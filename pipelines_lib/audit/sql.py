@@ -6,7 +6,7 @@
                    plus ``shard`` (path in the folder) and ``campaign`` (the campaign id)
     consumed       one row per group a train step used: step, trainer_version, group_id, shard, version, staleness
     dropped        one row per group the trainer dropped or skipped: step, kind (dropped_stale | skipped), shard,
-                   group_id (null for a skipped shard), reason
+                   group_id (null for a skipped shard, or for a shard dropped unopened that did not read), reason
     evals          one row per ``eval/vN.json``: version, greedy_success_rate, pass@k (as ``pass_at_k``), tasks, k
     skipped_shards shards that did not read or validate: shard, reason (they are left out of ``trajectories``)
 
@@ -101,14 +101,24 @@ def read_trajectories(store: Store, *, progress: Callable[[str], None] | None = 
     return table.cast(TRAJECTORIES_SCHEMA), skipped
 
 
-def _log_rows(logs: list[ConsumptionLog]) -> tuple[list[dict], list[dict]]:
+def _log_rows(logs: list[ConsumptionLog], trajectories: pa.Table) -> tuple[list[dict], list[dict]]:
+    """Rows of ``consumed`` and ``dropped``; a shard dropped unopened names no group, so its groups are the ones
+    ``trajectories`` holds for it."""
     consumed, dropped = [], []
+    groups_of: dict[str, list[str]] = {}
+    if any(d.unread_groups for log in logs for d in log.dropped_stale):
+        for shard, gid in zip(trajectories.column("shard").to_pylist(), trajectories.column("group_id").to_pylist(),
+                              strict=True):
+            groups_of.setdefault(shard, [])
+            if gid not in groups_of[shard]:
+                groups_of[shard].append(gid)
     for log in logs:
         consumed += [{"step": log.step, "trainer_version": log.trainer_version, "group_id": g.group_id,
                       "shard": g.shard, "version": g.version, "staleness": g.staleness} for g in log.groups]
         for d in log.dropped_stale:
             dropped += [{"step": log.step, "kind": "dropped_stale", "shard": d.shard, "group_id": gid,
-                         "reason": d.reason} for gid in d.groups]
+                         "reason": d.reason}
+                        for gid in (d.groups or groups_of.get(d.shard) or [None])]
         for s in log.skipped:
             dropped += [{"step": log.step, "kind": "skipped", "shard": s.shard, "group_id": gid, "reason": s.reason}
                         for gid in (s.groups or [None])]
@@ -125,7 +135,7 @@ def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = No
     viewer query."""
     store = records.with_parents(store)
     trajectories, skipped = read_trajectories(store, progress=progress)
-    consumed, dropped = _log_rows(records.consumption_logs(store))
+    consumed, dropped = _log_rows(records.consumption_logs(store), trajectories)
     evals = [_eval_row(EvalResult.read(store, v)) for v in records.evaluated_versions(store)]
     return CampaignTables(tables={
         "trajectories": trajectories,

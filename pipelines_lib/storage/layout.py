@@ -3,7 +3,7 @@
 ```
 campaign.json
 dataset/<split>.arrow, dataset/_SUCCESS
-trajectories/v<policy_version:08d>/<worker_id>-<seq:08d>.arrow
+trajectories/v<policy_version:08d>/<worker_id>-<seq:08d>-<groups>.arrow   (older shards: <worker_id>-<seq:08d>.arrow)
 train/checkpoints/<step:08d>[.<attempt>]/{state/, meta.json, COMMITTED}
 train/consumed/<step:08d>.json           train/DONE.json
 weights/v<version:08d>/{state/, model_config.json, PUBLISHED.json}
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CAMPAIGN_JSON = "campaign.json"
 TRAJECTORIES = "trajectories"
@@ -45,7 +45,7 @@ ROLLOUT_STOPS = "rollout"
 one when its trainer fails for good, so in-process workers do not run forever); later workers ignore it."""
 
 _WORKER_RE = re.compile(r"^[A-Za-z0-9_.]+$")
-_SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})\.arrow$")
+_SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})(?:-(?P<groups>\d+))?\.arrow$")
 _VERSION_RE = re.compile(r"^v(?P<version>\d{8})$")
 _CONSUMED_RE = re.compile(r"^(?P<step>\d{8})\.json$")
 _EVAL_RE = re.compile(r"^v(?P<version>\d{8})\.json$")
@@ -71,12 +71,16 @@ def version_dir(version: int) -> str:
     return f"{TRAJECTORIES}/v{version:08d}"
 
 
-def shard_name(worker_id: str, seq: int) -> str:
-    return f"{check_worker_id(worker_id)}-{seq:08d}.arrow"
+def shard_name(worker_id: str, seq: int, groups: int | None = None) -> str:
+    """``<worker>-<seq:08d>-<groups>.arrow``: the number of groups in the name lets a reader account for a shard
+    it never opens (the trainer's tailer, when its window moves past a version). ``groups=None`` gives the older
+    name without it, which still reads."""
+    count = "" if groups is None else f"-{groups}"
+    return f"{check_worker_id(worker_id)}-{seq:08d}{count}.arrow"
 
 
-def shard_path(version: int, worker_id: str, seq: int) -> str:
-    return f"{version_dir(version)}/{shard_name(worker_id, seq)}"
+def shard_path(version: int, worker_id: str, seq: int, groups: int | None = None) -> str:
+    return f"{version_dir(version)}/{shard_name(worker_id, seq, groups)}"
 
 
 def parse_version_dir(name: str) -> int | None:
@@ -91,18 +95,21 @@ class ShardId:
     version: int
     worker_id: str
     seq: int
+    groups: int | None = field(default=None, compare=False)
+    """Number of groups its name declares (None: an older name without it). Not part of the identity: a
+    writer's (version, seq) names one shard; readers check the count against the content."""
 
     @property
     def path(self) -> str:
-        return shard_path(self.version, self.worker_id, self.seq)
+        return shard_path(self.version, self.worker_id, self.seq, self.groups)
 
     @property
     def name(self) -> str:
-        return shard_name(self.worker_id, self.seq)
+        return shard_name(self.worker_id, self.seq, self.groups)
 
 
 def parse_shard_path(path: str) -> ShardId | None:
-    """``ShardId`` of ``trajectories/vNNNNNNNN/<worker>-<seq>.arrow``, or None for any other name."""
+    """``ShardId`` of ``trajectories/vNNNNNNNN/<worker>-<seq>[-<groups>].arrow``, or None for any other name."""
     parts = path.strip("/").split("/")
     if len(parts) != 3 or parts[0] != TRAJECTORIES:
         return None
@@ -110,7 +117,7 @@ def parse_shard_path(path: str) -> ShardId | None:
     m = _SHARD_RE.match(parts[2])
     if version is None or m is None:
         return None
-    return ShardId(version, m["worker"], int(m["seq"]))
+    return ShardId(version, m["worker"], int(m["seq"]), None if m["groups"] is None else int(m["groups"]))
 
 
 def checkpoint_dir(step: int, attempt: int = 0) -> str:

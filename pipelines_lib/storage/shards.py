@@ -195,23 +195,30 @@ def check_declared_sizes(data: bytes, where: str, *, max_row_tokens: int | None 
                          f"{row_budget(max_row_tokens)} a row (rows of at most {max_row_tokens} tokens)")
 
 
-def identity_problem(path: str, provenance: dict) -> str | None:
-    """Why a shard's provenance does not name the file at ``path`` (None: it does, or it records nothing).
+def identity_problem(path: str, provenance: dict, *, groups: int | None = None) -> str | None:
+    """Why a shard's content does not belong under the name ``path`` (None: it does, or nothing says otherwise).
 
-    The writer records ``worker_id``, ``seq`` and ``version``; the same bytes under another name or version
-    folder are a copy, whose groups are already in the original.
+    The writer records ``worker_id``, ``seq``, ``version`` and ``n_groups``; the same bytes under another name or
+    version folder are a copy, whose groups are already in the original. ``groups`` is the number of groups the
+    reader found in the content: a name that declares another count would make a reader that accounts for the
+    shard by its name (``layout.shard_name``) miscount it.
     """
     start = path.rfind(f"{layout.TRAJECTORIES}/")  # ``path`` may be relative or a full URL
     sid = layout.parse_shard_path(path[max(start, 0):])
     if sid is None:
         return None
+    if sid.groups is not None and groups is not None and sid.groups != groups:
+        return f"its name declares {sid.groups} group(s), it holds {groups}"
     expected = {"worker_id": sid.worker_id, "seq": sid.seq, "version": sid.version}
+    if sid.groups is not None:
+        expected["n_groups"] = sid.groups
     wrong = {k: provenance[k] for k, v in expected.items() if k in provenance and provenance[k] != v}
     if not wrong:
         return None
     recorded = {**expected, **{k: provenance[k] for k in expected if k in provenance}}
     try:
-        original = layout.shard_path(int(recorded["version"]), str(recorded["worker_id"]), int(recorded["seq"]))
+        original = layout.shard_path(int(recorded["version"]), str(recorded["worker_id"]), int(recorded["seq"]),
+                                     None if sid.groups is None else int(recorded["n_groups"]))
     except (TypeError, ValueError):
         original = f"provenance {recorded}"
     return f"content was written as {original}, not as this file (a copy?): {wrong}"
@@ -379,7 +386,7 @@ class ShardWriter:
         buf = self._buffers[version]
         rows = [t for g in buf.groups for t in g]
         table = to_table(rows)
-        path = layout.shard_path(version, self.worker_id, self._seq)
+        path = layout.shard_path(version, self.worker_id, self._seq, len(buf.groups))
         provenance = {
             "worker_id": self.worker_id, "seq": self._seq, "version": version, "n_groups": len(buf.groups),
             "created_at": utc_now_iso(),

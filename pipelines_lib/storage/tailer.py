@@ -20,8 +20,11 @@ out exactly the groups that follow. Read-ahead never leaks into the cursor.
 
 Nothing is skipped silently: an unreadable, foreign or invalid shard becomes a ``TailEvent`` of kind
 ``skipped`` with the reason; when the window moves past a version, its groups not yet handed out become
-``dropped_stale`` events. Events are drained by the caller (the trainer writes them into its consumption
-log), and the cursor keeps running totals.
+``dropped_stale`` events. Moving past a version reads none of its unopened shards: each is dropped whole, its
+groups counted from its name (``layout.shard_name``; a shard whose content disagrees with that count is one
+readers refuse, and the audit reports it); only a shard with an older name, without the count, is read to
+count them. Events are drained by the caller (the trainer writes them into its consumption log), and the
+cursor keeps running totals.
 
 Given the trainer's ``TrainerNeeds``, the tailer hands out only groups the trainer can train on; anything
 else is skipped with a reason, never raised (a raise would repeat on every restart: a crash loop):
@@ -81,6 +84,8 @@ class TailEvent:
     shard: str
     reason: str
     groups: tuple[str, ...] = ()
+    unread_groups: int = 0
+    """``dropped_stale`` of a shard never opened: how many groups its name declares (their ids are not named)."""
 
 
 DECODE_AHEAD_SHARDS = 64
@@ -271,7 +276,7 @@ class ShardTailer:
                 return None
             table, provenance = got
             runs, interleaved = group_runs(table)
-            problem = identity_problem(path, provenance) or interleaved
+            problem = identity_problem(path, provenance, groups=len(runs)) or interleaved
             if problem is not None:
                 self._skip_shard(path, f"{self.store.uri(path)}: {problem}", tuple(dict.fromkeys(g for *_, g in runs)))
                 return None
@@ -334,15 +339,22 @@ class ShardTailer:
         """Versions older than ``min_version`` are too stale: account their remaining groups as dropped."""
         for version in range(self.cursor.retired_below, min_version):
             self._list(version)
+            reason = f"version {version} < window start {min_version}"
             for sid in self._pending.pop(version):
                 path = sid.path
+                if sid.groups is not None and path not in self.cursor.partial and path not in self._tables:
+                    if sid.groups:  # never opened: its name says how many groups it holds
+                        self._events.append(TailEvent(kind="dropped_stale", shard=path, reason=reason,
+                                                      unread_groups=sid.groups))
+                        self.cursor.groups_dropped_stale += sid.groups
+                    self._decoded.pop(path, None)
+                    continue
                 table = self._load(path)
                 if table is not None:
                     start = self.cursor.partial.get(path, 0)
                     groups = tuple(g for s, _, g in group_runs(table)[0] if s >= start)
                     if groups:
-                        self._events.append(TailEvent(kind="dropped_stale", shard=path, groups=groups,
-                                                      reason=f"version {version} < window start {min_version}"))
+                        self._events.append(TailEvent(kind="dropped_stale", shard=path, groups=groups, reason=reason))
                         self.cursor.groups_dropped_stale += len(groups)
                 self.cursor.partial.pop(path, None)
                 self._tables.pop(path, None)
