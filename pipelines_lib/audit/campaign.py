@@ -70,7 +70,7 @@ from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decod
 from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_problem
 from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionError
-from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs
+from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, group_runs
 from pipelines_lib.trajectory.validate import Violation, validate_tables
 
 R = TypeVar("R", bound=Record)
@@ -233,9 +233,11 @@ class _Accumulator:
         fig = shard_figures(whole)
         shard_of_row = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
         reward_sums = np.bincount(shard_of_row, weights=fig.reward, minlength=len(tables))
-        for (path, sid, table, provenance, n_bytes), violations, reward_sum in zip(
-                batch, validate_tables(tables), reward_sums.tolist(), strict=True):
-            self._add_shard(path, sid, table, provenance, n_bytes, violations, reward_sum)
+        runs = [group_runs(table) for table in tables]
+        clean = self._clean_groups(whole, [sid for _, sid, *_ in batch], tables, runs)
+        for (path, sid, table, provenance, n_bytes), violations, reward_sum, shard_runs, shard_clean in zip(
+                batch, validate_tables(tables), reward_sums.tolist(), runs, clean, strict=True):
+            self._add_shard(path, sid, table, provenance, n_bytes, violations, reward_sum, shard_runs, shard_clean)
         for name in ("reward", "tokens", "generated_tokens", "turns"):
             self.dists[name].add(getattr(fig, name))
         self.statuses.update(fig.statuses)
@@ -269,18 +271,41 @@ class _Accumulator:
         self.bad_files.append(BadFile(path=path, kind=kind, reason=str(failure)))
         return None
 
-    def _trainer_findings(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict) -> list[Finding]:
-        """What the trainer's tailer would skip in this (invariant-valid) shard, as findings."""
+    def _clean_groups(self, whole: pa.Table, sids: list[layout.ShardId], tables: list[pa.Table],
+                      runs: list[tuple[list[tuple[int, int, str]], str | None]]) -> list[list[bool]]:
+        """Per shard, per group: surely no ``untrainable_group`` (``trainable.clean_groups`` over the whole batch);
+        the per-group check runs, for its reason, only on the others."""
+        if self.needs is None:
+            return [[True] * len(shard_runs) for shard_runs, _ in runs]
+        offsets = np.cumsum([0] + [t.num_rows for t in tables])
+        bounds = [(offset + s, offset + e) for offset, (shard_runs, _) in zip(offsets[:-1].tolist(), runs, strict=True)
+                  for s, e, _ in shard_runs]
+        versions = [sid.version for sid, (shard_runs, _) in zip(sids, runs, strict=True) for _ in shard_runs]
+        clean = clean_groups(whole, np.array(bounds, np.int64).reshape(-1, 2), self.needs,
+                             folder_version_g=np.array(versions, np.int64), newest_version=self.newest_version,
+                             infra=False).tolist()
+        out, at = [], 0
+        for shard_runs, _ in runs:
+            out.append(clean[at:at + len(shard_runs)])
+            at += len(shard_runs)
+        return out
+
+    def _trainer_findings(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict,
+                          runs: list[tuple[int, int, str]], interleaved: str | None,
+                          clean: list[bool]) -> list[Finding]:
+        """What the trainer's tailer would skip in this (invariant-valid) shard, as findings (``clean``: the groups
+        ``_clean_groups`` cleared)."""
         def finding(kind: str, message: str, row: int | None = None) -> Finding:
             return Finding(kind=kind, path=path, row=row, trajectory_id=None, message=message)
 
-        runs, interleaved = group_runs(table)
         copied = identity_problem(path, provenance, groups=len(runs))
         out = [finding("copied_shard", copied)] if copied else []
         if interleaved:
             return out + [finding("interleaved_groups", interleaved)]
         if self.needs is not None:
-            for start, end, _ in runs:
+            for (start, end, _), ok in zip(runs, clean, strict=True):
+                if ok:
+                    continue
                 problem = group_problem(table.slice(start, end - start), self.needs, folder_version=sid.version,
                                         newest_version=self.newest_version)
                 if problem:
@@ -288,11 +313,12 @@ class _Accumulator:
         return out
 
     def _add_shard(self, path: str, sid: layout.ShardId, table: pa.Table, provenance: dict, n_bytes: int,
-                   violations: list[Violation], reward_sum: float) -> None:
+                   violations: list[Violation], reward_sum: float,
+                   runs: tuple[list[tuple[int, int, str]], str | None], clean: list[bool]) -> None:
         self.shards += 1
         self.findings += [Finding(kind=v.kind, path=path, row=v.row, trajectory_id=v.trajectory_id, message=v.message)
                           for v in violations]
-        untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance)
+        untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance, *runs, clean)
         self.findings += untrainable
         folder = layout.version_dir(sid.version)
         for row, tid in enumerate(table.column("trajectory_id").to_pylist()):

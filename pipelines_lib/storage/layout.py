@@ -22,6 +22,7 @@ that worker's shards.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -99,8 +100,8 @@ class ShardId:
     """Number of groups its name declares (None: an older name without it). Not part of the identity: a
     writer's (version, seq) names one shard; readers check the count against the content."""
 
-    @property
-    def path(self) -> str:
+    @functools.cached_property
+    def path(self) -> str:  # asked for on every step of a shard through the tailer: built once
         return shard_path(self.version, self.worker_id, self.seq, self.groups)
 
     @property

@@ -253,7 +253,8 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True,
     for name in MINOR_ADDITIONS:
         if name not in table.schema.names:
             table = table.append_column(TRAJECTORY_SCHEMA.field(name), DERIVED_COLUMNS[name](table))
-    table = table.select(TRAJECTORY_SCHEMA.names)
+    if table.schema.names != TRAJECTORY_SCHEMA.names:  # a newer minor's extra columns, or another order
+        table = table.select(TRAJECTORY_SCHEMA.names)
     if validate and (error := _invalid(where, validate_table(table))) is not None:
         raise error
     return table, provenance

@@ -181,6 +181,8 @@ class Store:
         self.fs = fsspec.filesystem(self.protocol, **options)
         self._root = self.fs._strip_protocol(self.url).rstrip("/")
         self._real_root = os.path.realpath(self._root) if self.protocol == "file" else self._root
+        self._real_folders: dict[str, str] = {}
+        """Local folder -> its real path: resolved once, not once per object read (folders are create-only too)."""
         self._reported: set[str] = set()
         self._create_lock = threading.Lock()
         self.retries = 0
@@ -292,15 +294,23 @@ class Store:
         return self._call("read", rel, lambda: self.fs.cat_file(path))
 
     def _read_local(self, rel: str, path: str) -> bytes:
-        real = os.path.realpath(path)
-        if os.path.commonpath([real, self._real_root]) != self._real_root:
-            raise NotAnObjectError("read", self.uri(rel), f"a symlink leading outside the campaign (to {real})")
-        # stat before open: opening a FIFO blocks until a writer appears, and opening a device may act on it.
+        folder, _, name = path.rpartition("/")
+        real_folder = self._real_folders.get(folder)
+        if real_folder is None:
+            real_folder = self._real_folders[folder] = os.path.realpath(folder)
+        real = os.path.join(real_folder, name)
+        # lstat before open: opening a FIFO blocks until a writer appears, and opening a device may act on it.
         # (Objects are create-only, so nothing legitimate swaps a file between this check and the read.)
-        mode = os.stat(real).st_mode
+        mode = os.lstat(real).st_mode
+        if stat.S_ISLNK(mode):
+            real = os.path.realpath(real)
+            mode = os.stat(real).st_mode
+        if real != self._real_root and not real.startswith(self._real_root + os.sep):
+            raise NotAnObjectError("read", self.uri(rel), f"a symlink leading outside the campaign (to {real})")
         if not stat.S_ISREG(mode):
             raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
-        return self.fs.cat_file(real)
+        with open(real, "rb") as f:
+            return f.read()
 
     def read_json(self, rel: str) -> Any:
         data = self.read(rel)

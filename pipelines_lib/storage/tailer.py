@@ -56,13 +56,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.shards import ShardError, decode_shard, decode_shards, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs, infra_problem
+from pipelines_lib.trajectory.trainable import (
+    TrainerNeeds,
+    clean_groups,
+    group_problem,
+    group_runs,
+    infra_problem,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,12 +239,15 @@ class ShardTailer:
         """version -> ``Store.list_if_changed`` token of its folder's last listing (an idle poll lists nothing)."""
         self._decoded: dict[str, tuple[pa.Table, dict] | ShardError | StorageError] = {}
         """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch)."""
+        self._clean: dict[str, tuple[int, list[bool]]] = {}
+        """Shard -> (newest version, per group: surely trainable with tokens up to it), screened per decoded batch
+        (``trainable.clean_groups``): the per-group checks run, for their reason, only on the others."""
 
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
         return events
 
-    def _decode_ahead(self, sid: layout.ShardId) -> None:
+    def _decode_ahead(self, sid: layout.ShardId, newest: int | None) -> None:
         """Decode ``sid`` and the pending shards after it in its version (up to ``DECODE_AHEAD_SHARDS`` or
         ``DECODE_AHEAD_BYTES`` of files), validated together. What they hold reaches the caller, the events and
         the cursor only when ``_load`` takes each in turn."""
@@ -262,12 +272,33 @@ class ShardTailer:
         decoded = (decode_shards(batch, max_row_tokens=max_row_tokens) if self.validate else
                    [_decode_or_error(data, where, max_row_tokens) for data, where in batch])
         self._decoded.update(zip(paths, decoded, strict=True))
+        if self.needs is not None and newest is not None:
+            self._screen([(p, d[0]) for p, d in zip(paths, decoded, strict=True) if isinstance(d, tuple)], newest)
 
-    def _load(self, path: str) -> pa.Table | None:
+    def _screen(self, tables: list[tuple[str, pa.Table]], newest: int) -> None:
+        """Screen the groups of freshly decoded shards together (``_clean``)."""
+        if not tables:
+            return
+        bounds, versions, counts, offset = [], [], [], 0
+        for path, table in tables:
+            runs = group_runs(table)[0]
+            bounds += [(offset + s, offset + e) for s, e, _ in runs]
+            versions += [layout.parse_shard_path(path).version] * len(runs)
+            counts.append(len(runs))
+            offset += table.num_rows
+        clean = clean_groups(pa.concat_tables([t for _, t in tables]), np.array(bounds, np.int64).reshape(-1, 2),
+                             self.needs, folder_version_g=np.array(versions, np.int64), newest_version=newest,
+                             infra=True).tolist()
+        for (path, _), start, n in zip(tables, np.cumsum([0, *counts[:-1]]).tolist(), counts, strict=True):
+            self._clean[path] = (newest, clean[start:start + n])
+
+    def _load(self, path: str, newest: int | None = None) -> pa.Table | None:
+        """The table of shard ``path`` (None: skipped); ``newest``, the window's newest version, lets the decoded
+        batch be screened (``_clean``)."""
         if path not in self._tables:
             sid = layout.parse_shard_path(path)
             if path not in self._decoded and sid is not None and sid in self._pending.get(sid.version, ()):
-                self._decode_ahead(sid)
+                self._decode_ahead(sid, newest)
             got = self._decoded.pop(path, None)
             if got is None:  # not a pending shard: read on its own
                 got = _read_or_error(self.store, path, self.validate, self.needs)
@@ -288,10 +319,11 @@ class ShardTailer:
         self.cursor.shards_skipped += 1
         self.cursor.groups_skipped += len(groups)
 
-    def _group_problem(self, path: str, version: int, max_version: int, table: pa.Table) -> str | None:
-        gid = table.column("group_id")[0].as_py()
+    def _group_problem(self, gid: str, version: int, max_version: int, table: pa.Table, clean: bool) -> str | None:
         if gid in self._seen:
             return f"group {gid} was already handed out from {self._seen[gid][1]} (a copy)"
+        if clean:
+            return None
         if self.needs is None:
             return infra_problem(table)
         return (group_problem(table, self.needs, folder_version=version, newest_version=max_version)
@@ -303,6 +335,7 @@ class ShardTailer:
         self.cursor.partial.pop(sid.path, None)
         self._tables.pop(sid.path, None)
         self._decoded.pop(sid.path, None)
+        self._clean.pop(sid.path, None)
         self._pending[sid.version].remove(sid)
 
     def _list(self, version: int) -> list[layout.ShardId]:
@@ -348,6 +381,7 @@ class ShardTailer:
                                                       unread_groups=sid.groups))
                         self.cursor.groups_dropped_stale += sid.groups
                     self._decoded.pop(path, None)
+                    self._clean.pop(path, None)
                     continue
                 table = self._load(path)
                 if table is not None:
@@ -359,6 +393,7 @@ class ShardTailer:
                 self.cursor.partial.pop(path, None)
                 self._tables.pop(path, None)
                 self._decoded.pop(path, None)
+                self._clean.pop(path, None)
             self.cursor.marks.pop(version, None)
             self._listed.pop(version, None)
             self._list_tokens.pop(version, None)
@@ -389,18 +424,20 @@ class ShardTailer:
                     return
                 sid = pending[0]
                 path = sid.path
-                table = self._load(path)
+                table = self._load(path, max_version)
                 if table is None:
                     self._finish(sid)
                     continue
                 start = self.cursor.partial.get(path, 0)
-                for s, e, gid in group_runs(table)[0]:
+                screened_at, clean = self._clean.get(path, (None, None))
+                trusted = screened_at is not None and screened_at <= max_version  # a later newest allows more
+                for i, (s, e, gid) in enumerate(group_runs(table)[0]):
                     if s < start:
                         continue
                     if len(out) == max_groups:
                         return
                     rows = table.slice(s, e - s)
-                    problem = self._group_problem(path, version, max_version, rows)
+                    problem = self._group_problem(gid, version, max_version, rows, trusted and clean[i])
                     self.cursor.partial[path] = e
                     if problem is not None:
                         self._events.append(TailEvent(kind="skipped", shard=path, reason=problem, groups=(gid,)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -86,6 +87,55 @@ def group_problem(group: pa.Table, needs: TrainerNeeds, *, folder_version: int |
         return (f"group {gid}'s oldest policy version is {oldest} but it is filed under v{folder_version:08d} "
                 f"(copied into another version folder?)")
     return None
+
+
+def _per_group(values_n: np.ndarray, starts_g: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+    """``ufunc`` reduced over each segment ``[starts_g[i], starts_g[i + 1])`` of ``values_n`` (segments non-empty)."""
+    return ufunc.reduceat(values_n, starts_g) if len(starts_g) else np.zeros(0, values_n.dtype)
+
+
+def _flat(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row lengths, flattened values) of list column ``name``; a null row has length -1."""
+    column = table.column(name)
+    lengths_r = pc.fill_null(pc.list_value_length(column), -1).to_numpy()
+    return lengths_r, pc.list_flatten(column).to_numpy(zero_copy_only=False)
+
+
+def clean_groups(table: pa.Table, bounds_g2: np.ndarray, needs: TrainerNeeds, *, folder_version_g: np.ndarray,
+                 newest_version: int | None, infra: bool) -> np.ndarray:
+    """Which groups (rows ``[bounds_g2[g, 0], bounds_g2[g, 1])`` of ``table``, consecutive and covering every row,
+    filed under ``folder_version_g[g]``) surely have no ``group_problem`` (nor, with ``infra``, an ``infra_problem``): the same checks over every group
+    at once, so a reader calls those functions, for the reason, only on the groups left out. Conservative: a
+    group with a null list, lists of unequal lengths or no tokens is left out for them to judge."""
+    n_groups = len(bounds_g2)
+    if n_groups == 0:
+        return np.zeros(0, bool)
+    starts_g, ends_g = bounds_g2[:, 0], bounds_g2[:, 1]
+    len_r, ids_n = _flat(table, "tokens")
+    pv_len_r, pv_n = _flat(table, "policy_version")
+    mask_len_r, mask_n = _flat(table, "loss_mask")
+    odd_r = (len_r < 0) | (pv_len_r != len_r) | (mask_len_r != len_r)
+    tok_start_r = np.concatenate([[0], np.cumsum(np.maximum(len_r, 0))])
+    tok_start_g, tok_end_g = tok_start_r[starts_g], tok_start_r[ends_g]
+    bad = ((ends_g - starts_g) != needs.group_size) | (tok_end_g == tok_start_g)
+    bad |= _per_group(len_r, starts_g, np.maximum) > needs.max_tokens
+    if odd_r.any():  # lists of unequal lengths: the flat arrays do not line up, so the per-group checks judge
+        return np.zeros(n_groups, bool)
+    if bad.all():
+        return ~bad
+    seg = np.minimum(tok_start_g, max(len(ids_n) - 1, 0))  # empty-token groups are already bad
+    bad |= (_per_group(ids_n, seg, np.minimum) < 0) | (_per_group(ids_n, seg, np.maximum) >= needs.vocab_size)
+    if newest_version is not None:
+        bad |= _per_group(pv_n, seg, np.maximum) > newest_version
+    none = np.iinfo(np.int64).max  # no loss token: group_problem takes the oldest version as 0
+    oldest_g = _per_group(np.where(mask_n == 1, pv_n.astype(np.int64), none), seg, np.minimum)
+    oldest_g = np.where(oldest_g == none, 0, oldest_g)
+    bad |= oldest_g != folder_version_g
+    if infra:
+        failed_r = pc.fill_null(pc.is_in(table.column("status"), pa.array(INFRA_STATUSES)), True).to_numpy(
+            zero_copy_only=False)
+        bad |= _per_group(failed_r.astype(np.int8), starts_g, np.maximum).astype(bool)
+    return ~bad
 
 
 INFRA_REASON = "infrastructure failure"
