@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from drills import poison
@@ -29,7 +31,7 @@ from pipelines_lib.storage.shards import (
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer, TailCursor
 from pipelines_lib.telemetry.trace import read_records
-from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem
+from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, infra_problem
 
 CASES = {c.name: c for c in poison.POISON}
 
@@ -76,6 +78,26 @@ def test_group_problem_names_each_reason() -> None:
     assert "outside the vocabulary" in group_problem(good, TrainerNeeds(group_size=4, max_tokens=64, vocab_size=8))
     assert "filed under v00000003" in group_problem(good, needs, folder_version=3)
     assert "newer than the newest published 0" in group_problem(poison._group("p", version=2), needs, newest_version=0)
+
+
+def test_the_batch_screen_clears_exactly_the_groups_with_no_problem() -> None:
+    good = poison._group("p")
+    groups = [good, poison._group("q", size=3), poison._rows(good, lambda r: poison._lengthen(r, 100)),
+              poison._group("r", version=2), poison._rows(good, lambda r: r[1].update(status="infra_error")),
+              poison._rows(good, lambda r: r[0].update(loss_mask=[0] * len(r[0]["loss_mask"])))]
+    whole = pa.concat_tables(groups)
+    ends = np.cumsum([g.num_rows for g in groups])
+    bounds = np.stack([ends - [g.num_rows for g in groups], ends], axis=1)
+    for needs in (TrainerNeeds(group_size=4, max_tokens=64, vocab_size=256),
+                  TrainerNeeds(group_size=3, max_tokens=200, vocab_size=8)):
+        for newest, folders in ((None, [0, 0, 0, 2, 0, 0]), (1, [0, 0, 0, 2, 0, 0]), (2, [1, 0, 0, 2, 0, 0])):
+            clean = clean_groups(whole, bounds, needs, folder_version_g=np.array(folders), newest_version=newest,
+                                 infra=True)
+            assert clean.tolist() == [group_problem(g, needs, folder_version=v, newest_version=newest) is None
+                                      and infra_problem(g) is None for g, v in zip(groups, folders, strict=True)]
+    assert clean_groups(whole, bounds, TrainerNeeds(group_size=4, max_tokens=64, vocab_size=256),
+                        folder_version_g=np.zeros(6), newest_version=None, infra=False).tolist() == [
+        True, False, False, False, True, True]  # the infrastructure failure is the tailer's concern only
 
 
 def test_declared_sizes_are_read_without_decoding_and_bound_the_decode() -> None:
