@@ -160,7 +160,7 @@ def consumption_figures(logs: Sequence[ConsumptionLog],
     trained = [g for log in logs for g in log.groups]
     staleness = [g.staleness for g in trained]
     useful = [g for g in trained if len(set(rewards_of(g))) > 1]
-    dropped = sum(len(e.groups) for log in logs for e in log.dropped_stale)
+    dropped = sum(len(e.groups) + e.unread_groups for log in logs for e in log.dropped_stale)
     skipped = sum(len(log.skipped_zero_advantage) for log in logs)
     return {
         "steps": len(logs),
