@@ -20,7 +20,7 @@ LIB = ROOT / "pipelines_lib"
 UPPER = ("prefect", "flows", "tasks", "bench", "drills")
 """Never imported by the library."""
 STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
-               "pipelines_lib.demo")
+               "pipelines_lib.inspect_commands", "pipelines_lib.demo")
 """Modules that may see the whole campaign config; core modules never import them."""
 RECORD_KEEPERS = {"pipelines_lib/records.py", "pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"}
 CAMPAIGN_PATH = re.compile(r"^(campaign\.json|(dataset|trajectories|train|weights|eval|runs|audit|rollout|telemetry)/"
