@@ -32,7 +32,7 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/dataset.py": "rows of a JSONL dataset source and task metadata",
     "pipelines_lib/envs/base.py": "a task's metadata column",
     "pipelines_lib/envs/coding.py": "program output inside the sandbox",
-    "pipelines_lib/envs/tools/sandbox.py": "the sandbox bootstrap's limits argument",
+    "pipelines_lib/envs/tools/bwrap.py": "bubblewrap's --info-fd report (the pid of the sandbox's init)",
     "pipelines_lib/model/tokenizer.py": "tokenizer files of a model folder",
     "pipelines_lib/model/weights.py": "model_config.json inside an Orbax folder",
     "pipelines_lib/model/hf_import.py": "a Hugging Face checkpoint's config and index",
