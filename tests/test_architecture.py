@@ -46,7 +46,7 @@ JSON_PARSERS_ELSEWHERE = {
     "drills/supervisor.py": "a child process's JSON output",
     "drills/fault_campaign.py": "arguments of the drill's child process",
     "drills/fuzz.py": "generated fuzz inputs",
-    "pipelines_lib/engine/vllm_engine.py": "HTTP responses of the vLLM server",
+    "pipelines_lib/engine/vllm_supervisor.py": "the dtype in config.json of the model folder the server loads",
     "bench/realsize.py": "a child process's JSON output",
     "bench/scale.py": "a child process's JSON output and arguments",
 }
