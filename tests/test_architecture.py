@@ -22,7 +22,8 @@ UPPER = ("prefect", "flows", "tasks", "bench", "drills")
 STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
                "pipelines_lib.inspect_commands", "pipelines_lib.demo")
 """Modules that may see the whole campaign config; core modules never import them."""
-RECORD_KEEPERS = {"pipelines_lib/records.py", "pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"}
+RECORD_KEEPERS = {"pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"} | {
+    str(p.relative_to(ROOT)) for p in (ROOT / "pipelines_lib" / "records").glob("*.py")}
 CAMPAIGN_PATH = re.compile(r"^(campaign\.json|(dataset|trajectories|train|weights|eval|runs|audit|rollout|telemetry)/"
                            r"(v\d|\d|[A-Z_]|checkpoints|consumed|$)|.*(LATEST|DONE|PUBLISHED)\.json)")
 """A string that spells (the start of) a campaign object's path; units like ``trajectories/s`` are not paths."""
