@@ -49,8 +49,9 @@ How the pieces fit::
   computed by the older weights.
 * **Prefix reuse** (``EngineConfig.prefix_reuse``, on by default): a finished request leaves its
   keys/values (its blocks) with its slot; a later prompt extending them (the next turn of the same
-  conversation) goes to that slot and prefills only what is new. Swapped weights discard every retained
-  prefix, and so does admission when it needs the blocks.
+  conversation) goes to that slot and prefills only what is new. Only keys/values computed wholly by the
+  installed weights are kept: swapped weights discard every retained prefix, a request in flight across
+  the swap leaves none, and admission discards prefixes when it needs their blocks.
 * **Static mode** (``EngineConfig.mode = "static"``) uses the same machinery but admits a batch only
   when all slots are free and returns its completions together once the longest one finishes.
 * **Finish reasons**: ``stop`` (a stop id was emitted, and is included), ``length`` (max_new_tokens),
