@@ -39,8 +39,9 @@ from pathlib import Path
 
 import psutil
 
+from pipelines_lib.envs.tools.bwrap import SANDBOX_UID
 from pipelines_lib.envs.tools.runner import run_tool
-from pipelines_lib.envs.tools.sandbox import SANDBOX_UID, PythonSandbox, PythonTool, SandboxConfig
+from pipelines_lib.envs.tools.sandbox import PythonSandbox, PythonTool, SandboxConfig
 
 DRILL_SANDBOX = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096)
 PLANTED_ENV = "ROLLSTREAM_DRILL_API_TOKEN"

@@ -2,9 +2,9 @@
 ``deploy``.
 
 Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``; the
-library never imports ``flows``). Each is an object with ``HELP``, ``add_arguments(parser)`` and ``run(args)``,
-like the ``bench`` and ``drills`` command modules. ``python -m flows.campaign``, ``python -m flows.recover`` and
-``python -m flows.stages`` are the same commands.
+library never imports ``flows``). Each is a ``cli.Command`` (``HELP``, ``add_arguments(parser)``,
+``run(args)``), as those of ``pipelines_lib.inspect_commands`` are. ``python -m flows.campaign``,
+``python -m flows.recover`` and ``python -m flows.stages`` are the same commands.
 
 A config, URL or argument the command can check before Prefect starts fails there, as one line (exit 2); a
 flow run that ends other than Completed is one line naming the run and its state (exit 1).
@@ -20,26 +20,16 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipelines_lib.cli import CommandError, RunFn, add_storage_options, did_you_mean
+from pipelines_lib.cli import Command, CommandError, add_storage_options, did_you_mean
 from pipelines_lib.configio import ConfigError, parse_overrides
 
 # Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
 # parser, so names such as the presets and stages are checked when a command runs, against their registries.
-
-
-@dataclass(frozen=True)
-class Command:
-    """What the ``rollstream.commands`` group loads: help line, arguments and the function that runs."""
-
-    HELP: str
-    add_arguments: Any
-    run: RunFn
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any] | None:

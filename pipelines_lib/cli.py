@@ -10,8 +10,15 @@ Adding a subcommand is one decorated function plus an argument function::
         from pipelines_lib.rollout import ...   # imported inside: `rollstream audit` must not pay for JAX
         return 0
 
-Packages outside the library add command modules through the ``rollstream.commands`` entry-point group
-(``commands()``); the repository's ``bench`` and ``drills`` come that way. ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
+This module holds the command line's machinery (the parser, shared storage arguments, ``main``) and the
+commands that run or manage a stage of one campaign (``status``, ``train``, ``replay``, ``fork``, ``metrics``,
+``demo``, ``export-weights``). Whole command modules join through the ``rollstream.commands`` entry-point group
+(``commands()``, ``pyproject.toml``): ``pipelines_lib.inspect_commands`` (``audit``, ``export``, ``sql``, ``view``,
+``trace``: reading a campaign for people and warehouse tools), ``flows.commands`` (``run``, ``recover``,
+``stage``, ``deploy``: through Prefect) and the repository's ``bench`` and ``drills``. They import this module;
+it only loads them by entry point, so the import graph keeps one direction.
+
+``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
 violations), 2 it could not run (bad URL, unreachable storage, bad arguments): one line on stderr naming the
 URL, no traceback. ``main`` is an entry point: it sets the libraries' environment defaults and reads ``Settings``
 once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
@@ -29,7 +36,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from pathlib import Path
 from typing import Any, NoReturn
 
 from pipelines_lib.configio import ConfigError
@@ -59,6 +65,16 @@ def subcommand(name: str, help: str, add_arguments: Callable[[argparse.ArgumentP
         SUBCOMMANDS[name] = Subcommand(name=name, help=help, add_arguments=add_arguments, run=run)
         return run
     return register
+
+
+@dataclass(frozen=True)
+class Command:
+    """What a ``COMMAND_GROUP`` entry point may name instead of a module: help line, arguments and the function
+    that runs, for a module that holds several commands."""
+
+    HELP: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: RunFn
 
 
 class CommandError(Exception):
@@ -113,127 +129,9 @@ def open_campaign_store(args: argparse.Namespace, url: str) -> Store:
     return store
 
 
-def _stderr(line: str) -> None:
+def to_stderr(line: str) -> None:
+    """A progress or warning line on stderr (stdout carries the command's result)."""
     print(line, file=sys.stderr, flush=True)
-
-
-# -- audit ------------------------------------------------------------------------------------------------
-
-def _audit_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
-    p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                   help="worker processes, one version folder at a time each (default: one per CPU)")
-    p.add_argument("--since", type=int, default=None, metavar="VERSION",
-                   help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
-    p.add_argument("--keep", action="store_true",
-                   help="keep each version folder's result under audit/versions/ for a later --since")
-    add_storage_options(p)
-
-
-@subcommand("audit", "validate every shard of a campaign and report statistics, lineage and anomalies", _audit_args)
-def _audit(args: argparse.Namespace) -> int:
-    from pipelines_lib.audit import audit_campaign
-
-    report = audit_campaign(open_store(args, args.url), progress=_stderr,
-                            progress_every=args.progress_every, jobs=args.jobs, since=args.since,
-                            keep=args.keep)
-    print(report.to_json() if args.json else report.render_text())
-    return 0 if report.ok else 1
-
-
-# -- export -----------------------------------------------------------------------------------------------
-
-def _export_parquet(store: Store, out: Store, jobs: int) -> list:
-    from pipelines_lib.audit.export import export_parquet
-
-    return export_parquet(store, out, progress=_stderr, jobs=jobs)
-
-
-EXPORTERS: dict[str, Callable[[Store, Store, int], list]] = {"parquet": _export_parquet}
-"""Export formats by name; each returns ``audit.export.ExportedVersion``-like records."""
-
-
-def _export_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder")
-    p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
-                               "version=N/ per policy version, create-only (a rerun reports each version as "
-                               "written, unchanged, stale or empty)")
-    p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                   help="worker processes, one version at a time each (default: one per CPU)")
-    add_storage_options(p)
-
-
-@subcommand("export", "export committed valid shards for warehouse tools (a dataset partitioned by version)", _export_args)
-def _export(args: argparse.Namespace) -> int:
-    results = EXPORTERS[args.format](open_campaign_store(args, args.url), open_store(args, args.out), args.jobs)
-    print(json.dumps([{"version": r.version, "path": r.path, "status": r.status, "rows": r.rows, "shards": r.shards,
-                       "skipped": [s for s, _ in r.skipped]} for r in results], indent=2))
-    return 0
-
-
-# -- sql --------------------------------------------------------------------------------------------------
-
-def _sql_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder")
-    p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
-                                 "(columns: README, 'SQL over a campaign')")
-    p.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
-    p.add_argument("--max-rows", type=int, default=200, metavar="N", help="rows printed as text (default 200)")
-    add_storage_options(p)
-
-
-@subcommand("sql", "run a DuckDB SQL query over a campaign's shards, consumption logs and evaluations", _sql_args)
-def _sql(args: argparse.Namespace) -> int:
-    import duckdb
-
-    from pipelines_lib.audit.sql import campaign_tables, render_text
-
-    store = open_campaign_store(args, args.url)
-    try:
-        tables = campaign_tables(store)
-    except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
-        raise CommandError(str(e)) from e
-    for shard, reason in tables.skipped:
-        _stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
-    try:
-        result = tables.query(args.query)
-    except duckdb.Error as e:
-        raise CommandError(f"query failed: {e}") from e
-    print(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
-          else render_text(result, max_rows=args.max_rows))
-    return 0
-
-
-# -- view -------------------------------------------------------------------------------------------------
-
-def _view_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder")
-    p.add_argument("--max-groups", type=int, default=None, metavar="N",
-                   help="groups in the browsable list, sampled evenly across versions (default 400)")
-    p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
-    p.add_argument("--port", type=int, default=8765, help="port for --serve (0 picks a free one)")
-    add_storage_options(p)
-
-
-@subcommand("view", "write a browsable HTML report (and the learning-curve PNG) into the campaign folder", _view_args)
-def _view(args: argparse.Namespace) -> int:
-    from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
-
-    store = open_campaign_store(args, args.url)
-    try:
-        view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=_stderr)
-    except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
-        raise CommandError(str(e)) from e
-    for shard, reason in view.summary["skipped_shards"]:
-        _stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
-    path = write_view(store, view)
-    print(store.uri(path))
-    if args.serve:
-        serve(render_html(view), port=args.port, announce=_stderr)
-    return 0
 
 
 def _export_weights_args(p: argparse.ArgumentParser) -> None:
@@ -297,43 +195,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 # -- telemetry ---------------------------------------------------------------------------------------------
 
-def _trace_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder")
-    p.add_argument("--out", type=Path, default=Path("trace.json"), help="where to write the trace JSON")
-    p.add_argument("--stage", action="append", default=None, metavar="NAME",
-                   help="only this stage's processes (repeatable): prep, warm_start, collect, train, evaluate, audit")
-    p.add_argument("--since", metavar="WHEN", help="only what overlaps from WHEN on: seconds after the first record, "
-                                                    "or an ISO time (UTC unless it says)")
-    p.add_argument("--until", metavar="WHEN", help="only what overlaps up to WHEN (as --since)")
-    add_storage_options(p)
-
-
-@subcommand("trace", "write the campaign's spans as a Perfetto/Chrome trace (open it in ui.perfetto.dev)", _trace_args)
-def _trace(args: argparse.Namespace) -> int:
-    from pipelines_lib.stages.table import STAGE_NAMES
-    from pipelines_lib.telemetry.trace import parse_when, read_records, select, to_chrome_trace
-
-    for name in args.stage or []:
-        if name not in STAGE_NAMES:
-            raise CommandError(f"unknown stage {name!r}{did_you_mean(name, STAGE_NAMES)}; valid: {', '.join(STAGE_NAMES)}")
-    records = read_records(open_campaign_store(args, args.url), on_skip=_stderr)
-    if not records:
-        raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
-    try:
-        since, until = (None if w is None else parse_when(w, records[0]["ts_us"]) for w in (args.since, args.until))
-    except ValueError as e:
-        raise CommandError(f"--since/--until: {e}") from e
-    chosen = select(records, stages=args.stage, since_us=since, until_us=until)
-    if not chosen:
-        raise CommandError(f"{args.url}: no telemetry in the chosen stages and time window "
-                           f"({len(records)} records in all)")
-    trace = to_chrome_trace(chosen)
-    args.out.write_text(json.dumps(trace))
-    print(f"{args.out}: {len(trace['traceEvents'])} events from {len(chosen)} of {len(records)} records; "
-          "open in https://ui.perfetto.dev")
-    return 0
-
-
 def _metrics_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -344,7 +205,7 @@ def _metrics_args(p: argparse.ArgumentParser) -> None:
 def _metrics(args: argparse.Namespace) -> int:
     from pipelines_lib.telemetry.trace import read_records, summarize
 
-    summary = summarize(read_records(open_campaign_store(args, args.url), on_skip=_stderr))
+    summary = summarize(read_records(open_campaign_store(args, args.url), on_skip=to_stderr))
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
@@ -376,7 +237,7 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         what_if = parse_overrides(args.what_if, flag="--what-if")
         result = replay(store, args.step, what_if=what_if, dump=open_store(args, args.dump) if args.dump else None,
-                        log=_stderr)
+                        log=to_stderr)
     except (ConfigError, ValueError, FileNotFoundError) as e:  # no such step, a key a what-if cannot set, no campaign
         raise CommandError(str(e)) from e
     if args.json:
@@ -477,8 +338,8 @@ def _status(args: argparse.Namespace) -> int:
 # -- entry point ------------------------------------------------------------------------------------------
 
 COMMAND_GROUP = "rollstream.commands"
-"""Entry-point group of command modules other packages add (``bench``, ``drills`` from a checkout): each names
-a module with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+"""Entry-point group of command modules (``inspect_commands``, ``flows.commands``; ``bench``, ``drills`` from a
+checkout): each names a module or a ``Command`` with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 
 def commands() -> dict[str, Subcommand]:
@@ -532,9 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CommandError(f"bad environment: {e}") from e
         return available[args.command].run(args)
     except (CommandError, ConfigError, FileNotFoundError) as e:  # bad input: the message names it
-        _stderr(f"rollstream {args.command}: {e}")
+        to_stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL
-        _stderr(f"rollstream {args.command}: {e}")
+        to_stderr(f"rollstream {args.command}: {e}")
     return 2
 
 

@@ -20,9 +20,10 @@ LIB = ROOT / "pipelines_lib"
 UPPER = ("prefect", "flows", "tasks", "bench", "drills")
 """Never imported by the library."""
 STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
-               "pipelines_lib.demo")
+               "pipelines_lib.inspect_commands", "pipelines_lib.demo")
 """Modules that may see the whole campaign config; core modules never import them."""
-RECORD_KEEPERS = {"pipelines_lib/records.py", "pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"}
+RECORD_KEEPERS = {"pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"} | {
+    str(p.relative_to(ROOT)) for p in (ROOT / "pipelines_lib" / "records").glob("*.py")}
 CAMPAIGN_PATH = re.compile(r"^(campaign\.json|(dataset|trajectories|train|weights|eval|runs|audit|rollout|telemetry)/"
                            r"(v\d|\d|[A-Z_]|checkpoints|consumed|$)|.*(LATEST|DONE|PUBLISHED)\.json)")
 """A string that spells (the start of) a campaign object's path; units like ``trajectories/s`` are not paths."""
@@ -32,7 +33,7 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/dataset.py": "rows of a JSONL dataset source and task metadata",
     "pipelines_lib/envs/base.py": "a task's metadata column",
     "pipelines_lib/envs/coding.py": "program output inside the sandbox",
-    "pipelines_lib/envs/tools/sandbox.py": "the sandbox bootstrap's limits argument",
+    "pipelines_lib/envs/tools/bwrap.py": "bubblewrap's --info-fd report (the pid of the sandbox's init)",
     "pipelines_lib/model/tokenizer.py": "tokenizer files of a model folder",
     "pipelines_lib/model/weights.py": "model_config.json inside an Orbax folder",
     "pipelines_lib/model/hf_import.py": "a Hugging Face checkpoint's config and index",
@@ -46,7 +47,7 @@ JSON_PARSERS_ELSEWHERE = {
     "drills/supervisor.py": "a child process's JSON output",
     "drills/fault_campaign.py": "arguments of the drill's child process",
     "drills/fuzz.py": "generated fuzz inputs",
-    "pipelines_lib/engine/vllm_engine.py": "HTTP responses of the vLLM server",
+    "pipelines_lib/engine/vllm_supervisor.py": "the dtype in config.json of the model folder the server loads",
     "bench/realsize.py": "a child process's JSON output",
     "bench/scale.py": "a child process's JSON output and arguments",
 }

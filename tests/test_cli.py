@@ -100,11 +100,12 @@ def test_demo_writes_an_audited_campaign_where_asked(tmp_path, capsys) -> None:
 
 
 def test_every_subcommand_is_in_the_parser_and_names_are_unique() -> None:
-    assert {"audit", "export", "demo"} <= set(cli.SUBCOMMANDS) and {"bench", "drills"} <= set(cli.commands())
+    assert {"status", "demo"} <= set(cli.SUBCOMMANDS)
+    assert {"audit", "export", "sql", "view", "trace", "bench", "drills"} <= set(cli.commands())
     parser = cli.build_parser()
     assert parser.parse_args(["demo"]).command == "demo"
     with pytest.raises(ValueError, match="registered twice"):
-        cli.subcommand("audit", "again", lambda p: None)(lambda a: 0)
+        cli.subcommand("demo", "again", lambda p: None)(lambda a: 0)
 
 
 def test_python_dash_m_and_the_console_script_are_the_same_command_line() -> None:

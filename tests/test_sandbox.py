@@ -21,14 +21,13 @@ import pytest
 
 from drills.sandbox_escapes import DISABLE_AUDIT_HOOK, MARKER, loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
+from pipelines_lib.envs.tools.bwrap import SANDBOX_UID, seccomp_filter
 from pipelines_lib.envs.tools.sandbox import (
     ISOLATION_BACKENDS,
-    SANDBOX_UID,
     PythonSandbox,
     SandboxConfig,
     SandboxResult,
     SandboxUnavailable,
-    seccomp_filter,
 )
 
 FAST = SandboxConfig(timeout_s=3.0, cpu_s=3, memory_mb=256, max_output_bytes=4096)

@@ -77,7 +77,7 @@ def test_nothing_below_the_entry_points_reads_the_environment() -> None:
     # Entry points: the CLI and settings (which the entry points call). Everything else gets Settings passed down.
     # The vLLM supervisor hands this process's environment on to the server it starts; it reads no setting from it.
     allowed = {ROOT / "pipelines_lib" / "settings.py", ROOT / "pipelines_lib" / "cli.py",
-               ROOT / "pipelines_lib" / "engine" / "vllm_engine.py"}
+               ROOT / "pipelines_lib" / "engine" / "vllm_supervisor.py"}
     readers = []
     for path in sorted([*(ROOT / "pipelines_lib").rglob("*.py"), *(ROOT / "tasks").glob("*.py")]):
         if path in allowed:

@@ -29,7 +29,8 @@ from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.engine import JaxEngine
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.config import EngineConfig, VllmConfig
-from pipelines_lib.engine.vllm_engine import VllmEngine, VllmServer, default_python
+from pipelines_lib.engine.vllm_engine import VllmEngine
+from pipelines_lib.engine.vllm_supervisor import VllmServer, default_python
 from pipelines_lib.envs import make_env
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder

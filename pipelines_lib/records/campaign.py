@@ -1,0 +1,98 @@
+"""Records of the campaign as a whole: ``campaign.json`` (``CampaignManifest``, with the ``ForkParent`` of a fork)
+and the prep stage's ``dataset/_SUCCESS`` (``DatasetSuccess``); ``fork_chain`` and ``with_parents`` open a fork
+over its parents' history."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipelines_lib.records.base import Record, _Record
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.forked import ForkStore
+from pipelines_lib.storage.store import Store
+
+# -- campaign.json ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkParent(_Record):
+    """Where a forked campaign came from: the parent's URL, the step whose state it starts from, and the
+    settings it changed. The fork references the parent's history up to there (``with_parents``), never copies it."""
+
+    url: str
+    step: int
+    version: int
+    """The parent's policy version after ``step``: the fork's rollout workers start on it."""
+    config_diff: dict[str, Any]
+    """Dotted config key → ``{"parent": value, "fork": value}`` for every setting the fork changed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignManifest(Record):
+    """The campaign's config snapshot, written once when it starts."""
+
+    kind: str = "campaign"
+    """``campaign`` (a ``CampaignConfig`` in ``config``) or ``demo`` (the synthetic demo's parameters)."""
+    schema_version: str
+    code_version: str
+    created_at: str
+    config: dict[str, Any]
+    parent: ForkParent | None = None
+    """Set for a fork (``stages.fork``); absent in campaigns started from scratch and in older manifests."""
+
+    PATH: ClassVar[str] = layout.CAMPAIGN_JSON
+
+
+def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:
+    """A fork's ancestry: ``(campaign, its parent entry)`` from ``store`` up to the first campaign that is no
+    fork, nearest first (empty for a campaign that is no fork, or a folder without ``campaign.json``).
+    A chain that comes back to a campaign already in it is an error naming the loop."""
+    chain: list[tuple[Store, ForkParent]] = []
+    seen = [store.uri()]
+    while store.exists(CampaignManifest.PATH) and (parent := CampaignManifest.read(store).parent) is not None:
+        chain.append((store, parent))
+        store = store.other(parent.url)
+        if store.uri() in seen:
+            raise ValueError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
+        seen.append(store.uri())
+    return chain
+
+
+def with_parents(store: Store) -> Store:
+    """The campaign at ``store`` as its stages see it: ``store`` itself, or for a fork a ``ForkStore`` that also
+    reads its parent's history up to the fork point (``layout.inherited``), the parent's view being built the
+    same way. Only the fork's own folder is ever written through it. Idempotent."""
+    if isinstance(store, ForkStore):
+        return store
+    chain = fork_chain(store)
+    if not chain:
+        return store
+    view = chain[-1][0].other(chain[-1][1].url)
+    for fork, parent in reversed(chain):
+        view = ForkStore(fork, below=view, inherits=functools.partial(layout.inherited, step=parent.step,
+                                                                      version=parent.version))
+    return view
+
+
+# -- dataset/_SUCCESS ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitInfo(_Record):
+    path: str
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSuccess(Record):
+    """The prep stage's marker: which splits it wrote, their sizes and hashes, and rows it refused."""
+
+    source: str
+    seed: int
+    splits: dict[str, SplitInfo]
+    bad_rows: list[str]
+
+    PATH: ClassVar[str] = layout.DATASET_SUCCESS

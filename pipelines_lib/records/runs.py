@@ -1,0 +1,76 @@
+"""Records of stage runs: ``RunRecord`` (``runs/``, one per stage run inside a flow run, listed by
+``run_records``) and ``StopRequest`` (``rollout/STOP-<utc>.json``, which stops the rollout workers started
+before it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipelines_lib.records.base import Record
+from pipelines_lib.storage import layout
+from pipelines_lib.storage.store import Store
+
+# -- rollout/STOP-<utc>.json ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequest(Record):
+    """Rollout workers started before ``requested_at`` stop (the campaign asks when its trainer fails for good)."""
+
+    requested_at: str
+    """``layout.utc_compact`` time; also the object's name."""
+    reason: str
+
+    KEY: ClassVar[tuple[str, ...]] = ("requested_at",)
+
+    @classmethod
+    def path_of(cls, requested_at: str) -> str:  # type: ignore[override]
+        return layout.stop_marker(requested_at)
+
+    @classmethod
+    def times(cls, store: Store) -> list[str]:
+        """``requested_at`` of every stop request, oldest first."""
+        return sorted(t for n in store.list(layout.ROLLOUT_STOPS) if (t := layout.parse_stop_name(n)))
+
+    @classmethod
+    def newer_than(cls, store: Store, since: str) -> bool:
+        return any(t > since for t in cls.times(store))
+
+
+# -- runs/<key>-<flow_run_id>.json ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord(Record):
+    """One stage run inside a Prefect flow run: who ran it where, how it ended, and its manifest or error."""
+
+    key: str
+    """``stage``, ``stage-w<i>`` or ``stage-v<N:08d>`` (``tasks.common.stage_key``)."""
+    flow_run_id: str
+    flow_run_name: str | None
+    deployment_id: str | None
+    task_run_id: str | None
+    host: str
+    pid: int
+    started_at: str
+    state: str
+    """``completed`` or ``failed``."""
+    finished_at: str
+    seconds: float
+    attempt: str | None = None
+    """``<flow run count>.<task run count>`` of a failed attempt."""
+    manifest: dict[str, Any] | None = None
+    error: str | None = None
+
+    KEY: ClassVar[tuple[str, ...]] = ("key", "flow_run_id", "attempt")
+
+    @classmethod
+    def path_of(cls, key: str, flow_run_id: str, attempt: str | None = None) -> str:  # type: ignore[override]
+        """A failed attempt's record is kept beside the run's own (``-failed-<attempt>``)."""
+        return layout.run_record(key, flow_run_id, failed_attempt=attempt)
+
+
+def run_records(store: Store) -> list[RunRecord]:
+    """Every run record in the folder, in name order."""
+    return [RunRecord.at(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
