@@ -38,6 +38,8 @@ class DroppedStale(_Record):
     shard: str
     groups: list[str]
     reason: str
+    unread_groups: int = 0
+    """Every group of a shard the tailer never opened, counted from its name (``groups`` is then empty)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +98,8 @@ class ConsumptionLog(Record):
             groups=[ConsumedGroup(group_id=g.group_id, shard=g.shard, row_start=g.row_start, row_end=g.row_end,
                                   version=g.version, staleness=trainer_version - g.version) for g in groups],
             skipped_zero_advantage=list(zero_advantage),
-            dropped_stale=[DroppedStale(shard=e.shard, groups=list(e.groups), reason=e.reason)
+            dropped_stale=[DroppedStale(shard=e.shard, groups=list(e.groups), reason=e.reason,
+                                        unread_groups=e.unread_groups)
                            for e in events if e.kind == "dropped_stale"],
             skipped=[SkippedShard(shard=e.shard, reason=e.reason, groups=list(e.groups))
                      for e in events if e.kind == "skipped"],
