@@ -6,8 +6,12 @@ order), then measured the way a long campaign uses it:
 
 - ``audit``: ``rollstream audit`` of the folder in a child process (``--jobs`` one per CPU: the audit's own
   process and a worker per CPU less one); wall time and
-  CPU time (user + system, all processes) per shard, and the peak resident memory of its whole process tree
-  (sampled every 20 ms). CPU time is the figure to compare across runs on a shared machine.
+  CPU time (user + system, all processes) per shard, and the peak memory of its whole process tree:
+  ``audit_rss_mb`` sums each process's resident set (sampled every 20 ms), so pages the processes share (the
+  interpreter, numpy's and Arrow's libraries, mapped by the parent, its worker and multiprocessing's resource
+  tracker alike) count once per process; ``audit_pss_mb`` sums their proportional set sizes (sampled every
+  100 ms: reading it costs more), which splits each shared page among the processes mapping it: what the tree
+  adds to the machine. CPU time is the figure to compare across runs on a shared machine.
 - ``export``: ``export_parquet`` of the folder into a fresh one (one worker process per CPU); wall and CPU time
   per shard.
 - the tailer, with the trainer's needs and η = 2: a simulated trainer drains each window ``[V-2, V]`` for
@@ -91,21 +95,24 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _peak_rss_run(cmd: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, peak MB of the process tree's resident memory, exit code) of ``cmd``."""
+def _peak_memory_run(cmd: list[str]) -> tuple[float, float, float, int]:
+    """(wall seconds, peak MB of the process tree's summed RSS, peak MB of its summed PSS, exit code) of ``cmd``."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"})
     root = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_pss = samples = 0
     while proc.poll() is None:
         try:
             tree = [root, *root.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in tree))
+            if samples % 5 == 0:
+                peak_pss = max(peak_pss, sum(p.memory_full_info().pss for p in tree))
         except psutil.Error:
             pass  # a process of the tree ended between listing and sampling
+        samples += 1
         time.sleep(0.02)
-    return time.perf_counter() - start, peak / 2**20, proc.returncode
+    return time.perf_counter() - start, peak / 2**20, peak_pss / 2**20, proc.returncode
 
 
 def _drain(tailer: ShardTailer, lo: int, hi: int) -> tuple[int, int]:
@@ -149,7 +156,7 @@ def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
     store = build_campaign(folder, n_shards)
     ctx.progress(f"bench storage_scale: {n_shards} shards written")
     cpu = _cpu_s()
-    audit_s, audit_mb, rc = _peak_rss_run([sys.executable, "-m", "pipelines_lib.cli", "audit", str(folder)])
+    audit_s, audit_mb, audit_pss_mb, rc = _peak_memory_run([sys.executable, "-m", "pipelines_lib.cli", "audit", str(folder)])
     audit_cpu_s = _cpu_s() - cpu
     if rc not in (0, 1):
         raise RuntimeError(f"bench storage_scale: rollstream audit {folder} exited {rc}")
@@ -162,6 +169,7 @@ def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
     ctx.progress(f"bench storage_scale: {n_shards} shards audited ({audit_s:.1f} s) and exported ({export_s:.1f} s)")
     return {"shards": n_shards, "audit_ms_per_shard": audit_s / n_shards * 1e3,
             "audit_cpu_ms_per_shard": audit_cpu_s / n_shards * 1e3, "audit_rss_mb": audit_mb,
+            "audit_pss_mb": audit_pss_mb,
             "export_ms_per_shard": export_s / n_shards * 1e3, "export_cpu_ms_per_shard": export_cpu_s / n_shards * 1e3,
             **measure_tailer(store)}
 
@@ -174,8 +182,9 @@ def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
              "cursor size, idle poll time and the time to empty one window.",
     method="A synthetic campaign per size, written through `ShardWriter` (8 writers, one group of 4 trajectories "
            "per shard; generation not timed). `rollstream audit` runs in a child process (wall time; peak RSS of "
-           "its process tree sampled every 20 ms; CPU time of all its processes); `export_parquet` (one worker per CPU) "
-           "writes into a fresh folder. A "
+           "its process tree summed over its processes, sampled every 20 ms; peak summed PSS, which counts a page "
+           "the processes share once, every 100 ms; CPU time of all its processes); `export_parquet` (one worker "
+           "per CPU) writes into a fresh folder. A "
            "simulated trainer drains each window [V-2, V] for V = 0..19, 8 groups a call; then the cursor's "
            "serialised size, the mean per-step cursor delta a consumption log carries, the median of 50 idle polls "
            "and the time a tailer starting at the last window takes to empty it. Quick mode: 100, 300 and 1 k shards.",

@@ -127,6 +127,34 @@ class _Tally:
 
 
 @dataclass
+class _IdIndex:
+    """64-bit hashes of trajectory ids, each with the version folder that committed it first: sorted arrays at 12
+    bytes an id (a dict of Python ints costs ~100), so a whole campaign's ids stay small in the merging process."""
+
+    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    folder_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    """Index into ``folders`` of each hash's first folder."""
+    folders: list[str] = field(default_factory=list)
+
+    def add(self, hashes: np.ndarray, folder: str) -> list[str]:
+        """Fold in the distinct ``hashes`` of ``folder``; returns the first folder of each one another folder
+        already committed."""
+        pos = np.searchsorted(self.hashes, hashes)
+        known = np.zeros(len(hashes), bool)
+        inside = pos < len(self.hashes)
+        known[inside] = self.hashes[pos[inside]] == hashes[inside]
+        firsts = [self.folders[i] for i in self.folder_of[pos[known]].tolist()]
+        if folder not in self.folders:
+            self.folders.append(folder)
+        new = hashes[~known]
+        merged = np.concatenate([self.hashes, new])
+        order = np.argsort(merged, kind="stable")
+        self.hashes = merged[order]
+        self.folder_of = np.concatenate([self.folder_of, np.full(len(new), self.folders.index(folder), np.uint32)])[order]
+        return [first for first in firsts if first != folder]
+
+
+@dataclass
 class _Accumulator:
     """Everything gathered shard by shard before the report is frozen."""
 
@@ -142,15 +170,19 @@ class _Accumulator:
     committed: dict[GroupKey, CommittedGroup] = field(default_factory=dict)
     first_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Trajectory id -> (shard, row) within one work unit (a version folder)."""
-    id_hashes: dict[int, str] = field(default_factory=dict)
-    """64-bit hash of each trajectory id -> its version folder: duplicates across work units, at 8 bytes an id."""
+    unit_ids: list[int] = field(default_factory=list)
+    """64-bit hash of each trajectory id of this work unit (one version folder, ``unit_folder``): ``merge`` finds
+    duplicates across work units by them (``ids``)."""
+    unit_folder: str = ""
+    ids: _IdIndex = field(default_factory=_IdIndex)
+    """The hashes of every work unit merged so far."""
     shards: int = 0
     needs: TrainerNeeds | None = None
     newest_version: int | None = None
 
     def to_plain(self) -> dict[str, Any]:
         """One work unit's result as JSON (``AuditVersionResult.result``); ``from_plain`` reads it back."""
-        hashes = np.array(sorted(self.id_hashes), np.uint64)
+        hashes = np.unique(np.array(self.unit_ids, np.uint64))
         return {
             "findings": [dataclasses.asdict(f) for f in self.findings],
             "bad_files": [dataclasses.asdict(b) for b in self.bad_files],
@@ -164,7 +196,7 @@ class _Accumulator:
             "committed": [[shard, gid, c.version, c.prompt_id, c.row_start, c.row_end, c.usable]
                           for (shard, gid), c in self.committed.items()],
             "id_hashes": base64.b64encode(hashes.tobytes()).decode(),
-            "id_folder": next(iter(self.id_hashes.values()), ""),
+            "id_folder": self.unit_folder,
             "shards": self.shards,
         }
 
@@ -183,8 +215,8 @@ class _Accumulator:
             mine.update({k: _Tally(**t) for k, t in theirs.items()})
         for name, pairs in raw["dists"].items():
             acc.dists[name].counts.update({float(v): int(c) for v, c in pairs})
-        hashes = np.frombuffer(base64.b64decode(raw["id_hashes"]), np.uint64)
-        acc.id_hashes = dict.fromkeys(hashes.tolist(), raw["id_folder"])
+        acc.unit_ids = np.frombuffer(base64.b64decode(raw["id_hashes"]), np.uint64).tolist()
+        acc.unit_folder = raw["id_folder"]
         return acc
 
     def merge(self, unit: _Accumulator) -> None:
@@ -203,11 +235,10 @@ class _Accumulator:
         self.tool_calls.update(unit.tool_calls)
         self.tool_errors.update(unit.tool_errors)
         self.committed.update(unit.committed)
-        for h, folder in unit.id_hashes.items():
-            first = self.id_hashes.setdefault(h, folder)
-            if first != folder:
-                self.findings.append(Finding(kind="duplicate_trajectory", path=folder, row=None, trajectory_id=None,
-                                             message=f"a trajectory id of this folder is also committed in {first}"))
+        if unit.unit_ids:
+            self.findings += [Finding(kind="duplicate_trajectory", path=unit.unit_folder, row=None, trajectory_id=None,
+                                      message=f"a trajectory id of this folder is also committed in {first}")
+                              for first in self.ids.add(np.unique(np.array(unit.unit_ids, np.uint64)), unit.unit_folder)]
         self.shards += unit.shards
 
     def add_shard_objects(self, store: Store, shards: Iterable[tuple[str, layout.ShardId, bytes | Missing]]) -> None:
@@ -320,9 +351,9 @@ class _Accumulator:
                           for v in violations]
         untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance, *runs, clean)
         self.findings += untrainable
-        folder = layout.version_dir(sid.version)
+        self.unit_folder = self.unit_folder or layout.version_dir(sid.version)  # a work unit is one version folder
         for row, tid in enumerate(table.column("trajectory_id").to_pylist()):
-            self.id_hashes[_id_hash(tid)] = folder
+            self.unit_ids.append(_id_hash(tid))
             first = self.first_seen.setdefault(tid, (path, row))
             if first[0] != path:
                 self.findings.append(Finding(kind="duplicate_trajectory", path=path, row=row, trajectory_id=tid,
@@ -383,7 +414,7 @@ def _audit_unit(unit: _Unit, store: Store | None = None,
             on_shard(1)
 
     acc.add_shard_objects(store, counted())
-    acc.first_seen.clear()  # duplicates across units go by id_hashes; the worker's result stays small
+    acc.first_seen.clear()  # duplicates across units go by unit_ids; the worker's result stays small
     return acc
 
 

@@ -24,7 +24,7 @@ GroupKey = tuple[str, str]
 """(shard path, group_id)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)  # one per committed group of the campaign, held to the end
 class CommittedGroup:
     version: int
     prompt_id: str

@@ -57,6 +57,8 @@ MAX_DECODED_BYTES = 256 * 2**20
 """Largest decoded size of one shard any reader accepts (writers commit at ~32 MiB estimated)."""
 TOKEN_BYTES = 13
 """Decoded bytes per token over the four token columns (int32 id, int8 mask, float32 logprob, int32 version)."""
+TRAJECTORY_SCHEMA_NAMES = TRAJECTORY_SCHEMA.names
+"""Column names a decoded shard ends with, built once (``Schema.names`` builds a new list on every call)."""
 THREADED_DECODE_BYTES = 2**20
 """Shards larger than this (in the file) are decompressed on Arrow's thread pool."""
 ROW_OVERHEAD_BYTES = 64 * 2**10
@@ -250,10 +252,12 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True,
         raise ShardError(f"{where}: corrupt {SHARD_META_KEY.decode()} metadata ({e})") from e
     if not isinstance(provenance, dict):
         raise ShardError(f"{where}: {SHARD_META_KEY.decode()} metadata is {type(provenance).__name__}, not an object")
+    names = table.schema.names  # each ``.names`` builds the list anew: a small shard notices
     for name in MINOR_ADDITIONS:
-        if name not in table.schema.names:
+        if name not in names:
             table = table.append_column(TRAJECTORY_SCHEMA.field(name), DERIVED_COLUMNS[name](table))
-    if table.schema.names != TRAJECTORY_SCHEMA.names:  # a newer minor's extra columns, or another order
+            names = table.schema.names
+    if names != TRAJECTORY_SCHEMA_NAMES:  # a newer minor's extra columns, or another order
         table = table.select(TRAJECTORY_SCHEMA.names)
     if validate and (error := _invalid(where, validate_table(table))) is not None:
         raise error

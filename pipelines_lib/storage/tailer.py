@@ -116,6 +116,9 @@ def _read_or_error(store: Store, path: str, validate: bool,
         return e
 
 
+Runs = list[tuple[int, int, str]]
+"""A shard's groups as ``(row_start, row_end, group_id)`` (``trainable.group_runs``)."""
+
 CURSOR_FORMAT = 2
 """Format of ``TailCursor.to_json``; format 1 (a list of every handed-out shard name per version) still reads."""
 
@@ -227,7 +230,8 @@ class ShardTailer:
         self.validate = validate
         self.needs = needs
         """Without it every whole group is handed out (tools that read, not train)."""
-        self._tables: dict[str, pa.Table] = {}
+        self._tables: dict[str, tuple[pa.Table, Runs]] = {}
+        """Shards being handed out: table and its group runs (``group_runs``, computed once per shard)."""
         self._events: list[TailEvent] = []
         self._seen: dict[str, tuple[int, str]] = {}
         """group id -> (version, shard) of groups handed out from versions still in the window."""
@@ -237,8 +241,9 @@ class ShardTailer:
         """version -> shards listed but not yet finished, in name order."""
         self._list_tokens: dict[int, int | None] = {}
         """version -> ``Store.list_if_changed`` token of its folder's last listing (an idle poll lists nothing)."""
-        self._decoded: dict[str, tuple[pa.Table, dict] | ShardError | StorageError] = {}
-        """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch)."""
+        self._decoded: dict[str, tuple[pa.Table, dict, tuple[Runs, str | None]] | ShardError | StorageError] = {}
+        """Pending shards decoded ahead of ``_load`` (at most ``DECODE_AHEAD_SHARDS`` of one batch), with their
+        group runs."""
         self._clean: dict[str, tuple[int, list[bool]]] = {}
         """Shard -> (newest version, per group: surely trainable with tokens up to it), screened per decoded batch
         (``trainable.clean_groups``): the per-group checks run, for their reason, only on the others."""
@@ -253,7 +258,7 @@ class ShardTailer:
         the cursor only when ``_load`` takes each in turn."""
         pending = self._pending[sid.version]
         batch: list[tuple[bytes, str]] = []
-        paths: list[str] = []
+        sids: list[layout.ShardId] = []
         size = 0
         for nxt in pending[pending.index(sid):]:
             if len(batch) == DECODE_AHEAD_SHARDS or size >= DECODE_AHEAD_BYTES:
@@ -266,52 +271,57 @@ class ShardTailer:
                 self._decoded[nxt.path] = e
                 continue
             batch.append((data, self.store.uri(nxt.path)))
-            paths.append(nxt.path)
+            sids.append(nxt)
             size += len(data)
         max_row_tokens = self.needs.max_tokens if self.needs is not None else None
         decoded = (decode_shards(batch, max_row_tokens=max_row_tokens) if self.validate else
                    [_decode_or_error(data, where, max_row_tokens) for data, where in batch])
-        self._decoded.update(zip(paths, decoded, strict=True))
+        screen = []
+        for sid, got in zip(sids, decoded, strict=True):
+            if isinstance(got, tuple):
+                got = (*got, group_runs(got[0]))
+                screen.append((sid, got[0], got[2][0]))
+            self._decoded[sid.path] = got
         if self.needs is not None and newest is not None:
-            self._screen([(p, d[0]) for p, d in zip(paths, decoded, strict=True) if isinstance(d, tuple)], newest)
+            self._screen(screen, newest)
 
-    def _screen(self, tables: list[tuple[str, pa.Table]], newest: int) -> None:
-        """Screen the groups of freshly decoded shards together (``_clean``)."""
+    def _screen(self, tables: list[tuple[layout.ShardId, pa.Table, Runs]], newest: int) -> None:
+        """Screen the groups of freshly decoded shards (``(shard, table, group runs)``) together (``_clean``)."""
         if not tables:
             return
         bounds, versions, counts, offset = [], [], [], 0
-        for path, table in tables:
-            runs = group_runs(table)[0]
+        for sid, table, runs in tables:
             bounds += [(offset + s, offset + e) for s, e, _ in runs]
-            versions += [layout.parse_shard_path(path).version] * len(runs)
+            versions += [sid.version] * len(runs)
             counts.append(len(runs))
             offset += table.num_rows
-        clean = clean_groups(pa.concat_tables([t for _, t in tables]), np.array(bounds, np.int64).reshape(-1, 2),
+        clean = clean_groups(pa.concat_tables([t for _, t, _ in tables]), np.array(bounds, np.int64).reshape(-1, 2),
                              self.needs, folder_version_g=np.array(versions, np.int64), newest_version=newest,
                              infra=True).tolist()
-        for (path, _), start, n in zip(tables, np.cumsum([0, *counts[:-1]]).tolist(), counts, strict=True):
-            self._clean[path] = (newest, clean[start:start + n])
+        for (sid, _, _), start, n in zip(tables, np.cumsum([0, *counts[:-1]]).tolist(), counts, strict=True):
+            self._clean[sid.path] = (newest, clean[start:start + n])
 
-    def _load(self, path: str, newest: int | None = None) -> pa.Table | None:
-        """The table of shard ``path`` (None: skipped); ``newest``, the window's newest version, lets the decoded
-        batch be screened (``_clean``)."""
+    def _load(self, sid: layout.ShardId, newest: int | None = None) -> tuple[pa.Table, Runs] | None:
+        """The table of pending shard ``sid`` and its group runs (None: skipped); ``newest``, the window's newest
+        version, lets the decoded batch be screened (``_clean``)."""
+        path = sid.path
         if path not in self._tables:
-            sid = layout.parse_shard_path(path)
-            if path not in self._decoded and sid is not None and sid in self._pending.get(sid.version, ()):
+            if path not in self._decoded and sid in self._pending.get(sid.version, ()):
                 self._decode_ahead(sid, newest)
             got = self._decoded.pop(path, None)
-            if got is None:  # not a pending shard: read on its own
+            if got is None:  # not a pending shard (a retired version's): read on its own
                 got = _read_or_error(self.store, path, self.validate, self.needs)
+                if isinstance(got, tuple):
+                    got = (*got, group_runs(got[0]))
             if isinstance(got, ShardError | StorageError):
                 self._skip_shard(path, str(got), ())
                 return None
-            table, provenance = got
-            runs, interleaved = group_runs(table)
+            table, provenance, (runs, interleaved) = got
             problem = identity_problem(path, provenance, groups=len(runs)) or interleaved
             if problem is not None:
                 self._skip_shard(path, f"{self.store.uri(path)}: {problem}", tuple(dict.fromkeys(g for *_, g in runs)))
                 return None
-            self._tables[path] = table
+            self._tables[path] = (table, runs)
         return self._tables[path]
 
     def _skip_shard(self, path: str, reason: str, groups: tuple[str, ...]) -> None:
@@ -383,10 +393,10 @@ class ShardTailer:
                     self._decoded.pop(path, None)
                     self._clean.pop(path, None)
                     continue
-                table = self._load(path)
-                if table is not None:
+                loaded = self._load(sid)
+                if loaded is not None:
                     start = self.cursor.partial.get(path, 0)
-                    groups = tuple(g for s, _, g in group_runs(table)[0] if s >= start)
+                    groups = tuple(g for s, _, g in loaded[1] if s >= start)
                     if groups:
                         self._events.append(TailEvent(kind="dropped_stale", shard=path, groups=groups, reason=reason))
                         self.cursor.groups_dropped_stale += len(groups)
@@ -424,14 +434,15 @@ class ShardTailer:
                     return
                 sid = pending[0]
                 path = sid.path
-                table = self._load(path, max_version)
-                if table is None:
+                loaded = self._load(sid, max_version)
+                if loaded is None:
                     self._finish(sid)
                     continue
+                table, runs = loaded
                 start = self.cursor.partial.get(path, 0)
                 screened_at, clean = self._clean.get(path, (None, None))
                 trusted = screened_at is not None and screened_at <= max_version  # a later newest allows more
-                for i, (s, e, gid) in enumerate(group_runs(table)[0]):
+                for i, (s, e, gid) in enumerate(runs):
                     if s < start:
                         continue
                     if len(out) == max_groups:
