@@ -44,10 +44,10 @@ from pipelines_lib.records import CampaignManifest
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer, TailCursor
-from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
+from pipelines_lib.utc import utc_now_iso
 
 FULL_SIZES = (1_000, 5_000, 20_000)
 QUICK_SIZES = (100, 300, 1_000)

@@ -41,9 +41,10 @@ from pipelines_lib.records import CampaignManifest, Publication
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import encode_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import to_table, utc_now_iso
+from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.utc import utc_now_iso
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_DEADLINE_S = 120.0

@@ -26,9 +26,9 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer
-from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.utc import utc_now_iso
 
 VERSIONS = 5
 WORKERS = 3

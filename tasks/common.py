@@ -28,7 +28,7 @@ from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
 from pipelines_lib.storage.store import Store, is_transient
-from pipelines_lib.trajectory.record import utc_now_iso
+from pipelines_lib.utc import utc_now_iso
 
 IO_RETRIES = 3
 IO_RETRY_DELAYS_S = [10, 30, 90]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines_lib.audit import AuditReport, audit_campaign
+from pipelines_lib.audit import AuditReport, audit_campaign, campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
 from pipelines_lib.audit.stats import summarize
@@ -219,7 +220,8 @@ def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: St
     assert report.generated_tokens.max <= report.tokens.max
     assert report.campaign == CampaignManifest.read(store).to_dict() and report.evals == ("eval/v00000002.json",)
     assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [
-        f"{report.files} objects listed", "3/4 shards read", "4/4 shards read"]
+        f"{report.files - 4} objects and 2 trajectory folder(s) listed", "3 shards read",
+        "4 shards read in 2 version folder(s)"]  # the version folders' 4 shards are listed in turn
 
     lin = report.lineage
     assert lin is not None and (lin.consumption_logs, lin.last_step) == (3, 3)
@@ -373,6 +375,20 @@ def test_an_audit_on_worker_processes_reports_what_one_process_reports(local_sto
     local_store.create(PLANTED, encode_shard(_bad_table(_loss_on_tool_token), {}))
     one, two = audit_campaign(local_store), audit_campaign(local_store, jobs=2)
     assert _same_report(one, two) and two.shards == 5 and two.violation_counts == {"policy_version": 1}
+
+
+@pytest.mark.parametrize(("worker", "timeout_s", "said"), [
+    ("import sys; sys.stdin.readline(); sys.exit(3)", 60.0, "exited with code 3 while auditing trajectories/v0000000"),
+    ("import sys, time; sys.stdin.readline(); time.sleep(60)", 1.0, "did not finish trajectories/v0000000"),
+])
+def test_an_audit_worker_that_dies_or_hangs_stops_the_audit_naming_its_version_folder(
+        local_store: Store, monkeypatch, worker: str, timeout_s: float, said: str) -> None:
+    _base(local_store)
+    monkeypatch.setattr(campaign, "WORKER_COMMAND", ("-c", worker))
+    start = time.monotonic()
+    with pytest.raises(campaign.AuditWorkerError, match=said):
+        audit_campaign(local_store, jobs=2, unit_timeout_s=timeout_s)
+    assert time.monotonic() - start < 30  # the hung worker was killed, not waited for
 
 
 def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_one_row_group(

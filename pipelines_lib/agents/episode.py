@@ -62,8 +62,9 @@ from pipelines_lib.agents.base import ConversationAgentBase, FinalResponse, Mess
 from pipelines_lib.engine.api import Completion, Engine, EngineUnavailableError, SamplingParams
 from pipelines_lib.envs.base import BaseTaskEnv, InfraError, Message, StepResult, Task
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
+from pipelines_lib.trajectory.record import Timings, Trajectory, Turn
 from pipelines_lib.trajectory.schema import INFRA_STATUSES
+from pipelines_lib.utc import utc_now_iso
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ still-growing campaign into a new folder. Rows carry the shard columns plus ``ca
 exports of several campaigns can be queried together. A file of that name that is not such an export (anything
 else someone left in the folder) is reported ``foreign`` and left alone too.
 
-Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``campaign.prefetch``), decoded
+Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``unit.prefetch``), decoded
 and validated ``BATCH_SHARDS`` at a time (``shards.decode_shards``), and their rows go out in row groups of up to
 ``ROW_GROUP_ROWS`` rows as they are read, so a version costs one pass and memory for one row group plus the
 compressed file. Versions are independent work units, exported on
@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines_lib import records
-from pipelines_lib.audit.campaign import prefetch
+from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.shards import ShardError, decode_shards, identity_problem
@@ -171,8 +171,8 @@ def _exported(store: Store, out: Store, versions: list[int], jobs: int, read_ahe
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         n = len(versions)
-        yield from pool.map(_export_in_worker, [store.url] * n, [dict(store.fs.storage_options)] * n, [out.url] * n,
-                            [dict(out.fs.storage_options)] * n, versions, [read_ahead] * n)
+        yield from pool.map(_export_in_worker, [store.url] * n, [dict(store.storage_options)] * n, [out.url] * n,
+                            [dict(out.storage_options)] * n, versions, [read_ahead] * n)
 
 
 def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] | None = None, jobs: int = 1,

@@ -1,9 +1,8 @@
-"""Per-trajectory figures of one shard, and the summary statistics the audit reports over a whole campaign.
+"""The summary statistics the audit reports over a whole campaign.
 
-``shard_figures`` turns one shard's table into flat per-trajectory arrays (reward, lengths, turn counts) and
-counters (statuses, tool calls, tool errors) with vectorised Arrow/NumPy code, so auditing a large campaign
-costs one pass over its bytes. ``Distribution`` accumulates those arrays across shards; ``summarize`` turns
-them into the ``Summary`` the report prints.
+``Distribution`` accumulates per-trajectory values across shards (``worker.shard_figures`` computes them per shard)
+as value -> count; ``summarize`` turns values into the ``Summary`` the report prints. NumPy only: the audit's
+merging process imports this module and never decodes a shard.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,52 +31,6 @@ def summarize(values: np.ndarray) -> Summary:
     v = values.astype(np.float64)
     return Summary(count=int(v.size), mean=float(v.mean()), p50=float(np.percentile(v, 50)),
                    p95=float(np.percentile(v, 95)), max=float(v.max()))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardFigures:
-    """One value per trajectory (row order) plus counters, for one shard."""
-
-    reward: np.ndarray
-    tokens: np.ndarray
-    """Sequence length (prompt, generated, tool and env tokens)."""
-    generated_tokens: np.ndarray
-    """Tokens under the loss mask: what the policy generated."""
-    turns: np.ndarray
-    statuses: Counter[str]
-    tool_calls: Counter[str]
-    """Tool turns by tool name."""
-    tool_errors: Counter[tuple[str, str]]
-    """(tool name, error kind) of tool turns that record an error."""
-
-
-def _per_row_sum(col: pa.ChunkedArray, n_rows: int) -> np.ndarray:
-    arr = col.combine_chunks()
-    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.float64)
-    parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
-    return np.bincount(parents, weights=values, minlength=n_rows)
-
-
-def _lengths(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def shard_figures(table: pa.Table) -> ShardFigures:
-    n = table.num_rows
-    turns = table.column("turns").combine_chunks()
-    flat_turns = pc.list_flatten(turns)
-    is_tool = pc.equal(flat_turns.field("role"), "tool")
-    tool_names = pc.filter(flat_turns.field("tool_name"), is_tool).to_pylist()
-    errors = pc.filter(flat_turns.field("error"), is_tool).to_pylist()
-    return ShardFigures(
-        reward=table.column("reward").to_numpy().astype(np.float64),
-        tokens=_lengths(table.column("tokens")),
-        generated_tokens=_per_row_sum(table.column("loss_mask"), n).astype(np.int64),
-        turns=_lengths(turns),
-        statuses=Counter(table.column("status").to_pylist()),
-        tool_calls=Counter(name or "?" for name in tool_names),
-        tool_errors=Counter((name or "?", err) for name, err in zip(tool_names, errors, strict=True) if err),
-    )
 
 
 @dataclass

@@ -57,7 +57,7 @@ from pipelines_lib.records import Publication
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError
 from pipelines_lib.storage.layout import WEIGHTS_LATEST, weights_dir
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.record import utc_now_iso
+from pipelines_lib.utc import utc_now_iso
 
 HF_DIR = "hf"
 """Subfolder of a weights folder holding its Hugging Face checkpoint."""

@@ -34,8 +34,8 @@ from pipelines_lib.stages.campaign import CampaignMismatchError, code_version, l
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints
-from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
+from pipelines_lib.utc import utc_now_iso
 
 FIXED_KEYS = {
     "model": "its checkpoint only fits it",

@@ -35,7 +35,7 @@ class ForkStore(Store):
     relative paths, objects and folders, that ``inherits`` accepts."""
 
     def __init__(self, own: Store, *, below: Store, inherits: Callable[[str], bool]) -> None:
-        super().__init__(own.url, retry=own.retry, storage_options=own.fs.storage_options,
+        super().__init__(own.url, retry=own.retry, storage_options=own.storage_options,
                          external_deadline_s=own.external_deadline_s, sleep=own._sleep)
         self.own = own
         self.below = below
@@ -103,10 +103,10 @@ class ForkStore(Store):
         """Always a fresh listing: a folder merged from two stores has no one modification time to compare."""
         return self.list(rel), None
 
-    def walk(self, rel: str = "") -> list[str]:
-        paths = set(self.own.walk(rel))
+    def walk(self, rel: str = "", *, skip: Callable[[str], bool] | None = None) -> list[str]:
+        paths = set(self.own.walk(rel, skip=skip))
         if self.inherits(rel):
-            paths |= {p for p in self.below.walk(rel) if self.inherits(p)}
+            paths |= {p for p in self.below.walk(rel, skip=skip) if self.inherits(p)}
         return sorted(paths)
 
     # -- writes: the fork's own folder only -----------------------------------------------------------------

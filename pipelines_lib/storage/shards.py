@@ -42,10 +42,10 @@ from pipelines_lib.trajectory.record import (
     group_min_version,
     table_group_versions,
     to_table,
-    utc_now_iso,
 )
 from pipelines_lib.trajectory.schema import CAMPAIGN_KEY, MINOR_ADDITIONS, TRAJECTORY_SCHEMA, check_schema
 from pipelines_lib.trajectory.validate import Violation, validate_table, validate_tables
+from pipelines_lib.utc import utc_now_iso
 
 SHARD_META_KEY = b"rollstream.shard"
 COMPRESSION = "lz4"

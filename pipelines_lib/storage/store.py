@@ -32,6 +32,7 @@ made by other clients (Orbax) are bounded by ``Store.external_deadline_s`` (``ca
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -44,11 +45,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-
-import fsspec
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError, StorageError
+
+if TYPE_CHECKING:
+    import fsspec
 
 T = TypeVar("T")
 
@@ -178,8 +180,10 @@ class Store:
         options = dict(storage_options or {})
         if self.protocol in ("gs", "gcs"):
             options.setdefault("requests_timeout", self.retry.request_timeout_s)
-        self.fs = fsspec.filesystem(self.protocol, **options)
-        self._root = self.fs._strip_protocol(self.url).rstrip("/")
+        self.storage_options = options
+        """What the backend was opened with (credentials, endpoint): another process opens the same store with it."""
+        self._root = (os.path.abspath(self.url.removeprefix("file://")) if self.protocol == "file"
+                      else self.fs._strip_protocol(self.url)).rstrip("/")
         self._real_root = os.path.realpath(self._root) if self.protocol == "file" else self._root
         self._real_folders: dict[str, str] = {}
         """Local folder -> its real path: resolved once, not once per object read (folders are create-only too)."""
@@ -191,11 +195,19 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
+    @functools.cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem, opened (and fsspec imported: ~15 MB) on first use: a local store reads, lists,
+        creates and stats objects itself, so a process that only reads a local campaign never pays for it."""
+        import fsspec
+
+        return fsspec.filesystem(self.protocol, **self.storage_options)
+
     def other(self, url: str) -> Store:
         """A store at another URL with this one's budgets; on the same backend also its options (credentials,
         endpoint), as when a campaign starts from another campaign's weights."""
         same = normalize_url(url).split("://", 1)[0] == self.protocol
-        return Store(url, retry=self.retry, storage_options=self.fs.storage_options if same else None,
+        return Store(url, retry=self.retry, storage_options=self.storage_options if same else None,
                      external_deadline_s=self.external_deadline_s, sleep=self._sleep)
 
     def call_external(self, op: str, rel: str, fn: Callable[[], T]) -> T:
@@ -321,6 +333,8 @@ class Store:
 
     def exists(self, rel: str) -> bool:
         path = self._path(rel)
+        if self.protocol == "file":
+            return self._call("exists", rel, lambda: os.path.exists(path))
         return self._call("exists", rel, lambda: self.fs.exists(path))
 
     def size(self, rel: str) -> int:
@@ -366,22 +380,33 @@ class Store:
         token = mtime_ns if time.time_ns() - mtime_ns > SETTLED_S * 1e9 else None
         return self.list(rel), token
 
-    def walk(self, rel: str = "") -> list[str]:
-        """Every object under ``rel`` (hidden ones included), as paths relative to the campaign root."""
+    def walk(self, rel: str = "", *, skip: Callable[[str], bool] | None = None) -> list[str]:
+        """Every object under ``rel`` (hidden ones included), as paths relative to the campaign root; folders
+        ``skip`` accepts (given relative to the root) are left out, so a reader can list a large folder piece by
+        piece instead of holding it whole."""
         path = self._path(rel)
+        prefix = self._root + "/"
+
+        def skipped(folder: str) -> bool:
+            return skip is not None and skip(folder[len(prefix):])
 
         def find() -> list[str]:
             if self.protocol == "file":
                 # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
-                return [os.path.join(folder, n) for folder, dirs, files in os.walk(path)
-                        for n in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]]
+                out = []
+                for folder, dirs, files in os.walk(path):
+                    out += [os.path.join(folder, n) for n in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]]
+                    dirs[:] = [d for d in dirs if not skipped(os.path.join(folder, d))]
+                return out
             try:
                 self.fs.invalidate_cache()
-                return self.fs.find(path)
+                found = self.fs.find(path)
             except FileNotFoundError:
                 return []
+            if skip is None:
+                return found
+            return [p for p in found if not any(skipped(p[:i]) for i, c in enumerate(p) if c == "/" and i > len(prefix))]
 
-        prefix = self._root + "/"
         return sorted(p[len(prefix):] if p.startswith(prefix) else p for p in self._call("walk", rel, find))
 
     def delete(self, rel: str) -> None:

@@ -64,8 +64,8 @@ from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
-from pipelines_lib.trajectory.record import utc_now_iso
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
+from pipelines_lib.utc import utc_now_iso
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,6 @@ table with ``to_table``; readers that want objects back use ``from_table``. Noth
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
@@ -16,10 +15,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines_lib.trajectory.schema import ROLES, STATUSES, TOKEN_COLUMNS, TRAJECTORY_SCHEMA
-
-
-def utc_now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import random
 
-from pipelines_lib.trajectory.record import Timings, Trajectory, Turn, utc_now_iso
+from pipelines_lib.trajectory.record import Timings, Trajectory, Turn
+from pipelines_lib.utc import utc_now_iso
 
 
 def synthetic_group(*, prompt_id: str, group_size: int, worker_id: str, policy_version: int, seed: int,

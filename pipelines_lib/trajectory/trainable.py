@@ -11,31 +11,12 @@ the same reasons as findings, so the two never disagree on what is trainable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines_lib.trajectory.needs import TrainerNeeds
 from pipelines_lib.trajectory.schema import INFRA_STATUSES
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerNeeds:
-    """The trainer's limits a group must fit."""
-
-    group_size: int
-    """The campaign's G: rows per group."""
-    max_tokens: int
-    """The trainer's largest sequence bucket: longest row it can pad into a batch."""
-    vocab_size: int
-    """Token ids must lie in [0, vocab_size)."""
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "max_tokens", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainerNeeds.{name} must be >= 1, got {getattr(self, name)}")
-
 
 
 def group_runs(table: pa.Table) -> tuple[list[tuple[int, int, str]], str | None]:
