@@ -24,6 +24,7 @@ name the file it is in, so a copy under another name or in another version folde
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import struct
 import time
@@ -131,15 +132,9 @@ def _structs(buf: bytes, table: tuple[int, int, int], index: int, fmt: str) -> l
     return [struct.unpack_from(fmt, buf, start + i * size) for i in range(n)]
 
 
-def declared_sizes(data: bytes) -> tuple[int, int]:
-    """(rows, decoded bytes) an Arrow IPC file declares, read from its footer and record-batch headers only.
-
-    The IPC format (Arrow's ``File.fbs``/``Message.fbs``): a footer flatbuffer lists record-batch blocks
-    ``(offset, metadata length, body length)``; each block's ``RecordBatch`` header gives its row count and
-    its buffers ``(offset, length)`` inside the body, and with body compression every non-empty buffer
-    starts with its decoded length as an int64 (-1: stored uncompressed). Raises ``ValueError`` on a
-    malformed file.
-    """
+def _batch_buffers(data: bytes) -> tuple[int, list[tuple[int, int, np.ndarray, bool]]]:
+    """(rows, per record batch ``(body position, body length, buffers as (offset, length) rows, compressed)``) an
+    Arrow IPC file declares in its footer and record-batch headers; ``ValueError`` on malformed metadata."""
     try:
         if len(data) < 18 or data[:6] != b"ARROW1" or data[-6:] != b"ARROW1":
             raise ValueError("no Arrow IPC file magic")
@@ -148,7 +143,8 @@ def declared_sizes(data: bytes) -> tuple[int, int]:
             raise ValueError(f"footer length {footer_len} out of range")
         footer = data[len(data) - 10 - footer_len:len(data) - 10]
         blocks = _structs(footer, _table_at(footer, _deref(footer, 0)), 3, "<qi4xq")
-        rows = decoded = 0
+        rows = 0
+        batches = []
         for offset, meta_len, body_len in blocks:
             if offset < 0 or meta_len < 8 or body_len < 0 or offset + meta_len + body_len > len(data):
                 raise ValueError(f"record batch block ({offset}, {meta_len}, {body_len}) outside the file")
@@ -161,35 +157,106 @@ def declared_sizes(data: bytes) -> tuple[int, int]:
             batch = _table_at(message, _deref(message, header_at))
             length_at = _field(message, batch, 0)
             rows += struct.unpack_from("<q", message, length_at)[0] if length_at is not None else 0
-            compressed = _field(message, batch, 3) is not None
-            body = offset + meta_len
-            # The buffers as one array: a shard has ~100 of them, and this runs before every decode.
             start, n = _vector(message, batch, 2, 16)
             buffers = np.frombuffer(message, "<i8", count=2 * n, offset=start).reshape(-1, 2)
-            buf_offset, buf_len = buffers[:, 0], buffers[:, 1]
-            outside = (buf_offset < 0) | (buf_len < 0) | (buf_offset > body_len - buf_len)
-            if outside.any():
-                raise ValueError(f"buffer {tuple(buffers[outside][0].tolist())} outside its record batch body")
-            size = buf_len.copy()
-            if compressed:
-                prefixed = np.flatnonzero(buf_len >= 8)
-                at = (body + buf_offset[prefixed])[:, None] + np.arange(8)
-                declared = np.frombuffer(data, np.uint8)[at].copy().view("<i8").ravel()
-                size[prefixed] = np.where(declared == -1, buf_len[prefixed] - 8, declared)
-            if (size < 0).any():
-                raise ValueError(f"buffer declares a decoded length of {size[size < 0][0]}")
-            decoded += int(size.sum())
-        return rows, decoded
+            batches.append((offset + meta_len, body_len, buffers, _field(message, batch, 3) is not None))
+        return rows, batches
     except (struct.error, IndexError) as e:
         raise ValueError(f"malformed Arrow IPC metadata ({e})") from e
+
+
+def declared_sizes(data: bytes) -> tuple[int, int]:
+    """(rows, decoded bytes) an Arrow IPC file declares, read from its footer and record-batch headers only.
+
+    The IPC format (Arrow's ``File.fbs``/``Message.fbs``): a footer flatbuffer lists record-batch blocks
+    ``(offset, metadata length, body length)``; each block's ``RecordBatch`` header gives its row count and
+    its buffers ``(offset, length)`` inside the body, and with body compression every non-empty buffer
+    starts with its decoded length as an int64 (-1: stored uncompressed). Raises ``ValueError`` on a
+    malformed file.
+    """
+    rows, batches = _batch_buffers(data)
+    decoded = 0
+    for body, body_len, buffers, compressed in batches:
+        # The buffers as one array: a shard has ~100 of them, and this runs before every decode.
+        buf_offset, buf_len = buffers[:, 0], buffers[:, 1]
+        outside = (buf_offset < 0) | (buf_len < 0) | (buf_offset > body_len - buf_len)
+        if outside.any():
+            raise ValueError(f"buffer {tuple(buffers[outside][0].tolist())} outside its record batch body")
+        size = buf_len.copy()
+        if compressed:
+            prefixed = np.flatnonzero(buf_len >= 8)
+            at = (body + buf_offset[prefixed])[:, None] + np.arange(8)
+            declared = np.frombuffer(data, np.uint8)[at].copy().view("<i8").ravel()
+            size[prefixed] = np.where(declared == -1, buf_len[prefixed] - 8, declared)
+        if (size < 0).any():
+            raise ValueError(f"buffer declares a decoded length of {size[size < 0][0]}")
+        decoded += int(size.sum())
+    return rows, decoded
+
+
+_PREFIX = np.arange(8)
+"""Byte offsets of a compressed buffer's int64 decoded-length prefix."""
+
+
+def declared_sizes_of(datas: Sequence[bytes]) -> list[tuple[int, int] | ValueError]:
+    """``declared_sizes`` of each of ``datas`` (the error in place of a malformed one), with the buffer checks of
+    all of them in one NumPy pass: per shard they cost their call overheads, not their ~100 buffers."""
+    parsed: list[tuple[int, list] | ValueError] = []
+    for data in datas:
+        try:
+            parsed.append(_batch_buffers(data))
+        except ValueError as e:
+            parsed.append(e)
+    batches = [(k, *batch) for k, got in enumerate(parsed) if isinstance(got, tuple) for batch in got[1]]
+    if not batches:
+        return [got if isinstance(got, ValueError) else (got[0], 0) for got in parsed]
+    owners, bodies, body_lens, buffers, compressed = zip(*batches, strict=True)
+    counts = [len(b) for b in buffers]
+    owner_b, body_b, body_len_b, compressed_b = (np.repeat(np.array(v), counts)
+                                                 for v in (owners, bodies, body_lens, compressed))
+    all_buffers = np.concatenate(buffers)
+    buf_offset, buf_len = all_buffers[:, 0], all_buffers[:, 1]
+    bad = (buf_offset < 0) | (buf_len < 0) | (buf_offset > body_len_b - buf_len)
+    size = np.where(bad, 0, buf_len)
+    prefixed = np.flatnonzero(compressed_b & (buf_len >= 8) & ~bad)
+    at = body_b[prefixed] + buf_offset[prefixed]
+    declared = np.empty(len(prefixed), np.int64)
+    bounds = np.searchsorted(owner_b[prefixed], np.arange(len(datas) + 1)).tolist()  # owners ascend
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):  # one gather per shard, in its own bytes
+        if hi > lo:
+            declared[lo:hi] = np.frombuffer(datas[k], np.uint8)[at[lo:hi, None] + _PREFIX].view("<i8").ravel()
+    size[prefixed] = np.where(declared == -1, buf_len[prefixed] - 8, declared)
+    bad |= size < 0
+    decoded = np.zeros(len(datas), np.int64)
+    np.add.at(decoded, owner_b, size)
+    flagged = set(owner_b[bad].tolist())
+    out: list[tuple[int, int] | ValueError] = []
+    for k, got in enumerate(parsed):
+        if isinstance(got, ValueError):
+            out.append(got)
+        elif k in flagged:  # worded by the one-shard path, which stops at the first bad buffer
+            try:
+                out.append(declared_sizes(datas[k]))
+            except ValueError as e:
+                out.append(e)
+        else:
+            out.append((got[0], int(decoded[k])))
+    return out
 
 
 def check_declared_sizes(data: bytes, where: str, *, max_row_tokens: int | None = None) -> None:
     """Refuse (``ShardError``) a shard whose declared decoded size is over the limits, before decoding it."""
     try:
-        rows, decoded = declared_sizes(data)
+        sizes = declared_sizes(data)
     except ValueError as e:
-        raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e
+        sizes = e
+    _check_sizes(sizes, where, max_row_tokens)
+
+
+def _check_sizes(sizes: tuple[int, int] | ValueError, where: str, max_row_tokens: int | None) -> None:
+    if isinstance(sizes, ValueError):
+        raise ShardError(f"{where}: unreadable Arrow IPC file ({sizes})") from sizes
+    rows, decoded = sizes
     if decoded > MAX_DECODED_BYTES:
         raise ShardError(f"{where}: declares {decoded} decoded bytes, over the limit of {MAX_DECODED_BYTES}")
     if max_row_tokens is not None and decoded > max(rows, 1) * row_budget(max_row_tokens):
@@ -234,11 +301,18 @@ def decode_shard(data: bytes, where: str, *, validate: bool = True,
     reader can use).
     """
     check_declared_sizes(data, where, max_row_tokens=max_row_tokens)
+    return _decode_sized(data, where, validate=validate)
+
+
+_READ_OPTIONS = {threaded: pa.ipc.IpcReadOptions(use_threads=threaded) for threaded in (False, True)}
+"""Decompressing on Arrow's thread pool pays off for large shards only; for a small one the handoffs cost more CPU
+than the decoding (an audit of many small shards runs its own worker processes instead)."""
+
+
+def _decode_sized(data: bytes, where: str, *, validate: bool) -> tuple[pa.Table, dict]:
+    """``decode_shard`` of a shard whose declared sizes passed."""
     try:
-        # Decompressing on Arrow's thread pool pays off for large shards only; for a small one the handoffs cost
-        # more CPU than the decoding (an audit of many small shards runs its own worker processes instead).
-        options = pa.ipc.IpcReadOptions(use_threads=len(data) > THREADED_DECODE_BYTES)
-        table = pa.ipc.open_file(pa.BufferReader(data), options=options).read_all()
+        table = pa.ipc.open_file(data, options=_READ_OPTIONS[len(data) > THREADED_DECODE_BYTES]).read_all()
         table.validate(full=True)  # IPC reads do not check offsets or UTF-8; a flipped byte must not escape later
     except (pa.ArrowException, OSError, UnicodeDecodeError) as e:  # ArrowMemoryError: a flipped length byte
         raise ShardError(f"{where}: unreadable Arrow IPC file ({e})") from e
@@ -278,9 +352,10 @@ def decode_shards(shards: Sequence[tuple[bytes, str]], *, max_row_tokens: int | 
     invariants of the decodable ones are checked together (``validate_tables``): per-call overheads dominate a
     small shard's checks."""
     out: list[tuple[pa.Table, dict] | ShardError] = []
-    for data, where in shards:
+    for (data, where), sizes in zip(shards, declared_sizes_of([data for data, _ in shards]), strict=True):
         try:
-            out.append(decode_shard(data, where, validate=False, max_row_tokens=max_row_tokens))
+            _check_sizes(sizes, where, max_row_tokens)
+            out.append(_decode_sized(data, where, validate=False))
         except ShardError as e:
             out.append(e)
     decoded = [(i, d) for i, d in enumerate(out) if not isinstance(d, ShardError)]

@@ -44,7 +44,8 @@ class Violation:
 
 def _token_checks(table: pa.Table, rows: np.ndarray, prompt_len: np.ndarray) -> dict[int, tuple[str, str]]:
     """First token-level violation of each row in ``rows`` (all four token columns of equal length there)."""
-    sub = table.take(pa.array(rows, pa.int64()))
+    # Every row, the common case, is the table itself: a take would copy it whole.
+    sub = table if len(rows) == table.num_rows else table.take(pa.array(rows, pa.int64()))
     lengths = pc.list_value_length(sub.column("tokens")).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = {c: pc.list_flatten(sub.column(c)).to_numpy(zero_copy_only=False) for c in TOKEN_COLUMNS[1:]}
     mask, logp, ver = flat["loss_mask"].astype(np.int64), flat["logprobs"].astype(np.float64), flat["policy_version"]
@@ -68,6 +69,9 @@ def _token_checks(table: pa.Table, rows: np.ndarray, prompt_len: np.ndarray) -> 
             if row not in found:
                 found[row] = (kind, message(t))
     return found
+
+
+_STATUSES = pa.array(STATUSES)
 
 
 def _turns_suspect(turns: pa.ChunkedArray, n: np.ndarray) -> np.ndarray:
@@ -121,43 +125,77 @@ def validate_tables(tables: Sequence[pa.Table]) -> list[list[Violation]]:
     except pa.ArrowInvalid:  # schemas that differ in more than metadata
         return [validate_tables([t])[0] for t in tables]
     ends = np.cumsum([t.num_rows for t in tables])
-    group_ids = table.column("group_id").to_pylist()
-    gids_per_table = [set(group_ids[e - t.num_rows:e]) for t, e in zip(tables, ends, strict=True)]
-    shared = len(set(group_ids)) != sum(len(g) for g in gids_per_table)
     nulls = _nulls(table)
-    if len(tables) > 1 and (shared or 0 in ends - np.r_[0, ends[:-1]] or nulls):
+    if len(tables) > 1 and (nulls or 0 in ends - np.r_[0, ends[:-1]]):
         return [validate_tables([t])[0] for t in tables]
     if nulls:
         return [nulls]
+    shard_of = np.repeat(np.arange(len(tables)), np.diff(ends, prepend=0))
+    group = _codes(table.column("group_id"))
+    if len(tables) > 1 and len(np.unique(group)) != len(np.unique(shard_of * (len(group) + 1) + group)):
+        return [validate_tables([t])[0] for t in tables]  # a group id in two tables
     by_row = _row_violations(table, ends)
-    scalars = {c: table.column(c).to_pylist() for c in ("trajectory_id", "sample_idx", "group_size")}
+    irregular = set(_irregular_shards(table, shard_of, group).tolist())
     out = []
-    for first, end in zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True):
+    for k, (first, end) in enumerate(zip(np.r_[0, ends[:-1]].tolist(), ends.tolist(), strict=True)):
         violations = [dataclasses.replace(v, row=v.row - first) for i in sorted(r for r in by_row if first <= r < end)
                       for v in by_row[i]]
-        seen: dict[str, int] = {}
-        groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for i in range(end - first):
-            tid = scalars["trajectory_id"][first + i]
-            if tid in seen:
-                violations.append(Violation(kind="duplicate", row=i, trajectory_id=tid,
-                                            message=f"same trajectory_id as row {seen[tid]}"))
-            seen.setdefault(tid, i)
-            groups[group_ids[first + i]].append((i, scalars["sample_idx"][first + i], scalars["group_size"][first + i]))
-        for gid, members in groups.items():
-            sizes = {g for _, _, g in members}
-            idxs = sorted(s for _, s, _ in members)
-            if len(sizes) != 1 or idxs != list(range(next(iter(sizes)))):
-                violations.append(Violation(kind="incomplete_group", row=members[0][0], trajectory_id=None,
-                                            message=f"group {gid}: sample_idx {idxs} with group_size {sorted(sizes)}"))
+        if k in irregular:
+            violations += _membership(table.slice(first, end - first))
         out.append(violations)
     return out
 
 
+def _codes(column: pa.ChunkedArray) -> np.ndarray:
+    """An integer per row, equal for equal values (a null-free column)."""
+    return pc.dictionary_encode(column.combine_chunks()).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _irregular_shards(table: pa.Table, shard_of: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Shards (indices into the tables ``table`` concatenates, by row ``shard_of``) that may repeat a trajectory id
+    or hold a group whose rows are not ``sample_idx`` 0..G-1 of one ``group_size`` G: the few that ``_membership``
+    then words, row by row."""
+    stride = len(shard_of) + 1
+    ids = shard_of * stride + _codes(table.column("trajectory_id"))
+    _, first = np.unique(ids, return_index=True)
+    repeated = np.ones(len(ids), bool)
+    repeated[first] = False
+    key = shard_of * stride + group
+    sample = table.column("sample_idx").to_numpy(zero_copy_only=False).astype(np.int64)
+    size = table.column("group_size").to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((sample, key))
+    key, sample, size = key[order], sample[order], size[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    lengths = np.diff(np.r_[starts, len(key)])
+    run = np.repeat(np.arange(len(starts)), lengths)
+    whole = (sample == np.arange(len(key)) - starts[run]) & (size == lengths[run])
+    return np.unique(np.r_[shard_of[repeated], shard_of[order][~whole]])
+
+
+def _membership(table: pa.Table) -> list[Violation]:
+    """Repeated trajectory ids and groups that are not whole, in one shard's table (rows numbered within it)."""
+    ids, group_ids = table.column("trajectory_id").to_pylist(), table.column("group_id").to_pylist()
+    samples, sizes = table.column("sample_idx").to_pylist(), table.column("group_size").to_pylist()
+    violations = []
+    seen: dict[str, int] = {}
+    groups: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    for i, tid in enumerate(ids):
+        if tid in seen:
+            violations.append(Violation(kind="duplicate", row=i, trajectory_id=tid,
+                                        message=f"same trajectory_id as row {seen[tid]}"))
+        seen.setdefault(tid, i)
+        groups[group_ids[i]].append((i, samples[i], sizes[i]))
+    for gid, members in groups.items():
+        sizes_of = {g for _, _, g in members}
+        idxs = sorted(s for _, s, _ in members)
+        if len(sizes_of) != 1 or idxs != list(range(next(iter(sizes_of)))):
+            violations.append(Violation(kind="incomplete_group", row=members[0][0], trajectory_id=None,
+                                        message=f"group {gid}: sample_idx {idxs} with group_size {sorted(sizes_of)}"))
+    return violations
+
+
 def _row_violations(table: pa.Table, ends: np.ndarray) -> dict[int, list[Violation]]:
     """Row -> its violations, in check order, for a null-free ``table`` of shards ending at rows ``ends``."""
-    scalars = {c: table.column(c).to_pylist() for c in
-               ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "status", "reward")}
     prompt_len = table.column("prompt_len").to_numpy(zero_copy_only=False)
     lengths = {c: pc.list_value_length(table.column(c)).fill_null(0).to_numpy(zero_copy_only=False)
                for c in TOKEN_COLUMNS}
@@ -168,15 +206,21 @@ def _row_violations(table: pa.Table, ends: np.ndarray) -> dict[int, list[Violati
     # Vectorised screen; only the rows it flags take the row-by-row checks below (which word the messages).
     suspect = ~equal | (prompt_len <= 0) | (prompt_len > n) | _turns_suspect(table.column("turns"), n)
     suspect |= ~np.isfinite(table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64))
-    suspect |= np.array([tid != f"{p}/{s}/{w}" or st not in STATUSES for tid, p, s, w, st in zip(
-        scalars["trajectory_id"], scalars["prompt_id"], scalars["sample_idx"], scalars["worker_id"],
-        scalars["status"], strict=True)], bool)
+    well_named = pc.equal(table.column("trajectory_id"), pc.binary_join_element_wise(
+        table.column("prompt_id"), table.column("sample_idx").cast(pa.string()), table.column("worker_id"), "/"))
+    known = pc.is_in(table.column("status"), value_set=_STATUSES)
+    suspect |= ~pc.and_(well_named, known).to_numpy(zero_copy_only=False)
     turns_col = table.column("turns")
+    flagged = sorted({*np.flatnonzero(suspect).tolist(), *token_found})
+    # Python values of the flagged rows only (the messages word them); a clean batch builds none.
+    rows = pa.array(flagged, pa.int64())
+    scalars = {c: dict(zip(flagged, table.column(c).take(rows).to_pylist(), strict=True))
+               for c in ("trajectory_id", "prompt_id", "sample_idx", "worker_id", "status", "reward")}
 
     def violation(i: int, kind: str, message: str) -> None:
         by_row[i].append(Violation(kind=kind, row=i, trajectory_id=scalars["trajectory_id"][i], message=message))
 
-    for i in sorted({*np.flatnonzero(suspect).tolist(), *token_found}):
+    for i in flagged:
         tid = scalars["trajectory_id"][i]
 
         def bad(kind: str, message: str, i: int = i) -> None:
@@ -217,9 +261,10 @@ def _row_violations(table: pa.Table, ends: np.ndarray) -> dict[int, list[Violati
     # its group's version, and one damaged token should be one finding.
     shard_of = np.searchsorted(ends, np.arange(table.num_rows), side="right")
     damaged = np.isin(shard_of, shard_of[list(token_found)])
-    stored, derived = table.column("version").to_pylist(), table_group_versions(table).to_pylist()
-    for i in np.flatnonzero(equal & ~damaged).tolist():
-        if stored[i] != derived[i]:
-            violation(i, "version",
-                      f"version {stored[i]}, but the group's oldest loss-token policy_version is {derived[i]}")
+    stored = table.column("version").to_numpy(zero_copy_only=False)
+    derived = table_group_versions(table).to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(equal & ~damaged & (stored != derived)).tolist():
+        by_row[i].append(Violation(kind="version", row=i, trajectory_id=table.column("trajectory_id")[i].as_py(),
+                                   message=f"version {stored[i]}, but the group's oldest loss-token policy_version "
+                                           f"is {derived[i]}"))
     return by_row
