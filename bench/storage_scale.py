@@ -4,21 +4,22 @@ A synthetic but valid campaign of N shards is written through the project's own 
 20 policy versions, one group of 4 trajectories per shard, the version's worth of shards per writer in seq
 order), then measured the way a long campaign uses it:
 
-- ``audit``: ``rollstream audit`` of the folder in a child process (``--jobs`` one per CPU: the audit's own
-  process and a worker per CPU less one); wall time and
+- ``audit``: ``rollstream audit`` of the folder in a child process (``--jobs`` one per CPU: that many worker
+  processes decode, the audit's own process lists and merges); wall time and
   CPU time (user + system, all processes) per shard, and the peak memory of its whole process tree:
   ``audit_rss_mb`` sums each process's resident set (sampled every 20 ms), so pages the processes share (the
-  interpreter, numpy's and Arrow's libraries, mapped by the parent, its worker and multiprocessing's resource
-  tracker alike) count once per process; ``audit_pss_mb`` sums their proportional set sizes (sampled every
-  100 ms: reading it costs more), which splits each shared page among the processes mapping it: what the tree
-  adds to the machine. CPU time is the figure to compare across runs on a shared machine.
+  interpreter, NumPy's and Arrow's libraries, mapped by each worker alike) count once per process;
+  ``audit_pss_mb`` sums their proportional set sizes (sampled every 100 ms: reading it costs more), which splits
+  each shared page among the processes mapping it: what the tree adds to the machine. CPU time is the figure to
+  compare across runs on a shared machine.
 - ``export``: ``export_parquet`` of the folder into a fresh one (one worker process per CPU); wall and CPU time
   per shard.
 - the tailer, with the trainer's needs and η = 2: a simulated trainer drains each window ``[V-2, V]`` for
   V = 0..19 (8 groups a call). Then ``cursor_bytes`` is the size of its serialised cursor,
   ``cursor_delta_bytes`` the mean size of what one step's consumption log carries of it, ``tail_poll_ms`` the
   median of 50 idle polls of the last window (nothing new), and ``window_drain_s`` the time a tailer starting at
-  the last window (a cursor retired below version 17) takes to hand out that whole window.
+  the last window (a cursor retired below version 17) takes to hand out that whole window (``window_drain_cpu_s``:
+  the CPU time it took, the figure to compare on a loaded machine).
 
 Generation is not timed. The campaign is encoded through ``ShardWriter`` into an in-memory store and its bytes
 copied to the local folder without an fsync per object: a fsync'd create costs ~20 ms here, which would make
@@ -143,11 +144,12 @@ def measure_tailer(store: Store) -> dict[str, float]:
         tailer.next_groups(BATCH_GROUPS, min_version=lo, max_version=hi)
         polls.append(time.perf_counter() - start)
     fresh = ShardTailer(store, needs=NEEDS, cursor=TailCursor(retired_below=lo))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     calls, groups = _drain(fresh, lo, hi)
-    drain_s = time.perf_counter() - start
+    drain_s, drain_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     return {"cursor_bytes": len(tailer.cursor.to_json()), "cursor_delta_bytes": statistics.mean(deltas),
             "tail_poll_ms": statistics.median(polls) * 1e3, "window_drain_s": drain_s,
+            "window_drain_cpu_s": drain_cpu_s,
             "window_drain_calls": calls, "window_groups": groups}
 
 

@@ -30,7 +30,7 @@ def test_audit_exits_zero_on_a_clean_campaign_and_one_on_violations(local_store:
     _base(local_store)
     assert cli.main(["audit", local_store.url]) == 0
     out, err = capsys.readouterr()
-    assert "verdict: OK" in out and "4/4 shards read" in err
+    assert "verdict: OK" in out and "4 shards read in 2 version folder(s)" in err
     _broken(local_store)
     assert cli.main(["audit", local_store.url, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

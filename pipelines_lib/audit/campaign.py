@@ -30,9 +30,10 @@ GCS audit is bound by request latency) and decoded in name order (``worker.audit
 time each, answering in JSON: decoding is CPU-bound, threads do not help under the GIL). This process then only
 lists, merges and reconciles: it imports neither Arrow nor the decoding code, so the workers are the only
 processes paying for them. A unit's result is small and bounded: counts, value -> count distributions
-(``stats.Distribution``), findings, the committed groups lineage needs and a 64-bit hash per trajectory id, so
-duplicates across folders are found at 12 bytes an id. Results merge in version order, so the report does not
-depend on timing or on ``jobs``. Every wait on a worker has a deadline (``unit_timeout_s``); a worker that dies
+(``stats.Distribution``), findings, the committed groups lineage needs and a 64-bit hash per trajectory id.
+Merged, they stay compact while the workers run (the hashes as bytes, the committed groups compressed): the
+duplicates across folders are found by one sort, and lineage's mapping is built, once the workers are gone.
+Results merge in version order, so the report does not depend on timing or on ``jobs``. Every wait on a worker has a deadline (``unit_timeout_s``); a worker that dies
 or overruns stops the audit with an ``AuditWorkerError`` naming the folder. ``progress`` gets a line every
 ``progress_every`` shards.
 """
@@ -47,13 +48,12 @@ import selectors
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-
-import numpy as np
 
 import pipelines_lib
 from pipelines_lib import records
@@ -93,32 +93,26 @@ class AuditWorkerError(RuntimeError):
     """A worker process died, overran ``unit_timeout_s`` or failed on a version folder; the message names it."""
 
 
-@dataclass
-class _IdIndex:
-    """64-bit hashes of trajectory ids, each with the version folder that committed it first: sorted arrays at 12
-    bytes an id (a dict of Python ints costs ~100), so a whole campaign's ids stay small in the merging process."""
+def _duplicate_ids(units: list[tuple[str, bytes]]) -> list[list[str]]:
+    """For each unit ``(folder, its distinct 64-bit trajectory id hashes, ascending, as bytes)``, in merge order: the
+    first earlier folder holding each of its hashes that an earlier unit holds, in hash order. One sort over every
+    hash at the end, when the workers are gone: the merging process holds 8 bytes an id meanwhile, and no NumPy."""
+    import numpy as np
 
-    hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    folder_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
-    """Index into ``folders`` of each hash's first folder."""
-    folders: list[str] = field(default_factory=list)
-
-    def add(self, hashes: np.ndarray, folder: str) -> list[str]:
-        """Fold in the distinct ``hashes`` of ``folder``; returns the first folder of each one another folder
-        already committed."""
-        pos = np.searchsorted(self.hashes, hashes)
-        known = np.zeros(len(hashes), bool)
-        inside = pos < len(self.hashes)
-        known[inside] = self.hashes[pos[inside]] == hashes[inside]
-        firsts = [self.folders[i] for i in self.folder_of[pos[known]].tolist()]
-        if folder not in self.folders:
-            self.folders.append(folder)
-        new = hashes[~known]
-        merged = np.concatenate([self.hashes, new])
-        order = np.argsort(merged, kind="stable")
-        self.hashes = merged[order]
-        self.folder_of = np.concatenate([self.folder_of, np.full(len(new), self.folders.index(folder), np.uint32)])[order]
-        return [first for first in firsts if first != folder]
+    hashes = [np.frombuffer(raw, np.uint64) for _, raw in units]
+    if not any(len(h) for h in hashes):
+        return [[] for _ in units]
+    value = np.concatenate(hashes)
+    unit = np.repeat(np.arange(len(units)), [len(h) for h in hashes])
+    order = np.lexsort((unit, value))
+    value, unit = value[order], unit[order]
+    first = np.r_[True, value[1:] != value[:-1]]
+    first_unit = unit[np.maximum.accumulate(np.where(first, np.arange(len(value)), 0))]
+    repeat = np.flatnonzero(~first)
+    out: list[list[str]] = [[] for _ in units]
+    for i in repeat[np.lexsort((value[repeat], unit[repeat]))].tolist():  # per unit, in hash order
+        out[int(unit[i])].append(units[int(first_unit[i])][0])
+    return out
 
 
 @dataclass
@@ -134,9 +128,12 @@ class _Merged:
     statuses: Counter[str] = field(default_factory=Counter)
     tool_calls: Counter[str] = field(default_factory=Counter)
     tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
-    committed: dict[GroupKey, CommittedGroup] = field(default_factory=dict)
-    ids: _IdIndex = field(default_factory=_IdIndex)
-    """The trajectory id hashes of every unit merged so far."""
+    committed: list[bytes] = field(default_factory=list)
+    """Per unit merged: its committed groups (``worker.UnitAudit.committed`` rows) as zlib-compressed JSON, a few
+    dozen bytes a group while the workers run; ``committed_groups`` builds lineage's mapping once they are gone."""
+    ids: list[tuple[str, bytes, int]] = field(default_factory=list)
+    """Per unit merged: its folder, its trajectory id hashes and where in ``findings`` its duplicates go
+    (``duplicates`` finds them once every unit is in)."""
     shards: int = 0
 
     def merge(self, raw: dict[str, Any]) -> None:
@@ -153,26 +150,37 @@ class _Merged:
         self.statuses.update(raw["statuses"])
         self.tool_calls.update(raw["tool_calls"])
         self.tool_errors.update({(tool, kind): n for tool, kind, n in raw["tool_errors"]})
-        for shard, gid, v, pid, a, b, ok in raw["committed"]:
-            self.committed[(shard, gid)] = CommittedGroup(version=v, prompt_id=pid, row_start=a, row_end=b, usable=ok)
-        hashes = np.frombuffer(base64.b64decode(raw["id_hashes"]), np.uint64)
-        if len(hashes):
-            folder = raw["id_folder"]
-            self.findings += [Finding(kind="duplicate_trajectory", path=folder, row=None, trajectory_id=None,
-                                      message=f"a trajectory id of this folder is also committed in {first}")
-                              for first in self.ids.add(hashes, folder)]
+        self.committed.append(zlib.compress(json.dumps(raw["committed"], separators=(",", ":")).encode(), 1))
+        self.ids.append((raw["id_folder"], base64.b64decode(raw["id_hashes"]), len(self.findings)))
         self.shards += raw["shards"]
+
+    def committed_groups(self) -> dict[GroupKey, CommittedGroup]:
+        return {(shard, gid): CommittedGroup(version=v, prompt_id=pid, row_start=a, row_end=b, usable=ok)
+                for blob in self.committed for shard, gid, v, pid, a, b, ok in json.loads(zlib.decompress(blob))}
+
+    def duplicates(self) -> None:
+        """Add a ``duplicate_trajectory`` finding after each unit's own findings per trajectory id an earlier
+        folder committed, naming the first such folder."""
+        firsts = _duplicate_ids([(folder, raw) for folder, raw, _ in self.ids])
+        findings, at = [], 0
+        for (folder, _, end), unit_firsts in zip(self.ids, firsts, strict=True):
+            findings += self.findings[at:end]
+            findings += [Finding(kind="duplicate_trajectory", path=folder, row=None, trajectory_id=None,
+                                 message=f"a trajectory id of this folder is also committed in {first}")
+                         for first in unit_firsts]
+            at = end
+        self.findings[:] = findings + self.findings[at:]
+        self.ids.clear()
 
 
 class _Worker:
     """One worker process (``python -m pipelines_lib.audit.worker``) and the unit it is auditing, if any."""
 
     def __init__(self) -> None:
-        # The package's own folder first: the worker imports this code, whatever the caller's working directory.
-        root = str(Path(pipelines_lib.__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, *WORKER_COMMAND], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path})
+        # Started in the folder that holds this package: ``-m`` imports this very code, whatever the caller's
+        # working directory (units name their campaign by absolute URL).
+        self.proc = subprocess.Popen([sys.executable, *WORKER_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     cwd=Path(pipelines_lib.__file__).resolve().parents[1])
         self.unit: Unit | None = None
         self.deadline = 0.0
         self._buffer = bytearray()
@@ -498,6 +506,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         if since is not None:
             progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
 
+    acc.duplicates()
     findings = acc.findings
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
     log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
@@ -505,7 +514,9 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
                          message="not a consumption log name (train/consumed/<step:08d>.json)")
                  for f in consumed if f not in log_paths]
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
-    lineage, lineage_findings = reconcile(acc.committed, logs, entries)
+    committed = acc.committed_groups()
+    acc.committed.clear()
+    lineage, lineage_findings = reconcile(committed, logs, entries)
     findings += lineage_findings
     ancestry = _ancestry(chain, lineage)
 
@@ -520,7 +531,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         files=listed,
         shards=acc.shards,
         trajectories=sum(t.trajectories for t in acc.by_version.values()),
-        groups=len(acc.committed),
+        groups=len(committed),
         by_version={v: t.counts() for v, t in sorted(acc.by_version.items())},
         by_worker={w: t.counts() for w, t in sorted(acc.by_worker.items())},
         schema_versions=dict(sorted(acc.schema_versions.items())),

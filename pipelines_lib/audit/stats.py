@@ -1,16 +1,19 @@
 """The summary statistics the audit reports over a whole campaign.
 
 ``Distribution`` accumulates per-trajectory values across shards (``worker.shard_figures`` computes them per shard)
-as value -> count; ``summarize`` turns values into the ``Summary`` the report prints. NumPy only: the audit's
-merging process imports this module and never decodes a shard.
+as value -> count; ``summarize`` turns values into the ``Summary`` the report prints. NumPy is imported where it
+is used: the audit's merging process imports this module while its workers run, and needs NumPy only for the
+report, once they are gone.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +29,8 @@ class Summary:
 
 def summarize(values: np.ndarray) -> Summary:
     """Percentiles use linear interpolation between order statistics (NumPy's default)."""
+    import numpy as np
+
     if values.size == 0:
         return Summary(count=0, mean=None, p50=None, p95=None, max=None)
     v = values.astype(np.float64)
@@ -43,13 +48,15 @@ class Distribution:
 
     def add(self, values: np.ndarray) -> None:
         # Counter over the plain floats: a shard holds a few rows, and np.unique's sort costs more than counting.
-        self.counts.update(values.astype(np.float64).tolist())
+        self.counts.update(values.astype("float64").tolist())
 
     def merge(self, other: Distribution) -> None:
         self.counts.update(other.counts)
 
     def summary(self) -> Summary:
         """``summarize`` of the values (same percentiles), from the counts."""
+        import numpy as np
+
         if not self.counts:
             return summarize(np.empty(0))
         values = np.array(sorted(self.counts), np.float64)

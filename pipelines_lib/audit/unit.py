@@ -6,7 +6,6 @@ carries (``Tally``) and the bounded fetch of its objects (``prefetch``). No Arro
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 from collections import deque
@@ -89,6 +88,8 @@ class Unit:
     def digest(self) -> str:
         """What the unit's result depends on besides the newest published version: its shards (create-only, so
         their names) and the trainer's needs."""
+        import hashlib  # OpenSSL's library, ~4 MB a process: only an audit that keeps or reuses results needs it
+
         needs = None if self.needs is None else dataclasses.asdict(self.needs)
         text = json.dumps([list(self.shards), needs], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

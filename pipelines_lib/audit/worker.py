@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import json
 import sys
 import traceback
+from _blake2 import blake2b  # hashlib's BLAKE2 itself; importing hashlib loads OpenSSL too (~4 MB a worker)
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -91,7 +91,7 @@ def shard_figures(table: pa.Table) -> ShardFigures:
 
 
 def _id_hash(trajectory_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(blake2b(trajectory_id.encode(), digest_size=8).digest(), "little")
 
 
 @dataclass
