@@ -70,6 +70,14 @@ def test_list_is_sorted_scoped_and_hides_temporaries(store: Store) -> None:
     assert store.walk("t/v2") == ["t/v2/a", "t/v2/b"]
 
 
+def test_walk_leaves_out_the_folders_it_is_told_to_skip(store: Store) -> None:
+    for rel in ("top.json", "a/x", "a/b/y", "a/bc/z", "c/b/w"):
+        store.create(rel, b"1")
+    assert store.walk("", skip=lambda folder: folder == "a/b") == ["a/bc/z", "a/x", "c/b/w", "top.json"]
+    assert store.walk("a", skip=lambda folder: folder.startswith("a/")) == ["a/x"]
+    assert store.walk("") == ["a/b/y", "a/bc/z", "a/x", "c/b/w", "top.json"]
+
+
 def test_pointer_moves_forward_only(store: Store) -> None:
     assert store.read_pointer("weights/LATEST.json") is None
     assert store.advance_pointer("weights/LATEST.json", {"version": 1, "path": "weights/v00000001"})

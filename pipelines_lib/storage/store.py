@@ -395,7 +395,8 @@ class Store:
                 # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
                 out = []
                 for folder, dirs, files in os.walk(path):
-                    out += [os.path.join(folder, n) for n in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]]
+                    links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+                    out += [os.path.join(folder, n) for n in files + links]
                     dirs[:] = [d for d in dirs if not skipped(os.path.join(folder, d))]
                 return out
             try:
@@ -405,7 +406,7 @@ class Store:
                 return []
             if skip is None:
                 return found
-            return [p for p in found if not any(skipped(p[:i]) for i, c in enumerate(p) if c == "/" and i > len(prefix))]
+            return [p for p in found if not _under_skipped(p.removeprefix(prefix), skip)]
 
         return sorted(p[len(prefix):] if p.startswith(prefix) else p for p in self._call("walk", rel, find))
 
@@ -488,6 +489,12 @@ class Store:
             os.replace(tmp, path)
         else:
             self._call("write_pointer", rel, lambda: self.fs.pipe_file(path, data))
+
+
+def _under_skipped(rel: str, skip: Callable[[str], bool]) -> bool:
+    """Whether a folder holding ``rel`` (relative to the root) is one ``skip`` accepts."""
+    parts = rel.split("/")
+    return any(skip("/".join(parts[:k])) for k in range(1, len(parts)))
 
 
 def _file_kind(mode: int) -> str:
