@@ -57,7 +57,7 @@ QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_lengt
 SERVES = 3
 """Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
-"""The full size's train part peaks near 11 GiB: refuse to start it on a machine with less available."""
+"""The full size's train part peaks near 13 GiB: refuse to start it on a machine with less available."""
 GIB = 2**30
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipelines_lib.model.decoder import unembed_logits
 from pipelines_lib.train.losses import (
     CORRECTIONS,
     LossConfig,
@@ -16,6 +17,7 @@ from pipelines_lib.train.losses import (
     k3_kl_bt,
     token_logp_and_entropy,
     token_weights_bt,
+    vocab_chunks,
 )
 
 CFG = LossConfig(eps_low=0.2, eps_high=0.28, behav_weight_cap=5.0)
@@ -52,12 +54,52 @@ def make_inputs(
 
 def test_logp_bt_scores_each_token_given_its_prefix() -> None:
     # Position 0 predicts uniformly over 2 tokens; position 1 predicts p = [3/4, 1/4] (logits log 3, 0).
+    # An identity unembedding makes the hidden states the logits.
     logits_btv = jnp.array([[[0.0, 0.0], [math.log(3.0), 0.0], [5.0, -5.0]]])
     tokens_bt = jnp.array([[1, 1, 0]])
-    logp_bt, entropy_bt = token_logp_and_entropy(logits_btv, tokens_bt)
+    logp_bt, entropy_bt = token_logp_and_entropy(logits_btv, tokens_bt, jnp.eye(2), softcap=None, chunk_tokens=1)
     np.testing.assert_allclose(logp_bt, [[0.0, math.log(0.5), math.log(0.75)]], rtol=1e-6)
     entropy_34 = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
     np.testing.assert_allclose(entropy_bt, [[0.0, math.log(2.0), entropy_34]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_vocabulary_slices_give_the_whole_vocabulary_log_softmax_and_its_gradient(softcap: float | None) -> None:
+    # 61 (prime) entries: every slicing but 1 and 61 pads its last slice, whose padding must weigh nothing.
+    rng = np.random.default_rng(0)
+    h_btd = jnp.asarray(rng.normal(size=(2, 7, 8)), jnp.float32)
+    w_vd = jnp.asarray(rng.normal(size=(61, 8)), jnp.float32)
+    tokens_bt = jnp.asarray(rng.integers(0, 61, size=(2, 7)))
+    c_bt = jnp.asarray(rng.normal(size=(2, 7)), jnp.float32)
+
+    def whole(h_btd: jax.Array, w_vd: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        logp_btv = jax.nn.log_softmax(unembed_logits(h_btd, w_vd, softcap), axis=-1)
+        logp_bt = jnp.take_along_axis(logp_btv[:, :-1], tokens_bt[:, 1:, None], axis=-1)[..., 0]
+        entropy_bt = -(jnp.exp(logp_btv) * logp_btv).sum(-1)[:, :-1]
+        return (c_bt[:, 1:] * logp_bt).sum(), (logp_bt, entropy_bt)
+
+    def sliced(h_btd: jax.Array, w_vd: jax.Array, chunk: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        logp_bt, entropy_bt = token_logp_and_entropy(h_btd, tokens_bt, w_vd, softcap=softcap, chunk_tokens=chunk)
+        assert (logp_bt[:, 0] == 0).all() and (entropy_bt[:, 0] == 0).all()
+        return (c_bt * logp_bt).sum(), (logp_bt[:, 1:], entropy_bt[:, 1:])
+
+    (ref_dh, ref_dw), (ref_logp, ref_entropy) = jax.grad(whole, argnums=(0, 1), has_aux=True)(h_btd, w_vd)
+    # 14 tokens: chunk 1 -> 14 slices of 5 (9 padding rows: the last slice is padding only), 3 -> 5 of 13 (4
+    # padding rows), 14 -> one slice.
+    for chunk in (1, 3, 14):
+        (dh, dw), (logp, entropy) = jax.grad(sliced, argnums=(0, 1), has_aux=True)(h_btd, w_vd, chunk)
+        np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
+        np.testing.assert_allclose(entropy, ref_entropy, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
+        np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=1e-5, err_msg=f"chunk {chunk}")
+        np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=1e-5, err_msg=f"chunk {chunk}")
+
+
+def test_the_vocabulary_is_sliced_evenly_when_a_divisor_is_near_enough() -> None:
+    assert vocab_chunks(151936, 4) == 4
+    assert vocab_chunks(151936, 5) == 8  # 151936 = 2^7 * 1187: no divisor in 5..7
+    assert vocab_chunks(61, 14) == 14  # prime: padded slices
+    assert vocab_chunks(64, 100) == 64  # never more slices than entries
+    assert vocab_chunks(64, 0) == 1
 
 
 def test_aggregation_weights_match_hand_values() -> None:

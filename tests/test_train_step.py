@@ -17,7 +17,7 @@ from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_bat
 from pipelines_lib.train.losses import LossConfig
 from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
-from pipelines_lib.train.step import Precision, StepConfig, logprobs_fn, train_step
+from pipelines_lib.train.step import Precision, StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 
 ONE_DEVICE = make_mesh(MeshConfig())
 """Where optimizers are placed in tests that are not about meshes."""
@@ -93,6 +93,38 @@ def test_logprobs_fn_scores_each_token_given_only_its_prefix() -> None:
     changed_logp_bt = np.asarray(logprobs_fn(model, changed_bt, positions_bt))
     np.testing.assert_allclose(changed_logp_bt[:, :6], logp_bt[:, :6], rtol=1e-5, atol=1e-6)
     assert not np.allclose(changed_logp_bt[:, 6], logp_bt[:, 6])
+
+
+def test_vocabulary_sliced_scoring_gives_the_whole_logits_logprobs_entropies_and_gradients() -> None:
+    model = make_model()
+    batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
+    tokens_bt, positions_bt = batch.tokens_bt, batch.positions_bt
+    c_bt = np.random.default_rng(1).normal(size=tokens_bt.shape).astype(np.float32)
+
+    def whole(m: Decoder) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The reference: log-softmax of the model's whole [B, T, V] logits."""
+        logp_btv = jax.nn.log_softmax(m(tokens_bt, positions_bt), axis=-1)[:, :-1]
+        logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+        entropy_bt = -(jnp.exp(logp_btv) * logp_btv).sum(-1)
+        return (c_bt[:, 1:] * logp_bt).sum(), (logp_bt, entropy_bt)
+
+    def sliced(m: Decoder, cfg: StepConfig) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        x = loss_inputs(m, batch_rows(batch, cfg), cfg=cfg)
+        return (c_bt * x.logp_bt).sum(), (x.logp_bt[:, 1:], x.entropy_bt[:, 1:])
+
+    ref_grads, (ref_logp, ref_entropy) = nnx.grad(whole, has_aux=True)(model)
+    n_tokens = tokens_bt.size  # 8 rows of 16: 128 tokens over a vocabulary of 64
+    for chunk in (1, 7, n_tokens):  # 64 slices of 1 entry, 32 of 2, the whole vocabulary at once
+        grads, (logp, entropy) = nnx.grad(sliced, has_aux=True)(model, StepConfig(logit_chunk_tokens=chunk))
+        np.testing.assert_allclose(logp, ref_logp, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
+        np.testing.assert_allclose(entropy, ref_entropy, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
+        g, g_ref = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(gs)]) for gs in (grads, ref_grads))
+        assert np.linalg.norm(g - g_ref) <= 1e-5 * np.linalg.norm(g_ref), f"chunk {chunk}"
+
+
+def test_step_config_rejects_a_logit_chunk_below_one_token() -> None:
+    with pytest.raises(ValueError, match="logit_chunk_tokens must be >= 1"):
+        StepConfig(logit_chunk_tokens=0)
 
 
 # ----------------------------------------------------------------------------- train_step

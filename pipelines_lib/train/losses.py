@@ -2,10 +2,10 @@
 
 How the pieces fit:
 
-* ``token_logp_and_entropy`` turns the model's logits into per-token log-probs and entropies with
-  the alignment the whole pipeline uses: ``logp_bt[:, t]`` scores ``tokens_bt[:, t]`` given
-  ``tokens_bt[:, :t]`` (so column 0 is 0 and is never a loss token), exactly like the trajectory
-  schema's ``logprobs`` column.
+* ``token_logp_and_entropy`` turns the model's final hidden states into per-token log-probs and entropies,
+  unembedding a slice of the vocabulary at a time, with the alignment the whole pipeline uses: ``logp_bt[:, t]``
+  scores ``tokens_bt[:, t]`` given ``tokens_bt[:, :t]`` (so column 0 is 0 and is never a loss token),
+  exactly like the trajectory schema's ``logprobs`` column.
 * An **aggregation** (``AGGREGATIONS``) turns the full batch's loss mask into ``weight_bt``, and
   every loss is ``Σ_bt weight_bt · loss_bt``. Because the weights are computed once over the *whole*
   batch, the losses of micro-batch slices sum to the full-batch loss exactly; gradient accumulation
@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from pipelines_lib.configio import no_limit
+from pipelines_lib.model.decoder import unembed_logits
 from pipelines_lib.registry import registering
 
 # k3 = exp(d) − d − 1 grows like exp(d); a token the reference finds e^20 times likelier than the
@@ -104,23 +105,72 @@ def token_weights_bt(loss_mask_bt: jax.Array, aggregation: str) -> jax.Array:
     return AGGREGATIONS[aggregation](loss_mask_bt.astype(jnp.float32))
 
 
-def token_logp_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Next-token log-probs and entropies, aligned to the scored token.
+def vocab_chunks(vocab: int, at_least: int) -> int:
+    """How many slices the vocabulary is cut into: the fewest ``>= at_least`` that divide ``vocab`` evenly (no
+    padded copy of the unembedding), if one is at most twice ``at_least``; else ``at_least`` (never above
+    ``vocab``), the last slice padded."""
+    at_least = min(max(at_least, 1), vocab)
+    return next((k for k in range(at_least, 2 * at_least + 1) if vocab % k == 0), at_least)
 
-    ``logp_bt[:, t] = log softmax(logits_btv[:, t − 1])[tokens_bt[:, t]]`` for ``t ≥ 1`` and
-    ``entropy_bt[:, t] = H(softmax(logits_btv[:, t − 1]))``; column 0 has no prefix and is 0.
+
+def token_logp_and_entropy(
+    h_btd: jax.Array, tokens_bt: jax.Array, w_vd: jax.Array, *, softcap: float | None, chunk_tokens: int
+) -> tuple[jax.Array, jax.Array]:
+    """Next-token log-probs and entropies of final hidden states, aligned to the scored token.
+
+    With ``z = unembed_logits(h_btd, w_vd, softcap)`` (float32 logits ``[B, T, V]``):
+    ``logp_bt[:, t] = log softmax(z[:, t − 1])[tokens_bt[:, t]]`` for ``t ≥ 1`` and
+    ``entropy_bt[:, t] = H(softmax(z[:, t − 1]))``; column 0 has no prefix and is 0.
     Entropy is a metric only, so it carries no gradient.
+
+    ``z`` is never built whole. A ``lax.map`` over ``K`` slices of the vocabulary (rows of ``w_vd``) computes,
+    for every token, each slice's log-sum-exp ``lse_k``, its logit of the next token (0 if that is in another
+    slice) and its mean logit under the slice's own softmax ``E_k``; then ``lse = logsumexp_k lse_k``,
+    ``logp = Σ_k target_k − lse`` and ``H = lse − Σ_k exp(lse_k − lse) · E_k``. ``K`` makes a slice's logits
+    ``[B·T, V / K]`` no larger than ``chunk_tokens`` tokens' full logits. Each slice is ``jax.checkpoint``-ed,
+    so the backward pass recomputes its logits rather than saving them: logits, softmax and their gradient
+    exist one slice at a time (at a 152k vocabulary the whole of each is 0.6 GiB per 1k tokens in float32),
+    for one more unembedding matmul. Slicing the vocabulary rather than the tokens keeps the unembedding's
+    gradient free of accumulation: slice ``k``'s rows get their gradient from slice ``k`` alone, written once
+    (a token slice would add a ``[V, D]`` gradient per slice into a ``[V, D]`` sum); what accumulates is the
+    hidden states' gradient, ``[B·T, D]``. The figures are the unsliced ones up to float rounding.
     """
-    # Reductions over the vocabulary only (log-sum-exp, one gathered logit, Σ p·z), never a log-softmax
-    # or a shifted copy of the [B, T, V] logits: at a 152k vocabulary each such copy is 0.6 GiB per 1k tokens.
-    z_btv = logits_btv.astype(jnp.float32)
-    lse_bt = jax.nn.logsumexp(z_btv, axis=-1)
-    next_bt = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1)
-    logp_bt = (jnp.take_along_axis(z_btv, next_bt[..., None], axis=-1)[..., 0] - lse_bt)[:, :-1]
-    z_btv, lse_sg_bt = jax.lax.stop_gradient(z_btv), jax.lax.stop_gradient(lse_bt)
-    entropy_bt = (lse_sg_bt - jnp.sum(jnp.exp(z_btv - lse_sg_bt[..., None]) * z_btv, axis=-1))[:, :-1]
-    pad_b1 = jnp.zeros_like(logp_bt[:, :1])
-    return jnp.concatenate([pad_b1, logp_bt], axis=1), jnp.concatenate([pad_b1, entropy_bt], axis=1)
+    b, t, d = h_btd.shape
+    vocab = w_vd.shape[0]
+    h_nd = h_btd.reshape(b * t, d)
+    next_n = jnp.concatenate([tokens_bt[:, 1:], tokens_bt[:, -1:]], axis=1).reshape(b * t)
+    k = vocab_chunks(vocab, -(-b * t // chunk_tokens))
+    rows = -(-vocab // k)
+    w_kcd = jnp.pad(w_vd, ((0, k * rows - vocab), (0, 0))).reshape(k, rows, d)
+
+    @jax.checkpoint
+    def slice_stats(w_cd: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        real_c = first + jnp.arange(rows) < vocab
+        # Padding rows (ids past the vocabulary) get the lowest finite logit: exp() makes them 0, and a slice of
+        # padding only would still have a finite log-sum-exp (-inf would turn its gradient into NaN).
+        z_nc = jnp.where(real_c, unembed_logits(h_nd, w_cd, softcap), jnp.finfo(jnp.float32).min)
+        lse_n = jax.nn.logsumexp(z_nc, axis=-1)
+        local_n = next_n - first
+        in_slice_n = (local_n >= 0) & (local_n < rows)
+        picked_n = jnp.take_along_axis(z_nc, jnp.clip(local_n, 0, rows - 1)[:, None], axis=-1)[:, 0]
+        target_n = jnp.where(in_slice_n, picked_n, 0.0)
+        z_nc, lse_sg_n = jax.lax.stop_gradient(z_nc), jax.lax.stop_gradient(lse_n)
+        # Padding contributes 0, not exp(0) · min: a slice of padding only would sum that to -inf.
+        mean_z_n = jnp.sum(jnp.exp(z_nc - lse_sg_n[:, None]) * jnp.where(real_c, z_nc, 0.0), axis=-1)
+        return lse_n, target_n, mean_z_n
+
+    lse_kn, target_kn, mean_z_kn = jax.lax.map(lambda xs: slice_stats(*xs), (w_kcd, jnp.arange(k) * rows))
+    lse_n = jax.nn.logsumexp(lse_kn, axis=0)
+    logp_n = target_kn.sum(axis=0) - lse_n
+    share_kn = jnp.exp(jax.lax.stop_gradient(lse_kn - lse_n))
+    entropy_n = jax.lax.stop_gradient(lse_n) - jnp.sum(share_kn * mean_z_kn, axis=0)
+
+    def scored_bt(x_n: jax.Array) -> jax.Array:
+        # Position t's figure scores token t + 1: shift right by one, column 0 (no prefix) is 0.
+        x_bt = x_n.reshape(b, t)
+        return jnp.concatenate([jnp.zeros_like(x_bt[:, :1]), x_bt[:, :-1]], axis=1)
+
+    return scored_bt(logp_n), scored_bt(entropy_n)
 
 
 # ----------------------------------------------------------------------------- off-policy corrections

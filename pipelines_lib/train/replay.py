@@ -122,7 +122,8 @@ def replay_step(trainer: StreamingTrainer, step: int, *, what_if: TrainerConfig 
                                  pad_id=trainer.pad_id)
     terms = {k: np.asarray(v) for k, v in token_terms(trainer.model, batch, cfg=tc.step).items()}
     metrics = {k: float(v) for k, v in train_step(trainer.model, trainer.optimizer, batch, cfg=tc.step).items()}
-    terms["after_bt"] = np.asarray(logprobs_fn(trainer.model, batch.tokens_bt, batch.positions_bt))
+    terms["after_bt"] = np.asarray(logprobs_fn(trainer.model, batch.tokens_bt, batch.positions_bt,
+                                                   logit_chunk_tokens=tc.step.logit_chunk_tokens))
     rows = _rows_table(step, groups, batch, terms)
     contribution_b = rows.column("contribution").to_pylist()
     k = trainer.group_size

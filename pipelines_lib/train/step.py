@@ -84,26 +84,37 @@ class StepConfig:
     remat: bool = False
     """Gradient checkpointing: keep only each decoder layer's input for the backward pass and recompute
     the layer's activations there (less activation memory for about one more forward pass)."""
+    logit_chunk_tokens: int = 256
+    """Bound on the float32 logits alive at once when scoring (``losses.token_logp_and_entropy``): the
+    vocabulary is unembedded a slice at a time, the slice sized so that its logits (and their softmax and
+    gradient) for the micro-batch's tokens are no larger than this many tokens' full logits (``tokens × vocab ×
+    4`` bytes each: 0.15 GiB at 256 tokens and a 152k vocabulary) instead of the whole micro-batch's. Smaller
+    saves memory for more, smaller unembedding matmuls; the figures are the same."""
 
     def __post_init__(self) -> None:
         if self.grad_accum_steps < 1:
             raise ValueError(f"StepConfig.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+        if self.logit_chunk_tokens < 1:
+            raise ValueError(f"StepConfig.logit_chunk_tokens must be >= 1, got {self.logit_chunk_tokens}")
 
 
 def _forward_logp_entropy(
-    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, remat: bool = False
+    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, chunk_tokens: int, remat: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    return token_logp_and_entropy(model(tokens_bt, positions_bt, remat=remat), tokens_bt)
+    h_btd = model.final_hidden(tokens_bt, positions_bt, remat=remat)
+    return token_logp_and_entropy(h_btd, tokens_bt, model.unembedding_vd(), softcap=model.cfg.final_logit_softcap,
+                                  chunk_tokens=chunk_tokens)
 
 
-@nnx.jit
-def logprobs_fn(model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array) -> jax.Array:
+@partial(nnx.jit, static_argnames=("logit_chunk_tokens",))
+def logprobs_fn(model: nnx.Module, tokens_bt: jax.Array, positions_bt: jax.Array, *,
+                logit_chunk_tokens: int = StepConfig.logit_chunk_tokens) -> jax.Array:
     """``logp_bt[:, t] = log p_θ(tokens_bt[:, t] | tokens_bt[:, :t])``; column 0 is 0.
 
     The alignment of the trajectory schema's ``logprobs`` column and of ``TrainBatch.behav_logp_bt``,
-    so the three can be compared token by token.
+    so the three can be compared token by token. ``logit_chunk_tokens``: as ``StepConfig``'s.
     """
-    return _forward_logp_entropy(model, tokens_bt, positions_bt)[0]
+    return _forward_logp_entropy(model, tokens_bt, positions_bt, chunk_tokens=logit_chunk_tokens)[0]
 
 
 def _split_micro(x_b: jax.Array | None, n_micro: int) -> jax.Array | None:
@@ -137,13 +148,15 @@ def loss_inputs(model: Decoder, rows: dict[str, jax.Array | None], *, cfg: StepC
     """``LossInputs`` of ``rows`` (``batch_rows`` or a micro-batch of them): forward passes in the compute dtype,
     the proximal log-probs defaulting to the current ones (stop-gradient)."""
     logp_bt, entropy_bt = _forward_logp_entropy(
-        with_dtype(model, cfg.precision.compute), rows["tokens_bt"], rows["positions_bt"], remat=cfg.remat
+        with_dtype(model, cfg.precision.compute), rows["tokens_bt"], rows["positions_bt"],
+        chunk_tokens=cfg.logit_chunk_tokens, remat=cfg.remat,
     )
     prox_logp_bt = rows["prox_logp_bt"]
     ref_logp_bt = None
     if ref_model is not None:
         ref_model_c = with_dtype(ref_model, cfg.precision.compute)
-        ref_logp_bt = jax.lax.stop_gradient(_forward_logp_entropy(ref_model_c, rows["tokens_bt"], rows["positions_bt"])[0])
+        ref_logp_bt = jax.lax.stop_gradient(_forward_logp_entropy(
+            ref_model_c, rows["tokens_bt"], rows["positions_bt"], chunk_tokens=cfg.logit_chunk_tokens)[0])
     return LossInputs(
         logp_bt=logp_bt,
         prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
