@@ -42,12 +42,8 @@ PROCESS_DEFAULTS: Mapping[str, str] = {
     # tensorstore (Orbax) sets no request timeout: a stalled GCS request would wait for TCP to give up.
     "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
     "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "1",
-    # XLA's CPU scheduler that orders for concurrency starts independent work early and keeps its outputs alive
-    # meanwhile: in a float32 GRPO step of a Qwen3-0.6B-shaped model (4 × 256 tokens) the compiled step's
-    # peak is 0.85 GiB lower with it off. A CPU compiler option: other backends ignore it.
-    "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
 }
-"""Environment defaults of the libraries underneath (gcsfs, Prefect, tensorstore, XLA), set by every entry point."""
+"""Environment defaults of the libraries underneath (gcsfs, Prefect, tensorstore), set by every entry point."""
 
 _DEFAULT_RETRY = RetryPolicy()
 
