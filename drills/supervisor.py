@@ -98,10 +98,14 @@ class KillDrill:
             output: list[str] = []
             while True:
                 if kill_at is not None and time.monotonic() >= kill_at:
-                    proc.send_signal(signal.SIGKILL)
-                    self.records.append(KillRecord(kill_at=time.monotonic()))
-                    self.log(f"kill {len(self.records)}/{self.kills} (start {self.starts})")
-                    kill_at, killing, killed = None, False, True
+                    # A process that has already exited took no kill: nothing is recorded, and the drill's
+                    # result shows fewer kills than asked.
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGKILL)
+                        self.records.append(KillRecord(kill_at=time.monotonic()))
+                        self.log(f"kill {len(self.records)}/{self.kills} (start {self.starts})")
+                        killed = True
+                    kill_at, killing = None, False
                 if probing and self.arm is not None and self.arm():
                     probing = False
                     kill_at = time.monotonic() + rng.uniform(0.0, self.max_delay_s)
