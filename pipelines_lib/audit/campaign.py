@@ -59,8 +59,7 @@ import pipelines_lib
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
 from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Finding, Lineage
-from pipelines_lib.audit.stats import Distribution
-from pipelines_lib.audit.unit import Tally, Unit, prefetch
+from pipelines_lib.audit.unit import Gathered, Tally, Unit, prefetch
 from pipelines_lib.records import (
     AuditVersionResult,
     CampaignManifest,
@@ -115,19 +114,10 @@ def _duplicate_ids(units: list[tuple[str, bytes]]) -> list[list[str]]:
     return out
 
 
-@dataclass
-class _Merged:
+@dataclass(kw_only=True)
+class _Merged(Gathered):
     """The units' results folded together, in version order, before the report is frozen."""
 
-    findings: list[Finding] = field(default_factory=list)
-    bad_files: list[BadFile] = field(default_factory=list)
-    schema_versions: Counter[str] = field(default_factory=Counter)
-    by_version: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
-    by_worker: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
-    dists: dict[str, Distribution] = field(default_factory=lambda: defaultdict(Distribution))
-    statuses: Counter[str] = field(default_factory=Counter)
-    tool_calls: Counter[str] = field(default_factory=Counter)
-    tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     committed: list[bytes] = field(default_factory=list)
     """Per unit merged: its committed groups (``worker.UnitAudit.committed`` rows) as zlib-compressed JSON, a few
     dozen bytes a group while the workers run; ``committed_groups`` builds lineage's mapping once they are gone."""

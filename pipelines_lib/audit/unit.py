@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections import deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines_lib.audit.report import Counts
+from pipelines_lib.audit.report import BadFile, Counts, Finding
+from pipelines_lib.audit.stats import Distribution
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
@@ -66,6 +67,22 @@ class Tally:
     def counts(self) -> Counts:
         return Counts(shards=self.shards, trajectories=self.trajectories, groups=self.groups, bytes=self.bytes,
                       reward_mean=self.reward_sum / self.trajectories if self.trajectories else None)
+
+
+@dataclass(kw_only=True)
+class Gathered:
+    """The findings and counts an audit gathers: per version folder in a worker (``worker.UnitAudit``), then
+    folded together in version order by the merging process (``campaign._Merged``)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    bad_files: list[BadFile] = field(default_factory=list)
+    schema_versions: Counter[str] = field(default_factory=Counter)
+    by_version: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    by_worker: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    dists: dict[str, Distribution] = field(default_factory=lambda: defaultdict(Distribution))
+    statuses: Counter[str] = field(default_factory=Counter)
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ import json
 import sys
 import traceback
 from _blake2 import blake2b  # hashlib's BLAKE2 itself; importing hashlib loads OpenSSL too (~4 MB a worker)
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +30,7 @@ import pyarrow.compute as pc
 
 from pipelines_lib import records
 from pipelines_lib.audit.report import BadFile, Finding
-from pipelines_lib.audit.stats import Distribution
-from pipelines_lib.audit.unit import Missing, Tally, Unit, prefetch
+from pipelines_lib.audit.unit import Gathered, Missing, Unit, prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, StorageError
 from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decode_shard, identity_problem
@@ -94,22 +93,13 @@ def _id_hash(trajectory_id: str) -> int:
     return int.from_bytes(blake2b(trajectory_id.encode(), digest_size=8).digest(), "little")
 
 
-@dataclass
-class UnitAudit:
+@dataclass(kw_only=True)
+class UnitAudit(Gathered):
     """Everything gathered shard by shard in one version folder (``folder``)."""
 
     folder: str
     needs: TrainerNeeds | None
     newest_version: int | None
-    findings: list[Finding] = field(default_factory=list)
-    bad_files: list[BadFile] = field(default_factory=list)
-    schema_versions: Counter[str] = field(default_factory=Counter)
-    by_version: dict[int, Tally] = field(default_factory=lambda: defaultdict(Tally))
-    by_worker: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
-    dists: dict[str, Distribution] = field(default_factory=lambda: defaultdict(Distribution))
-    statuses: Counter[str] = field(default_factory=Counter)
-    tool_calls: Counter[str] = field(default_factory=Counter)
-    tool_errors: Counter[tuple[str, str]] = field(default_factory=Counter)
     committed: list[tuple[str, str, int, str, int, int, bool]] = field(default_factory=list)
     """(shard, group id, version, prompt id, first row, end row, usable) of each committed group."""
     first_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
