@@ -15,7 +15,8 @@ campaign  (not a part: ``flows.campaign`` itself in an interpreter with 8 fake d
 
 Each part runs in its own interpreter (``python -m bench.scale PART ARGS_JSON`` prints one JSON line): XLA reads
 the fake device count only when JAX starts. ``tests/test_mesh.py`` runs the ``mesh`` part as its test, and the
-smoke preset's campaign on ``CAMPAIGN_MESH`` end to end (the tiny preset's, which learns, is marked slow).
+smoke and tiny presets' campaigns on ``CAMPAIGN_MESH`` end to end (both marked slow: this benchmark's ``campaign``
+runs the tiny one).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # Compiled XLA programs are reused across the suite's processes (trainer restarts, subprocess drills).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / "build" / "jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# The suite's programs are small and most run a few times, so compiling dominates: XLA's CPU backend at
+# optimisation level 0 compiles about twice as fast (the engine, train-step, campaign and kill tests took 14-19 % less
+# time in all). Stage subprocesses inherit it; `make bench`, `make demo` and `make drills` keep XLA's default.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import pytest
 from hypothesis import settings

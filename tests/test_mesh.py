@@ -2,8 +2,9 @@
 
 XLA reads ``--xla_force_host_platform_device_count`` only when JAX starts, so the trainer comparison runs in a
 fresh interpreter (the ``mesh`` part of ``bench/scale.py``, which prints its measurements as JSON); the other
-tests run in-process on abstract meshes or one device. A whole campaign (``flows.campaign``) runs on a mesh of 8
-fake devices the same way: the smoke preset by default, the tiny preset (long enough to learn) marked slow.
+tests run in-process on abstract meshes or one device. A whole campaign (``flows.campaign``) on a mesh of 8 fake
+devices runs the same way, marked slow (about 45 s for the smoke preset; ``make bench``'s ``scale`` runs the tiny
+preset's on the same mesh): by default the trainer's and the engine's meshes are each checked here against one device.
 """
 
 import sys
@@ -66,6 +67,7 @@ def run_campaign_on_fake_devices(prefect_api: str, url: str, args: list[str], *,
     return output
 
 
+@pytest.mark.slow
 def test_smoke_campaign_with_fsdp_trainer_and_tensor_parallel_engines_runs_every_stage(prefect_api: str,
                                                                                        tmp_path) -> None:
     url = str(tmp_path / "mesh_campaign")

@@ -1,5 +1,5 @@
 """A whole tiny campaign on ``engine.kind: vllm``: warm start, a rollout worker serving from a vLLM server it
-launches, the streaming trainer publishing twice (so the worker reloads the server twice), and a clean audit.
+launches, the streaming trainer publishing after each of its two steps (so the worker reloads the server twice), and a clean audit.
 
 The model is the tiny preset with untied embeddings (the tied case is ``test_vllm_engine.py``'s). The mismatch
 metric is what proves the reloads: tokens the trainer consumed were sampled by the server, and their recorded
@@ -36,8 +36,9 @@ def vllm_campaign_config() -> CampaignConfig:
         "rollout.group_size": 4, "rollout.max_concurrency": 16,
         # A 20-step warm start rarely solves a task: groups whose rewards are all zero still train (zero
         # advantage, but the mismatch metric is over their tokens all the same).
-        "trainer.skip_zero_advantage": False, "rollout.max_groups_per_version": 4,
-        "trainer.max_steps": 4, "trainer.batch_groups": 2, "trainer.publish_every": 2, "trainer.checkpoint_every": 2,
+        "trainer.skip_zero_advantage": False, "rollout.max_groups_per_version": 2,
+        # Two steps, each published: the fewest that make the worker reload its server twice.
+        "trainer.max_steps": 2, "trainer.batch_groups": 2, "trainer.publish_every": 1, "trainer.checkpoint_every": 2,
         "rollout.eta": 1,
     })
 
