@@ -2,11 +2,12 @@
 
 ```
 parent (this process, holds no model)      one subprocess per part, so each part's peak RSS is its own
-  train       float32 GRPO step, rows × length; XLA's memory analysis of the compiled step (aliased bytes
-              over parameter + optimiser bytes), peak RSS, seconds per step
-  growth      the same step on rows × growth_length, `growth_steps` steps with RSS and live JAX array bytes
-              after each (a leak grows the live bytes, allocator drift only the RSS)
-  remat       the same step with per-layer rematerialisation: peak RSS and seconds per step
+  train       float32 GRPO step, rows × length, with per-layer rematerialisation (the configuration to run at
+              this size); XLA's memory analysis of the compiled step (aliased bytes over parameter +
+              optimiser bytes), peak RSS, seconds per step
+  no_remat    the same step keeping every activation: peak RSS and seconds per step
+  growth      the step without remat on rows × growth_length, `growth_steps` steps with RSS and live JAX array
+              bytes after each (a leak grows the live bytes, allocator drift only the RSS)
   bf16        one SGD step (lr 1: the update is the gradient) in float32 and one with bfloat16 compute on
               float32 masters, from the same weights on the same Zipf-token, on-policy batch: relative error
               of the update, split into what rounding the weights to bfloat16 costs and what the arithmetic adds
@@ -17,6 +18,9 @@ parent (this process, holds no model)      one subprocess per part, so each part
 
 The engine part is also a benchmark of its own, ``realsize_engine`` (the ``realsize.engine_*`` and
 ``realsize.warmup_*`` figures), so it can be measured without the minutes of the train parts.
+
+Each train part's process returns the compiler's freed heap to the OS after compiling, as the trainer's does
+(``pipelines_lib.heap``): without it the compile's ~2 GiB of freed heap stays resident under the step's peak.
 
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
@@ -58,7 +62,7 @@ QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_lengt
 SERVES = 3
 """Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
-"""The full size's train part peaks near 13 GiB: refuse to start it on a machine with less available."""
+"""The full size's step without remat peaks near 13 GiB: refuse to start on a machine with less available."""
 GIB = 2**30
 
 
@@ -129,15 +133,15 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
     import jax
     from flax import nnx
 
+    from pipelines_lib.heap import trim_heap_after_compiles
     from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
     from pipelines_lib.train.step import StepConfig, train_step
 
+    trim_heap_after_compiles()  # as the trainer and SFT do
     model = _model(args)
     optimizer = make_nnx_optimizer(model, OptimConfig(), _one_device())
     batch = _batch(_uniform_tokens(args["rows"], args["length"], model.cfg.vocab_size))
     cfg = StepConfig(remat=args["remat"])
-    memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()
-    state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
     times, rss, live = [], [], []
     for _ in range(1 + args["steps"]):
         t0 = time.perf_counter()
@@ -145,8 +149,13 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
         times.append(time.perf_counter() - t0)
         rss.append(_rss_gib())
         live.append(sum(x.nbytes for x in jax.live_arrays()) / GIB)
+    # The peak is read before XLA's memory analysis, which a trainer never asks for: at the full size it leaves
+    # 0.5 GiB of freed heap resident, which would sit under the steps' peak if asked for first.
+    peak_gib = _peak_rss_gib()
+    memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()  # from jit's cache
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
     return {
-        "peak_gib": _peak_rss_gib(),
+        "peak_gib": peak_gib,
         "aliased_fraction": memory.alias_size_in_bytes / state_bytes,
         "xla_step_gib": (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
                          - memory.alias_size_in_bytes) / GIB,
@@ -277,15 +286,19 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
     "realsize",
     title="A Qwen3-0.6B-shaped model on one CPU device",
     measures="Memory and speed of the train step and the engine at a real model size: peak RSS of a float32 GRPO "
-             "step and how much of the parameter + Adam state XLA aliases (donation), RSS growth over 20 steps, "
-             "the same with per-layer remat, and the update error of bfloat16 compute on float32 master weights "
-             "(the engine at this size: `realsize_engine`).",
+             "step with per-layer remat (the configuration to run at this size) and how much of the parameter + "
+             "Adam state XLA aliases (donation), the same step without remat, RSS growth over 20 steps, and the "
+             "update error of bfloat16 compute on float32 master weights (the engine at this size: "
+             "`realsize_engine`).",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
-           "part in its own subprocess, with XLA's concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`). "
-           "Train: batch 4 × 256 (GRPO, AdamW), XLA memory analysis of the compiled "
-           "step, peak RSS (`ru_maxrss`, model init and compilation included), 2 steps; growth: 21 steps at 4 × "
-           "32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX array bytes after the first and the "
-           "last. Remat: the same step with `StepConfig.remat`. bf16: one SGD step "
+           "part in its own subprocess, with XLA's concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
+           "the compiler's freed heap returned to the OS after each compile, as in the trainer "
+           "(`pipelines_lib.heap`). Train: batch 4 × 256 (GRPO, AdamW) with `StepConfig.remat` (trainer.step.remat: "
+           "true), the configuration to run at this size (without it the step's activations alone push the "
+           "peak past the goal: `no_remat_*`), XLA memory analysis of the compiled step, peak RSS (`ru_maxrss`, "
+           "model init and compilation included), 2 steps; no remat: the same step keeping every activation; "
+           "growth (no remat): 21 steps at 4 × 32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX "
+           "array bytes after the first and the last. bf16: one SGD step "
            "(lr 1, so the update Δ is the gradient) at 2 × 64 in float32 and with `Precision(compute='bfloat16')` "
            "from the same weights, ‖Δ_bf16 − Δ_f32‖ / ‖Δ_f32‖ (L2 over all parameters); the batch's ids follow "
            "Zipf's law (P(k) ∝ 1/k, as text's tokens do, not uniform over the vocabulary) and its behaviour "
@@ -308,11 +321,11 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         raise RuntimeError(f"realsize needs {MIN_AVAILABLE_GIB} GiB available, the machine has "
                            f"{_available_gib():.1f} (run --quick, or wait)")
     runs = {  # in running order: name -> (part, its arguments)
-        "train": ("train", {**size, "remat": False, "steps": 1}),
+        "train": ("train", {**size, "remat": True, "steps": 1}),
+        "no_remat": ("train", {**size, "remat": False, "steps": 1}),
         # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
         "growth": ("train", {**size, "length": size["growth_length"], "remat": False, "steps": size["growth_steps"]}),
         "bf16": ("bf16", size),
-        "remat": ("train", {**size, "remat": True, "steps": 1}),
     }
     out: dict[str, dict[str, float]] = {}
     failed: dict[str, Exception] = {}
@@ -330,17 +343,18 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
                     "realsize.train_xla_step_gib": train["xla_step_gib"],
                     "realsize.train_state_gib": train["state_gib"],
                     "realsize.train_step_s": train["step_s"]}
-        rows.append({"run": "train step", "peak RSS GiB": train["peak_gib"], "XLA step GiB": train["xla_step_gib"],
-                     "s/step": train["step_s"]})
+        rows.append({"run": "train step (remat)", "peak RSS GiB": train["peak_gib"],
+                     "XLA step GiB": train["xla_step_gib"], "s/step": train["step_s"]})
         notes.append(f"parameter + optimiser state {train['state_gib']:.2f} GiB")
     if growth := out.get("growth"):
         figures |= {"realsize.train_rss_growth_gib_20_steps": growth["rss_growth_gib"],
                     "realsize.train_live_bytes_growth_gib_20_steps": growth["live_growth_gib"]}
-    if remat := out.get("remat"):
-        figures |= {"realsize.remat_peak_gib": remat["peak_gib"], "realsize.remat_xla_step_gib": remat["xla_step_gib"],
-                    "realsize.remat_step_s": remat["step_s"]}
-        rows.append({"run": "train step, remat", "peak RSS GiB": remat["peak_gib"],
-                     "XLA step GiB": remat["xla_step_gib"], "s/step": remat["step_s"]})
+    if no_remat := out.get("no_remat"):
+        figures |= {"realsize.no_remat_peak_gib": no_remat["peak_gib"],
+                    "realsize.no_remat_xla_step_gib": no_remat["xla_step_gib"],
+                    "realsize.no_remat_step_s": no_remat["step_s"]}
+        rows.append({"run": "train step, no remat", "peak RSS GiB": no_remat["peak_gib"],
+                     "XLA step GiB": no_remat["xla_step_gib"], "s/step": no_remat["step_s"]})
     if bf16 := out.get("bf16"):
         figures |= {"realsize.bf16_update_rel_error": bf16["update_rel_error"],
                     "realsize.bf16_weight_rounding_rel_error": bf16["weight_rounding_rel_error"],

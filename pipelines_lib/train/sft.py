@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipelines_lib.envs import env_class, make_env
+from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.train.batch import build_train_batch
@@ -117,6 +118,8 @@ def sft_train(
         raise ValueError("sft_train: no demonstrations to train on")
     seq_len = _seq_len(rows, model.cfg.max_seq_len)
     mesh = make_mesh(cfg.mesh)
+    if reason := trim_heap_after_compiles():
+        log(f"sft: {reason}")
     shard_node(model, mesh)
     optimizer = make_nnx_optimizer(model, cfg.optim, mesh)
     rng = np.random.default_rng(cfg.seed)

@@ -51,6 +51,7 @@ import pyarrow as pa
 
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
+from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
@@ -184,6 +185,8 @@ class StreamingTrainer:
         self.sleep = sleep
         self.mesh = make_mesh(self.tc.mesh)
         self.log(f"trainer: mesh {describe_mesh(self.mesh)}")
+        if reason := trim_heap_after_compiles():
+            self.log(f"trainer: {reason}")
         model, base_version = load_published(self.store, 0, self.mesh)
         if base_version != 0:
             raise RuntimeError(f"{self.store.uri()}: expected the warm start as version 0, found {base_version}")
