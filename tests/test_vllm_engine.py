@@ -3,7 +3,8 @@
 One server per test session (module fixture ``server``); every test drives it through its own ``VllmEngine``,
 which first makes the server serve the folder the test asks for. Weights are the tiny preset, exported with
 ``hf_export`` from two random initialisations (v0 and v1), tied embeddings: the case where a plain vLLM reload
-on CPU leaves the output layer stale (the campaign test in ``test_vllm_campaign.py`` covers untied weights).
+on CPU leaves the output layer stale (untied weights: the campaign of ``test_vllm_campaign.py``, marked slow, and of
+``make bench``'s ``vllm``).
 
 Tolerance: vLLM's float32 CPU kernels and XLA's differ by rounding only; logprobs agree within 1e-4
 (observed ~2e-6) and greedy completions are identical.
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from bench.vllm import EAGER
 from pipelines_lib.agents import make_agent, run_episode
 from pipelines_lib.agents.base import AgentConfig
 from pipelines_lib.engine import JaxEngine
@@ -38,9 +40,6 @@ from pipelines_lib.model.hf_export import save_hf_checkpoint
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokenizer
 
 LOGPROB_TOLERANCE = 1e-4
-EAGER = ("--enforce-eager",)
-"""Servers in tests skip torch.compile: it would spend about a minute of a 2-core machine's start-up compiling a
-model this small (the serving path, its numerics and the reload endpoints are the same in eager mode)."""
 MAX_SEQ_LEN = 192
 PROMPTS = [[1, 5, 9, 33, 100], [7] * 40, list(range(3, 60, 2))]
 MODELS = {seed: Decoder(ModelConfig.tiny(), rngs=nnx.Rngs(seed)) for seed in (0, 1)}
