@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -129,6 +130,40 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
         trainer.run()
     assert trainer.idle_s > 0
+
+
+def test_a_stream_of_all_equal_reward_groups_does_not_keep_the_trainer_waiting(tmp_path) -> None:
+    """A collapsed policy's workers commit group after group with all-equal rewards: the trainer must time out on
+    the wait for a trainable group while they still arrive, not wait for the stream to end."""
+    config = small_config(skip_zero_advantage=True, data_timeout_s=1.0)
+    store = seed_campaign(str(tmp_path / "c"), config, n_groups=0)
+    cap = 400
+    written, stop = [], threading.Event()
+
+    def collapsed_worker() -> None:
+        writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1))
+        for i in range(cap):
+            if stop.is_set():
+                return
+            group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
+                                    vocab_size=config.model.vocab_size, max_len=60)
+            writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
+            writer.flush()
+            written.append(i)
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=collapsed_worker)
+    thread.start()
+    logs: list[str] = []
+    try:
+        with pytest.raises(DataTimeoutError, match=r"have 0 of 2; \d+ groups read meanwhile had all-equal rewards "
+                                                   r"\(mean 0\.00\), no learning signal"):
+            trainer_for(store, config, log=logs.append).run()
+        assert len(written) < cap  # it gave up while the stream was still running
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not store.list("train/consumed")
 
 
 _TRAIN_SCRIPT = """

@@ -86,7 +86,8 @@ class TrainerConfig:
     seq_buckets: tuple[int, ...] = (64, 128, 256)
     """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
     data_timeout_s: float = 600.0
-    """Longest wait for enough groups before the trainer fails saying what it waited for."""
+    """Longest wait for the next group the step can train on before the trainer fails saying what it waited
+    for. Groups skipped for all-equal rewards do not end the wait (a collapsed policy fails here)."""
     poll_s: float = 0.5
     """Sleep between polls of storage when data is short (counted as idle time)."""
     skip_zero_advantage: bool = True
@@ -261,35 +262,47 @@ class StreamingTrainer:
                     self.log(f"trainer: skipped {len(e.groups)} group(s) of {e.shard}: {e.reason}")
                     if e.reason.startswith(INFRA_REASON):
                         telemetry.count("groups_skipped_infra", len(e.groups))
+            had = len(groups)
             for g in got:
                 rewards = g.table.column("reward").to_pylist()
                 if self.tc.skip_zero_advantage and zero_advantage(rewards):
                     zero_adv.append(ZeroAdvantageGroup(group_id=g.group_id, shard=g.shard, reward=rewards[0]))
                 else:
                     groups.append(g)
-            if got:
+            # The wait is for groups the step can train on: a stream of all-equal groups (a collapsed policy,
+            # or one that solves every task) does not reset it, so such a campaign fails instead of spinning.
+            if len(groups) > had:
                 waited_since = None
                 continue
             now = self.clock()
             if waited_since is None:
                 waited_since = now
-                if zero_adv and now - self._last_wait_log >= 10.0:
-                    self._last_wait_log = now
-                    # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
-                    self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups; "
-                             f"{len(zero_adv)} groups skipped so far had all-equal rewards "
-                             f"(mean {np.mean([z.reward for z in zero_adv]):.2f}); waiting for more")
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
                     f"{self.store.uri(layout.TRAJECTORIES)}/v{lo:08d}..v{self.version:08d}; have {len(groups)} of "
-                    f"{self.tc.batch_groups} (are rollout workers running and on weights >= v{lo}?)"
+                    f"{self.tc.batch_groups}{self._zero_advantage_summary(zero_adv)} (are rollout workers "
+                    f"running and on weights >= v{lo}?)"
                 )
+            if zero_adv and now - self._last_wait_log >= 10.0:
+                self._last_wait_log = now
+                # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
+                self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups"
+                         f"{self._zero_advantage_summary(zero_adv)}; waiting for more")
+            if got:
+                continue  # more may be ready: read them before sleeping
             t0 = self.clock()
             with telemetry.span("data_wait", track="trainer", step=self.step + 1, have=len(groups)):
                 self.sleep(self.tc.poll_s)
             self.idle_s += self.clock() - t0
         return groups, zero_adv, events
+
+    @staticmethod
+    def _zero_advantage_summary(zero_adv: list[ZeroAdvantageGroup]) -> str:
+        if not zero_adv:
+            return ""
+        return (f"; {len(zero_adv)} groups read meanwhile had all-equal rewards (mean "
+                f"{np.mean([z.reward for z in zero_adv]):.2f}), no learning signal")
 
     # -- one step ----------------------------------------------------------------------------------------
     def batch(self, groups: list[GroupSlice]):
