@@ -37,6 +37,7 @@ from flax import nnx
 
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from bench.rollout import GROUP_SIZE, NEW_TOKENS, PROFILES, forced_call_episode_fn, measure_window
+from pipelines_lib import records
 from pipelines_lib.audit import audit_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
@@ -220,10 +221,10 @@ def run_vllm_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
         for name in store.list(f"{layout.TRAJECTORIES}/{vdir}"):
             table, _ = read_shard(store, f"{layout.TRAJECTORIES}/{vdir}/{name}")
             versions |= {v for row in table.column("policy_version").to_pylist() for v in row if v >= 0}
-    fresh = [record["metrics"]["prox_behav_logp_abs_diff_p99"]
-             for record in (store.read_json(f"train/consumed/{name}") for name in store.list("train/consumed"))
-             if all(g["staleness"] == 0 for g in record["groups"])]
-    return {"published_version": store.read_pointer(layout.WEIGHTS_LATEST)["version"],
+    fresh = [log.metrics["prox_behav_logp_abs_diff_p99"] for log in records.consumption_logs(store)
+             if all(g.staleness == 0 for g in log.groups)]
+    latest = records.Publication.latest(store)
+    return {"published_version": latest.version if latest else None,
             "versions_sampled": sorted(versions), "fresh_mismatch_p99": fresh, "audit_ok": audit_campaign(store).ok}
 
 
