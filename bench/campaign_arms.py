@@ -244,8 +244,13 @@ def _run_arm(url: str, config_path: Path, overrides: Mapping[str, Any], progress
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
                           timeout=ARM_TIMEOUT_S)
-    if proc.returncode not in (0, 1):  # 1: the audit found problems; the figures are still worth reading
-        raise RuntimeError(f"campaign {url} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    # Exit 1 is a campaign that ran and found a problem: an audit with violations (its figures are still worth
+    # reading) or a stage that failed (a trainer that never finished has none: no DONE marker).
+    finished = DoneMarker.exists(Store(url))
+    if proc.returncode not in (0, 1) or not finished:
+        why = f"exit {proc.returncode}" + ("" if finished else ", its trainer did not finish (no train/DONE.json)")
+        raise RuntimeError(f"campaign {url} failed ({why}); its output ends:\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
     return time.monotonic() - t0
 
 

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.runner import load_benches, run_benchmarks
+    from bench.runner import BenchmarksFailed, load_benches, run_benchmarks
     from pipelines_lib.cli import CommandError, did_you_mean
 
     registered = sorted(load_benches())
@@ -29,8 +29,14 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"unknown benchmark {name!r}{did_you_mean(name, registered)}; "
                                f"registered: {', '.join(registered)}")
 
-    figures = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        figures, failed = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out,
+                                         progress=lambda line: print(line, file=sys.stderr, flush=True)), None
+    except BenchmarksFailed as err:
+        figures, failed = err.figures, err
     for key, value in sorted(figures.items()):
         print(f"{key} = {value:.4g}")
+    if failed is not None:
+        print(f"rollstream bench: {failed} (tracebacks above)", file=sys.stderr)
+        return 1
     return 0

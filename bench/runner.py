@@ -6,8 +6,9 @@
      "runs": {"store": {"date", "quick", "seconds", "machine", "rows", "plots", "notes"}}}
 
 A run replaces the figures of the benchmarks it ran (all keys under their prefix, so renamed figures do not
-linger) and keeps everything else; a benchmark that raises ``PartialResult`` has the figures it measured
-recorded before its error propagates. ``BENCHMARKS.md`` is rendered from that file plus each benchmark's
+linger) and keeps everything else. A benchmark that fails does not stop the others: its traceback is printed,
+the next one runs, and once every benchmark has run ``BenchmarksFailed`` names the failed ones (a benchmark that
+raised ``PartialResult`` has the figures it measured recorded first). ``BENCHMARKS.md`` is rendered from that file plus each benchmark's
 registration (what, how, goals), so it always shows the latest run of every benchmark, whichever ran last.
 """
 
@@ -22,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,10 +154,23 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+class BenchmarksFailed(Exception):  # noqa: N818 - the run's outcome, raised after every benchmark ran
+    """Some benchmarks of a run failed. ``failures``: each one's error by name; ``figures``: what the run
+    measured (the benchmarks that passed, and the parts of a ``PartialResult``), as ``run_benchmarks`` returns."""
+
+    def __init__(self, failures: dict[str, Exception], figures: dict[str, float]) -> None:
+        super().__init__(f"{len(failures)} benchmark(s) failed: "
+                         + "; ".join(f"{name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                                     for name, err in failures.items()))
+        self.failures = failures
+        self.figures = figures
+
+
 def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_dir: Path = Path("."), *,
                    progress: Callable[[str], None] = _stderr,
                    clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Run the named benchmarks (all registered ones by default); returns the figures of this run."""
+    """Run the named benchmarks (all registered ones by default); returns the figures of this run, or raises
+    ``BenchmarksFailed`` (carrying them) after the last benchmark when any failed."""
     benches = load_benches()
     names = list(names) if names else sorted(benches)
     unknown = [n for n in names if n not in benches]
@@ -166,15 +181,20 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
     plot_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
     figures: dict[str, float] = {}
+    failures: dict[str, Exception] = {}
     for name in names:
         progress(f"bench {name} ({'quick' if quick else 'full'}) ...")
         scratch = Path(tempfile.mkdtemp(prefix=f"rollstream-bench-{name}-"))
         start = clock()
-        partial: PartialResult | None = None
         try:
             result = benches[name].fn(BenchContext(quick=quick, plot_dir=plot_dir, scratch=scratch, progress=progress))
-        except PartialResult as err:  # recorded below like a full result, then raised again
-            result, partial = err.result, err
+        except Exception as err:  # noqa: BLE001 - reported, and the other benchmarks still run
+            progress(f"bench {name} FAILED after {clock() - start:.1f} s:\n"
+                     + "".join(traceback.format_exception(err)).rstrip())
+            failures[name] = err
+            if not isinstance(err, PartialResult):
+                continue
+            result = err.result  # recorded below like a full result
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         seconds = clock() - start
@@ -189,6 +209,6 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         _write_atomically(results_path, json.dumps(results, indent=2) + "\n")
         _write_atomically(out_dir / REPORT, render_markdown(results, benches))
         progress(f"bench {name}: {len(result.figures)} figures in {seconds:.1f} s")
-        if partial is not None:
-            raise partial
+    if failures:
+        raise BenchmarksFailed(failures, figures)
     return figures

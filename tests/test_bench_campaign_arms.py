@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,26 @@ def test_arm_figures_read_a_campaign_folder_shard_rows_done_marker_eval_and_tele
     assert f["failed_stage_runs"] == 1
     assert f["train_step_s"] == 2.5  # the second step; the first compiles
     assert curve == [(pytest.approx(30.0), 0.625)]
+
+
+@pytest.mark.parametrize(("code", "done", "fails"), [(0, True, False), (1, True, False), (1, False, True),
+                                                     (2, True, True)])
+def test_an_arm_fails_naming_why_unless_its_trainer_finished_and_the_exit_is_0_or_1(
+        monkeypatch, tmp_path: Path, code: int, done: bool, fails: bool) -> None:
+    # Exit 1 is also an audit with violations, whose figures are still read; without the DONE marker the campaign
+    # failed, and the arm's error carries the campaign's own message rather than a missing-file error later.
+    url = str(tmp_path / "arm")
+    if done:
+        done_marker(wall_s=80.0, idle_s=20.0, finished_at="2026-12-02T12:00:00+00:00").write(Store(url))
+    ran = subprocess.CompletedProcess([], code, stdout="", stderr="DataTimeoutError: 500 all-equal groups")
+    monkeypatch.setattr(campaign_arms.subprocess, "run", lambda *a, **k: ran)
+    if not fails:
+        assert campaign_arms._run_arm(url, tmp_path / "arms.yaml", {}, lambda line: None) >= 0
+        return
+    with pytest.raises(RuntimeError, match=rf"campaign {url} failed \(exit {code}") as raised:
+        campaign_arms._run_arm(url, tmp_path / "arms.yaml", {}, lambda line: None)
+    assert ("its trainer did not finish" in str(raised.value)) == (not done)
+    assert "DataTimeoutError: 500 all-equal groups" in str(raised.value)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from bench import registry
 from bench.registry import Bench, BenchContext, BenchResult, Goal, PartialResult, load_benches, register_bench
-from bench.runner import merge_results, render_markdown, run_benchmarks
+from bench.runner import BenchmarksFailed, merge_results, render_markdown, run_benchmarks
 from pipelines_lib import cli
 
 
@@ -74,7 +74,7 @@ def test_figures_must_carry_the_benchmark_prefix(monkeypatch, tmp_path: Path) ->
         run_benchmarks(names=["toy"], out_dir=tmp_path, progress=lambda line: None)
 
 
-def test_a_partial_result_is_recorded_before_its_error_propagates(monkeypatch, tmp_path: Path) -> None:
+def test_a_partial_result_is_recorded_and_the_run_fails_naming_it(monkeypatch, tmp_path: Path) -> None:
     def fn(ctx: BenchContext) -> BenchResult:
         try:
             raise RuntimeError("part two ran out of memory")
@@ -83,12 +83,35 @@ def test_a_partial_result_is_recorded_before_its_error_propagates(monkeypatch, t
 
     load_benches()
     monkeypatch.setitem(registry.BENCHES, "toy", Bench(name="toy", title="Toy", measures="", method="", goals=(), fn=fn))
-    with pytest.raises(PartialResult, match="part two") as raised:
+    with pytest.raises(BenchmarksFailed, match="1 benchmark.* failed: toy: part two") as raised:
         run_benchmarks(names=["toy"], out_dir=tmp_path, progress=lambda line: None)
-    assert "out of memory" in str(raised.value.__cause__)
+    assert "out of memory" in str(raised.value.failures["toy"].__cause__)
+    assert raised.value.figures == {"toy.ratio": 0.95}
     saved = json.loads((tmp_path / "bench" / "results.json").read_text())
     assert saved["figures"] == {"toy.ratio": 0.95} and saved["runs"]["toy"]["notes"] == "part two failed"
     assert "part two failed" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+def test_a_failing_benchmark_does_not_stop_the_next_and_the_command_exits_1(monkeypatch, tmp_path: Path,
+                                                                              capsys) -> None:
+    def broken(ctx: BenchContext) -> BenchResult:
+        raise RuntimeError("campaign /x failed (exit 1, its trainer did not finish)")
+
+    load_benches()
+    monkeypatch.setitem(registry.BENCHES, "broken", Bench(name="broken", title="Broken", measures="", method="",
+                                                         goals=(), fn=broken))
+    monkeypatch.setitem(registry.BENCHES, "toy", _toy({"toy.ratio": 0.5}))
+    lines: list[str] = []
+    with pytest.raises(BenchmarksFailed) as raised:
+        run_benchmarks(names=["broken", "toy"], out_dir=tmp_path, progress=lines.append)
+    assert list(raised.value.failures) == ["broken"] and raised.value.figures == {"toy.ratio": 0.5}
+    assert any(line.startswith("bench broken FAILED") and "Traceback" in line for line in lines)
+    assert json.loads((tmp_path / "bench" / "results.json").read_text())["figures"] == {"toy.ratio": 0.5}
+
+    assert cli.main(["bench", "--only", "broken", "--only", "toy", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "toy.ratio = 0.5\n"
+    assert "rollstream bench: 1 benchmark(s) failed: broken: campaign /x failed (exit 1" in err
 
 
 def test_registration_checks_names_and_goal_keys() -> None:
