@@ -48,13 +48,6 @@ def _malloc_trim() -> Callable[[int], int] | str:
     return trim
 
 
-def trim_heap() -> bool:
-    """Return every free page of the C heap to the OS now; False where there is no ``malloc_trim``
-    (or nothing was returned)."""
-    trim = _malloc_trim()
-    return not isinstance(trim, str) and bool(trim(0))
-
-
 def trim_heap_after_compiles() -> str | None:
     """Trim the C heap after every XLA compile of at least ``TRIM_AFTER_COMPILE_S`` in this process (once per
     process; later calls do nothing). Returns ``None`` when installed, else the reason it cannot be."""
