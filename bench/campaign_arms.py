@@ -248,7 +248,7 @@ def _run_arm(url: str, config_path: Path, overrides: Mapping[str, Any], progress
     # reading) or a stage that failed (a trainer that never finished has none: no DONE marker).
     finished = DoneMarker.exists(Store(url))
     if proc.returncode not in (0, 1) or not finished:
-        why = f"exit {proc.returncode}" + ("" if finished else ", its trainer did not finish (no train/DONE.json)")
+        why = f"exit {proc.returncode}" + ("" if finished else f", its trainer did not finish (no {DoneMarker.PATH})")
         raise RuntimeError(f"campaign {url} failed ({why}); its output ends:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
     return time.monotonic() - t0
