@@ -22,7 +22,7 @@ run tried so (a first-episode timeout at v0 included) the synchronous arm's v2 s
 13 of 16) and its rollouts ran to the token limit, with no step moving any weight by more than 0.7 %; the cause
 is not established, so the preset's ``publish_every = 2``, with which ``learning2`` learns, stays.
 
-After each arm's command, every second version it published and the last are evaluated (untimed) on the
+After each arm's command, every fourth version it published and the last are evaluated (untimed) on the
 held-out split, so each arm gets a curve of held-out greedy success against the trainer step that published a
 version and against the seconds since its trainer started. Per arm the table gives final success, the trainer's wall clock, the
 staleness of trained groups, the share of groups dropped as stale, and the behaviour–proximal mismatch the
@@ -55,14 +55,15 @@ COMMON: dict[str, object] = {"eval.samples": 1, "env.tool_latency": to_mapping(P
                              "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0}
 """Every arm: one sampled eval attempt (only greedy success is reported), heavy tool latency and deadlines no
 loaded machine reaches (module docstring: what makes groups stale)."""
-FULL: dict[str, object] = {"trainer.max_steps": 12, "eval.n_tasks": 64}
-"""12 trainer steps (6 versions: staleness up to 5, so η = 8 bounds nothing a run this short reaches) and 64
-held-out tasks (one task is 1.6 points; at 90 % success the binomial standard error of one arm's figure is
-about 4 points). Measured per arm command (12 steps): 8-15 minutes at a load average near 20, 2-5 minutes
-near 8; the twostep warm start 10 minutes at load 15-20."""
+FULL: dict[str, object] = {"trainer.max_steps": 30, "eval.n_tasks": 64}
+"""30 trainer steps (15 versions, as ``learning2``) and 64 held-out tasks (one task is 1.6 points; at 90 % success
+the binomial standard error of one arm's figure is about 4 points). 12 steps were too few: the first versions dip
+far below v0 and recover by about step 20 (``learning2``: v0 74 %, v1 22 %, v6 52 %, v10 86 %), and a run of 12
+ended every arm below v0 (sync 56 %, η = 4 47 %), comparing recoveries rather than learning. Measured per arm
+command at 12 steps on a quiet machine: 1.5-2 minutes for the η arms, 4 for sync; the warm start 3 minutes."""
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
-EVAL_EVERY = 2
-"""Every second published version (and the last) is evaluated for the curves: 4 evaluations per arm, not 7."""
+EVAL_EVERY = 4
+"""Every fourth published version (and the last) is evaluated for the curves: 5 evaluations per arm, not 16."""
 ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_p95", "staleness_max", "dropped_stale_share",
             "trainer_idle_fraction", "mismatch_mean", "behav_prox_kl_mean", "tis_capped_frac_mean", "load_1min")
 
@@ -116,8 +117,8 @@ def plot_curves(path: Path, curves: Mapping[str, list[tuple[int, float, float]]]
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file: "
            "`CampaignConfig.twostep()` with one sampled eval attempt, heavy tool latency and raised episode and tool "
            "deadlines), each `init_from` one SFT warm start made once (the preset's 200 steps); every "
-           "second published version and the last evaluated after its arm's command (untimed). Uncorrected arms set "
-           "`trainer.step.loss.correction=none`. Full: 12 trainer steps (6 versions), 64 held-out tasks; `--quick`: "
+           "fourth published version and the last evaluated after its arm's command (untimed). Uncorrected arms set "
+           "`trainer.step.loss.correction=none`. Full: 30 trainer steps (15 versions), 64 held-out tasks; `--quick`: "
            "sync, η = 4 and η = 4 uncorrected, 4 trainer steps, 16 held-out tasks (a smoke run: the success figures "
            "are noise).",
     goals=(Goal(key="ablation.eta4_gap_pts", op="<=", value=3.0, why="η = 4 with correction within 3 points of sync"),
@@ -148,7 +149,7 @@ def ablation(ctx: BenchContext) -> BenchResult:
              + f", heavy tool latency (`env.tool_latency` = {sizes['env.tool_latency']}), `init_from` one warm start "
              f"({run.warm_s:.0f} s). Trainer steps per arm: {int(sync['steps'])}; held-out tasks per evaluation: "
              f"{shared.eval.n_tasks} (one task = {100 / shared.eval.n_tasks:.1f} points); curves: every "
-             f"{EVAL_EVERY}nd version and the last. v0 success {sync['v0_success']:.1%}. wall_s is the "
+             f"{EVAL_EVERY}th version and the last. v0 success {sync['v0_success']:.1%}. wall_s is the "
              "trainer's (DONE marker); load_1min the machine's load average when the arm ended. Mismatch columns are step means of the trainer's consumption-log metrics: "
              "mean |logp_prox − logp_behav| over loss tokens, k3 KL(π_behav ‖ π_prox), and the share of tokens "
              "whose `tis` weight hit its cap (logged in every arm, applied only in the corrected ones). "

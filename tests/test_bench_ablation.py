@@ -63,7 +63,7 @@ def test_version_evals_read_every_second_version_and_the_last(tmp_path: Path) ->
 
 def test_ablation_arms_run_twostep_under_heavy_tool_latency_with_deadlines_a_loaded_machine_does_not_reach() -> None:
     full = shared_config(quick=False)
-    assert (full.env.name, full.trainer.max_steps, full.trainer.publish_every, full.eval.n_tasks) == ("twostep", 12, 2, 64)
+    assert (full.env.name, full.trainer.max_steps, full.trainer.publish_every, full.eval.n_tasks) == ("twostep", 30, 2, 64)
     assert to_mapping(full.env.tool_latency) == to_mapping(PROFILES["heavy"])
     assert (full.rollout.episode_timeout_s, full.rollout.tool_timeout_s) == (600.0, 30.0)
     # The sync arm's budget is one version's batch: 8 groups x 2 steps over 2 workers.
