@@ -39,6 +39,7 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from bench.rollout import GROUP_SIZE, NEW_TOKENS, PROFILES, forced_call_episode_fn, measure_window
 from pipelines_lib import records
 from pipelines_lib.audit import audit_campaign
+from pipelines_lib.audit.sql import read_trajectories
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
 from pipelines_lib.engine.jax_engine import JaxEngine
@@ -52,8 +53,7 @@ from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.train import train
 from pipelines_lib.stages.warm_start import warm_start
-from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import WriterConfig, read_shard
+from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.step import logprobs_fn
 from pipelines_lib.trajectory.record import Trajectory
@@ -216,11 +216,8 @@ def run_vllm_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
         thread.join(600)
     if errors:
         raise RuntimeError("the vLLM campaign's rollout worker failed") from errors[0]
-    versions: set[int] = set()
-    for vdir in store.list(layout.TRAJECTORIES):
-        for name in store.list(f"{layout.TRAJECTORIES}/{vdir}"):
-            table, _ = read_shard(store, f"{layout.TRAJECTORIES}/{vdir}/{name}")
-            versions |= {v for row in table.column("policy_version").to_pylist() for v in row if v >= 0}
+    table, _ = read_trajectories(store)
+    versions = {v for row in table.column("policy_version").to_pylist() for v in row if v >= 0}
     fresh = [log.metrics["prox_behav_logp_abs_diff_p99"] for log in records.consumption_logs(store)
              if all(g.staleness == 0 for g in log.groups)]
     latest = records.Publication.latest(store)
