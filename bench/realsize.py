@@ -93,12 +93,13 @@ def _model(args: dict[str, Any], dtype: str = "float32"):
 
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.train.mesh import shard_node
+    from pipelines_lib.train.mesh import create_sharded
 
-    cfg = ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"])
-    model = Decoder(ModelConfig.from_dict({**cfg.to_dict(), "dtype": dtype}), rngs=nnx.Rngs(0))
-    shard_node(model, _one_device())  # committed, as step outputs are
-    return model
+    cfg = ModelConfig.from_dict({**ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"]).to_dict(),
+                                 "dtype": dtype})
+    # One compiled initialisation, placed as the step's outputs are (committed): how a model of this size is built
+    # (train.mesh), rather than hundreds of eager random draws.
+    return create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), _one_device())
 
 
 def _batch(tokens_bt: list[list[int]], behav_logp_bt: list[list[float]] | None = None):

@@ -16,7 +16,13 @@ from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
 from pipelines_lib.train.mesh import MeshConfig, make_mesh
-from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
+from pipelines_lib.train.optim import (
+    OptimConfig,
+    clip_by_global_norm,
+    make_nnx_optimizer,
+    make_optimizer,
+    make_schedule,
+)
 from pipelines_lib.train.step import Precision, StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 
 ONE_DEVICE = make_mesh(MeshConfig())
@@ -317,6 +323,19 @@ def test_build_train_batch_pads_right_to_the_smallest_bucket() -> None:
     assert batch.tokens_bt.dtype == np.int32 and batch.loss_mask_bt.dtype == np.float32
 
 
+def test_global_norm_clipping_scales_by_one_factor_and_leaves_small_gradients_bit_identical() -> None:
+    grads = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([[4.0]])}  # global norm 5
+    clip = clip_by_global_norm(1.0)
+    clipped, _ = clip.update(grads, clip.init(grads))
+    np.testing.assert_allclose(clipped["a"], [0.6, 0.0], rtol=1e-7)
+    np.testing.assert_allclose(clipped["b"], [[0.8]], rtol=1e-7)
+    for limit in (5.0, 7.0, math.inf):  # at or under the limit: multiplied by exactly 1
+        kept, _ = clip_by_global_norm(limit).update(grads, clip.init(grads))
+        assert all(np.array_equal(kept[k], grads[k]) for k in grads)
+    zero = jax.tree.map(jnp.zeros_like, grads)
+    assert all(np.array_equal(v, 0.0 * grads[k]) for k, v in clip.update(zero, clip.init(zero))[0].items())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -405,6 +424,30 @@ def test_the_step_updates_parameters_and_optimizer_state_in_their_own_buffers() 
     before = nnx.state(model, nnx.Param)["embed"]["embedding"][...]
     train_step(model, optimizer, batch, cfg=SEQ_MEAN)
     assert before.is_deleted()  # donated: the old buffer now holds the new values
+
+
+def _remat_step_extra_bytes(n_layers: int, rows: int, length: int) -> tuple[int, int]:
+    """(XLA's temporaries of the compiled remat step beyond the gradients, one token × width activation's
+    bytes) for ``ModelConfig.tiny()`` at ``n_layers``: compiled from abstract parameters, nothing allocated."""
+    cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=n_layers)
+    model, optimizer = nnx.eval_shape(lambda: (lambda m: (m, make_nnx_optimizer(m, OptimConfig(), ONE_DEVICE)))(
+        Decoder(cfg, rngs=nnx.Rngs(0))))
+    ids = np.random.default_rng(0).integers(1, cfg.vocab_size, size=(rows, length)).tolist()
+    batch = build_train_batch(ids, [[0] + [1] * (length - 1)] * rows, [[-1.0] * length] * rows, [1.0] * rows,
+                              seq_buckets=(length,))
+    memory = train_step.lower(model, optimizer, batch, cfg=dataclasses.replace(SEQ_MEAN, remat=True)).compile(
+    ).memory_analysis()
+    grad_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return memory.temp_size_in_bytes - grad_bytes, rows * length * cfg.d_model * 4
+
+
+def test_the_remat_steps_temporaries_beyond_the_gradients_do_not_grow_with_depth() -> None:
+    # Each layer adds its gradients to the step's temporaries, and nothing else that lives past its own
+    # backward pass. When XLA fused the residual stream's cotangent adds into the embedding gradient's input,
+    # five token × width buffers per layer stayed alive to the end (from 2 to 6 layers: +20 of them).
+    shallow, activation = _remat_step_extra_bytes(2, rows=4, length=128)
+    deep, _ = _remat_step_extra_bytes(6, rows=4, length=128)
+    assert deep - shallow <= 4 * activation, (shallow, deep, activation)
 
 
 BF16 = dataclasses.replace(SEQ_MEAN, precision=Precision(params="float32", compute="bfloat16"))
