@@ -23,7 +23,9 @@ Each train part's process returns the compiler's freed heap to the OS after comp
 (``pipelines_lib.heap``): without it the compile's ~2 GiB of freed heap stays resident under the step's peak.
 
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
-``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init. Nothing is downloaded.
+``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init, compiled as one program
+(``train.mesh.create_sharded``, the way to build a model this size) rather than run as hundreds of eager draws.
+Nothing is downloaded.
 ``--quick`` runs the same parts on a small model in seconds. A part that fails does not stop the others: the
 benchmark records what they measured, then raises ``PartialResult``. A part's subprocess runs ``python -m
 bench.realsize PART ARGS_JSON`` and prints one JSON line of figures.
@@ -291,8 +293,8 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
              "Adam state XLA aliases (donation), the same step without remat, RSS growth over 20 steps, and the "
              "update error of bfloat16 compute on float32 master weights (the engine at this size: "
              "`realsize_engine`).",
-    method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), each "
-           "part in its own subprocess, with XLA's concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
+    method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), built "
+           "by one compiled initialisation (`train.mesh.create_sharded`), each part in its own subprocess, with XLA's concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
            "the compiler's freed heap returned to the OS after each compile, as in the trainer "
            "(`pipelines_lib.heap`). Train: batch 4 × 256 (GRPO, AdamW) with `StepConfig.remat` (trainer.step.remat: "
            "true), the configuration to run at this size (without it the step's activations alone push the "
