@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -117,28 +116,10 @@ def _decay_mask(params: optax.Params) -> optax.Params:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-    """``g · min(1, max_norm / ‖g‖)``, ‖g‖ the L2 norm over every leaf: optax's ``clip_by_global_norm`` as one
-    scalar multiply.
-
-    optax selects between ``g`` and ``g / ‖g‖ · max_norm``; XLA does not repeat a divide inside each consumer,
-    so it materialises the divided copy of every gradient that both Adam moments read. At Qwen3-0.6B's shape
-    that copy of the 0.6 GiB embedding gradient was the step's peak beyond the gradients themselves; a
-    multiply by a scalar is fused into the moments' update instead. Below the limit the factor is exactly 1.
-    """
-
-    def update(updates: optax.Updates, state: optax.EmptyState, params: optax.Params | None = None):
-        del params
-        factor = jnp.minimum(1.0, max_norm / optax.global_norm(updates))
-        return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm(grad_clip_norm) → adamw(schedule)``."""
     return optax.chain(
-        clip_by_global_norm(cfg.grad_clip_norm),
+        optax.clip_by_global_norm(cfg.grad_clip_norm),
         optax.adamw(
             make_schedule(cfg),
             b1=cfg.b1,

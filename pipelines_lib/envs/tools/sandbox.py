@@ -425,7 +425,8 @@ class PythonSandbox:
             raise SandboxUnavailable(reason)
         if config.isolation == "none":
             log.warning("code sandbox started with isolation 'none': model-written code runs WITHOUT OS isolation "
-                        "(files, processes and network of this machine are reachable); install bubblewrap")
+                        "(files, processes and network of this machine are reachable); isolation 'bwrap' (bubblewrap) "
+                        "contains it")
 
     @property
     def isolation(self) -> str:
