@@ -137,8 +137,8 @@ def test_campaign_starts_every_stage_as_a_deployment_run_in_its_own_process(pref
     # every stage was its own deployment flow run, in its own process; init ran in the campaign flow itself
     assert all(by_key[k].deployment_id for k in stages) and by_key["init"].deployment_id is None
     assert len({by_key[k].flow_run_id for k in stages}) == len(stages)
-    assert len({by_key[k]["pid"] for k in (*stages, "init")}) == len(stages) + 1
+    assert len({by_key[k].pid for k in (*stages, "init")}) == len(stages) + 1
     # rollout workers and trainer overlapped in time
-    spans = {k: (by_key[k]["started_at"], by_key[k]["finished_at"]) for k in ("collect-w0", "collect-w1", "train")}
+    spans = {k: (by_key[k].started_at, by_key[k].finished_at) for k in ("collect-w0", "collect-w1", "train")}
     assert max(s for s, _ in spans.values()) < min(f for _, f in spans.values())
-    assert by_key["audit"]["manifest"]["ok"] and store.exists("train/DONE.json")
+    assert by_key["audit"].manifest["ok"] and store.exists("train/DONE.json")
