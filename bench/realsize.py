@@ -99,8 +99,6 @@ def _model(args: dict[str, Any], dtype: str = "float32"):
 
     cfg = ModelConfig.from_dict({**ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"]).to_dict(),
                                  "dtype": dtype})
-    # One compiled initialisation, placed as the step's outputs are (committed): how a model of this size is built
-    # (train.mesh), rather than hundreds of eager random draws.
     return create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), _one_device())
 
 
@@ -294,7 +292,8 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
              "update error of bfloat16 compute on float32 master weights (the engine at this size: "
              "`realsize_engine`).",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), built "
-           "by one compiled initialisation (`train.mesh.create_sharded`), each part in its own subprocess, with XLA's concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
+           "by one compiled initialisation (`train.mesh.create_sharded`), each part in its own subprocess, with XLA's "
+           "concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
            "the compiler's freed heap returned to the OS after each compile, as in the trainer "
            "(`pipelines_lib.heap`). Train: batch 4 × 256 (GRPO, AdamW) with `StepConfig.remat` (trainer.step.remat: "
            "true), the configuration to run at this size (without it the step's activations alone push the "

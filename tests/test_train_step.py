@@ -411,8 +411,12 @@ def _remat_step_extra_bytes(n_layers: int, rows: int, length: int) -> tuple[int,
     """(XLA's temporaries of the compiled remat step beyond the gradients, one token × width activation's
     bytes) for ``ModelConfig.tiny()`` at ``n_layers``: compiled from abstract parameters, nothing allocated."""
     cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=n_layers)
-    model, optimizer = nnx.eval_shape(lambda: (lambda m: (m, make_nnx_optimizer(m, OptimConfig(), ONE_DEVICE)))(
-        Decoder(cfg, rngs=nnx.Rngs(0))))
+
+    def build() -> tuple[Decoder, nnx.Optimizer]:
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+        return model, make_nnx_optimizer(model, OptimConfig(), ONE_DEVICE)
+
+    model, optimizer = nnx.eval_shape(build)
     ids = np.random.default_rng(0).integers(1, cfg.vocab_size, size=(rows, length)).tolist()
     batch = build_train_batch(ids, [[0] + [1] * (length - 1)] * rows, [[-1.0] * length] * rows, [1.0] * rows,
                               seq_buckets=(length,))

@@ -373,7 +373,7 @@ def _rematerialised_block(graphdef: nnx.GraphDef, state: nnx.State, x_btd: jax.A
     update) to the end of the backward pass and keeps every layer's recomputed activations alive until then.
     That tie is a scatter into one entry, not an elementwise add: XLA fuses elementwise adds down the residual
     stream, and the fusion that fed the embedding's gradient then re-added every layer's branch cotangents
-    itself, keeping five token × width buffers per layer alive to the end of the backward pass (0.55 GiB of
+    itself, keeping five token × width buffers per layer alive to the end of the backward pass (0.53 GiB of
     the step's temporaries at that shape). Both ties at that shape: the compiled step's peak 11.1 GiB without
     them, 9.0 GiB with them (and that scheduler).
     """
