@@ -13,7 +13,8 @@ parent (this process, holds no model)      one subprocess per part, so each part
               of the update, split into what rounding the weights to bfloat16 costs and what the arithmetic adds
   engine      JaxEngine at 16 slots, then at 4, on the same short requests (a paged cache sized for what
               they hold): tokens/s of each, and RSS sampled every 5 ms during the 16-slot warmup over the
-              RSS once it has served (steady)
+              RSS once it has served (steady); then one decode step's weight matmuls alone at 16 and at 4
+              rows, the same ratio for the part of a step every engine must do
 ```
 
 The engine part is also a benchmark of its own, ``realsize_engine`` (the ``realsize.engine_*`` and
@@ -261,7 +262,39 @@ def part_engine(args: dict[str, Any]) -> dict[str, float]:
         out[f"ms_per_step_{slots}"] = 1000 * stats["wall_s"] / stats["decode_steps"]
         if slots == 16:
             out["warmup_peak_gib"], out["steady_gib"] = peak[0], _rss_gib()
+    for rows in (16, 4):
+        out[f"matmul_ms_{rows}"] = 1000 * _weight_matmul_s(model, rows)
     return out
+
+
+def _weight_matmul_s(model: Any, rows: int, repeats: int = 5) -> float:
+    """Seconds (best of ``repeats``, after one untimed call) of the weight matmuls of one decode step over
+    ``rows`` tokens and nothing else: every linear layer's kernel and the unembedding, each multiplied once by
+    a ``rows``-row input. No attention, cache, norm or sampling: ``4 × t(4) / t(16)`` is the 16-over-4-slot
+    ratio of a step that cost only its matmuls. Work per row (attention over the cache, sampling) pulls an
+    engine's ratio below it; a fixed cost per step pushes it above."""
+    import jax
+    from flax import nnx
+
+    lm_head = getattr(model, "lm_head", None)  # counted once, as the unembedding
+    linear = [module.kernel[...] for _, module in nnx.iter_modules(model)
+              if isinstance(module, nnx.Linear) and module is not lm_head]
+    w_vd = model.unembedding_vd()
+    # Random inputs passed in, so the compiler cannot fold a product; summing every product keeps each one live.
+    xs = [jax.random.normal(jax.random.key(i), (rows, w.shape[0]), w.dtype) for i, w in enumerate(linear)]
+    x_d = jax.random.normal(jax.random.key(len(xs)), (rows, w_vd.shape[1]), w_vd.dtype)
+
+    @jax.jit
+    def matmuls(xs: list[jax.Array], linear: list[jax.Array], x_d: jax.Array, w_vd: jax.Array) -> jax.Array:
+        return sum((x @ w).sum() for x, w in zip(xs, linear, strict=True)) + (x_d @ w_vd.T).sum()
+
+    matmuls(xs, linear, x_d, w_vd).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmuls(xs, linear, x_d, w_vd).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 PARTS = {"train": part_train, "bf16": part_bf16, "engine": part_engine}
@@ -381,7 +414,11 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
            "`max_seq_len` 1024, a pool of 128 blocks of 16, prefill buckets 16 and 32, at 16 then 4 slots, "
            "warmed up before timing, the fastest of 3 serves of fresh requests (`--quick`: the small model, 16 requests of prompt 12 and 8 new tokens, a "
            "pool of 48 blocks); warmup peak is the RSS sampled every 5 ms during the 16-slot `warmup()` over "
-           "the RSS after serving.",
+           "the RSS after serving. Beside it, for reference (`realsize.engine_matmul_16_over_4`, not a goal): one "
+           "decode step's weight matmuls alone (every linear kernel and the unembedding times a 16- or 4-row random "
+           "input, no attention, cache or sampling; best of 5) as 4 × t(4) / t(16), the ratio of a step that cost "
+           "only its matmuls on this machine; work per row (attention, sampling) pulls an engine below it, a fixed "
+           "cost per step above.",
     goals=(
         Goal(key="realsize.engine_16_over_4_slots", op=">=", value=2.5,
              why="attention and cache follow the tokens held, so more slots pay"),
@@ -396,9 +433,10 @@ def bench_realsize_engine(ctx: BenchContext) -> BenchResult:
         "realsize.engine_tokens_per_s_4": engine["tokens_per_s_4"],
         "realsize.engine_16_over_4_slots": engine["tokens_per_s_16"] / engine["tokens_per_s_4"],
         "realsize.warmup_peak_over_steady": engine["warmup_peak_gib"] / engine["steady_gib"],
+        "realsize.engine_matmul_16_over_4": 4 * engine["matmul_ms_4"] / engine["matmul_ms_16"],
     }
-    rows = [{"slots": slots, "tokens/s": engine[f"tokens_per_s_{slots}"], "ms/step": engine[f"ms_per_step_{slots}"]}
-            for slots in (16, 4)]
+    rows = [{"slots": slots, "tokens/s": engine[f"tokens_per_s_{slots}"], "ms/step": engine[f"ms_per_step_{slots}"],
+             "weight matmuls ms": engine[f"matmul_ms_{slots}"]} for slots in (16, 4)]
     notes = (f"{'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; warmup peak "
              f"{engine['warmup_peak_gib']:.2f} GiB, steady {engine['steady_gib']:.2f} GiB.")
     return BenchResult(figures=figures, rows=rows, notes=notes)

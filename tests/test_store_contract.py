@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -163,6 +164,19 @@ def test_transient_errors_are_retried_then_succeed(local_store: Store, monkeypat
                         _flaky(local_store._read_local, failures=3, exc=ConnectionResetError("reset by peer")))
     assert local_store.read("obj") == b"data"
     assert local_store.retries == 3
+
+
+def test_retry_jitter_leaves_the_global_random_state_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    store = Store(str(tmp_path), retry=RetryPolicy(attempts=4, base_delay_s=0.5, max_delay_s=1.0), sleep=slept.append)
+    store.create("obj", b"data")
+    monkeypatch.setattr(store, "_read_local",
+                        _flaky(store._read_local, failures=3, exc=ConnectionResetError("reset by peer")))
+    random.seed(1234)
+    before = random.getstate()
+    assert store.read("obj") == b"data"
+    assert random.getstate() == before
+    assert len(slept) == 3 and all(0 <= s <= 1.0 for s in slept)
 
 
 def test_exhausted_retries_raise_with_url_and_operation(local_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,6 +65,8 @@ SETTLED_S = 1.0
 """How long a local folder must have been unchanged before ``list_if_changed`` trusts its modification time."""
 
 _log = logging.getLogger(__name__)
+_jitter = random.Random()
+"""Retry jitter's own generator: a retry never moves the global ``random`` state that user code may have seeded."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +255,7 @@ class Store:
                 # One line per retry: a storage fault the pipeline absorbed stays visible in the stage's log.
                 _log.warning("storage retry %s %s: %s: %s (try %d of %d)", op, self.uri(rel), type(e).__name__,
                              str(e)[:200], attempt, self.retry.attempts)
-                self._sleep(random.uniform(0, min(delay, self.retry.max_delay_s)))
+                self._sleep(_jitter.uniform(0, min(delay, self.retry.max_delay_s)))
                 delay *= 2
         raise AssertionError("unreachable")
 
