@@ -29,7 +29,8 @@ from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.cli import storage_option_args
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.retry import RetryPolicy
+from pipelines_lib.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN_OVERRIDES: dict[str, Any] = {
@@ -191,7 +192,8 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.settings import Settings
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.retry import RetryPolicy
+from pipelines_lib.storage.store import Store
 from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.stages.train import train
 

@@ -39,8 +39,9 @@ from drills.fault_campaign import (
 from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
+from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.shards import ShardWriter, WriterConfig
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.store import Store
 from pipelines_lib.storage.tailer import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.retry import RetryPolicy
+from pipelines_lib.storage.store import Store
 
 PROCESS_DEFAULTS: Mapping[str, str] = {
     # Prefect's ephemeral API server takes 10+ s to start on a busy 2-core machine; its default wait is 20 s.

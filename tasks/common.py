@@ -27,7 +27,8 @@ from pipelines_lib.records import RunRecord, with_parents
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
-from pipelines_lib.storage.store import Store, is_transient
+from pipelines_lib.storage.retry import is_transient
+from pipelines_lib.storage.store import Store
 from pipelines_lib.utc import utc_now_iso
 
 IO_RETRIES = 3

@@ -29,7 +29,8 @@ import pytest
 from hypothesis import settings
 
 from pipelines_lib.storage.emulator import gcs_server
-from pipelines_lib.storage.store import RetryPolicy, Store
+from pipelines_lib.storage.retry import RetryPolicy
+from pipelines_lib.storage.store import Store
 
 # Property tests explore the same cases on every run: CI stays reproducible; widen exploration locally with
 # `--hypothesis-seed=random` or `--hypothesis-profile=explore`.

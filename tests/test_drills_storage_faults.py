@@ -30,7 +30,7 @@ from drills.storage_faults import (
 )
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import RetryPolicy, call_with_deadline
+from pipelines_lib.storage.retry import RetryPolicy, call_with_deadline
 from tasks.common import worth_retrying
 
 

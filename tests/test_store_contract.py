@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
-from pipelines_lib.storage.store import TEMP_MARKER, RetryPolicy, Store, normalize_url
+from pipelines_lib.storage.retry import RetryPolicy
+from pipelines_lib.storage.store import TEMP_MARKER, Store, normalize_url
 
 
 def test_create_then_read_round_trips_bytes(store: Store) -> None:

@@ -23,8 +23,8 @@ Local reads open only regular files inside the campaign folder: a FIFO or device
 block the reader for good, and a symlink leading outside would let a campaign folder read anything on the
 machine. Both raise ``NotAnObjectError`` (checked on the resolved file before it is opened).
 
-Transient errors (HTTP 408/429/5xx, connection resets, timeouts) are retried with capped exponential backoff
-inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL. Every
+Transient errors (HTTP 408/429/5xx, connection resets, timeouts; ``storage.retry``) are retried with capped
+exponential backoff inside a deadline; anything else, or running out of retries, raises ``StorageError`` naming op and URL. Every
 request has a timeout (``RetryPolicy.request_timeout_s``, gcsfs's ``requests_timeout``), so an endpoint that
 accepts connections and never answers costs at most ``deadline_s`` plus one request timeout per operation; calls
 made by other clients (Orbax) are bounded by ``Store.external_deadline_s`` (``call_external``).
@@ -36,18 +36,17 @@ import functools
 import json
 import logging
 import os
-import random
 import re
 import stat
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError, StorageError
+from pipelines_lib.storage.retry import RetryPolicy, call_with_deadline, is_transient, jitter
 
 if TYPE_CHECKING:
     import fsspec
@@ -59,88 +58,11 @@ TEMP_MARKER = ".tmp-"
 
 _POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
 
-_TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
 
 SETTLED_S = 1.0
 """How long a local folder must have been unchanged before ``list_if_changed`` trusts its modification time."""
 
 _log = logging.getLogger(__name__)
-_jitter = random.Random()
-"""Retry jitter's own generator: a retry never moves the global ``random`` state that user code may have seeded."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
-    """Retries of transient storage errors: capped exponential backoff with full jitter, within a deadline."""
-
-    attempts: int = 6
-    """Tries in all, the first included."""
-    base_delay_s: float = 0.2
-    max_delay_s: float = 5.0
-    deadline_s: float = 60.0
-    """No new try starts after this many seconds since the first: an operation on unreachable storage fails
-    within ``deadline_s`` plus one ``request_timeout_s``."""
-    request_timeout_s: float = 30.0
-    """Longest one storage request may take (gcsfs ``requests_timeout``); a request past it is a transient
-    timeout, retried within the deadline. An explicit ``requests_timeout`` storage option wins."""
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
-        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
-            raise ValueError(
-                f"RetryPolicy delays must satisfy 0 <= base_delay_s <= max_delay_s, "
-                f"got {self.base_delay_s}, {self.max_delay_s}"
-            )
-        for name in ("deadline_s", "request_timeout_s"):
-            value = getattr(self, name)
-            if not 0 < value < float("inf"):  # also refuses nan
-                raise ValueError(f"RetryPolicy.{name} must be a finite number of seconds > 0, got {value}")
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether retrying the same request may succeed."""
-    if isinstance(exc, (FileExistsError, FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    code = getattr(exc, "code", None) or getattr(exc, "status", None)
-    if isinstance(code, int):
-        return code in _TRANSIENT_HTTP
-    if isinstance(exc, (ConnectionError, TimeoutError)):
-        return True
-    name = type(exc).__name__
-    return name in {"ClientError", "ClientOSError", "ServerDisconnectedError", "ClientPayloadError",
-                    "ClientConnectorError", "ClientResponseError", "TransferEncodingError",
-                    "ContentLengthError", "ServerTimeoutError"}
-
-
-def call_with_deadline(op: str, url: str, fn: Callable[[], T], timeout_s: float) -> T:
-    """``fn()``, or ``StorageError(op, url)`` once ``timeout_s`` passes without its result.
-
-    For storage calls made by other clients (Orbax through tensorstore and etils' gcsfs), which have no deadline
-    of their own: tensorstore retries a stalled GCS request up to 32 times with up to 32 s between tries. ``fn``
-    runs in a daemon thread that cannot be cancelled; after the error it is abandoned (the stage fails, and its
-    process exits). The error's cause is a ``TimeoutError``, so task-level retries treat it as transient.
-    """
-    if timeout_s <= 0:
-        raise ValueError(f"call_with_deadline: timeout_s must be > 0, got {timeout_s}")
-    done = threading.Event()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name=f"storage-{op}", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise StorageError(op, url, f"no result within {timeout_s:g}s (storage unreachable or stalled?)") from (
-            TimeoutError(f"{op} {url}"))
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def pointer_entry_problem(name: str, payload: Any, *, key: str = "version") -> str | None:
@@ -255,7 +177,7 @@ class Store:
                 # One line per retry: a storage fault the pipeline absorbed stays visible in the stage's log.
                 _log.warning("storage retry %s %s: %s: %s (try %d of %d)", op, self.uri(rel), type(e).__name__,
                              str(e)[:200], attempt, self.retry.attempts)
-                self._sleep(_jitter.uniform(0, min(delay, self.retry.max_delay_s)))
+                self._sleep(jitter(min(delay, self.retry.max_delay_s)))
                 delay *= 2
         raise AssertionError("unreachable")
 
