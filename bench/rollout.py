@@ -5,14 +5,14 @@ every arm, the same arithmetic tasks in the same order, the same per-sample samp
 per-sample tool delays (seeded by group and sample), so arms differ only in how episodes are scheduled:
 
 ```
-ceiling            async, max_concurrency 96, no tool latency    (ARCHITECTURE §7: every slot kept full)
+ceiling            async, max_concurrency 256, no tool latency   (ARCHITECTURE §7: every slot kept full)
 <profile>/sync     Orchestrator mode="sync", max_concurrency 16  (one batch fills all 16 engine slots;
                                                                   the next starts after its slowest episode)
-<profile>/async    Orchestrator mode="async", max_concurrency 96 (new groups start as groups finish)
+<profile>/async    Orchestrator mode="async", max_concurrency 256 (new groups start as groups finish)
                    for profile in none, light (U 10-50 ms), heavy (log-normal, median 200 ms, σ 1.5, cap 5 s)
                    on the arithmetic env's calculator, and code: the code env's sandboxed Python tool
                    (a fresh bubblewrap sandbox per call from a warm pool, no added delay)
-code-ceiling       async, max_concurrency 96, the code episodes with the tool answering at once
+code-ceiling       async, max_concurrency 256, the code episodes with the tool answering at once
 ```
 
 **Why every episode calls a tool.** Throughput, not quality, is measured, so the model is the tiny decoder
@@ -97,9 +97,11 @@ CODE = "code"
 """The arm on the code env's real sandboxed Python tool (no simulated latency), next to ``PROFILES``."""
 PROFILES_NONE = LatencyProfile.none()
 GROUP_SIZE = 4
-ASYNC_CONCURRENCY = 96
-"""6 × the engine's slots. Under the heavy profile 48 in flight left a third of the slots idle (episodes
-stuck in the log-normal tail hold their places in flight); 96 kept them full at no cost without latency."""
+ASYNC_CONCURRENCY = 256
+"""16 × the engine's slots, from Little's law: episodes in flight = throughput × time an episode spends in
+flight. At the engine's ~110 trajectories/s, the heavy profile's mean tool call (0.6 s, with a tail to 5 s)
+alone holds ~70 episodes, and episodes stuck in the tail keep their places: 96 in flight left 70 % of the
+slots idle, 192 a tenth, 256 none (measured). Without latency more in flight costs nothing."""
 NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt
@@ -107,7 +109,7 @@ varied like real turns, which also keeps episodes from moving through the engine
 CODE_NEW_TOKENS = (6, 16)
 """Tokens per turn in the code arms: the longest code prompt (145) + 2 × 16 + the tool result fit 192."""
 QUICK = {"repeats": 1, "skip": 16, "sync_batches": {"none": 2, "light": 2, "heavy": 2, CODE: 2}, "async_n": 64}
-FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6, CODE: 4}, "async_n": 384}
+FULL = {"repeats": 2, "skip": 96, "sync_batches": {"none": 4, "light": 4, "heavy": 6, CODE: 4}, "async_n": 1024}
 """Repetitions of all arms; trajectories skipped before every arm's window (K, a whole number of sync
 batches); sync batches (of ``num_slots`` trajectories) counted in a sync window; trajectories counted in an
 async window (the ceiling's too)."""

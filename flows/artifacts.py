@@ -28,6 +28,7 @@ HEADLINES: tuple[tuple[str, str, str], ...] = (
     ("trajectories/s (mean of intervals)", "gauge.rollout.trajectories_per_s", "mean"),
     ("engine busy fraction (mean)", "gauge.rollout.engine_busy_fraction", "mean"),
     ("engine active slots (mean)", "gauge.rollout.engine_active_slots", "mean"),
+    ("prompt tokens from the prefix cache (mean share)", "gauge.rollout.engine_prefix_reuse", "mean"),
     ("episodes in flight (max)", "gauge.rollout.episodes_in_flight", "max"),
     ("episode s (p95)", "span.rollout.episode", "p95_s"),
     ("tool call s (p95, calculator)", "span.rollout.tool_call.calculator", "p95_s"),

@@ -316,15 +316,19 @@ def test_resident_memory_is_sampled_while_recording_even_when_the_stage_blocks()
 
 def test_interval_gauges_are_the_changes_of_the_engine_counters_over_the_interval() -> None:
     before = {"trajectories": 10, "generated_tokens": 1000, "decode_steps": 100, "active_slot_steps": 800,
-              "busy_s": 4.0, "wall_s": 10.0}
+              "reused_prefix_tokens": 500, "prefill_tokens": 700, "busy_s": 4.0, "wall_s": 10.0}
     after = {"trajectories": 14, "generated_tokens": 1600, "decode_steps": 150, "active_slot_steps": 1400,
-             "busy_s": 5.5, "wall_s": 12.0}
+             "reused_prefix_tokens": 800, "prefill_tokens": 800, "busy_s": 5.5, "wall_s": 12.0}
     assert interval_gauges(before, after, 2.0) == {
         "trajectories_per_s": (14 - 10) / 2,            # 2.0
         "engine_tokens_per_s": (1600 - 1000) / 2,       # 300
         "engine_active_slots": (1400 - 800) / (150 - 100),  # 12 slots busy per decode step
+        "engine_prefix_reuse": 300 / (300 + 100),       # 0.75 of the admitted prompt tokens came from the cache
         "engine_busy_fraction": (5.5 - 4.0) / (12 - 10),    # 0.75
     }
+    # No prompt admitted in the interval: no reuse share to report.
+    assert "engine_prefix_reuse" not in interval_gauges(before, {**after, "reused_prefix_tokens": 500,
+                                                                 "prefill_tokens": 700}, 2.0)
     # A compute call credited when it returns (a 3 s compilation ending within this 2 s interval) caps at 1.
     assert interval_gauges(before, {**after, "busy_s": 7.0}, 2.0)["engine_busy_fraction"] == 1.0
     assert interval_gauges(after, {**before, "wall_s": 1.0}, 2.0) == {}  # reset_stats() in between

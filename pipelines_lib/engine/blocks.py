@@ -1,23 +1,48 @@
-"""Host-side bookkeeping of the engine's paged KV cache: which pool blocks each slot holds.
+"""Host-side bookkeeping of the engine's paged KV cache: which pool blocks each slot reads and writes, and
+which free blocks still hold keys/values a later prompt can reuse.
 
 The cache (``model.decoder``) is a pool of ``num_blocks`` blocks of ``block_size`` positions per layer.
 A slot's row of ``table`` lists its blocks in position order; unused entries hold ``num_blocks``, the
 "no block" id whose writes the model drops. The scheduler reserves, when it admits a request, every block
 the request can fill (its prompt plus ``max_new_tokens``, within the context), so a running request never
-waits for memory; it admits a request only when that many blocks are free, and returns them the moment
-the request finishes (or keeps them with the slot as a reusable prefix, ``EngineConfig.prefix_reuse``).
+waits for memory; it admits a request only when that many blocks are free, and returns them the moment the
+request finishes.
+
+**Prefix cache** (``EngineConfig.prefix_reuse``). A finished request's blocks return to the pool still
+holding its tokens' keys/values, indexed by content in a trie: a block's key is its parent block (the one
+before it in the sequence, or the root) and the tokens it holds, so a key names the whole prefix up to the
+block's end. Nothing ties a cached block to the slot that wrote it, so the next turn of a conversation finds
+its prefix wherever it is admitted, however many other requests came and went in between. A new prompt
+walks the trie block by block:
+
+* a **full** block whose tokens the prompt repeats is *shared*: any number of running requests read it
+  (reference counted), and none writes it, since each writes only past its reused prefix;
+* where the prompt stops matching whole blocks, the cached child block sharing the longest run of tokens
+  with the rest of the prompt (a partly filled last block, or a block the prompt diverges within) is
+  *adopted*: it leaves the cache and the request writes its own tokens into it from the divergence on.
+  Only a block no running request reads can be adopted.
+
+Free blocks are handed out uncached ones first, then cached ones least recently released first (a
+sequence's blocks are released tail first, so its head, shared by more prompts, stays longest). Evicting
+a block from the cache also evicts its descendants: their keys/values were computed over its contents.
 
 Reusing a block right after its request finished is safe although the device may still be running a
-step that writes into it (a token decoded past a stop id, pipelining): steps run in dispatch order, and
-the new owner's prefill is dispatched after that step.
+step that writes into it (a token decoded past a stop id, pipelining): steps run in dispatch order, that
+write lands past the retained tokens, and the new owner's prefill is dispatched after that step.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
+
 import numpy as np
 
+ROOT = -1
+"""Parent of a sequence's first block in the trie."""
 
-class BlockTable:
+
+class BlockPool:
     def __init__(self, *, num_blocks: int, block_size: int, num_slots: int, max_seq_len: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -25,80 +50,140 @@ class BlockTable:
         """Table entries per slot: blocks of a sequence at the context limit."""
         self.table = np.full((num_slots, self.width), num_blocks, np.int32)
         self._held: list[list[int]] = [[] for _ in range(num_slots)]
-        self._free = list(range(num_blocks - 1, -1, -1))  # popped from the end: lowest ids first
+        self._refs = [0] * num_blocks
+        self._uncached = list(range(num_blocks - 1, -1, -1))  # popped from the end: lowest ids first
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        """Cached blocks no running request reads, least recently released first."""
+        self._children: dict[int, dict[tuple[int, ...], int]] = {}
+        """Trie of cached blocks: parent block (or ``ROOT``) -> tokens held -> block."""
+        self._key: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Cached block -> (parent, tokens): its place in ``_children``."""
 
     def blocks_for(self, positions: int) -> int:
         return -(-positions // self.block_size)
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks no running request holds (cached ones included: they are evicted when needed)."""
+        return len(self._uncached) + len(self._lru)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._key)
 
     def held(self, slot: int) -> int:
         return len(self._held[slot])
 
-    def fits(self, slot: int, positions: int, *, keep: int = 0) -> bool:
-        """Whether ``assign(slot, positions, keep=keep)`` finds enough free blocks."""
-        kept = min(self.blocks_for(keep), self.held(slot))
-        return self.blocks_for(positions) - kept <= self.free_blocks + self.held(slot) - kept
+    def match(self, prompt: Sequence[int]) -> tuple[list[int], int | None, int]:
+        """(full blocks to share, block to adopt or None, leading prompt tokens their keys/values cover) for
+        ``prompt``; never covers the last prompt token, which the decode step feeds."""
+        limit, size = len(prompt) - 1, self.block_size
+        shared: list[int] = []
+        parent = ROOT
+        while True:
+            start = len(shared) * size
+            children = self._children.get(parent, {})
+            piece = tuple(prompt[start : start + size])
+            if start + size <= limit and piece in children:
+                parent = children[piece]
+                shared.append(parent)
+                continue
+            rest = prompt[start:limit]
+            best, covered = None, 0
+            for tokens, block in children.items():
+                if self._refs[block] == 0:
+                    n = _common(tokens, rest)
+                    if n > covered:
+                        best, covered = block, n
+            return shared, best, start + covered
 
-    def assign(self, slot: int, positions: int, *, keep: int = 0) -> None:
-        """Make ``slot`` hold blocks for positions ``[0, positions)``, keeping the blocks of its first ``keep``
-        positions (a reused prefix) and returning the rest of what it held."""
-        if not self.fits(slot, positions, keep=keep):
-            raise RuntimeError(f"slot {slot}: {positions} positions need more than the {self.free_blocks} free blocks")
-        held = self._held[slot]
-        kept = held[: self.blocks_for(keep)]
-        self._free += reversed(held[len(kept) :])
-        self._held[slot] = kept + [self._free.pop() for _ in range(self.blocks_for(positions) - len(kept))]
+    def admit(self, slot: int, prompt: Sequence[int], positions: int, *, min_reuse: int | None = 1) -> int | None:
+        """Give ``slot`` blocks for ``positions`` positions, starting with the cached blocks of the longest
+        prefix of ``prompt`` if they cover at least ``min_reuse`` of its tokens (None: never reuse); returns
+        how many prompt tokens they cover, or None (nothing changed) when the free blocks are short."""
+        if self._held[slot]:
+            raise RuntimeError(f"slot {slot} still holds {len(self._held[slot])} blocks")
+        shared, adopted, reused = self.match(prompt) if min_reuse is not None else ([], None, 0)
+        if min_reuse is not None and reused < min_reuse:
+            shared, adopted, reused = [], None, 0
+        kept = shared + ([adopted] if adopted is not None else [])
+        idle_kept = sum(1 for b in kept if self._refs[b] == 0)  # counted in free_blocks until taken
+        if self.blocks_for(positions) - len(kept) > self.free_blocks - idle_kept:
+            return None
+        for block in shared:
+            self._refs[block] += 1
+            self._lru.pop(block, None)
+        if adopted is not None:
+            self._lru.pop(adopted)
+            self._uncache(adopted)
+            self._refs[adopted] = 1
+        self._held[slot] = kept + [self._take() for _ in range(self.blocks_for(positions) - len(kept))]
         self.table[slot] = self.num_blocks
         self.table[slot, : len(self._held[slot])] = self._held[slot]
+        return reused
 
-    def release(self, slot: int) -> None:
-        self.assign(slot, 0)
+    def release(self, slot: int, retained: Sequence[int] = ()) -> None:
+        """The slot's request is done: cache the blocks holding the keys/values of ``retained`` (its leading
+        tokens) for later prompts, and return every block it held."""
+        held = self._held[slot]
+        parent = ROOT
+        for i in range(self.blocks_for(len(retained))):
+            tokens = tuple(retained[i * self.block_size : (i + 1) * self.block_size])
+            block = self._children.get(parent, {}).get(tokens)
+            if block is None and held[i] not in self._key:
+                block = held[i]
+                self._key[block] = (parent, tokens)
+                self._children.setdefault(parent, {})[tokens] = block
+            if block is None or len(tokens) < self.block_size:
+                break  # nothing extends a partly filled block, or a block cached under another prefix
+            parent = block
+        for block in reversed(held):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                if block in self._key:
+                    self._lru[block] = None
+                else:
+                    self._uncached.append(block)
+        self._held[slot] = []
+        self.table[slot] = self.num_blocks
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (new weights): blocks in use stay with their requests."""
+        self._uncached += reversed(self._lru)
+        self._lru.clear()
+        self._children.clear()
+        self._key.clear()
+
+    def _take(self) -> int:
+        if self._uncached:
+            block = self._uncached.pop()
+        else:
+            block, _ = self._lru.popitem(last=False)
+            self._uncache(block)
+        self._refs[block] = 1
+        return block
+
+    def _uncache(self, block: int) -> None:
+        """Drop ``block`` and its descendants from the cache; descendants no request reads become uncached."""
+        parent, tokens = self._key.pop(block)
+        siblings = self._children[parent]
+        del siblings[tokens]
+        if not siblings:
+            del self._children[parent]
+        stack = list(self._children.pop(block, {}).values())
+        while stack:
+            child = stack.pop()
+            del self._key[child]
+            stack += self._children.pop(child, {}).values()
+            if child in self._lru:
+                del self._lru[child]
+                self._uncached.append(child)
 
 
-class SlotMemory:
-    """What each slot's blocks hold: a running request's reservation, or, for a free slot with prefix reuse,
-    the tokens of its finished request (``retained``) that a later prompt extending them can skip."""
-
-    def __init__(self, blocks: BlockTable) -> None:
-        self.blocks = blocks
-        self.retained: list[list[int]] = [[] for _ in range(len(blocks.table))]
-
-    def reusable(self, slot: int, prompt: list[int]) -> int:
-        """Leading prompt tokens whose keys/values ``slot`` still holds (never the last prompt token,
-        which the decode step feeds)."""
-        retained = self.retained[slot]
-        limit = min(len(retained), len(prompt) - 1)
-        n = 0
-        while n < limit and retained[n] == prompt[n]:
-            n += 1
-        return n
-
-    def choose(self, free: list[int], prompt: list[int]) -> int:
-        """The free slot holding the longest prefix of ``prompt``, else one holding nothing (keeping other
-        retained prefixes), else the lowest-numbered."""
-        return max(free, key=lambda i: (self.reusable(i, prompt), not self.retained[i], -i))
-
-    def reserve(self, slot: int, positions: int, reused: int, idle: list[int]) -> bool:
-        """Give ``slot`` blocks for ``positions`` positions, keeping its ``reused`` prefix and evicting prefixes
-        retained by the ``idle`` slots while that is short; False if even evicting them all is."""
-        evictable = [i for i in idle if i != slot and self.blocks.held(i)]
-        while not self.blocks.fits(slot, positions, keep=reused) and evictable:
-            self.forget([evictable.pop()])
-        if not self.blocks.fits(slot, positions, keep=reused):
-            return False
-        self.blocks.assign(slot, positions, keep=reused)
-        self.retained[slot] = []
-        return True
-
-    def finish(self, slot: int, retained: list[int]) -> None:
-        """The slot's request finished: keep the blocks of ``retained`` (empty: return them all)."""
-        self.retained[slot] = retained
-        self.blocks.assign(slot, len(retained), keep=len(retained))
-
-    def forget(self, slots: list[int]) -> None:
-        for i in slots:
-            self.retained[i] = []
-            self.blocks.release(i)
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):  # stops at the shorter
+        if x != y:
+            break
+        n += 1
+    return n

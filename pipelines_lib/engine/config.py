@@ -86,25 +86,29 @@ class EngineConfig:
     num_blocks: int | None = None
     """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; fewer makes the cache
     follow the tokens actually held: a request is admitted when the blocks of its prompt and
-    ``max_new_tokens`` are free. At least one full-length sequence's worth."""
+    ``max_new_tokens`` are free. At least one full-length sequence's worth. Blocks no running request holds
+    keep finished requests' keys/values for reuse (``prefix_reuse``), so a larger pool keeps more
+    conversations' prefixes."""
     prefill_buckets: tuple[int, ...] = (16, 32, 64, 128, 256)
     """Sizes a prefill call pads its prompt chunk to (one compilation per bucket, made once). A prompt is
     prefilled in a sequence of bucket-sized chunks chosen for its length (``prefill_chunks``): a 288-token
     prompt runs as 256 + 32, not padded to 512."""
     prefill_call_cost: int = 32
     """What one more prefill call costs, in prompt tokens (the device's fixed cost per call, e.g. reading
-    the weights once): a prompt is split into one more chunk only when that saves more padding than this."""
+    the weights once): a prompt is split into one more chunk only when that saves more padding than this, and
+    a cached prefix (``prefix_reuse``) is reused only when it covers more prompt tokens than this."""
     mode: str = "continuous"
     """``continuous``: requests join free slots between decode steps and leave the moment they finish.
     ``static``: a batch is admitted only when every slot is free, decodes until its longest request
     finishes, and all its completions are returned together (the baseline to compare against)."""
     prefix_reuse: bool = True
-    """Keep a finished request's keys/values in its slot; a later prompt that extends them (the next
-    turn of a conversation) is admitted to that slot and prefills only the new tokens. Weight swaps
-    discard retained prefixes, and admission evicts them when it needs their blocks. The reused rows
-    were computed in other prefill chunks, so logits can differ from a fresh prefill by float rounding
-    (as they do between batch sizes): "the same seed gives the same tokens whatever ran before" holds
-    up to rounding. False prefills every prompt in full."""
+    """Keep a finished request's keys/values in the KV pool's free blocks, in a prefix cache keyed by token
+    content: a later prompt that extends them (the next turn of a conversation, in whatever slot it lands)
+    prefills only the new tokens, and prompts sharing whole blocks of a prefix read the same blocks. Cached
+    blocks are evicted, least recently used first, only when admission needs them; weight swaps clear the
+    cache. The reused rows were computed in other prefill chunks, so logits can differ from a fresh prefill
+    by float rounding (as they do between batch sizes): "the same seed gives the same tokens whatever ran
+    before" holds up to rounding. False prefills every prompt in full."""
     close_timeout_s: float = 60.0
     """How long ``close()`` waits for the compute step in flight before giving up."""
     kind: str = "jax"

@@ -47,11 +47,13 @@ How the pieces fit::
   In-flight requests continue with the new weights and every token is stamped with the version that
   produced it (``Completion.policy_versions``); note that the KV cache of their earlier tokens was
   computed by the older weights.
-* **Prefix reuse** (``EngineConfig.prefix_reuse``, on by default): a finished request leaves its
-  keys/values (its blocks) with its slot; a later prompt extending them (the next turn of the same
-  conversation) goes to that slot and prefills only what is new. Only keys/values computed wholly by the
-  installed weights are kept: swapped weights discard every retained prefix, a request in flight across
-  the swap leaves none, and admission discards prefixes when it needs their blocks.
+* **Prefix reuse** (``EngineConfig.prefix_reuse``, on by default): a finished request's blocks return to
+  the pool still holding its keys/values, in a prefix cache keyed by token content (``engine.blocks``), not
+  tied to any slot; a later prompt extending them (the next turn of the same conversation, however many
+  requests ran in between) shares or adopts them in whatever slot it gets and prefills only what is new.
+  Cached blocks are evicted, least recently used first, only when admission needs them. Only keys/values
+  computed wholly by the installed weights are cached: swapped weights clear the cache, and a request in
+  flight across the swap leaves nothing in it.
 * **Static mode** (``EngineConfig.mode = "static"``) uses the same machinery but admits a batch only
   when all slots are free and returns its completions together once the longest one finishes.
 * **Finish reasons**: ``stop`` (a stop id was emitted, and is included), ``length`` (max_new_tokens),
@@ -76,7 +78,7 @@ from flax import nnx, traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pipelines_lib.engine.api import Completion, SamplingParams
-from pipelines_lib.engine.blocks import BlockTable, SlotMemory
+from pipelines_lib.engine.blocks import BlockPool
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import (
     DecodeRows,
@@ -104,7 +106,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     reused: int = 0
-    """Leading prompt tokens whose keys/values were already in the slot (prefix reuse)."""
+    """Leading prompt tokens whose keys/values the prefix cache already held (prefix reuse)."""
     admitted_at: float = 0.0
     admitted_version: int = 0
     """Weights version installed when the request was admitted: the one its prompt was prefilled with."""
@@ -206,8 +208,8 @@ class JaxEngine:
             clock,
         )
         self._rows = DecodeRows(config.num_slots, config.max_seq_len)
-        self._memory = SlotMemory(BlockTable(num_blocks=config.pool_blocks, block_size=config.block_size,
-                                             num_slots=config.num_slots, max_seq_len=config.max_seq_len))
+        self._memory = BlockPool(num_blocks=config.pool_blocks, block_size=config.block_size,
+                                 num_slots=config.num_slots, max_seq_len=config.max_seq_len)
         self._slots: list[_Request | None] = [None] * config.num_slots
         self._queue: deque[_Request] = deque()
         self._detached: list[_Request] = []
@@ -419,8 +421,7 @@ class JaxEngine:
             if self._pending_swap is not None:
                 self._params, self._version = self._pending_swap
                 self._pending_swap = None
-                # Retained prefixes were computed by the old weights.
-                self._memory.forget([i for i, request in enumerate(self._slots) if request is None])
+                self._memory.clear_cache()  # cached prefixes were computed by the old weights
             return self._params, self._version
 
     def _drop_cancelled(self) -> None:
@@ -428,7 +429,7 @@ class JaxEngine:
             if request is not None and request.future.cancelled():
                 self._slots[i] = None
                 self._rows.stop(i)
-                self._memory.forget([i])
+                self._memory.release(i)
 
     def _admit(self) -> list[int]:
         if self.config.mode == "static":
@@ -436,10 +437,17 @@ class JaxEngine:
             if len(free) < self.config.num_slots:
                 return []
         else:
-            # A slot whose request has its last token in flight is free for the next step: the new
-            # request's prefill runs after that token's step, and the old request leaves its slot now.
+            # A slot whose request has its last token in flight is free for the next step: the request
+            # leaves it now (its blocks too: no later step reads them) and is resolved when that token arrives.
             draining = ~self._rows.active()
-            free = [i for i, r in enumerate(self._slots) if r is None or (draining[i] and not r.finish_reason)]
+            for i, request in enumerate(self._slots):
+                if request is not None and draining[i] and not request.finish_reason:
+                    self._detached.append(request)
+                    self._slots[i] = None
+                    self._rows.stop(i)
+                    # Every token known so far was fed by a dispatched step, so its keys/values are written.
+                    self._memory.release(i, self._retained(request, request.prompt + request.tokens))
+            free = [i for i, r in enumerate(self._slots) if r is None]
         admitted = []
         now = self._clock()
         while free and self._queue:
@@ -447,22 +455,31 @@ class JaxEngine:
             if request.future.cancelled():
                 self._queue.popleft()
                 continue
-            slot = self._memory.choose(free, request.prompt)
-            reused = self._memory.reusable(slot, request.prompt)
+            slot = free[0]
             positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
-            if not self._memory.reserve(slot, positions, reused, [i for i in free if self._slots[i] is None]):
+            # A reused prefix makes the rest of the prompt a prefill call of its own instead of joining the
+            # batched first chunks: worth it only when it saves more than a call costs.
+            min_reuse = self.config.prefill_call_cost + 1 if self.config.prefix_reuse else None
+            reused = self._memory.admit(slot, request.prompt, positions, min_reuse=min_reuse)
+            if reused is None:
                 break  # first come, first served: the head of the queue waits for blocks
             self._queue.popleft()
             free.remove(slot)
             request.reused = reused
             request.admitted_at = now
             request.admitted_version = self._version
-            if self._slots[slot] is not None:
-                self._detached.append(self._slots[slot])  # type: ignore[arg-type]
             self._slots[slot] = request
             self._rows.start(slot, request.prompt, 0, request.sampling)
             admitted.append(slot)
         return admitted
+
+    def _retained(self, request: _Request, tokens: list[int]) -> list[int]:
+        """``tokens`` (whose keys/values the request's blocks hold) if the prefix cache may keep them: only
+        keys/values the installed weights computed wholly. A request in flight across a swap (prefilled, or
+        partly decoded, by the old weights) finishes after the swap cleared the cache, and reusing its
+        keys/values would give the next turn logprobs no version's weights give."""
+        reusable = self.config.prefix_reuse and request.admitted_version == self._version
+        return tokens if reusable else []
 
     def _plan(self, admitted: list[int], params: dict[Any, Any], version: int) -> _Step | None:
         """The next dispatch, or None when no slot has tokens left to sample. Rows of requests in flight
@@ -485,7 +502,7 @@ class JaxEngine:
         slot_r = np.full(self.config.rows_for(len(slots)), self.config.num_slots, np.int32)
         slot_r[: len(slots)] = slots
         span = self.config.span_for(int(self._rows.position[active].max()) + 1)
-        table = self._memory.blocks.table
+        table = self._memory.table
         table_rn = table[np.minimum(slot_r, self.config.num_slots - 1), :span]
         requests = [self._slots[i] for i in slots]
         return _Step(params, version, prefill_calls(prefills, table, self.config), table_rn, self._rows.take(slot_r),
@@ -544,12 +561,8 @@ class JaxEngine:
             request = self._slots[i]
             assert request is not None
             self._slots[i] = None
-            # Every token but the newest has its keys/values in the slot's blocks. They are kept for a later
-            # prompt only if the weights installed now computed all of them: a request in flight across a swap
-            # (prefilled, or partly decoded, by the old weights) finishes after the swap dropped the free slots'
-            # prefixes, and reusing its keys/values would give the next turn logprobs no version's weights give.
-            reusable = self.config.prefix_reuse and request.admitted_version == self._version
-            self._memory.finish(i, (request.prompt + request.tokens)[:-1] if reusable else [])
+            # Every token but the newest has its keys/values in the slot's blocks.
+            self._memory.release(i, self._retained(request, (request.prompt + request.tokens)[:-1]))
             self._resolve(request, now)
 
     def _resolve(self, request: _Request, now: float) -> None:
@@ -576,7 +589,9 @@ class JaxEngine:
     def _fail_all(self, error: BaseException) -> None:
         requests = [r for r in self._slots if r is not None] + self._detached + list(self._queue)
         self._slots = [None] * self.config.num_slots
-        self._memory.forget(list(range(self.config.num_slots)))
+        for i in range(self.config.num_slots):
+            self._memory.release(i)
+        self._memory.clear_cache()
         self._detached = []
         self._queue.clear()
         for request in requests:

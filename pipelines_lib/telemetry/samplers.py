@@ -9,6 +9,9 @@ orchestrator's stop poller, about once a second) and records what changed since 
 - ``engine_busy_fraction`` = min(1, Δbusy_s / Δwall_s): share of the interval spent in compute calls. The
   engine credits a call's seconds when it returns, so an interval in which a long call (the first compilation)
   ends would read above 1; it is capped, and the intervals the call spanned read low;
+- ``engine_prefix_reuse`` = Δreused_prefix_tokens / (Δreused_prefix_tokens + Δprefill_tokens): the share of
+  the interval's admitted prompt tokens whose keys/values came from the prefix cache (absent when none were
+  admitted);
 - ``engine_tokens_per_s`` = Δgenerated_tokens / Δt and ``trajectories_per_s`` = Δtrajectories / Δt.
 
 An engine without ``stats()`` (the scripted one) gives only ``trajectories_per_s``; an interval in which the
@@ -36,6 +39,11 @@ def interval_gauges(before: dict[str, float], after: dict[str, float], dt_s: flo
     if "decode_steps" in after:
         steps = after["decode_steps"] - before["decode_steps"]
         out["engine_active_slots"] = (after["active_slot_steps"] - before["active_slot_steps"]) / steps if steps else 0.0
+    if "reused_prefix_tokens" in after:
+        reused = after["reused_prefix_tokens"] - before["reused_prefix_tokens"]
+        prompt = reused + after["prefill_tokens"] - before["prefill_tokens"]
+        if prompt > 0:
+            out["engine_prefix_reuse"] = reused / prompt
     if "busy_s" in after:
         wall = after["wall_s"] - before["wall_s"]
         if wall > 0:
