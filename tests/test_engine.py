@@ -609,6 +609,28 @@ def test_queued_request_takes_a_slot_while_its_last_token_is_in_flight(model: De
     assert stats["decode_steps"] == 12 and stats["slot_occupancy"] == 1.0 and stats["requests_finished"] == 2
 
 
+def test_a_request_leaving_its_slot_with_its_last_token_in_flight_leaves_its_prefix(model: Decoder) -> None:
+    """One slot: the queued request takes it while the first one's last token is in flight. The first
+    request's keys/values (prompt and every token but that last one) stay cached for its next turn."""
+    first_prompt = prompt(40)
+    requests = [(first_prompt, SamplingParams(temperature=0.0, max_new_tokens=5)),
+                (prompt(12, 1), SamplingParams(temperature=0.0, max_new_tokens=7))]
+
+    async def body(engine: JaxEngine) -> tuple[dict[str, float], list[int], Any, dict[str, float]]:
+        first, _ = (await all_at_once(requests)(engine))[0]
+        during = engine.stats()
+        engine.reset_stats()
+        turn2 = first_prompt + first.token_ids + prompt(9, 2)
+        return during, turn2, await engine.generate(turn2, GREEDY), engine.stats()
+
+    during, turn2, second, after = run(model, body, ONE_SLOT)
+    assert during["decode_steps"] == 12 and during["slot_occupancy"] == 1.0  # the hand-over cost no step
+    assert after["reused_prefix_tokens"] == 40 + 5 - 1
+    fresh = run(model, lambda e: e.generate(turn2, GREEDY), EngineConfig(**{**vars(ONE_SLOT), "prefix_reuse": False}))
+    assert second.token_ids == fresh.token_ids
+    np.testing.assert_allclose(second.logprobs, fresh.logprobs, rtol=0, atol=1e-4)
+
+
 class _Result:
     """A dispatched step's output that is (or is not yet) ready when the host asks."""
 

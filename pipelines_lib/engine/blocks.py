@@ -134,8 +134,8 @@ class BlockPool:
                 block = held[i]
                 self._key[block] = (parent, tokens)
                 self._children.setdefault(parent, {})[tokens] = block
-            if block is None or len(tokens) < self.block_size:
-                break  # nothing extends a partly filled block, or a block cached under another prefix
+            if block is None:
+                break  # held[i] is cached under another prefix: nothing below it can be keyed
             parent = block
         for block in reversed(held):
             self._refs[block] -= 1

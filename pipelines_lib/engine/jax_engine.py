@@ -197,9 +197,14 @@ class JaxEngine:
         self._swap_lock = threading.Lock()
         self._steps = steps_for(self._graphdef)
         cache = init_cache(model.cfg, config.pool_blocks, config.block_size)
-        # Keys and values split over kv heads, like the projections that write them.
-        cache_sharding = NamedSharding(mesh, logical_spec((None, None, "kv_heads", "head_dim"),
-                                                          cache[0].k_nskd.shape, mesh))
+        # Keys and values split over kv heads, like the projections that write them. The spec is written as the
+        # steps return it, trailing unsplit dimensions dropped (P(None, None, None, None) comes back as P()):
+        # jit keys its cache on the spec, so the cache placed any other way would compile the first warmed-up
+        # variant a second time on its first real call.
+        spec = logical_spec((None, None, "kv_heads", "head_dim"), cache[0].k_nskd.shape, mesh)
+        while spec and spec[-1] is None:
+            spec = PartitionSpec(*spec[:-1])
+        cache_sharding = NamedSharding(mesh, spec)
         self._runner = DeviceRunner(
             self._steps,
             jax.device_put(cache, cache_sharding),
