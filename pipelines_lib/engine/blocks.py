@@ -46,9 +46,8 @@ class BlockPool:
     def __init__(self, *, num_blocks: int, block_size: int, num_slots: int, max_seq_len: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.width = -(-max_seq_len // block_size)
-        """Table entries per slot: blocks of a sequence at the context limit."""
-        self.table = np.full((num_slots, self.width), num_blocks, np.int32)
+        # One table entry per block of a sequence at the context limit.
+        self.table = np.full((num_slots, -(-max_seq_len // block_size)), num_blocks, np.int32)
         self._held: list[list[int]] = [[] for _ in range(num_slots)]
         self._refs = [0] * num_blocks
         self._uncached = list(range(num_blocks - 1, -1, -1))  # popped from the end: lowest ids first
@@ -70,9 +69,6 @@ class BlockPool:
     @property
     def cached_blocks(self) -> int:
         return len(self._key)
-
-    def held(self, slot: int) -> int:
-        return len(self._held[slot])
 
     def match(self, prompt: Sequence[int]) -> tuple[list[int], int | None, int]:
         """(full blocks to share, block to adopt or None, leading prompt tokens their keys/values cover) for
