@@ -455,6 +455,10 @@ def test_a_conversation_finds_its_prefix_after_other_requests_used_its_slot(mode
 
     second, stats, turn2 = run(model, body, config)
     assert stats["reused_prefix_tokens"] == 40 + 12 - 1 and stats["prefill_tokens"] == len(turn2) - 51
+    # Afterwards all 24 blocks are free and the cache holds every request's tokens but its newest: the second
+    # turn read the first's 3 full blocks, adopted its partly filled fourth and cached 72 tokens (5 blocks);
+    # the two requests in between cached 41 tokens (3 blocks) each.
+    assert (stats["free_blocks"], stats["cached_blocks"]) == (24, 5 + 3 + 3)
     fresh = run(model, lambda e: e.generate(turn2, GREEDY), EngineConfig(**{**vars(config), "prefix_reuse": False}))
     assert second.token_ids == fresh.token_ids
     np.testing.assert_allclose(second.logprobs, fresh.logprobs, rtol=0, atol=1e-4)

@@ -334,7 +334,8 @@ class JaxEngine:
         (reused_prefix_tokens were not); slot_occupancy = active_slot_steps / (decode_steps * num_slots);
         tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
         structure's step functions (shared by engines over equal structures, never reset; constant
-        after ``warmup()``).
+        after ``warmup()``). Not counters but the KV pool now: free_blocks (no running request holds
+        them; cached ones included) and cached_blocks (holding a finished request's keys/values for reuse).
         """
         c = self._counters
         wall = self._clock() - self._window_start
@@ -355,6 +356,8 @@ class JaxEngine:
             "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
             "requests_finished": c.requests_finished,
             "compilations": self._steps.compilations(),
+            "free_blocks": self._memory.free_blocks,
+            "cached_blocks": self._memory.cached_blocks,
         }
 
     def reset_stats(self) -> None:
