@@ -55,8 +55,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import re
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -196,10 +198,21 @@ class ArmResult:
     slot_occupancy: float
     tool_calls_per_trajectory: float
     mean_tool_latency_s: float
+    process_cores: float
+    """CPU seconds of this process (event loop, XLA's threads) per second of the window."""
+    machine_cores: float
+    """CPU seconds of the whole machine (this process, the code arms' sandboxes, anything else) per second of it."""
 
     @property
     def traj_per_hour(self) -> float:
         return self.trajectories / self.window_s * 3600
+
+
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process) since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, tasks: list[Task], *, skip: int,
@@ -207,7 +220,8 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
                          clock: Callable[[], float] = time.perf_counter) -> tuple[list[Trajectory], dict, dict]:
     """Run an orchestrator over ``tasks`` until ``skip + n`` trajectories have finished, then stop it.
 
-    Returns the last ``n`` trajectories and the engine's stats (with ``at``, the clock) when the ``skip``-th and
+    Returns the last ``n`` trajectories and the engine's stats (with ``at``, the clock, and ``cpu_self_s`` /
+    ``cpu_machine_s``, CPU seconds so far of this process and of the whole machine) when the ``skip``-th and
     the ``(skip + n)``-th finished: the measurement window, after the warm-up. Shards go to a scratch in-memory
     folder, removed afterwards."""
     total = skip + n
@@ -215,11 +229,16 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
     reached = asyncio.Event()
     marks: list[dict[str, float]] = []
 
+    def mark() -> dict[str, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return {**engine.stats(), "at": clock(), "cpu_self_s": own.ru_utime + own.ru_stime,
+                "cpu_machine_s": machine_cpu_s()}
+
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
         trajectory = await episode_fn(task, group_id, sample_idx)
         finished.append(trajectory)
         if len(finished) in (skip, total):
-            marks.append({**engine.stats(), "at": clock()})
+            marks.append(mark())
         if len(finished) == total:
             reached.set()
         return trajectory
@@ -230,7 +249,7 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
                                 writer=ShardWriter(store, worker_id="bench", config=rc.writer))
     engine.reset_stats()
     if skip == 0:
-        marks.append({**engine.stats(), "at": clock()})
+        marks.append(mark())
     run = asyncio.create_task(orchestrator.run())
     waiter = asyncio.create_task(reached.wait())
     try:
@@ -267,13 +286,15 @@ async def run_arm(engine: JaxEngine, tokenizer: ChatTokenizer, tasks: list[Task]
     # Let the engine drop the cancelled requests before the next arm resets its counters.
     await asyncio.sleep(0.2)
     tool_turns = [t for tr in counted for t in tr.turns if t.role == "tool"]
-    steps = b["decode_steps"] - a["decode_steps"]
+    steps, window_s = b["decode_steps"] - a["decode_steps"], b["at"] - a["at"]
     return ArmResult(
-        name=name, trajectories=n_trajectories, window_s=b["at"] - a["at"],
+        name=name, trajectories=n_trajectories, window_s=window_s,
         busy_fraction=(b["busy_s"] - a["busy_s"]) / (b["wall_s"] - a["wall_s"]),
         slot_occupancy=(b["active_slot_steps"] - a["active_slot_steps"]) / (steps * engine.config.num_slots),
         tool_calls_per_trajectory=len(tool_turns) / len(counted),
-        mean_tool_latency_s=sum(t.latency_s or 0.0 for t in tool_turns) / max(1, len(tool_turns)))
+        mean_tool_latency_s=sum(t.latency_s or 0.0 for t in tool_turns) / max(1, len(tool_turns)),
+        process_cores=(b["cpu_self_s"] - a["cpu_self_s"]) / window_s,
+        machine_cores=(b["cpu_machine_s"] - a["cpu_machine_s"]) / window_s)
 
 
 async def _run_all(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict[str, ArmResult]], int]:
@@ -394,7 +415,11 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "with the tool answering at once. Per-call overhead (`rollout.code.call_ms_*`, median of "
            f"{CALL_OVERHEAD_N['full']} sequential calls of a trivial program, {CALL_OVERHEAD_N['quick']} in quick "
            "mode): from the warm pool (a worker ready), a cold bubblewrap sandbox per call, and the "
-           "unisolated child process with only the audit hook (the sandbox's earlier mechanism).",
+           "unisolated child process with only the audit hook (the sandbox's earlier mechanism). CPU cores "
+           "(table, and `rollout.code.*_cores`): CPU seconds per second of the window, of the benchmark's "
+           "process (`getrusage`: event loop and XLA's threads) and of the whole machine (`/proc/stat`: the "
+           "difference is the sandboxes, which run in PID namespaces whose CPU no parent's accounting sees, "
+           "plus anything else running).",
     goals=(Goal(key="rollout.heavy.async_over_sync", op=">=", value=3.0,
                 why="async rollout should hide slow tools"),
            Goal(key="rollout.heavy.async_busy_fraction", op=">=", value=0.9,
@@ -436,6 +461,11 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
             f"rollout.{p}.async_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-async"].traj_per_hour),
             f"rollout.{p}.sync_traj_per_hour": med(lambda rep, p=p: rep[f"{p}-sync"].traj_per_hour),
         }
+    # On a shared CPU the code arms' sandboxes compete with the engine: the cores used by this process (engine,
+    # episodes) and by the machine (the difference: the sandboxes, and anything else running).
+    for mode in ("sync", "async"):
+        figures[f"rollout.code.{mode}_process_cores"] = med(lambda rep, m=mode: rep[f"{CODE}-{m}"].process_cores)
+        figures[f"rollout.code.{mode}_machine_cores"] = med(lambda rep, m=mode: rep[f"{CODE}-{m}"].machine_cores)
     rows = [{
         "arm": name, "N": arm.trajectories, "window s": med(lambda rep, n=name: rep[n].window_s),
         "trajectories/h": med(lambda rep, n=name: rep[n].traj_per_hour),
@@ -443,6 +473,8 @@ def bench_rollout(ctx: BenchContext) -> BenchResult:
         "slot occupancy": med(lambda rep, n=name: rep[n].slot_occupancy),
         "of ceiling": med(ratio(name, ceiling_of(name))),
         "tool calls/traj": arm.tool_calls_per_trajectory, "tool s": arm.mean_tool_latency_s,
+        "CPU cores: process": med(lambda rep, n=name: rep[n].process_cores),
+        "CPU cores: machine": med(lambda rep, n=name: rep[n].machine_cores),
     } for name, arm in first.items()]
     plot = "rollout_throughput.png"
     _plot(ctx.plot_dir / plot, rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,11 @@ def test_rollout_bench_reports_async_over_sync_busy_and_ceiling_per_profile(monk
     assert by_arm["light-sync"]["tool s"] >= 0.010 and by_arm["light-async"]["tool s"] >= 0.010  # U(10, 50) ms
     # A sandboxed run goes through a fresh sandbox (warm or not); a bare calculator call is far cheaper.
     assert by_arm["code-sync"]["tool s"] > 3 * by_arm["none-sync"]["tool s"]
+    # The machine's CPU includes this process's (and, in the code arms, the sandboxes'); 2 cores at most here.
+    for arm in ("code-async", "code-sync", "ceiling"):
+        assert 0 < by_arm[arm]["CPU cores: process"] <= by_arm[arm]["CPU cores: machine"] * 1.05
+        assert by_arm[arm]["CPU cores: machine"] <= os.cpu_count() * 1.05
+    assert f["rollout.code.async_machine_cores"] == by_arm["code-async"]["CPU cores: machine"]
     assert len(result.rows) == 10 and (tmp_path / result.plots[0]).stat().st_size > 0
 
 
