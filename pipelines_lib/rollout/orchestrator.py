@@ -51,7 +51,11 @@ class RolloutConfig:
     group_size: int = 4
     """G: samples per prompt; their rewards are normalised together."""
     max_concurrency: int = 16
-    """Episodes in flight at once (a multiple of group_size). Enough of them hide tool latency."""
+    """Episodes in flight at once (a multiple of group_size). Enough of them hide tool latency: at least the
+    engine's throughput (trajectories/s) × the time an episode spends in flight (generation plus tool calls),
+    more for a long-tailed tool, whose slow calls keep their places. The telemetry gauge
+    ``engine_active_slots`` below the engine's slots means too few; ``engine_prefix_reuse`` falling as this
+    grows means the KV pool cannot keep every conversation's prefix (raise ``engine.num_blocks``)."""
     mode: Literal["async", "sync"] = "async"
     """``async``: groups start whenever episode slots free up; ``sync``: the baseline, a batch of max_concurrency/G groups at a time, the next only after the slowest trajectory."""
     eta: int = 1
