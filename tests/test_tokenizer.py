@@ -167,6 +167,25 @@ def test_incremental_rendering_handles_a_template_that_prefixes_every_conversati
     assert header_tok.decode(ids) == "<|im_start|>tool\n5<|im_end|><|im_start|>assistant\n"
 
 
+def test_a_repeated_rendering_comes_from_the_memo_and_matches_the_template(
+        tok: ChatTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sample of a group renders the same prompt: the template runs once for it. Callers own the lists they
+    get, and the key order of a tool schema (which the template writes as JSON) tells renderings apart."""
+    fresh = ChatTokenizer(tok.hf, tokenizer_hash=tok.tokenizer_hash)
+    first = fresh.render_prompt(CONVERSATION[:2], [TOOL])
+    assert fresh.decode(first) == tok.render_text(CONVERSATION[:2], tools=[TOOL], add_generation_prompt=True)
+    calls: list[int] = []
+    template = tok.hf.apply_chat_template
+    monkeypatch.setattr(tok.hf, "apply_chat_template", lambda *a, **k: calls.append(1) or template(*a, **k))
+    again = fresh.render_prompt(CONVERSATION[:2], [TOOL])
+    assert again == first and calls == []
+    again.append(0)
+    assert fresh.render_prompt(CONVERSATION[:2], [TOOL]) == first
+    function = TOOL["function"]
+    reordered = {"type": "function", "function": {k: function[k] for k in ("description", "name", "parameters")}}
+    assert fresh.render_prompt(CONVERSATION[:2], [reordered]) != first and calls == [1]
+
+
 def test_the_embedded_demo_episode_fits_the_tiny_campaign_with_room_to_spare(tok: ChatTokenizer) -> None:
     """A perfect arithmetic episode (tool call, result, answer) leaves at least 32 tokens of the tiny campaign's
     sequence budget for a policy that writes longer answers; template or env text growth shows up here."""

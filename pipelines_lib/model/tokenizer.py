@@ -30,6 +30,7 @@ text for the whole conversation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -98,6 +99,8 @@ CHAT_TEMPLATE = (
 Message = Mapping[str, Any]
 ToolSchema = Mapping[str, Any]
 
+RENDER_CACHE_SIZE = 4096
+"""Template renderings ``ChatTokenizer.render_ids`` keeps (least recently used dropped first)."""
 _DUMMY_EXCHANGE = ({"role": "user", "content": "?"}, {"role": "assistant", "content": "!"})
 
 
@@ -227,6 +230,7 @@ class ChatTokenizer:
     def __init__(self, hf: Any, *, tokenizer_hash: str) -> None:
         self.hf = hf
         self.tokenizer_hash = tokenizer_hash
+        self._render_cached = functools.lru_cache(maxsize=RENDER_CACHE_SIZE)(self._render)
         stops = [hf.convert_tokens_to_ids(t) for t in (IM_END, hf.eos_token) if t is not None]
         unk = hf.unk_token_id
         self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in stops if i is not None and i != unk))
@@ -241,6 +245,14 @@ class ChatTokenizer:
         if not closed:
             raise ValueError("chat template does not close an assistant turn with a stop id")
         self._exchange_closed = closed[-1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The memo of renderings is a cache bound to this object: a copy (pickled to another process) starts empty.
+        return {k: v for k, v in self.__dict__.items() if k != "_render_cached"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._render_cached = functools.lru_cache(maxsize=RENDER_CACHE_SIZE)(self._render)
 
     @property
     def vocab_size(self) -> int:
@@ -271,10 +283,20 @@ class ChatTokenizer:
 
         So a tool result (or any env text) that contains ``<|im_end|>`` or ``<tool_call>`` cannot forge a turn
         boundary or a tool call: only the template itself writes control tokens.
+
+        Renderings are memoised by content (``RENDER_CACHE_SIZE`` of them): every sample of a group starts from
+        the same prompt and every episode of an env from the same system turn, and a template rendering costs
+        about a millisecond and a half of host time, which rollout shares with the engine.
         """
-        return list(self.hf.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=[dict(t) for t in tools] if tools else None,
+        # Key order is kept: the template writes tool schemas as JSON in their own order.
+        key = json.dumps([[dict(m) for m in messages], [dict(t) for t in tools or ()], add_generation_prompt])
+        return list(self._render_cached(key))
+
+    def _render(self, key: str) -> tuple[int, ...]:
+        messages, tools, add_generation_prompt = json.loads(key)
+        return tuple(self.hf.apply_chat_template(
+            messages,
+            tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=False,
