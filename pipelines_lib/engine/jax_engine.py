@@ -458,6 +458,9 @@ class JaxEngine:
             free = [i for i, r in enumerate(self._slots) if r is None]
         admitted = []
         now = self._clock()
+        # A reused prefix makes the rest of the prompt a prefill call of its own instead of joining the batched
+        # first chunks: worth it only when it saves more than a call costs.
+        min_reuse = self.config.prefill_call_cost + 1 if self.config.prefix_reuse else None
         while free and self._queue:
             request = self._queue[0]
             if request.future.cancelled():
@@ -465,9 +468,6 @@ class JaxEngine:
                 continue
             slot = free[0]
             positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
-            # A reused prefix makes the rest of the prompt a prefill call of its own instead of joining the
-            # batched first chunks: worth it only when it saves more than a call costs.
-            min_reuse = self.config.prefill_call_cost + 1 if self.config.prefix_reuse else None
             reused = self._memory.admit(slot, request.prompt, positions, min_reuse=min_reuse)
             if reused is None:
                 break  # first come, first served: the head of the queue waits for blocks
