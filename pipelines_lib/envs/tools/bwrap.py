@@ -29,13 +29,11 @@ import contextlib
 import functools
 import json
 import os
-import platform
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import sysconfig
+from typing import Any
 
 from pipelines_lib.envs.tools.sandbox import (
     REAP_DEADLINE_S,
@@ -46,107 +44,97 @@ from pipelines_lib.envs.tools.sandbox import (
     register_isolation,
     wait_exit,
 )
+from pipelines_lib.envs.tools.seccomp import seccomp_filter
 
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The interpreter the sandbox falls back to when the sandbox's uid cannot read this process's (one under a root-only
+home folder, for instance)."""
 SANDBOX_UID = 65534
 """The unprivileged uid (and gid) programs run as inside the ``bwrap`` sandbox."""
 WORK_DIR = "/tmp"
 """The program's working directory inside the ``bwrap`` sandbox (a private tmpfs)."""
 
 
-# --- seccomp: no debugging of other processes, and (max_processes == 1) no new processes, whoever the parent is --
-# A classic BPF program over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]} (little endian).
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SYSCALLS = {
-    "x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248,
-               "request_key": 249, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
-    "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219, "add_key": 217,
-                "request_key": 218, "clone": 220, "clone3": 435},
-}
-_ALWAYS_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key", "request_key")
-_CLONE_THREAD = 0x00010000
-_RET_ALLOW, _RET_KILL = 0x7FFF0000, 0x80000000
-_RET_EPERM, _RET_EAGAIN, _RET_ENOSYS = 0x00050000 | 1, 0x00050000 | 11, 0x00050000 | 38
+_INTERPRETER_QUERY = """import json, os, site, sys, sysconfig
+libdir, soname = sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or ""
+print(json.dumps({"exe": os.path.realpath(sys.executable), "stdlib": sysconfig.get_path("stdlib"),
+                  "libpython": os.path.join(libdir, soname) if libdir and soname else "",
+                  "site": [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]}))
+"""
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin")
+_PROC_MASKS = ("/proc/sys", "/proc/irq", "/proc/bus", "/proc/sysrq-trigger", "/proc/1/mem", "/proc/1/task/1/mem")
+"""Host-global kernel settings and the memory of the sandbox's init: neither is the program's to write (an empty
+read-only folder, or /dev/null without device access, is laid over each)."""
 
 
-def seccomp_filter(*, allow_processes: bool, machine: str = platform.machine()) -> bytes | None:
-    """The seccomp program bwrap installs before the interpreter starts. Always: ``ptrace``,
-    ``process_vm_readv/writev`` (reading or steering the sandbox's init) and the kernel keyring calls fail with
-    EPERM; syscalls of another ABI (x32 included) kill the process. Unless ``allow_processes``: ``fork``/``vfork``
-    and ``clone`` without ``CLONE_THREAD`` fail with EAGAIN (threads still start), ``clone3`` with ENOSYS (libc
-    then falls back to ``clone``). None on an architecture not listed (bwrap then runs without a filter)."""
-    if machine not in _AUDIT_ARCH:
-        return None
-    nrs = _SYSCALLS[machine]
-    rules = [(nrs[n], "eperm") for n in _ALWAYS_DENIED]
-    if not allow_processes:
-        rules += [(nrs[n], "eagain") for n in ("fork", "vfork") if n in nrs] + [(nrs["clone3"], "enosys")]
-
-    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    clone_check = 0 if allow_processes else 3  # jeq clone, load flags, jset CLONE_THREAD
-    body = 4 + len(rules) + clone_check  # instructions before the return block
-    target = {"allow": body, "eperm": body + 1, "eagain": body + 2, "enosys": body + 3, "kill": body + 4}
-
-    def jump(pc: int, to: str) -> int:
-        return target[to] - pc - 1
-
-    prog = [op(ld, 4), op(jeq, _AUDIT_ARCH[machine], 0, jump(1, "kill")), op(ld, 0),
-            op(jge, 0x40000000, jump(3, "kill"), 0)]
-    for nr, outcome in rules:
-        prog.append(op(jeq, nr, jump(len(prog), outcome), 0))
-    if not allow_processes:
-        prog.append(op(jeq, nrs["clone"], 0, jump(len(prog), "allow")))
-        prog.append(op(ld, 16))  # args[0] (the flags), low 32 bits
-        prog.append(op(jset, _CLONE_THREAD, jump(len(prog), "allow"), jump(len(prog), "eagain")))
-    assert len(prog) == body
-    prog += [op(ret, r) for r in (_RET_ALLOW, _RET_EPERM, _RET_EAGAIN, _RET_ENOSYS, _RET_KILL)]
-    return b"".join(prog)
-
-
-def _interpreter_binds(python: str) -> list[str]:
-    """What the interpreter needs, read-only: its executable (symlinks resolved: a virtualenv's ``python`` points
-    at a base interpreter), its shared library and its standard library; site-packages hidden under an empty
-    tmpfs. ``/usr`` and ``/lib*`` (the C library) are bound separately."""
-    exe = os.path.realpath(python)
-    stdlib = sysconfig.get_path("stdlib")
-    binds = [exe]
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    ldlib = sysconfig.get_config_var("INSTSONAME") or ""
-    if libdir and ldlib and os.path.exists(os.path.join(libdir, ldlib)):
-        binds.append(os.path.join(libdir, ldlib))
-    binds.append(stdlib)
+@functools.cache
+def interpreter_binds(python: str) -> tuple[str, tuple[str, ...]]:
+    """The resolved executable of ``python`` and the bwrap arguments giving it what it needs, read-only: its executable (symlinks resolved: a
+    virtualenv's ``python`` points at a base interpreter), its shared library and its standard library, with its
+    site-packages hidden under empty read-only folders. ``/usr`` and ``/lib*`` (the C library) are bound
+    separately. The layout is asked of the interpreter itself (once), so any interpreter can serve."""
+    done = subprocess.run([python, "-I", "-S", "-c", _INTERPRETER_QUERY], capture_output=True, text=True,
+                          timeout=REAP_DEADLINE_S, env={}, check=True)
+    layout = json.loads(done.stdout)
+    stdlib = layout["stdlib"]
     args: list[str] = []
-    for path in binds:
-        args += ["--ro-bind", path, path]
-    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
-    for hidden in sorted({sysconfig.get_path("purelib", vars=base), sysconfig.get_path("platlib", vars=base)}):
-        if hidden.startswith(stdlib + os.sep) and os.path.isdir(hidden):
-            args += ["--tmpfs", hidden]
-    return args
+    for path in (layout["exe"], layout["libpython"], stdlib):
+        if path and os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    roots = (stdlib, *_SYSTEM_DIRS)
+    for hidden in sorted(set(layout["site"])):
+        if os.path.isdir(hidden) and any(hidden.startswith(r + os.sep) for r in roots):
+            args += ["--tmpfs", hidden, "--remount-ro", hidden]
+    return layout["exe"], tuple(args)
+
+
+def host_credentials(config: SandboxConfig) -> dict[str, Any]:
+    """``subprocess`` arguments that make a worker started by root run as ``config.host_uid``/``host_gid`` (no
+    supplementary groups) before bwrap starts, so that the sandbox's uid maps to an unprivileged host uid; a
+    parent that is not root already is one (empty)."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": config.host_uid, "group": config.host_gid, "extra_groups": ()}
 
 
 @register_isolation("bwrap")
 class BwrapBackend(LocalProcessBackend):
     """Each program in its own bubblewrap sandbox (see the module docstring)."""
 
+    has_init = True
+
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
         self._bwrap = shutil.which("bwrap")
-        self._seccomp = seccomp_filter(allow_processes=config.max_processes > 1)
+        self._seccomp = seccomp_filter()
+        self._why_not: str | None = None
+        if self._bwrap is None:
+            self._why_not = ("the code sandbox needs bubblewrap (`bwrap`): install the system package `bubblewrap` "
+                             "(Debian/Ubuntu: `apt-get install bubblewrap`; `make sysdeps` does it as root), or set "
+                             "sandbox.isolation: none to run model code without isolation (unsafe)")
+        else:
+            self._why_not = self._choose_interpreter()
+
+    def _choose_interpreter(self) -> str | None:
+        """Pick the interpreter the sandbox's uid can start (``config.interpreter``, else this process's, else the
+        system's ``python3``); the reason none can when none can."""
+        cfg = self.config
+        creds = host_credentials(cfg)
+        failures = []
+        for python in dict.fromkeys([cfg.interpreter] if cfg.interpreter else [sys.executable, SYSTEM_PYTHON]):
+            failure = _bwrap_failure(self, python)
+            if failure is None:
+                self.python = python
+                return None
+            failures.append(f"{python}: {failure}")
+        who = f"uid {creds['user']}/gid {creds['group']} (sandbox.host_uid/host_gid)" if creds else "this user"
+        return (f"bubblewrap cannot start a sandbox here as {who} ({'; '.join(failures)}): allow unprivileged "
+                "user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a "
+                "container, a seccomp/AppArmor profile permitting them), let that uid read an interpreter "
+                "(sandbox.interpreter), or set sandbox.isolation: none (unsafe)")
 
     def unavailable(self) -> str | None:
-        if self._bwrap is None:
-            return ("the code sandbox needs bubblewrap (`bwrap`): install the system package `bubblewrap` "
-                    "(Debian/Ubuntu: `apt-get install bubblewrap`; `make sysdeps` does it as root), or set "
-                    "sandbox.isolation: none to run model code without isolation (unsafe)")
-        failure = _bwrap_failure(self._bwrap)
-        if failure is not None:
-            return (f"bubblewrap cannot create namespaces here ({failure}): allow unprivileged user namespaces "
-                    "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; in a container, "
-                    "a seccomp/AppArmor profile permitting them), or set sandbox.isolation: none (unsafe)")
-        return None
+        return self._why_not
 
     def _exit_code(self, returncode: int | None) -> int | None:
         # bwrap exits with the program's status, or 128 + N when a signal N ended the program (statuses 129-192
@@ -155,25 +143,36 @@ class BwrapBackend(LocalProcessBackend):
             return -(returncode - 128)
         return returncode
 
-    def argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
+    def argv(self, info_fd: int | None, seccomp_fd: int | None) -> list[str]:
         """The full command line of one worker."""
+        exe, binds = interpreter_binds(self.python)
+        return self.bwrap_args(binds, info_fd, seccomp_fd) + self._python_argv(exe)
+
+    def bwrap_args(self, binds: tuple[str, ...], info_fd: int | None, seccomp_fd: int | None) -> list[str]:
+        """bwrap and its options, up to the command it starts."""
         args = [self._bwrap or "bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--clearenv",
                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK_DIR, "--setenv", "TMPDIR", WORK_DIR,
                 "--setenv", "LANG", "C.UTF-8", "--hostname", "sandbox"]
-        for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin"):
+        for path in _SYSTEM_DIRS:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
-        args += _interpreter_binds(sys.executable)
-        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(self.config.work_dir_mb * 2**20), "--tmpfs", WORK_DIR,
+        args += [*binds, "--proc", "/proc"]
+        for path in _PROC_MASKS:
+            if os.path.isdir(path):
+                args += ["--tmpfs", path, "--remount-ro", path]
+            elif os.path.exists(path):
+                args += ["--ro-bind", os.devnull, path]
+        args += ["--dev", "/dev", "--size", str(self.config.work_dir_mb * 2**20), "--tmpfs", WORK_DIR,
                  "--chdir", WORK_DIR, "--disable-userns",
                  # bwrap's root and /dev are tmpfs too: read-only, so the work dir is the only writable memory.
-                 "--remount-ro", "/dev", "--remount-ro", "/",
-                 "--info-fd", str(info_fd)]
+                 "--remount-ro", "/dev", "--remount-ro", "/"]
+        if info_fd is not None:
+            args += ["--info-fd", str(info_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
-        return args + self._python_argv()
+        return args
 
     async def _spawn(self) -> Worker:
         info_r, info_w = os.pipe()
@@ -187,7 +186,8 @@ class BwrapBackend(LocalProcessBackend):
                 fds.append(seccomp_fd)
             proc = await asyncio.create_subprocess_exec(
                 *self.argv(info_w, seccomp_fd), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=fds, env={}, start_new_session=True)
+                stderr=asyncio.subprocess.PIPE, pass_fds=fds, env={}, start_new_session=True,
+                **host_credentials(self.config))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -213,14 +213,22 @@ class BwrapBackend(LocalProcessBackend):
         return Worker(proc=proc, reap=reap)
 
 
-@functools.cache
-def _bwrap_failure(bwrap: str) -> str | None:
-    """Whether bubblewrap can create the namespaces on this machine (a fact about the machine, probed once)."""
-    probe = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-             "--ro-bind", "/", "/", "--proc", "/proc", "--uid", str(SANDBOX_UID), "--cap-drop", "ALL", "true"]
+def _bwrap_failure(backend: BwrapBackend, python: str) -> str | None:
+    """Why ``backend`` cannot start ``python`` on this machine, or None when it can (probed once per machine)."""
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=REAP_DEADLINE_S, env={})
-    except (OSError, subprocess.TimeoutExpired) as e:
+        exe, binds = interpreter_binds(python)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return f"not a working interpreter ({type(e).__name__}: {e})"
+    return _probe(tuple(backend.bwrap_args(binds, None, None)), exe,
+                  tuple(sorted(host_credentials(backend.config).items())))
+
+
+@functools.cache
+def _probe(sandbox: tuple[str, ...], exe: str, credentials: tuple[tuple[str, Any], ...]) -> str | None:
+    try:
+        done = subprocess.run([*sandbox, exe, "-I", "-S", "-c", ""], capture_output=True, text=True,
+                              timeout=REAP_DEADLINE_S, env={}, **dict(credentials))
+    except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit status {done.returncode}")
 

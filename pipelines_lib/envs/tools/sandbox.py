@@ -49,6 +49,7 @@ from typing import Any, ClassVar, Protocol
 
 from pipelines_lib.envs.base import InfraError, Tool, require_str_arg
 from pipelines_lib.envs.registry import register_tool
+from pipelines_lib.envs.tools.bootstrap import BOOTSTRAP
 from pipelines_lib.registry import registering
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,9 @@ class SandboxConfig:
     """RLIMIT_FSIZE: largest file the code may write, in MiB (past it the write fails with EFBIG: Python ignores
     SIGXFSZ)."""
     max_processes: int = 1
-    """RLIMIT_NPROC; 1 also installs a seccomp filter refusing new processes (``bwrap``), since Linux does not
-    enforce RLIMIT_NPROC for root."""
+    """Tasks the program may run at once, itself and its threads included (RLIMIT_NPROC, which Linux counts per
+    uid of the sandbox's user namespace under ``bwrap``: each sandbox has its own count); 1: no threads, no
+    processes. It binds because the sandbox never runs as host root (``host_uid``)."""
     max_open_files: int = 64
     """RLIMIT_NOFILE."""
     max_output_bytes: int = 16_384
@@ -111,6 +113,15 @@ class SandboxConfig:
     """Isolation backend (a key of ``ISOLATION_BACKENDS``): ``bwrap`` runs each program in fresh namespaces
     (needs the ``bubblewrap`` system package); ``none`` runs a plain child process with only the rlimits and
     the audit hook: UNSAFE against hostile code, logs a warning on every start."""
+    host_uid: int = 65534
+    """Host uid (``bwrap``) workers run as when the rollout runs as root: set before bubblewrap starts, so the
+    sandbox's user maps to this unprivileged uid (not to root, who owns ``/proc/sys`` and is exempt from
+    RLIMIT_NPROC). 65534 is ``nobody``; a parent that is not root runs workers as itself."""
+    host_gid: int = 65534
+    """Host gid of the workers when the rollout runs as root (no supplementary groups)."""
+    interpreter: str = ""
+    """Python the sandbox runs (``bwrap``); empty: this process's interpreter when ``host_uid`` can read it, else
+    the system's ``/usr/bin/python3`` (only its standard library is visible either way)."""
     warm_pool: int = 8
     """Started workers kept waiting inside ``async with sandbox:`` (0: start each worker on demand). Each runs
     one program only."""
@@ -121,9 +132,10 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             raise ValueError(f"timeout_s must be finite and > 0, got {self.timeout_s}")
-        for f in ("cpu_s", "memory_mb", "file_size_mb", "max_processes", "max_open_files", "work_dir_mb"):
+        for f in ("cpu_s", "memory_mb", "file_size_mb", "max_processes", "max_open_files", "work_dir_mb", "host_uid",
+                  "host_gid"):
             if getattr(self, f) < 1:
-                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")
+                raise ValueError(f"{f} must be >= 1, got {getattr(self, f)}")  # host uid/gid 0 would be root
         if self.max_output_bytes < 1:
             raise ValueError(f"max_output_bytes must be >= 1, got {self.max_output_bytes}")
         if self.max_code_chars < 1:
@@ -169,88 +181,6 @@ class SandboxResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-# Runs in the worker as `python -I -S -B -c _BOOTSTRAP RLIMIT_X=n ...` from inside the working directory (it
-# imports nothing beyond what the interpreter already loaded: json or traceback would double its start-up CPU):
-# limits first, then it waits for the program on stdin (a warm worker waits here), writes it to main.py
-# (for tracebacks), installs the audit hook (an extra layer with clear messages, not the boundary) and runs
-# the program in a fresh namespace with the bootstrap's own traceback frame hidden.
-_BOOTSTRAP = r"""
-import os, resource, sys
-for limit in sys.argv[1:]:
-    name, value = limit.split("=")
-    value = int(value)
-    hard = value + 1 if name == "RLIMIT_CPU" else value
-    resource.setrlimit(getattr(resource, name), (value, hard))
-SOURCE = sys.stdin.buffer.read().decode("utf-8")
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-WORK = os.path.realpath(os.getcwd())
-STDLIB = os.path.realpath(os.path.dirname(os.__file__))
-with open("main.py", "w", encoding="utf-8") as f:
-    f.write(SOURCE)
-import _posixsubprocess
-def _no_fork_exec(*args, **kwargs):
-    raise PermissionError("sandbox: new processes are not allowed")
-_posixsubprocess.fork_exec = _no_fork_exec
-sys.stdout.reconfigure(line_buffering=True)
-sys.stderr.reconfigure(line_buffering=True)
-
-def _install(work, read_roots, write_roots, blocked_events, blocked_modules, path_events, open_write_flags):
-    def inside(path, roots):
-        if isinstance(path, int):
-            return True
-        if path is None:
-            path = "."
-        p = os.path.realpath(os.path.join(work, os.fsdecode(path)))
-        return any(p == r or p.startswith(r + os.sep) for r in roots)
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & open_write_flags)
-            if not inside(path, write_roots if writing else read_roots):
-                raise PermissionError(f"sandbox: access to {path!r} is not allowed (only the working directory)")
-        elif event in path_events:
-            n_paths, writing = path_events[event]
-            for path in args[:n_paths]:
-                if not inside(path, write_roots if writing else read_roots):
-                    raise PermissionError(f"sandbox: {event} on {path!r} is not allowed (only the working directory)")
-        elif event == "import":
-            if args[0].split(".")[0] in blocked_modules:
-                raise PermissionError(f"sandbox: module {args[0]!r} is not available")
-        elif event in blocked_events or event.startswith(("socket.", "ctypes.")):
-            raise PermissionError(f"sandbox: {event} is not allowed (no network, no new processes)")
-
-    sys.addaudithook(hook)
-
-_install(
-    WORK,
-    (WORK, STDLIB, "/dev/null", "/dev/urandom"),
-    (WORK, "/dev/null"),
-    frozenset({"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-               "subprocess.Popen", "os.kill", "os.killpg", "os.symlink", "os.link", "os.chown",
-               "os.setxattr", "os.removexattr", "pty.spawn", "sys.addaudithook"}),
-    frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),
-    {"os.listdir": (1, False), "os.scandir": (1, False), "os.chdir": (1, False),
-     "os.remove": (1, True), "os.rmdir": (1, True), "os.mkdir": (1, True), "os.chmod": (1, True),
-     "os.truncate": (1, True), "os.utime": (1, True), "os.rename": (2, True),
-     "shutil.rmtree": (1, True), "shutil.copyfile": (2, True), "shutil.move": (2, True)},
-    os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-)
-del _install
-sys.argv = ["main.py"]
-try:
-    exec(compile(SOURCE, "main.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as e:
-    import traceback
-    traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-    sys.exit(1)
-"""
-
-
 # --- local workers ---------------------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class Worker:
@@ -266,9 +196,13 @@ class LocalProcessBackend:
     output caps, the wall clock, and the warm pool. Subclasses say how the child is started (:meth:`_spawn`)."""
 
     name: ClassVar[str]
+    has_init: ClassVar[bool] = False
+    """Whether the program's pid 1 is the sandbox's own init, which the bootstrap gives the program's limits."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
+        self.python = os.path.realpath(sys.executable)
+        """The interpreter workers run (a backend may pick another the sandbox can reach)."""
         self._ready: collections.deque[Worker] = collections.deque()
         self._starting: set[asyncio.Task[None]] = set()
         self._pooled = False
@@ -277,13 +211,21 @@ class LocalProcessBackend:
     def unavailable(self) -> str | None:
         return None
 
-    def _python_argv(self) -> list[str]:
+    def limits(self) -> dict[str, tuple[int, int]]:
+        """The kernel limits of a worker (``resource`` names: soft, hard), as the bootstrap sets them."""
         cfg = self.config
-        limits = {"RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
-                  "RLIMIT_NPROC": cfg.max_processes, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}
-        # This process's interpreter (its standard library is what the sandbox binds), by its resolved path:
-        # inside a sandbox a virtualenv's `python` symlink would point nowhere.
-        return [os.path.realpath(sys.executable), "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, *(f"{k}={v}" for k, v in limits.items())]
+        # RLIMIT_NPROC counts the tasks of the uid in the sandbox's user namespace, threads included: with bwrap
+        # that is its init and the program, so the program may have max_processes tasks itself included.
+        # The CPU limit's hard value a second later kills a program that ignores the soft limit's SIGXCPU.
+        soft = {"RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
+                "RLIMIT_NPROC": cfg.max_processes + 1, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}
+        return {name: (value, value + 1 if name == "RLIMIT_CPU" else value) for name, value in soft.items()}
+
+    def _python_argv(self, exe: str) -> list[str]:
+        """The interpreter ``exe`` (by its resolved path: inside a sandbox a virtualenv's ``python`` symlink would
+        point nowhere) running the bootstrap."""
+        return [exe, "-I", "-S", "-B", "-X", "utf8", "-c", BOOTSTRAP, "pid1" if self.has_init else "self",
+                *(f"{k}={soft}:{hard}" for k, (soft, hard) in self.limits().items())]
 
     async def _spawn(self) -> Worker:
         raise NotImplementedError
@@ -397,7 +339,7 @@ class UnisolatedBackend(LocalProcessBackend):
     async def _spawn(self) -> Worker:
         workdir = tempfile.mkdtemp(prefix="rollstream-sandbox-")
         proc = await asyncio.create_subprocess_exec(
-            *self._python_argv(), cwd=workdir, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            *self._python_argv(self.python), cwd=workdir, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
             env={"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir})
 

@@ -1,0 +1,76 @@
+"""The seccomp filter the ``bwrap`` backend installs before the interpreter starts: kernel interfaces a Python tool
+program never needs fail with EPERM, whoever runs the sandbox.
+
+The namespaces, the dropped capabilities and the unprivileged uid already refuse most of these; the filter takes
+the kernel's attack surface away as well (io_uring, userfaultfd and BPF have each been the way out of a container),
+and closes what those leave open: reading or steering the sandbox's init (``ptrace``, ``process_vm_*``,
+``pidfd_getfd``, ``kcmp``), SysV and POSIX IPC objects and ``memfd_create`` (memory held by the kernel outside
+the program's ``RLIMIT_AS``), and execution domains (``personality``).
+
+It is a hand-written classic BPF program (a handful of instructions) rather than libseccomp's Python bindings:
+those are not on PyPI (only the Debian package ``python3-seccomp``, built for the system interpreter, not this
+one), and a deny list over a two-architecture syscall table needs no compiler.
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+"""The ``AUDIT_ARCH_*`` value of each supported machine; syscalls of any other ABI (x32 included) kill."""
+
+DENIED_SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_open": 434,
+        "pidfd_getfd": 438, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "personality": 135, "bpf": 321,
+        "perf_event_open": 298, "fanotify_init": 300, "mount": 165, "umount2": 166, "pivot_root": 155,
+        "chroot": 161, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+        "fspick": 433, "mount_setattr": 442, "unshare": 272, "setns": 308, "kexec_load": 246,
+        "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176, "swapon": 167,
+        "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179, "syslog": 103, "name_to_handle_at": 303,
+        "open_by_handle_at": 304, "iopl": 172, "ioperm": 173, "shmget": 29, "shmat": 30, "shmctl": 31,
+        "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65,
+        "semtimedop": 220, "semctl": 66, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
+        "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "memfd_create": 319,
+    },
+    "aarch64": {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_open": 434,
+        "pidfd_getfd": 438, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "personality": 92, "bpf": 280,
+        "perf_event_open": 241, "fanotify_init": 262, "mount": 40, "umount2": 39, "pivot_root": 41,
+        "chroot": 51, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+        "fspick": 433, "mount_setattr": 442, "unshare": 97, "setns": 268, "kexec_load": 104,
+        "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106, "swapon": 224,
+        "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60, "syslog": 116, "name_to_handle_at": 264,
+        "open_by_handle_at": 265, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "msgget": 186,
+        "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semtimedop": 192,
+        "semctl": 191, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+        "mq_notify": 184, "mq_getsetattr": 185, "memfd_create": 279,
+    },
+}
+"""Syscalls that fail with EPERM inside the sandbox, by machine (numbers from the kernel's ``unistd`` headers)."""
+
+_RET_ALLOW, _RET_EPERM, _RET_KILL = 0x7FFF0000, 0x00050000 | 1, 0x80000000
+_LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+_X32_SYSCALL_BIT = 0x40000000
+
+
+def seccomp_filter(machine: str = platform.machine()) -> bytes | None:
+    """The filter as bwrap's ``--seccomp`` reads it (classic BPF over ``struct seccomp_data {int nr; u32 arch;
+    u64 ip; u64 args[6]}``, little endian): another ABI kills, a denied syscall returns EPERM, anything else is
+    allowed. None on a machine not listed (bwrap then runs without a filter)."""
+    if machine not in AUDIT_ARCH:
+        return None
+    nrs = sorted(DENIED_SYSCALLS[machine].values())
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    eperm, kill = 5 + len(nrs), 6 + len(nrs)  # the return block (allow, eperm, kill) follows the checks
+    prog = [op(_LD, 4), op(_JEQ, AUDIT_ARCH[machine], 0, kill - 2), op(_LD, 0), op(_JGE, _X32_SYSCALL_BIT, kill - 4, 0)]
+    prog += [op(_JEQ, nr, eperm - (4 + i) - 1, 0) for i, nr in enumerate(nrs)]
+    prog += [op(_RET, r) for r in (_RET_ALLOW, _RET_EPERM, _RET_KILL)]
+    assert len(prog) == kill + 1
+    return b"".join(prog)
