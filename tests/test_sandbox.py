@@ -21,7 +21,7 @@ import pytest
 
 from drills.sandbox_escapes import DISABLE_AUDIT_HOOK, MARKER, loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
-from pipelines_lib.envs.tools.bwrap import SANDBOX_UID, seccomp_filter
+from pipelines_lib.envs.tools.bwrap import SANDBOX_UID
 from pipelines_lib.envs.tools.sandbox import (
     ISOLATION_BACKENDS,
     PythonSandbox,
@@ -29,6 +29,7 @@ from pipelines_lib.envs.tools.sandbox import (
     SandboxResult,
     SandboxUnavailable,
 )
+from pipelines_lib.envs.tools.seccomp import DENIED_SYSCALLS, seccomp_filter
 
 FAST = SandboxConfig(timeout_s=3.0, cpu_s=3, memory_mb=256, max_output_bytes=4096)
 UNSAFE = dataclasses.replace(FAST, isolation="none")
@@ -134,11 +135,13 @@ def test_program_runs_unprivileged_in_its_own_namespaces_even_with_the_audit_hoo
 
 def test_only_the_standard_library_of_the_interpreter_is_visible() -> None:
     code = HOOK_OFF + (
-        "import os, sys, sysconfig\n"
-        "print(os.listdir(sysconfig.get_path('purelib')))\n"
-        f"print(os.path.exists({os.getcwd()!r}), os.path.exists({os.path.dirname(os.__file__)!r}))\n"
+        "import os, site, sys, sysconfig\n"
+        "print([os.listdir(p) for p in {*site.getsitepackages(), sysconfig.get_path('purelib')} if os.path.isdir(p)])\n"
+        f"print(os.path.exists({os.getcwd()!r}), os.path.isdir(os.path.dirname(os.__file__)))\n"
     )
-    assert run(code).stdout.splitlines()[1:] == ["[]", "False True"]
+    lines = run(code).stdout.splitlines()[1:]
+    assert lines[1] == "False True"
+    assert set(lines[0]) <= set("[], ")  # every site-packages folder there is empty
 
 
 def test_parent_environment_is_invisible_even_through_proc(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,7 +228,7 @@ def test_no_new_processes(code: str) -> None:
     ids=["os_fork", "libc_fork", "posix_spawn"],
 )
 def test_no_new_processes_with_the_audit_hook_off_either(code: str) -> None:
-    # The seccomp filter refuses fork/clone of a process (RLIMIT_NPROC is not enforced for root).
+    # RLIMIT_NPROC binds: the sandbox never runs as host root, who is exempt from it.
     result = run(HOOK_OFF + code)
     assert "uid=" not in result.stdout
     if "ctypes" in code:
@@ -234,18 +237,59 @@ def test_no_new_processes_with_the_audit_hook_off_either(code: str) -> None:
         assert "\nBlockingIOError: [Errno 11] Resource temporarily unavailable" in result.stderr
 
 
-def test_threads_still_start_under_the_seccomp_filter() -> None:
-    code = "import threading\nt = threading.Thread(target=print, args=('from a thread',))\nt.start()\nt.join()"
-    assert run(code).stdout == "from a thread\n"
+def test_threads_count_against_max_processes() -> None:
+    code = HOOK_OFF + ("import threading, time\nn = 0\ntry:\n    while n < 50:\n"
+                       "        threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n        n += 1\n"
+                       "except RuntimeError as e:\n    print(n, e)\n")
+    assert run(code, dataclasses.replace(FAST, max_processes=3)).stdout == "HOOK-DISABLED\n2 can't start new thread\n"
+    assert "0 can't start new thread" in run(code).stdout  # max_processes 1: the program alone
+
+
+def test_fork_bomb_stops_at_max_processes() -> None:
+    code = HOOK_OFF + ("import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n"
+                       "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
+                       "    print(n, e.strerror)\n")
+    result = run(code, dataclasses.replace(FAST, max_processes=4))
+    assert result.stdout == "HOOK-DISABLED\n3 Resource temporarily unavailable\n"  # the program and 3 children
+
+
+def test_concurrent_sandboxes_each_have_their_own_process_budget() -> None:
+    # RLIMIT_NPROC counts per user namespace: a sandbox's budget is not shared with the others on the same uid.
+    code = HOOK_OFF + ("import os, time\nfor _ in range(2):\n    if os.fork() == 0:\n        time.sleep(1)\n"
+                       "        os._exit(0)\nprint('forked 2')\n")
+
+    async def main() -> list[SandboxResult]:
+        sandbox = PythonSandbox(dataclasses.replace(FAST, max_processes=3))
+        return await asyncio.gather(*(sandbox.run(code) for _ in range(4)))
+
+    assert [r.stdout for r in asyncio.run(main())] == ["HOOK-DISABLED\nforked 2\n"] * 4
 
 
 def test_seccomp_filter_is_whole_instructions_ending_in_returns() -> None:
-    prog = seccomp_filter(allow_processes=False, machine="x86_64")
+    prog = seccomp_filter(machine="x86_64")
     assert prog is not None and len(prog) % 8 == 0
-    # 4 header + 6 always-denied + fork, vfork, clone3 + 3 for clone + 5 returns
-    assert len(prog) // 8 == 4 + 6 + 3 + 3 + 5
-    assert len(seccomp_filter(allow_processes=True, machine="x86_64") or b"") // 8 == 4 + 6 + 5
-    assert seccomp_filter(allow_processes=False, machine="riscv64") is None
+    # 4 header (arch, x32) + one check per denied syscall + 3 returns (allow, EPERM, kill)
+    assert len(prog) // 8 == 4 + len(DENIED_SYSCALLS["x86_64"]) + 3
+    assert seccomp_filter(machine="riscv64") is None
+
+
+_TRY_SYSCALLS = (
+    "import ctypes, os, platform, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "for name, nr in {denied}[platform.machine()].items():\n"
+    "    ctypes.set_errno(0)\n    r = libc.syscall(nr, 0, 0, 0, 0, 0, 0)\n"
+    "    print(name, r, os.strerror(ctypes.get_errno()))\n"
+    "t = threading.Thread(target=print, args=('thread ok',))\nt.start()\nt.join()\n"
+    "open('f', 'w').write('file ok')\nprint(open('f').read())\n"
+)
+
+
+def test_every_denied_syscall_fails_with_eperm_and_ordinary_python_still_works() -> None:
+    result = run(HOOK_OFF + _TRY_SYSCALLS.format(denied=DENIED_SYSCALLS), dataclasses.replace(FAST, max_processes=2))
+    lines = result.stdout.splitlines()[1:]
+    denied = DENIED_SYSCALLS[os.uname().machine]
+    assert lines[:len(denied)] == [f"{name} -1 Operation not permitted" for name in denied]
+    assert lines[len(denied):] == ["thread ok", "file ok"]
 
 
 def test_memory_bomb_fails_with_memory_error() -> None:
@@ -305,6 +349,72 @@ def test_file_size_limit_refuses_the_write_with_efbig() -> None:
     assert result.exit_code == 1
     assert result.stderr.rstrip().endswith(f"OSError: [Errno {errno.EFBIG}] File too large")
     assert run(code, dataclasses.replace(FAST, file_size_mb=3)).stdout == "written\n"  # the control
+
+
+def test_the_program_never_runs_as_host_root_and_host_kernel_settings_do_not_open_for_writing() -> None:
+    # Opened, never written: the test must not change a host setting even if the sandbox failed.
+    code = HOOK_OFF + (
+        "import os\n"
+        "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/sys/kernel/hostname',\n"
+        "          '/proc/sys/fs/file-max', '/proc/sysrq-trigger', '/proc/1/mem', '/proc/1/task/1/mem'):\n"
+        "    try:\n        os.close(os.open(p, os.O_WRONLY))\n        print(p, 'WRITABLE')\n"
+        "    except OSError as e:\n        print(p, e.strerror)\n"
+    )
+    lines = run(code).stdout.splitlines()[1:]
+    assert len(lines) == 7 and not [line for line in lines if "WRITABLE" in line]
+
+    async def host_uids() -> set[int]:
+        """The host uids of a started worker: bwrap, the sandbox's init and the interpreter."""
+        async with PythonSandbox(dataclasses.replace(FAST, warm_pool=1)) as sandbox:
+            backend = sandbox.backend
+            while not backend._ready:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.01)
+            worker = psutil.Process(backend._ready[0].proc.pid)  # type: ignore[attr-defined]
+            processes = [worker, *worker.children(recursive=True)]
+            assert len(processes) == 3
+            return {uid for p in processes for uid in p.uids()}
+
+    assert asyncio.run(host_uids()) == {FAST.host_uid if os.geteuid() == 0 else os.geteuid()} != {0}
+
+
+def test_a_root_parent_refuses_host_uid_zero() -> None:
+    with pytest.raises(ValueError, match="host_uid must be >= 1, got 0"):
+        SandboxConfig(host_uid=0)
+
+
+def test_the_sandbox_init_carries_the_program_limits() -> None:
+    code = HOOK_OFF + "print(open('/proc/1/limits').read() == open('/proc/self/limits').read())\n"
+    assert run(code).stdout == "HOOK-DISABLED\nTrue\n"
+    limits = run(HOOK_OFF + "print(open('/proc/1/limits').read())").stdout
+    assert "Max processes             2                    2" in limits
+    assert f"Max address space         {FAST.memory_mb * 2**20}" in limits
+
+
+def test_sysv_shared_memory_and_memfd_are_refused() -> None:
+    code = HOOK_OFF + (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('shmget', libc.shmget(0, 1 << 30, 0o1600), os.strerror(ctypes.get_errno()))\n"
+        "try:\n    os.memfd_create('x')\nexcept OSError as e:\n    print('memfd', e.strerror)\n"
+    )
+    assert run(code).stdout.splitlines()[1:] == ["shmget -1 Operation not permitted", "memfd Operation not permitted"]
+
+
+def test_the_masks_over_hidden_folders_take_no_writes() -> None:
+    code = HOOK_OFF + (
+        "import os, site\nfor p in site.getsitepackages():\n    if os.path.isdir(p):\n        try:\n"
+        "            open(p + '/fill', 'wb').write(b'x' * 2**20)\n            print(p, 'WRITTEN')\n"
+        "        except OSError as e:\n            print(p, e.strerror)\n"
+    )
+    lines = run(code).stdout.splitlines()[1:]
+    assert lines and all(line.endswith("Read-only file system") for line in lines)
+
+
+def test_a_lone_surrogate_is_the_programs_error() -> None:
+    tool = make_tool("python", config=FAST)
+    text, kind, _ = asyncio.run(run_tool(tool, {"code": "print('\ud800')"}, timeout_s=5.0))
+    assert kind is None
+    assert text == ("[stderr]\nSyntaxError: (unicode error) 'utf-8' codec can't encode character '\\ud800' in "
+                    "position 7: surrogates not allowed\n[exit code 1]")
 
 
 def test_the_work_dir_is_the_only_writable_place_and_it_is_bounded() -> None:

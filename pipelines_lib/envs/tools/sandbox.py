@@ -386,6 +386,12 @@ class PythonSandbox:
         """Run ``code`` as a program; never raises for anything the program does."""
         if len(code) > self.config.max_code_chars:
             raise ValueError(f"program too long ({len(code)} > {self.config.max_code_chars} characters)")
+        try:
+            code.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (a JSON "\ud800" escape) is no source text: the program's
+            # error, reported as Python reports an undecodable source file.
+            return SandboxResult(stdout="", stderr=f"SyntaxError: (unicode error) {e}\n", exit_code=1,
+                                 timed_out=False, truncated=False, wall_s=0.0)
         return await self.backend.run(code)
 
 
