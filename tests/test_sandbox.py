@@ -13,15 +13,17 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 from drills.sandbox_escapes import DISABLE_AUDIT_HOOK, MARKER, loopback_listener
 from pipelines_lib.envs import ToolError, make_tool, run_tool
-from pipelines_lib.envs.tools.bwrap import SANDBOX_UID
+from pipelines_lib.envs.tools.bwrap import SANDBOX_UID, SYSTEM_PYTHON
 from pipelines_lib.envs.tools.sandbox import (
     ISOLATION_BACKENDS,
     PythonSandbox,
@@ -375,6 +377,32 @@ def test_the_program_never_runs_as_host_root_and_host_kernel_settings_do_not_ope
             return {uid for p in processes for uid in p.uids()}
 
     assert asyncio.run(host_uids()) == {FAST.host_uid if os.geteuid() == 0 else os.geteuid()} != {0}
+
+
+_AS_ANOTHER_USER = """
+import asyncio, os, sys
+from pipelines_lib.envs.tools import PythonSandbox, SandboxConfig
+print(os.getuid(), asyncio.run(PythonSandbox(SandboxConfig(max_processes=4)).run(sys.stdin.read())).stdout)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root to become another user")
+def test_a_parent_that_is_not_root_gets_the_same_guarantees() -> None:
+    # The rollout as an ordinary user (uid 4242, no groups), with the system's interpreter: this one's may not be
+    # readable by that uid. The fork bomb stops at max_processes, and no host setting opens for writing.
+    code = HOOK_OFF + (
+        "import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n"
+        "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, e.strerror)\n"
+        "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/1/mem'):\n"
+        "    try:\n        os.close(os.open(p, os.O_WRONLY))\n        print(p, 'WRITABLE')\n"
+        "    except OSError as e:\n        print(e.strerror)\n"
+    )
+    done = subprocess.run([SYSTEM_PYTHON, "-c", _AS_ANOTHER_USER], input=code, capture_output=True, text=True,
+                          timeout=60, user=4242, group=4242, extra_groups=[], env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                          check=True)
+    assert done.stdout.splitlines() == ["4242 HOOK-DISABLED", "3 Resource temporarily unavailable",
+                                        "No such file or directory", "No such file or directory", "Permission denied",
+                                        ""]
 
 
 def test_a_root_parent_refuses_host_uid_zero() -> None:
