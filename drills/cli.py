@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     for key, value in sorted(figures.items()):
         print(f"{key} = {value:.4g}")
     bad = [k for k in ("reliability.fuzz_crashes", "reliability.sandbox_escapes", "reliability.secret_leaks",
+                       "reliability.sandbox_caps_exceeded",
                        "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible",
                        "reliability.hangs", "reliability.cli_tracebacks", "reliability.bounds_failed",
                        "reliability.trainer_poison_crashes", "reliability.pointer_regressions",

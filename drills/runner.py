@@ -2,7 +2,8 @@
 
 ```
 fuzz            drills/fuzz.py             hostile inputs × 5 entry points      fuzz_cases, fuzz_crashes
-sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes
+sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes,
+                                           (isolation and resource caps)        sandbox_caps_exceeded
 secrets         drills/secrets.py          planted credentials, tiny campaign   secret_leaks
 storage faults  drills/storage_faults.py   FaultProxy before a GCS emulator     fault_rate, fault_campaign_ok
 bounds          drills/bounds.py           black-hole endpoint, parser floods,  hangs, cli_tracebacks
@@ -94,7 +95,8 @@ def _sandbox(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) 
     from drills.sandbox_escapes import isolation_in_use, run_escapes
 
     outcomes = run_escapes(scratch / "sandbox")
-    return ({"reliability.sandbox_escapes": float(sum(not o.contained for o in outcomes)),
+    return ({"reliability.sandbox_escapes": float(sum(not o.contained and not o.cap for o in outcomes)),
+             "reliability.sandbox_caps_exceeded": float(sum(not o.contained and o.cap for o in outcomes)),
              "reliability.sandbox_attempts": float(len(outcomes))},
             {"isolation": isolation_in_use(), "attempts": _plain(outcomes)})
 
@@ -299,6 +301,10 @@ MEASURED = {
                                    "a file outside was read/changed/created, the parent's credential appeared, the "
                                    "attempt's own success signal appeared, or processes (any carrying the drill's "
                                    "marker, wherever reparented) / folders were left behind.",
+    "reliability.sandbox_caps_exceeded": "Catalogue attempts on a resource cap that got past it: a write into a "
+                                         "hidden folder's mask or past the work dir's size, SysV IPC or memfd "
+                                         "memory granted, processes or threads past max_processes, a sandbox init "
+                                         "without the program's limits.",
     "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
                                     "isolation backend; about half attack the containment mechanism itself.",
     "reliability.infra_errors_in_gradient": "Trained groups (consumption logs) holding a trajectory whose sandbox "

@@ -18,7 +18,12 @@ probes outside, device nodes and FIFOs, inherited descriptors, memory-filling fi
 Under ``isolation="none"`` they do escape (tests/test_sandbox_escapes.py checks that control); under ``bwrap`` the
 namespaces, seccomp filter and rlimits hold by themselves.
 
-``run_escapes`` returns one ``EscapeOutcome`` per attempt; the escaped count is ``reliability.sandbox_escapes``.
+The last part of the catalogue goes for the host's kernel settings (``/proc/sys``), the memory and limits of the
+sandbox's init, each syscall the seccomp filter denies, and the resource caps (``cap`` attempts: the hidden
+folders' masks and the work dir's size, SysV IPC and memfd memory, processes and threads past ``max_processes``).
+
+``run_escapes`` returns one ``EscapeOutcome`` per attempt; the count not contained is
+``reliability.sandbox_escapes`` (attempts to get out) and ``reliability.sandbox_caps_exceeded`` (caps).
 ``tests/test_sandbox_escapes.py`` runs the same catalogue one attempt per test.
 """
 
@@ -28,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import platform
 import socket
 import subprocess
 import tempfile
@@ -42,6 +48,7 @@ import psutil
 from pipelines_lib.envs.tools.bwrap import SANDBOX_UID
 from pipelines_lib.envs.tools.runner import run_tool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox, PythonTool, SandboxConfig
+from pipelines_lib.envs.tools.seccomp import DENIED_SYSCALLS
 
 DRILL_SANDBOX = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096)
 PLANTED_ENV = "ROLLSTREAM_DRILL_API_TOKEN"
@@ -99,6 +106,8 @@ class Escape:
     """Extra condition on the tool result text."""
     max_processes: int = 1
     """The sandbox's ``max_processes`` for this attempt (> 1 lets it fork, to try leaving survivors)."""
+    cap: bool = False
+    """An attempt to pass a resource cap (``reliability.sandbox_caps_exceeded``) rather than to get out."""
 
 
 def _refused(text: str) -> bool:
@@ -244,12 +253,53 @@ ESCAPES: tuple[Escape, ...] = (
            "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
            "        os.execv('/usr/bin/sleep', ['{marker}', '300'])\n    os._exit(0)\nprint('PARENT-DONE')"),
            expect=lambda t: "PARENT-DONE" in t),
+    # Host kernel settings, the sandbox's init, and the caps: every one must hold whoever runs the rollout.
+    Escape(name="hook_off_sysctl_open_for_writing", code=_hook_off(
+           "import os\nfor p in ('kernel/core_pattern', 'vm/drop_caches', 'kernel/hostname', 'fs/file-max', "
+           "'net/ipv4/ip_forward'):\n    try:\n        os.close(os.open('/proc/sys/' + p, os.O_WRONLY))\n"
+           "        print('SYSCTL-WRITABLE', p)\n    except OSError as e:\n        print(p, e)"),
+           expect=_disabled_and("SYSCTL-WRITABLE")),
+    Escape(name="hook_off_init_memory", code=_hook_off(
+           "for p in ('/proc/1/mem', '/proc/1/task/1/mem'):\n    try:\n        open(p, 'r+b').close()\n"
+           "        print('INIT-MEMORY-OPEN', p)\n    except OSError as e:\n        print(p, e)"),
+           expect=_disabled_and("INIT-MEMORY-OPEN")),
+    Escape(name="hook_off_init_without_limits", cap=True, code=_hook_off(
+           "if open('/proc/1/limits').read() != open('/proc/self/limits').read():\n    print('INIT-UNLIMITED')"),
+           expect=_disabled_and("INIT-UNLIMITED")),
+    Escape(name="hook_off_fill_the_hidden_folders", cap=True, code=_hook_off(
+           "import os, site, sysconfig\nfor p in {{*site.getsitepackages(), sysconfig.get_path('purelib')}}:\n"
+           "    try:\n        open(p + '/fill', 'wb').write(b'x' * 2**20)\n        print('MASK-WRITABLE', p)\n"
+           "    except OSError as e:\n        print(p, e)\nn = 0\ntry:\n    while n < 64:\n"
+           "        open(f'/tmp/fill{{n}}', 'wb').write(b'x' * 2**22)\n        n += 1\nexcept OSError as e:\n"
+           "    print('work dir full at', 4 * n, 'MiB')\nif 4 * n > " + str(DRILL_SANDBOX.work_dir_mb) + ":\n"
+           "    print('WORK-DIR-OVER')"),
+           expect=lambda t: "HOOK-DISABLED" in t and "MASK-WRITABLE" not in t and "WORK-DIR-OVER" not in t),
+    Escape(name="hook_off_sysv_shm_and_memfd", cap=True, code=_hook_off(
+           "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nif libc.shmget(0, 1 << 30, 0o1600) >= 0:\n"
+           "    print('SHM-GRANTED')\nif libc.msgget(0, 0o1600) >= 0:\n    print('MSGQ-GRANTED')\ntry:\n"
+           "    os.memfd_create('x')\n    print('MEMFD-GRANTED')\nexcept OSError as e:\n    print('memfd', e)"),
+           expect=lambda t: "HOOK-DISABLED" in t and "-GRANTED" not in t),
+    Escape(name="hook_off_fork_past_max_processes", cap=True, max_processes=4, code=_hook_off(
+           "import os, time\nn = 0\ntry:\n    while n < 100:\n        if os.fork() == 0:\n            time.sleep(1)\n"
+           "            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print(n, 'forks', e)\nif n > 3:\n"
+           "    print('NPROC-OVER')"), expect=lambda t: "HOOK-DISABLED" in t and "NPROC-OVER" not in t),
+    Escape(name="hook_off_threads_past_max_processes", cap=True, code=_hook_off(
+           "import threading, time\nn = 0\ntry:\n    while n < 100:\n        threading.Thread(target=time.sleep, "
+           "args=(1,), daemon=True).start()\n        n += 1\nexcept RuntimeError as e:\n    print(n, 'threads', e)\n"
+           "if n > 0:\n    print('NPROC-OVER')"), expect=lambda t: "HOOK-DISABLED" in t and "NPROC-OVER" not in t),
+    *(Escape(name=f"hook_off_syscall_{name}", code=_hook_off(
+           "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+           f"r = libc.syscall({nr}, 0, 0, 0, 0, 0, 0)\nif r != -1 or ctypes.get_errno() != 1:\n"
+           f"    print('SYSCALL-ALLOWED {name}', r, os.strerror(ctypes.get_errno()))"),
+           expect=_disabled_and("SYSCALL-ALLOWED")) for name, nr in DENIED_SYSCALLS.get(platform.machine(), {}).items()),
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class EscapeOutcome:
     name: str
+    cap: bool
+    """The attempt was on a resource cap (see ``Escape.cap``)."""
     contained: bool
     problems: tuple[str, ...]
     """Why it is not contained (empty when it is)."""
@@ -361,7 +411,7 @@ def attempt(escape: Escape, host: Host, config: SandboxConfig = DRILL_SANDBOX) -
     sandbox_dirs = os.listdir(tempfile.gettempdir())
     if sandbox_dirs:
         problems.append(f"sandbox folders left behind: {sandbox_dirs}")
-    return EscapeOutcome(name=escape.name, contained=not problems, problems=tuple(problems), result=text[:500],
+    return EscapeOutcome(name=escape.name, cap=escape.cap, contained=not problems, problems=tuple(problems), result=text[:500],
                          seconds=round(seconds, 3))
 
 
@@ -371,7 +421,9 @@ def isolation_in_use(config: SandboxConfig = DRILL_SANDBOX) -> str:
     if name != "bwrap":
         return f"`{name}`"
     version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-    return f"`bwrap` ({version}: user, pid, mount, ipc, uts, net namespaces; seccomp; uid {SANDBOX_UID})"
+    host = f"host uid {config.host_uid}" if os.geteuid() == 0 else f"host uid {os.geteuid()}"
+    return (f"`bwrap` ({version}: user, pid, mount, ipc, uts, net namespaces; seccomp; uid {SANDBOX_UID}, "
+            f"{host})")
 
 
 def run_escapes(root: Path, escapes: tuple[Escape, ...] = ESCAPES) -> list[EscapeOutcome]:
