@@ -1,20 +1,27 @@
-"""The ``bwrap`` isolation backend (bubblewrap) and the seccomp filter it installs: every program in fresh
-namespaces::
+"""The ``bwrap`` isolation backend (bubblewrap): every program in fresh namespaces, never as host root::
 
-    parent (rollout worker)            sandbox (new user, pid, mount, ipc, uts, net (+cgroup) namespaces)
-      PythonSandbox.run(code) ──stdin──►  pid 1: bwrap init (dies with the parent; killed at the deadline)
+    parent (rollout worker; root drops  sandbox (new user, pid, mount, ipc, uts, net (+cgroup) namespaces)
+    to host_uid/host_gid before bwrap)
+      PythonSandbox.run(code) ──stdin──►  pid 1: bwrap init (dies with the parent; killed at the deadline;
+                                                 the program's rlimits, its memory masked)
         wall clock, output caps ◄─pipes──   pid 2: python -I -S -B  (uid 65534, no capabilities,
-                                                    rlimits, seccomp filter, audit hook)
+                                                    rlimits, seccomp filter (.seccomp), audit hook)
                                             /      read-only: /usr, /lib*, the interpreter and its stdlib
                                             /tmp   private tmpfs of work_dir_mb, the working directory
-                                            /proc  its own (only the sandbox's processes), /dev minimal
+                                            /proc  its own (only the sandbox's processes); /proc/sys, irq,
+                                                   bus, sysrq-trigger masked; /dev minimal
 
 Nothing of the project, the virtualenv's site-packages or the parent's environment is visible; the
 network namespace has only its own loopback; ``--new-session`` detaches the terminal. At the deadline
 (or when output passes its cap) the parent kills the namespace's init, which takes every process in
 the namespace with it, and waits until it is gone: no grandchild, ``setsid`` or double fork survives.
-Because ``RLIMIT_NPROC`` is not enforced when the parent runs as root, ``max_processes == 1`` is also
-enforced by the seccomp filter refusing ``fork``/``vfork``/``clone`` of processes (threads stay allowed).
+
+The sandbox's user maps to an unprivileged host uid: a root parent starts bwrap as ``host_uid``/``host_gid``
+(:func:`host_credentials`). Host root would own ``/proc/sys`` and be exempt from ``RLIMIT_NPROC``; that uid owns
+nothing and is counted, per sandbox (the kernel counts per user namespace), so ``max_processes`` binds. bwrap
+resolves its bind sources as that uid, so the interpreter must be readable by it: this process's, else the
+system's (:data:`SYSTEM_PYTHON`), probed once with a real sandbox. The init's limits are set by the bootstrap
+(the same uid may; a root parent without ``CAP_SYS_RESOURCE`` may not).
 
 The bootstrap, limits, output caps, wall clock and warm pool are :class:`.sandbox.LocalProcessBackend`'s; this
 module says only how a worker starts and is reaped. It registers itself as ``bwrap`` in
