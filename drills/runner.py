@@ -306,7 +306,7 @@ MEASURED = {
                                          "memory granted, processes or threads past max_processes, a sandbox init "
                                          "without the program's limits.",
     "reliability.sandbox_attempts": "Attempts in the escape catalogue, through the python tool with the default "
-                                    "isolation backend; about half attack the containment mechanism itself.",
+                                    "isolation backend; most (hook_off_*) attack the containment mechanism itself.",
     "reliability.infra_errors_in_gradient": "Trained groups (consumption logs) holding a trajectory whose sandbox "
                                             "or dependency failed past its retry budget: sandbox start failures and "
                                             "dependency timeouts injected into real arithmetic episodes (real "
