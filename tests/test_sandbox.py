@@ -104,6 +104,11 @@ def test_the_default_isolation_is_bubblewrap_and_a_missing_one_refuses_to_start(
         make_tool("python", config=FAST)
 
 
+def test_an_interpreter_the_sandbox_cannot_start_refuses_to_start_naming_it() -> None:
+    with pytest.raises(SandboxUnavailable, match="/nonexistent/python3: not a working interpreter.*sandbox.interpreter"):
+        PythonSandbox(dataclasses.replace(FAST, interpreter="/nonexistent/python3"))
+
+
 def test_isolation_none_runs_but_warns_on_every_start(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="pipelines_lib.envs.tools.sandbox"):
         assert run("print(1)", UNSAFE).stdout == "1\n"

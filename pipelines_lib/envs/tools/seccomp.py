@@ -7,9 +7,10 @@ and closes what those leave open: reading or steering the sandbox's init (``ptra
 ``pidfd_getfd``, ``kcmp``), SysV and POSIX IPC objects and ``memfd_create`` (memory held by the kernel outside
 the program's ``RLIMIT_AS``), and execution domains (``personality``).
 
-It is a hand-written classic BPF program (a handful of instructions) rather than libseccomp's Python bindings:
-those are not on PyPI (only the Debian package ``python3-seccomp``, built for the system interpreter, not this
-one), and a deny list over a two-architecture syscall table needs no compiler.
+It is a hand-written classic BPF program (one comparison per denied syscall) rather than libseccomp's Python
+bindings: libseccomp publishes those only with its C sources (Debian's ``python3-seccomp`` is built for the
+system interpreter, not this one; on PyPI there are third-party repackagings only, the ctypes one last released
+in 2021), and a deny list over a two-architecture syscall table needs no compiler.
 """
 
 from __future__ import annotations
