@@ -280,6 +280,18 @@ def test_seccomp_filter_is_whole_instructions_ending_in_returns() -> None:
     assert seccomp_filter(machine="riscv64") is None
 
 
+@pytest.mark.parametrize(("machine", "header"), [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                               ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_denied_syscall_numbers_are_the_kernel_headers(machine: str, header: str) -> None:
+    if not os.path.exists(header):
+        pytest.skip(f"{header} not installed (linux-libc-dev)")
+    with open(header) as f:
+        numbers = {p[1].removeprefix("__NR_"): p[2] for p in (line.split() for line in f)
+                   if len(p) == 3 and p[0] == "#define" and p[1].startswith("__NR_") and p[2].isdigit()}
+    assert {name: str(nr) for name, nr in DENIED_SYSCALLS[machine].items()} == {
+        name: numbers[name] for name in DENIED_SYSCALLS[machine]}
+
+
 _TRY_SYSCALLS = (
     "import ctypes, os, platform, threading\nlibc = ctypes.CDLL(None, use_errno=True)\n"
     "libc.syscall.restype = ctypes.c_long\n"

@@ -21,37 +21,31 @@ import struct
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 """The ``AUDIT_ARCH_*`` value of each supported machine; syscalls of any other ABI (x32 included) kill."""
 
-DENIED_SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_open": 434,
-        "pidfd_getfd": 438, "keyctl": 250, "add_key": 248, "request_key": 249, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "personality": 135, "bpf": 321,
-        "perf_event_open": 298, "fanotify_init": 300, "mount": 165, "umount2": 166, "pivot_root": 155,
-        "chroot": 161, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442, "unshare": 272, "setns": 308, "kexec_load": 246,
-        "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176, "swapon": 167,
-        "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179, "syslog": 103, "name_to_handle_at": 303,
-        "open_by_handle_at": 304, "iopl": 172, "ioperm": 173, "shmget": 29, "shmat": 30, "shmctl": 31,
-        "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65,
-        "semtimedop": 220, "semctl": 66, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
-        "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "memfd_create": 319,
-    },
-    "aarch64": {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_open": 434,
-        "pidfd_getfd": 438, "keyctl": 219, "add_key": 217, "request_key": 218, "io_uring_setup": 425,
-        "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "personality": 92, "bpf": 280,
-        "perf_event_open": 241, "fanotify_init": 262, "mount": 40, "umount2": 39, "pivot_root": 41,
-        "chroot": 51, "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-        "fspick": 433, "mount_setattr": 442, "unshare": 97, "setns": 268, "kexec_load": 104,
-        "kexec_file_load": 294, "init_module": 105, "finit_module": 273, "delete_module": 106, "swapon": 224,
-        "swapoff": 225, "reboot": 142, "acct": 89, "quotactl": 60, "syslog": 116, "name_to_handle_at": 264,
-        "open_by_handle_at": 265, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "msgget": 186,
-        "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semtimedop": 192,
-        "semctl": 191, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
-        "mq_notify": 184, "mq_getsetattr": 185, "memfd_create": 279,
-    },
+_NUMBERS: dict[str, tuple[int, int | None]] = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "kcmp": (312, 272),
+    "pidfd_open": (434, 434), "pidfd_getfd": (438, 438), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "userfaultfd": (323, 282), "personality": (135, 92), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "fanotify_init": (300, 262), "mount": (165, 40), "umount2": (166, 39),
+    "pivot_root": (155, 41), "chroot": (161, 51), "move_mount": (429, 429), "open_tree": (428, 428),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "mount_setattr": (442, 442), "unshare": (272, 97), "setns": (308, 268), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "init_module": (175, 105), "finit_module": (313, 273),
+    "delete_module": (176, 106), "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
+    "acct": (163, 89), "quotactl": (179, 60), "syslog": (103, 116), "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265), "iopl": (172, None), "ioperm": (173, None), "shmget": (29, 194),
+    "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197), "msgget": (68, 186), "msgsnd": (69, 189),
+    "msgrcv": (70, 188), "msgctl": (71, 187), "semget": (64, 190), "semop": (65, 193), "semtimedop": (220, 192),
+    "semctl": (66, 191), "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
+    "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185), "memfd_create": (319, 279),
 }
-"""Syscalls that fail with EPERM inside the sandbox, by machine (numbers from the kernel's ``unistd`` headers)."""
+"""Syscall numbers (x86_64, aarch64; None: the machine has no such call), from the kernel's ``unistd`` headers."""
+
+DENIED_SYSCALLS: dict[str, dict[str, int]] = {
+    machine: {name: nrs[i] for name, nrs in _NUMBERS.items() if nrs[i] is not None}
+    for i, machine in enumerate(("x86_64", "aarch64"))
+}
+"""Syscalls that fail with EPERM inside the sandbox, by machine."""
 
 _RET_ALLOW, _RET_EPERM, _RET_KILL = 0x7FFF0000, 0x00050000 | 1, 0x80000000
 _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
