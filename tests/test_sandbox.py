@@ -389,7 +389,11 @@ def test_the_program_never_runs_as_host_root_and_host_kernel_settings_do_not_ope
             while not backend._ready:  # type: ignore[attr-defined]
                 await asyncio.sleep(0.01)
             worker = psutil.Process(backend._ready[0].proc.pid)  # type: ignore[attr-defined]
-            processes = [worker, *worker.children(recursive=True)]
+            for _ in range(1000):  # ready as soon as bwrap reports its init; the interpreter may still be starting
+                processes = [worker, *worker.children(recursive=True)]
+                if len(processes) == 3:
+                    break
+                await asyncio.sleep(0.01)
             assert len(processes) == 3
             return {uid for p in processes for uid in p.uids()}
 

@@ -10,8 +10,8 @@ the deadline. This module holds what every backend shares::
                                      └─ UnisolatedBackend   (here: a plain child process)  ─┴─► LocalProcessBackend
                                                                    (bootstrap, rlimits, output caps, wall clock, warm pool)
 
-Kernel limits: ``RLIMIT_CPU``/``AS``/``FSIZE``/``NOFILE``/``NPROC``/``CORE``, set by the bootstrap before the
-program is read. The PEP 578 audit hook the program starts under (refusing sockets, processes, files outside
+Kernel limits: ``RLIMIT_CPU``/``AS``/``FSIZE``/``NOFILE``/``NPROC``/``CORE``, set by the bootstrap
+(:mod:`.bootstrap`) before the program is read, on the sandbox's init too where it has one. The PEP 578 audit hook the program starts under (refusing sockets, processes, files outside
 the working directory, ...) is an extra layer that gives clear error messages; nothing depends on it: code
 can disable it, and the namespaces still hold.
 
@@ -214,11 +214,11 @@ class LocalProcessBackend:
     def limits(self) -> dict[str, tuple[int, int]]:
         """The kernel limits of a worker (``resource`` names: soft, hard), as the bootstrap sets them."""
         cfg = self.config
-        # RLIMIT_NPROC counts the tasks of the uid in the sandbox's user namespace, threads included: with bwrap
-        # that is its init and the program, so the program may have max_processes tasks itself included.
+        # RLIMIT_NPROC counts the tasks of the uid (in the sandbox's user namespace, with bwrap), threads
+        # included; the sandbox's init is one of them, so the program may have max_processes, itself included.
         # The CPU limit's hard value a second later kills a program that ignores the soft limit's SIGXCPU.
         soft = {"RLIMIT_CPU": cfg.cpu_s, "RLIMIT_AS": cfg.memory_mb * 2**20, "RLIMIT_FSIZE": cfg.file_size_mb * 2**20,
-                "RLIMIT_NPROC": cfg.max_processes + 1, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}
+                "RLIMIT_NPROC": cfg.max_processes + self.has_init, "RLIMIT_NOFILE": cfg.max_open_files, "RLIMIT_CORE": 0}
         return {name: (value, value + 1 if name == "RLIMIT_CPU" else value) for name, value in soft.items()}
 
     def _python_argv(self, exe: str) -> list[str]:
