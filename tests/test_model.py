@@ -4,6 +4,7 @@ Orbax weight folders."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -143,3 +144,13 @@ def test_bfloat16_model_tracks_float32(model: Decoder) -> None:
     assert low.dtype == jnp.float32 and bf16.embed.embedding[...].dtype == jnp.bfloat16
     # bf16 keeps ~3 significant digits; the logits are O(1).
     np.testing.assert_allclose(low, high, rtol=0, atol=0.1)
+
+
+def test_weights_saved_with_unrolled_layers_load_stacked_and_give_the_logits_they_gave() -> None:
+    # A weights folder written when each layer was its own subtree (``layers/0/...``), with the logits that
+    # model computed for these tokens (a sliding and a full layer, qk-norm).
+    folder = Path(__file__).parent / "fixtures" / "unrolled_weights"
+    model = load_weights(str(folder))
+    assert model.layers.attn.q_proj.kernel.shape == (2, 16, 16)
+    tokens = jnp.asarray([[1, 5, 9, 13, 17, 21, 25, 29]], jnp.int32)
+    np.testing.assert_allclose(forward(model, tokens), np.load(folder / "logits.npy"), rtol=0, atol=1e-5)
