@@ -210,20 +210,16 @@ def sharded_shapes(state: Any, mesh: Mesh) -> Any:
 
 
 def create_sharded(factory: Callable[[], Node], mesh: Mesh) -> Node:
-    """Build ``factory()`` under jit with every variable constrained to its sharding.
+    """Build ``factory()`` as one jitted program whose outputs are placed on their shardings.
 
-    Each device initialises only its own shards, so a model too large for one device (or host) is
-    never materialised whole. The factory must be deterministic (seeded ``nnx.Rngs``).
+    The structure comes from an abstract evaluation (nothing allocated); the initialisation then runs once,
+    compiled, with ``out_shardings`` from the rules table, so each device initialises only its own shards and a
+    model too large for one device (or host) is never materialised whole. The factory must be deterministic
+    (seeded ``nnx.Rngs``).
     """
-
-    @nnx.jit
-    def build() -> Node:
-        node = factory()
-        state = nnx.state(node)
-        nnx.update(node, jax.lax.with_sharding_constraint(state, state_shardings(state, mesh)))
-        return node
-
-    return build()
+    graphdef, abstract = nnx.split(nnx.eval_shape(factory))
+    state = jax.jit(lambda: nnx.split(factory())[1], out_shardings=state_shardings(abstract, mesh))()
+    return nnx.merge(graphdef, state)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
