@@ -441,6 +441,25 @@ def test_the_remat_steps_temporaries_beyond_the_gradients_do_not_grow_with_depth
     assert deep - shallow <= 4 * (activation + per_layer_data), (shallow, deep, activation)
 
 
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_the_lowered_step_holds_one_layer_body_however_many_layers(remat: str) -> None:
+    # The layers are scanned, not unrolled: compile time does not grow with depth.
+    def dots(n_layers: int) -> int:
+        cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=n_layers)
+
+        def build() -> tuple[Decoder, nnx.Optimizer]:
+            model = Decoder(cfg, rngs=nnx.Rngs(0))
+            return model, make_nnx_optimizer(model, OptimConfig(), ONE_DEVICE)
+
+        model, optimizer = nnx.eval_shape(build)
+        batch = build_train_batch(*ragged_rows(4), seq_buckets=BUCKETS)
+        text = train_step.lower(model, optimizer, batch, cfg=dataclasses.replace(SEQ_MEAN, remat=remat)).as_text()
+        return text.count("dot_general")
+
+    two = dots(2)
+    assert two > 0 and dots(4) == two
+
+
 BF16 = dataclasses.replace(SEQ_MEAN, precision=Precision(params="float32", compute="bfloat16"))
 
 
