@@ -329,7 +329,7 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
            "concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
            "the compiler's freed heap returned to the OS after each compile, as in the trainer "
            "(`pipelines_lib.heap`). Train: batch 4 × 256 (GRPO, AdamW) with `StepConfig.remat` (trainer.step.remat: "
-           "true), the configuration to run at this size (without it the step's activations alone push the "
+           "full), the configuration to run at this size (without it the step's activations alone push the "
            "peak past the goal: `no_remat_*`), XLA memory analysis of the compiled step, peak RSS (`ru_maxrss`, "
            "model init and compilation included), 2 steps; no remat: the same step keeping every activation; "
            "growth (no remat): 21 steps at 4 × 32 (20 of 4 × 256 take minutes on two cores), RSS and live JAX "
@@ -356,10 +356,10 @@ def bench_realsize(ctx: BenchContext) -> BenchResult:
         raise RuntimeError(f"realsize needs {MIN_AVAILABLE_GIB} GiB available, the machine has "
                            f"{_available_gib():.1f} (run --quick, or wait)")
     runs = {  # in running order: name -> (part, its arguments)
-        "train": ("train", {**size, "remat": True, "steps": 1}),
-        "no_remat": ("train", {**size, "remat": False, "steps": 1}),
+        "train": ("train", {**size, "remat": "full", "steps": 1}),
+        "no_remat": ("train", {**size, "remat": "none", "steps": 1}),
         # 20 steps of the full batch take minutes on two cores; memory over steps is watched on shorter rows.
-        "growth": ("train", {**size, "length": size["growth_length"], "remat": False, "steps": size["growth_steps"]}),
+        "growth": ("train", {**size, "length": size["growth_length"], "remat": "none", "steps": size["growth_steps"]}),
         "bf16": ("bf16", size),
     }
     out: dict[str, dict[str, float]] = {}

@@ -22,6 +22,7 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.mesh import (
     MeshConfig,
+    create_sharded,
     logical_spec,
     make_mesh,
     shard_batch,
@@ -103,13 +104,14 @@ def test_parameters_and_adam_moments_follow_the_rules_table() -> None:
     mesh = abstract_mesh(data=2, fsdp=2, tensor=2)
     specs = {jax.tree_util.keystr(k): s.spec for k, s in
              jax.tree_util.tree_flatten_with_path(state_shardings(nnx.state(model), mesh))[0]}
-    attn = "['layers'][0]['attn']"
-    assert specs[f"{attn}['q_proj']['kernel']"] == PartitionSpec("fsdp", "tensor")  # [embed, heads]
-    assert specs[f"{attn}['o_proj']['kernel']"] == PartitionSpec("tensor", "fsdp")  # [heads, embed]
+    # The stacked layers' leading axis (``layers``) is never split.
+    attn = "['layers']['attn']"
+    assert specs[f"{attn}['q_proj']['kernel']"] == PartitionSpec(None, "fsdp", "tensor")  # [layers, embed, heads]
+    assert specs[f"{attn}['o_proj']['kernel']"] == PartitionSpec(None, "tensor", "fsdp")  # [layers, heads, embed]
     # ``kv_heads`` names the flattened kv_heads × head_dim width: its 8 columns split in two even with one head.
-    assert specs[f"{attn}['k_proj']['kernel']"] == PartitionSpec("fsdp", "tensor")
-    assert specs[f"{attn}['q_norm']['scale']"] == PartitionSpec(None)  # head_dim: replicated
-    assert specs["['layers'][0]['mlp']['down_proj']['kernel']"] == PartitionSpec("tensor", "fsdp")
+    assert specs[f"{attn}['k_proj']['kernel']"] == PartitionSpec(None, "fsdp", "tensor")
+    assert specs[f"{attn}['q_norm']['scale']"] == PartitionSpec(None, None)  # head_dim: replicated
+    assert specs["['layers']['mlp']['down_proj']['kernel']"] == PartitionSpec(None, "tensor", "fsdp")
     assert specs["['embed']['embedding']"] == PartitionSpec("tensor", "fsdp")  # [vocab, embed]
     assert specs["['final_norm']['scale']"] == PartitionSpec("fsdp")
 
@@ -159,6 +161,29 @@ def test_mesh_config_resolves_minus_one_to_the_remaining_devices(cfg, n_devices,
 def test_mesh_configs_reject_bad_values(build, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its_shardings() -> None:
+    cfg = ModelConfig.tiny()
+    mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
+    lowered: list[str] = []
+
+    def on_event(name: str, secs: float, **kwargs) -> None:
+        if name == "/jax/core/compile/jaxpr_to_mlir_module_duration":  # one per program compiled (or cache-loaded)
+            lowered.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        model = create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), mesh)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert len(lowered) == 1  # not an eager op per parameter, whatever the depth
+    state = nnx.state(model)
+    expected = jax.tree.leaves(state_shardings(state, mesh))
+    assert [x.sharding for x in jax.tree.leaves(state)] == expected
+    plain = jax.tree.leaves(nnx.state(Decoder(cfg, rngs=nnx.Rngs(0))))
+    for built, eager in zip(jax.tree.leaves(state), plain, strict=True):  # compiled: within a rounding of eager
+        np.testing.assert_allclose(built, eager, rtol=1e-6, atol=1e-7)
 
 
 def test_placed_inputs_make_the_step_compile_once() -> None:

@@ -3,7 +3,9 @@ Orbax weight folders."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +13,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from pipelines_lib.engine.device import steps_for
 from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
-from pipelines_lib.model.decoder import Decoder, KVCache, attention, init_cache, rope_inv_freq
+from pipelines_lib.model.decoder import (
+    Decoder,
+    KVCache,
+    LayerData,
+    attention,
+    init_cache,
+    rope_inv_freq,
+)
 from pipelines_lib.model.weights import load_weights, save_weights
 
 TINY = ModelConfig.tiny()
@@ -143,3 +153,60 @@ def test_bfloat16_model_tracks_float32(model: Decoder) -> None:
     assert low.dtype == jnp.float32 and bf16.embed.embedding[...].dtype == jnp.bfloat16
     # bf16 keeps ~3 significant digits; the logits are O(1).
     np.testing.assert_allclose(low, high, rtol=0, atol=0.1)
+
+
+def test_weights_saved_with_unrolled_layers_load_stacked_and_give_the_logits_they_gave() -> None:
+    # A weights folder written when each layer was its own subtree (``layers/0/...``), with the logits that
+    # model computed for these tokens (a sliding and a full layer, qk-norm).
+    folder = Path(__file__).parent / "fixtures" / "unrolled_weights"
+    model = load_weights(str(folder))
+    assert model.layers.attn.q_proj.kernel.shape == (2, 16, 16)
+    tokens = jnp.asarray([[1, 5, 9, 13, 17, 21, 25, 29]], jnp.int32)
+    np.testing.assert_allclose(forward(model, tokens), np.load(folder / "logits.npy"), rtol=0, atol=1e-5)
+
+
+def test_scanned_layers_equal_the_layers_rolled_by_hand_with_their_own_window_and_rope() -> None:
+    # Gemma-3-like: sliding layers with their own rope base and window 3, full layers with a scaled global rope.
+    cfg = ModelConfig.from_dict({
+        **TINY.to_dict(), "layer_types": ["sliding", "full", "sliding", "full"], "sliding_window": 3,
+        "local_rope_theta": 50.0, "rope_scaling": {"kind": "linear", "factor": 4.0}, "qk_norm": True,
+        "post_norms": True, "norm": "gemma_rms", "activation": "gelu_tanh", "embed_scale": True})
+    model = Decoder(cfg, rngs=nnx.Rngs(1))
+    tokens = jnp.asarray([[(7 * i + 3) % 512 for i in range(10)]], jnp.int32)
+    positions = jnp.arange(10)[None]
+
+    @jax.jit
+    def by_hand(params: nnx.State) -> jax.Array:
+        m = nnx.merge(nnx.graphdef(model), params)
+        graphdef, stacked = nnx.split(m.layers)
+        x = m._embed(tokens)
+        for i, kind in enumerate(cfg.layer_kinds):
+            block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+            if kind == "sliding":
+                layer = LayerData(jnp.int32(i), rope_inv_freq(cfg.head_dim, 50.0, None), jnp.int32(3))
+            else:
+                layer = LayerData(jnp.int32(i), rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling), None)
+            x = block(x, positions, layer)[0]
+        return m.unembed(m.final_norm(x))
+
+    expected = by_hand(nnx.state(model))
+    np.testing.assert_allclose(forward(model, tokens), expected, rtol=0, atol=1e-5)
+    # The per-layer data matters: the same parameters read as all-full layers give other logits.
+    all_full = dataclasses.replace(cfg, layer_types=(), sliding_window=None, local_rope_theta=None)
+    assert not np.allclose(forward(nnx.merge(nnx.graphdef(Decoder(all_full, rngs=nnx.Rngs(1))), nnx.state(model)),
+                                   tokens), expected, atol=1e-3)
+
+
+def test_the_lowered_decode_step_holds_one_layer_body_however_many_layers() -> None:
+    def dots(n_layers: int) -> int:
+        cfg = dataclasses.replace(TINY, n_layers=n_layers)
+        graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+        rows, slots = 4, 8
+        i32, f32 = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
+        text = steps_for(graphdef).decode.lower(
+            nnx.to_pure_dict(params), jax.eval_shape(lambda: init_cache(cfg, 16, 8)), np.zeros((rows, 4), np.int32),
+            np.zeros(slots, np.int32), i32, i32, np.zeros(rows, bool), i32, f32, i32, f32, i32, i32).as_text()
+        return text.count("dot_general")
+
+    two = dots(2)
+    assert two > 0 and dots(4) == two

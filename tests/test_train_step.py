@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.model.decoder import Decoder, with_dtype
+from pipelines_lib.model.decoder import Decoder, layer_data, with_dtype
 from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
 from pipelines_lib.train.mesh import MeshConfig, make_mesh
@@ -125,6 +125,11 @@ def test_vocabulary_sliced_scoring_gives_the_whole_logits_logprobs_entropies_and
 def test_step_config_rejects_a_logit_chunk_below_one_token() -> None:
     with pytest.raises(ValueError, match="logit_chunk_tokens must be >= 1"):
         StepConfig(logit_chunk_tokens=0)
+
+
+def test_step_config_rejects_an_unknown_remat_policy_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"StepConfig.remat must be one of \['dots', 'full', 'none'\], got True"):
+        StepConfig(remat=True)
 
 
 # ----------------------------------------------------------------------------- train_step
@@ -420,19 +425,39 @@ def _remat_step_extra_bytes(n_layers: int, rows: int, length: int) -> tuple[int,
     ids = np.random.default_rng(0).integers(1, cfg.vocab_size, size=(rows, length)).tolist()
     batch = build_train_batch(ids, [[0] + [1] * (length - 1)] * rows, [[-1.0] * length] * rows, [1.0] * rows,
                               seq_buckets=(length,))
-    memory = train_step.lower(model, optimizer, batch, cfg=dataclasses.replace(SEQ_MEAN, remat=True)).compile(
+    memory = train_step.lower(model, optimizer, batch, cfg=dataclasses.replace(SEQ_MEAN, remat="full")).compile(
     ).memory_analysis()
     grad_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     return memory.temp_size_in_bytes - grad_bytes, rows * length * cfg.d_model * 4
 
 
 def test_the_remat_steps_temporaries_beyond_the_gradients_do_not_grow_with_depth() -> None:
-    # Each layer adds its gradients to the step's temporaries, and nothing else that lives past its own
-    # backward pass. When XLA fused the residual stream's cotangent adds into the embedding gradient's input,
-    # five token × width buffers per layer stayed alive to the end (from 2 to 6 layers: +20 of them).
+    # Each layer adds its gradients to the step's temporaries, its input (one token × width activation, what
+    # the full policy keeps) and its per-layer data (rope frequencies), and nothing else that lives past its
+    # own backward pass: the reverse scan recomputes one layer at a time.
     shallow, activation = _remat_step_extra_bytes(2, rows=4, length=128)
     deep, _ = _remat_step_extra_bytes(6, rows=4, length=128)
-    assert deep - shallow <= 4 * activation, (shallow, deep, activation)
+    per_layer_data = sum(np.asarray(x)[0].nbytes for x in layer_data(ModelConfig.tiny()) if x is not None)
+    assert deep - shallow <= 4 * (activation + per_layer_data), (shallow, deep, activation)
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_the_lowered_step_holds_one_layer_body_however_many_layers(remat: str) -> None:
+    # The layers are scanned, not unrolled: compile time does not grow with depth.
+    def dots(n_layers: int) -> int:
+        cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=n_layers)
+
+        def build() -> tuple[Decoder, nnx.Optimizer]:
+            model = Decoder(cfg, rngs=nnx.Rngs(0))
+            return model, make_nnx_optimizer(model, OptimConfig(), ONE_DEVICE)
+
+        model, optimizer = nnx.eval_shape(build)
+        batch = build_train_batch(*ragged_rows(4), seq_buckets=BUCKETS)
+        text = train_step.lower(model, optimizer, batch, cfg=dataclasses.replace(SEQ_MEAN, remat=remat)).as_text()
+        return text.count("dot_general")
+
+    two = dots(2)
+    assert two > 0 and dots(4) == two
 
 
 BF16 = dataclasses.replace(SEQ_MEAN, precision=Precision(params="float32", compute="bfloat16"))
@@ -478,11 +503,12 @@ def test_the_step_rejects_parameters_in_another_dtype_than_precision_params() ->
         Precision(compute="float8")
 
 
-def test_rematerialised_layers_give_the_same_update() -> None:
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_every_remat_policy_gives_the_same_update(policy: str) -> None:
     batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
     init_params = params_of(make_model())
     plain, remat = make_model(), make_model()
     m_plain = train_step(plain, sgd(plain), batch, cfg=SEQ_MEAN)
-    m_remat = train_step(remat, sgd(remat), batch, cfg=dataclasses.replace(SEQ_MEAN, remat=True))
+    m_remat = train_step(remat, sgd(remat), batch, cfg=dataclasses.replace(SEQ_MEAN, remat=policy))
     np.testing.assert_allclose(m_remat["loss"], m_plain["loss"], rtol=1e-6)
     assert_same_gradient(params_of(remat), params_of(plain), init_params)

@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
@@ -27,7 +28,7 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import DoneMarker, Publication
+from pipelines_lib.records import CheckpointMeta, DoneMarker, Publication
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage import layout
@@ -300,3 +301,20 @@ def test_checkpoints_restore_params_and_optimiser_state_and_skip_a_partly_writte
     assert store.read("train/checkpoints/00000004/state/partial") == b"half"
     assert committed_checkpoints(store) == ["train/checkpoints/00000002", "train/checkpoints/00000004.1"]
     assert restore_latest(store, model=fresh_model, optimizer=fresh_opt)[1].version == 2
+
+
+def test_a_checkpoint_with_unrolled_layers_is_refused_naming_it(tmp_path) -> None:
+    config = small_config()
+    store = Store(str(tmp_path / "c"))
+    model = Decoder(config.model, rngs=nnx.Rngs(0))
+    optimizer = make_nnx_optimizer(model, config.trainer.optim, ONE_DEVICE)
+    folder = layout.checkpoint_dir(3)
+    # The item tree of a decoder whose layers were one subtree each (``layers/0/...``), committed as usual.
+    unrolled = {"params": {"layers": {"0": {"attn_norm": {"scale": {"value": np.ones(4, np.float32)}}}}},
+                "opt": {"step": {"value": np.zeros((), np.int32)}}}
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "c" / folder / "state", unrolled)
+    CheckpointMeta(step=3, version=1, cursor="{}", rng=[0, 0]).write(store, folder)
+    store.create(layout.checkpoint_committed(folder), b"")
+    with pytest.raises(ValueError, match=r"00000003/state: a trainer checkpoint with the decoder's layers unrolled"):
+        restore_latest(store, model=model, optimizer=optimizer)

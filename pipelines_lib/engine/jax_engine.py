@@ -201,7 +201,7 @@ class JaxEngine:
         # steps return it, trailing unsplit dimensions dropped (P(None, None, None, None) comes back as P()):
         # jit keys its cache on the spec, so the cache placed any other way would compile the first warmed-up
         # variant a second time on its first real call.
-        spec = logical_spec((None, None, "kv_heads", "head_dim"), cache[0].k_nskd.shape, mesh)
+        spec = logical_spec(("layers", None, None, "kv_heads", "head_dim"), cache.k_lnskd.shape, mesh)
         while spec and spec[-1] is None:
             spec = PartitionSpec(*spec[:-1])
         cache_sharding = NamedSharding(mesh, spec)

@@ -6,7 +6,8 @@ One attention implementation serves both uses:
   given, causally by position (sequences are right-padded, so causal is enough); ``model.final_hidden``
   is the same forward stopped before the unembedding, for losses that unembed a chunk at a time;
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
-  paged ``KVCache``: a pool of fixed-size blocks per layer, shared by all sequences, and a block table
+  paged ``KVCache``: a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
+  a block table
   per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``. It
   first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``,
   the table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the
@@ -20,10 +21,19 @@ Layer ``i`` is: x += post_norm?(attn(attn_norm(x))); x += post_norm?(mlp(mlp_nor
 q/k (optionally RMS-normalised per head first), grouped-query attention, optional sliding window and
 score soft-cap, and a gated MLP (SwiGLU or GeGLU).
 
-Every parameter names its axes (Flax NNX ``out_sharding`` metadata: ``embed``, ``vocab``, ``heads``,
-``kv_heads``, ``head_dim``, ``mlp``); ``train/mesh.py``'s rules table maps the names onto a device mesh. The
-names are metadata only: nothing is sharded when a decoder is built (``eager_sharding=False``), the stage
-places it on its mesh.
+The layers are one ``Block`` whose parameters are stacked over a leading layer axis (``decoder.layers``;
+parameter paths ``layers/attn/q_proj/kernel`` of shape ``[n_layers, ...]``), applied by ``jax.lax.scan``:
+one layer body is traced and compiled however deep the model, so compile time does not grow with depth.
+What differs between layers (Gemma's sliding vs global layers: the window, the rope frequencies) is
+per-layer *data* scanned alongside the parameters (``LayerData``), not structure. The KV cache is stacked
+the same way and carried through the scan, each layer writing its own slice in place. Under
+differentiation the scan body can be rematerialised (``REMAT_POLICIES``): the reverse scan recomputes
+one layer at a time, so at most one layer's activations are alive in the backward pass.
+
+Every parameter names its axes (Flax NNX ``out_sharding`` metadata: ``layers``, ``embed``, ``vocab``,
+``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``train/mesh.py``'s rules table maps the names onto a device
+mesh (``layers`` onto none: each device holds its shards of every layer). The names are metadata only:
+nothing is sharded when a decoder is built (``eager_sharding=False``), the stage places it on its mesh.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,39 +52,40 @@ from flax import nnx
 from pipelines_lib.model.config import ModelConfig, RopeScaling
 
 
-class LayerCache(NamedTuple):
-    """Keys and values of one layer in blocks: ``[num_blocks, block_size, kv_heads, head_dim]``."""
+class KVCache(NamedTuple):
+    """Keys and values of every layer in blocks: ``[n_layers, num_blocks, block_size, kv_heads, head_dim]``."""
 
-    k_nskd: jax.Array
-    v_nskd: jax.Array
-
-
-KVCache = tuple[LayerCache, ...]
+    k_lnskd: jax.Array
+    v_lnskd: jax.Array
 
 
 def init_cache(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
     """Zeroed pool of ``num_blocks`` blocks of ``block_size`` positions per layer."""
-    shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+    shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
     dtype = jnp.dtype(cfg.dtype)
-    return tuple(LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.n_layers))
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
 def write_and_gather(
-    pool_nskd: jax.Array, new_btkd: jax.Array, positions_bt: jax.Array, table_bn: jax.Array
+    pool_lnskd: jax.Array, layer: jax.Array, new_btkd: jax.Array, positions_bt: jax.Array, table_bn: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """(pool with ``new`` written at each row's positions, the row's ``[b, n · block_size, ...]`` view).
+    """(pool with ``new`` written at each row's positions of ``layer``, the row's ``[b, n · block_size, ...]``
+    view of that layer).
 
     Position ``p`` of row ``b`` lives at offset ``p % block_size`` of block ``table_bn[b, p // block_size]``;
     positions at or past ``n · block_size`` and table entries ``>= num_blocks`` ("no block") are dropped.
+    The write is a scatter into the stacked pool and the view a gather from it, so no layer's pool is ever
+    copied (the pool is the scan's carry, updated in place).
     """
-    num_blocks, block_size = pool_nskd.shape[:2]
+    num_blocks, block_size = pool_lnskd.shape[1:3]
     b, n = table_bn.shape
     j_bt = positions_bt // block_size
     block_bt = jnp.take_along_axis(table_bn, jnp.minimum(j_bt, n - 1), axis=1)
     block_bt = jnp.where(j_bt < n, block_bt, num_blocks)
-    pool_nskd = pool_nskd.at[block_bt, positions_bt % block_size].set(new_btkd.astype(pool_nskd.dtype), mode="drop")
-    view = jnp.take(pool_nskd, table_bn, axis=0, mode="clip")  # unassigned blocks: masked by causality
-    return pool_nskd, view.reshape(b, n * block_size, *pool_nskd.shape[2:])
+    pool_lnskd = pool_lnskd.at[layer, block_bt, positions_bt % block_size].set(
+        new_btkd.astype(pool_lnskd.dtype), mode="drop")
+    view = pool_lnskd.at[layer, table_bn].get(mode="clip")  # unassigned blocks: masked by causality
+    return pool_lnskd, view.reshape(b, n * block_size, *pool_lnskd.shape[3:])
 
 
 @functools.cache
@@ -116,12 +128,12 @@ def attention(
     *,
     scale: float,
     softcap: float | None,
-    window: int | None,
+    window: int | jax.Array | None,
 ) -> jax.Array:
     """softmax(mask(cap(scale · q kᵀ))) v with grouped-query heads.
 
-    Key ``s`` is visible to query ``t`` iff ``k_pos <= q_pos`` (causal) and, for a sliding layer,
-    ``q_pos - k_pos < window``. Scores and softmax run in float32.
+    Key ``s`` is visible to query ``t`` iff ``k_pos <= q_pos`` (causal) and, unless ``window`` is None,
+    ``q_pos - k_pos < window`` (a scalar array in the layer scan). Scores and softmax run in float32.
     """
     b, t, h, d = q_bthd.shape
     kv_heads = k_bskd.shape[2]
@@ -176,8 +188,37 @@ class RMSNorm(nnx.Module):
         return y.astype(x.dtype) * self.scale[...]
 
 
+class LayerData(NamedTuple):
+    """What distinguishes a layer besides its parameters; stacked over layers and scanned with them."""
+
+    index: jax.Array
+    """The layer's place in the stack: its slice of the KV cache."""
+    inv_freq_f: jax.Array
+    """Its rope inverse frequencies (Gemma 3's sliding layers have their own base, unscaled)."""
+    window: jax.Array | None
+    """Its sliding window (a full layer's is wider than any sequence); None when no layer slides, so a
+    model without sliding layers computes no window mask at all."""
+
+
+def layer_data(cfg: ModelConfig) -> LayerData:
+    """``LayerData`` of every layer of ``cfg``, each field with a leading ``n_layers`` axis."""
+    local = cfg.local_rope_theta is not None
+
+    def inv_freq(kind: str) -> np.ndarray:
+        if kind == "sliding" and local:
+            return rope_inv_freq(cfg.head_dim, cfg.local_rope_theta, None)
+        return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    kinds = cfg.layer_kinds
+    window = None
+    if "sliding" in kinds:
+        unbounded = np.iinfo(np.int32).max  # q_pos - k_pos is always below it: a full layer
+        window = np.asarray([cfg.sliding_window if k == "sliding" else unbounded for k in kinds], np.int32)
+    return LayerData(np.arange(cfg.n_layers, dtype=np.int32), np.stack([inv_freq(k) for k in kinds]), window)
+
+
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_kind: str, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         dtype = jnp.dtype(cfg.dtype)
         lin = {"dtype": dtype, "rngs": rngs}
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -192,35 +233,29 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(cfg.head_dim, **norm)
             self.k_norm = RMSNorm(cfg.head_dim, **norm)
         self.qk_norm = cfg.qk_norm
-        sliding = layer_kind == "sliding"
-        self.window = cfg.sliding_window if sliding else None
-        theta = cfg.local_rope_theta if sliding and cfg.local_rope_theta is not None else cfg.rope_theta
-        # Gemma 3's local layers use their own base and are never scaled.
-        scaling = None if sliding and cfg.local_rope_theta is not None else cfg.rope_scaling
-        self.rope = (cfg.head_dim, theta, scaling)
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcap
 
     def __call__(
-        self, x_btd: jax.Array, positions_bt: jax.Array, cache: LayerCache | None, table_bn: jax.Array | None
-    ) -> tuple[jax.Array, LayerCache | None]:
+        self, x_btd: jax.Array, positions_bt: jax.Array, layer: LayerData, cache: KVCache | None,
+        table_bn: jax.Array | None,
+    ) -> tuple[jax.Array, KVCache | None]:
         b, t, _ = x_btd.shape
         q = self.q_proj(x_btd).reshape(b, t, self.n_heads, self.head_dim)
         k = self.k_proj(x_btd).reshape(b, t, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x_btd).reshape(b, t, self.n_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = rope_inv_freq(*self.rope)
-        q = apply_rope(q, positions_bt, inv_freq)
-        k = apply_rope(k, positions_bt, inv_freq)
+        q = apply_rope(q, positions_bt, layer.inv_freq_f)
+        k = apply_rope(k, positions_bt, layer.inv_freq_f)
         if cache is None:
             keys, values, k_pos_bs = k, v, positions_bt
         else:
             assert table_bn is not None
-            k_pool, keys = write_and_gather(cache.k_nskd, k, positions_bt, table_bn)
-            v_pool, values = write_and_gather(cache.v_nskd, v, positions_bt, table_bn)
+            k_pool, keys = write_and_gather(cache.k_lnskd, layer.index, k, positions_bt, table_bn)
+            v_pool, values = write_and_gather(cache.v_lnskd, layer.index, v, positions_bt, table_bn)
             k_pos_bs = jnp.broadcast_to(jnp.arange(keys.shape[1]), (b, keys.shape[1]))
-            cache = LayerCache(k_pool, v_pool)
+            cache = KVCache(k_pool, v_pool)
         o = attention(
             q,
             keys,
@@ -229,7 +264,7 @@ class Attention(nnx.Module):
             k_pos_bs,
             scale=self.scale,
             softcap=self.softcap,
-            window=self.window,
+            window=layer.window,
         )
         return self.o_proj(o.reshape(b, t, -1)), cache
 
@@ -252,10 +287,12 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_kind: str, *, rngs: nnx.Rngs):
+    """One decoder layer; ``Decoder.layers`` is a ``Block`` whose parameters carry a leading layer axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         norm = {"eps": cfg.norm_eps, "variant": cfg.norm, "dtype": jnp.dtype(cfg.dtype)}
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
-        self.attn = Attention(cfg, layer_kind, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, **norm)
         self.mlp = MLP(cfg, rngs=rngs)
         self.post_norms = cfg.post_norms
@@ -267,10 +304,11 @@ class Block(nnx.Module):
         self,
         x_btd: jax.Array,
         positions_bt: jax.Array,
-        cache: LayerCache | None = None,
+        layer: LayerData,
+        cache: KVCache | None = None,
         table_bn: jax.Array | None = None,
-    ) -> tuple[jax.Array, LayerCache | None]:
-        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, cache, table_bn)
+    ) -> tuple[jax.Array, KVCache | None]:
+        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, layer, cache, table_bn)
         if self.post_norms:
             a = self.attn_post_norm(a)
         x_btd = x_btd + a
@@ -278,6 +316,40 @@ class Block(nnx.Module):
         if self.post_norms:
             m = self.mlp_post_norm(m)
         return x_btd + m, cache
+
+
+def stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
+    """``cfg.n_layers`` independently initialised layers as one ``Block`` of stacked parameters (leading axis
+    named ``layers``), built by one vectorised initialisation rather than a Python loop of layers."""
+
+    @nnx.split_rngs(splits=cfg.n_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, rngs=rngs)
+
+    return make(rngs)
+
+
+REMAT_POLICIES: Mapping[str, Callable[..., bool] | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+"""What the backward pass keeps of each layer's forward (gradient checkpointing of the layer scan's body).
+
+``none``: everything (no recomputation; activation memory grows with depth × tokens). ``full``: only each
+layer's input; the backward pass recomputes the whole layer, one layer at a time (about one more forward
+pass). ``dots``: also the outputs of the weight matmuls (projections and MLP, not the attention scores):
+the backward pass recomputes only norms, rope, attention and activations, for several token × width buffers
+per layer more memory than ``full``. The values are the same under every policy."""
+
+
+def _scanned(body: Callable[[Any, Any], Any], remat: str) -> Callable[[Any, Any], Any]:
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+    policy = REMAT_POLICIES[remat]
+    # prevent_cse is for checkpoints outside a loop; inside a scan body it only blocks optimisations.
+    return body if policy is None else jax.checkpoint(body, policy=policy, prevent_cse=False)
 
 
 class Decoder(nnx.Module):
@@ -288,20 +360,20 @@ class Decoder(nnx.Module):
         dtype = jnp.dtype(cfg.dtype)
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=dtype, rngs=rngs,
                                embedding_init=_named(nnx.nn.linear.default_embed_init, "vocab", "embed"))
-        self.layers = nnx.List([Block(cfg, kind, rngs=rngs) for kind in cfg.layer_kinds])
+        self.layers = stacked_blocks(cfg, rngs)
         self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, variant=cfg.norm, dtype=dtype)
         if not cfg.tie_embeddings:
             self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), use_bias=False, dtype=dtype,
                                    rngs=rngs)
 
     def __call__(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: bool = False
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none"
     ) -> jax.Array:
         """Causal logits_btv (float32) over the given tokens, no cache: ``unembed(final_hidden(...))``."""
         return self.unembed(self.final_hidden(tokens_bt, positions_bt, remat=remat))
 
     def final_hidden(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: bool = False
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none"
     ) -> jax.Array:
         """Final-norm hidden states h_btd over the given tokens, no cache: the forward up to the unembedding.
 
@@ -309,13 +381,17 @@ class Decoder(nnx.Module):
         time (``train.losses.token_logp_and_entropy``): at a 152k vocabulary the full logits, their
         log-softmax and their gradient are each 0.6 GiB per 1k tokens in float32.
 
-        ``remat``: under differentiation, keep only each layer's input and recompute the layer in the
-        backward pass (gradient checkpointing); the values are the same either way."""
+        ``remat``: what the backward pass keeps of each layer (a ``REMAT_POLICIES`` name); the values are
+        the same under every policy."""
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
-        x = self._embed(tokens_bt)
-        for layer in self.layers:
-            x = _remat_layer(layer, x, positions_bt) if remat else layer(x, positions_bt)[0]
+        graphdef, params = nnx.split(self.layers)
+
+        def body(x_btd: jax.Array, xs: tuple[nnx.State, LayerData]) -> tuple[jax.Array, None]:
+            params_l, layer = xs
+            return nnx.merge(graphdef, params_l)(x_btd, positions_bt, layer)[0], None
+
+        x, _ = jax.lax.scan(_scanned(body, remat), self._embed(tokens_bt), (params, layer_data(self.cfg)))
         return self.final_norm(x)
 
     def hidden(
@@ -323,12 +399,15 @@ class Decoder(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:
         """Final-norm hidden states of the new tokens, and the cache with their keys/values written into
         the blocks ``table_bn`` names (see the module docstring)."""
-        x = self._embed(tokens_bt)
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer(x, positions_bt, layer_cache, table_bn)
-            new_cache.append(layer_cache)
-        return self.final_norm(x), tuple(new_cache)
+        graphdef, params = nnx.split(self.layers)
+
+        def body(carry: tuple[jax.Array, KVCache], xs: tuple[nnx.State, LayerData]
+                 ) -> tuple[tuple[jax.Array, KVCache], None]:
+            params_l, layer = xs
+            return nnx.merge(graphdef, params_l)(carry[0], positions_bt, layer, carry[1], table_bn), None
+
+        (x, cache), _ = jax.lax.scan(body, (self._embed(tokens_bt), cache), (params, layer_data(self.cfg)))
+        return self.final_norm(x), cache
 
     def unembed(self, h_btd: jax.Array) -> jax.Array:
         """Float32 logits of final-norm hidden states (with the final soft-cap if configured)."""
@@ -345,56 +424,6 @@ class Decoder(nnx.Module):
             # The scale is rounded to the parameter dtype, as in Gemma's reference code.
             x = x * jnp.asarray(self.cfg.d_model**0.5, x.dtype)
         return x
-
-
-def _remat_layer(layer: Block, x_btd: jax.Array, positions_bt: jax.Array) -> jax.Array:
-    graphdef, state = nnx.split(layer)
-    return _rematerialised_block(graphdef, state, x_btd, positions_bt)
-
-
-def _apply_block(graphdef: nnx.GraphDef, state: nnx.State, x_btd: jax.Array, positions_bt: jax.Array) -> jax.Array:
-    return nnx.merge(graphdef, state)(x_btd, positions_bt)[0]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _rematerialised_block(graphdef: nnx.GraphDef, state: nnx.State, x_btd: jax.Array,
-                          positions_bt: jax.Array) -> jax.Array:
-    """One decoder layer that keeps only its input for the backward pass and recomputes itself there.
-
-    Not ``jax.checkpoint``: nothing there orders a layer's recomputation after the cotangent of the layer
-    above, and XLA's CPU scheduler runs every layer's recomputation early, so all their activations are
-    alive at once (at Qwen3-0.6B's shape, 4 × 256 tokens, the compiled step's peak was only 0.3 GiB below not
-    rematerialising at all). An optimisation barrier over the saved input and the cotangent does not hold
-    either: XLA's CPU pipeline expands barriers before it schedules. So the recomputation reads its input
-    as ``x + 0 · g[:, :1, :1]``: a data dependency on the cotangent (float ``0 · g`` is not folded away, as it
-    is NaN for an infinite ``g``) that makes each layer's recomputation wait for the layer above. Likewise
-    the input's cotangent is passed on with ``0 · Σ (one entry of each parameter's gradient)`` added to its
-    first entry: a memory-ordering scheduler otherwise defers the parameter gradients (needed only by the
-    update) to the end of the backward pass and keeps every layer's recomputed activations alive until then.
-    That tie is a scatter into one entry, not an elementwise add: XLA fuses elementwise adds down the residual
-    stream, and the fusion that fed the embedding's gradient then re-added every layer's branch cotangents
-    itself, keeping five token × width buffers per layer alive to the end of the backward pass (0.53 GiB of
-    the step's temporaries at that shape). Both ties at that shape: the compiled step's peak 11.1 GiB without
-    them, 9.0 GiB with them (and that scheduler).
-    """
-    return _apply_block(graphdef, state, x_btd, positions_bt)
-
-
-def _rematerialised_block_fwd(graphdef: nnx.GraphDef, state: nnx.State, x_btd: jax.Array, positions_bt: jax.Array):
-    return _apply_block(graphdef, state, x_btd, positions_bt), (state, x_btd, positions_bt)
-
-
-def _rematerialised_block_bwd(graphdef: nnx.GraphDef, saved: tuple, g_btd: jax.Array):
-    state, x_btd, positions_bt = saved
-    x_btd = x_btd + 0 * g_btd[:, :1, :1].astype(x_btd.dtype)
-    _, vjp = jax.vjp(lambda s, x: _apply_block(graphdef, s, x, positions_bt), state, x_btd)
-    g_state, g_x_btd = vjp(g_btd)
-    tie = 0 * sum(leaf.ravel()[0] for leaf in jax.tree.leaves(g_state))
-    g_x_btd = g_x_btd.at[0, 0, 0].add(tie.astype(g_x_btd.dtype))
-    return g_state, g_x_btd, None  # positions are integers: no cotangent
-
-
-_rematerialised_block.defvjp(_rematerialised_block_fwd, _rematerialised_block_bwd)
 
 
 def with_dtype(model: Decoder, dtype: str) -> Decoder:

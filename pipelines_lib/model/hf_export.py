@@ -9,8 +9,8 @@ hf_files(model, tokenizer_dir=...)  -> {file name: bytes}
 save_hf_checkpoint(model, folder)   the same files in a new local folder
 ```
 
-Every tensor goes under the name ``hf_import.hf_name`` gives its parameter (kernels transposed back to HF's
-``[out, in]``), so import -> export -> import is bit-identical. The family (llama, qwen2, qwen3, gemma2,
+Every tensor goes under the name ``hf_import.hf_names`` gives its parameter (each layer of a stacked layer
+parameter under its own name, kernels transposed back to HF's ``[out, in]``), so import -> export -> import is bit-identical. The family (llama, qwen2, qwen3, gemma2,
 gemma3_text) comes from the config's provenance when it was imported, else from its switches; the written
 ``config.json`` is checked to map back onto the same ``ModelConfig``, so a config with no HF equivalent (a Llama
 with sliding layers, say) fails here, naming the fields, instead of exporting a folder that loads differently.
@@ -29,7 +29,7 @@ from safetensors.flax import save as safetensors_bytes
 
 from pipelines_lib.model.config import HF_ARCHITECTURES, ModelConfig
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.model.hf_import import hf_name
+from pipelines_lib.model.hf_import import hf_names
 from pipelines_lib.model.tokenizer import TOKENIZER_FILES, load_tokenizer
 
 TRANSFORMERS_LAYOUT = "5.0.0"
@@ -122,8 +122,10 @@ def hf_tensors(model: Decoder) -> dict[str, jnp.ndarray]:
     flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     out = {}
     for path, value in flat.items():
-        name, transpose = hf_name(path, model.cfg)
-        out[name] = jnp.asarray(value.T if transpose else value)
+        names, transpose = hf_names(path, model.cfg)
+        per_name = list(value) if path[0] == "layers" else [value]  # the stacked layers: one tensor each
+        for name, array in zip(names, per_name, strict=True):
+            out[name] = jnp.asarray(array.T if transpose else array)
     return dict(sorted(out.items()))
 
 

@@ -47,22 +47,12 @@ def load_hf_checkpoint(
     values: dict[tuple[Any, ...], Any] = {}
     used: set[str] = set()
     for path, leaf in expected.items():
-        name, transpose = hf_name(path, cfg)
-        if name not in tensors:
-            raise CheckpointError(
-                f"{folder}: missing tensor {name!r} (for parameter {'/'.join(map(str, path))})"
-            )
-        file = tensors[name]
-        with safe_open(file, framework="flax") as f:
-            array = f.get_tensor(name)
-        if transpose:
-            array = array.T
-        if array.shape != leaf.shape:
-            raise CheckpointError(
-                f"{file}: tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(leaf.shape)}"
-            )
-        values[path] = jnp.asarray(array, dtype=leaf.dtype)
-        used.add(name)
+        names, transpose = hf_names(path, cfg)
+        stacked = path[0] == "layers"  # one HF tensor per layer, stacked along the parameter's leading axis
+        shape = leaf.shape[1:] if stacked else leaf.shape
+        arrays = [_read_tensor(tensors, folder, name, path, transpose, shape) for name in names]
+        values[path] = jnp.asarray(jnp.stack(arrays) if stacked else arrays[0], dtype=leaf.dtype)
+        used.update(names)
     leftover = sorted(
         n
         for n in set(tensors) - used
@@ -86,17 +76,19 @@ def read_hf_config(folder: str | Path, *, max_seq_len: int | None = None) -> Mod
         raise CheckpointError(f"{path}: {err!r}") from err
 
 
-def hf_name(path: tuple[Any, ...], cfg: ModelConfig) -> tuple[str, bool]:
-    """HF tensor name of a ``Decoder`` parameter path, and whether the HF tensor is transposed ([out, in])."""
+def hf_names(path: tuple[Any, ...], cfg: ModelConfig) -> tuple[list[str], bool]:
+    """HF tensor names of a ``Decoder`` parameter path, and whether HF stores them transposed ([out, in]).
+
+    A parameter of the stacked layers (``layers/...``, leading axis the layer) has one name per layer, in
+    order; every other parameter has one."""
     head = path[0]
     if head == "embed":
-        return "model.embed_tokens.weight", False
+        return ["model.embed_tokens.weight"], False
     if head == "final_norm":
-        return "model.norm.weight", False
+        return ["model.norm.weight"], False
     if head == "lm_head":
-        return "lm_head.weight", True
-    _, index, module, *rest = path
-    prefix = f"model.layers.{index}"
+        return ["lm_head.weight"], True
+    _, module, *rest = path
     norms = {
         "attn_norm": "input_layernorm",
         # Llama/Qwen call their pre-MLP norm post_attention_layernorm; Gemma uses that name for the
@@ -105,13 +97,32 @@ def hf_name(path: tuple[Any, ...], cfg: ModelConfig) -> tuple[str, bool]:
         "attn_post_norm": "post_attention_layernorm",
         "mlp_post_norm": "post_feedforward_layernorm",
     }
+    transpose = False
     if module in norms:
-        return f"{prefix}.{norms[module]}.weight", False
-    sub, leaf = rest
-    group = "self_attn" if module == "attn" else "mlp"
-    if leaf == "scale":  # q_norm / k_norm
-        return f"{prefix}.{group}.{sub}.weight", False
-    return f"{prefix}.{group}.{sub}.{'weight' if leaf == 'kernel' else 'bias'}", leaf == "kernel"
+        suffix = f"{norms[module]}.weight"
+    else:
+        sub, leaf = rest
+        group = "self_attn" if module == "attn" else "mlp"
+        # q_norm / k_norm hold a ``scale``; projections a ``kernel`` (transposed in HF) and maybe a ``bias``.
+        suffix = f"{group}.{sub}.{'bias' if leaf == 'bias' else 'weight'}"
+        transpose = leaf == "kernel"
+    return [f"model.layers.{i}.{suffix}" for i in range(cfg.n_layers)], transpose
+
+
+def _read_tensor(tensors: dict[str, Path], folder: Path, name: str, path: tuple[Any, ...], transpose: bool,
+                 shape: tuple[int, ...]) -> Any:
+    """Tensor ``name`` in the parameter's layout (``shape``), or an error naming the file and the tensor."""
+    if name not in tensors:
+        raise CheckpointError(f"{folder}: missing tensor {name!r} (for parameter {'/'.join(map(str, path))})")
+    with safe_open(tensors[name], framework="flax") as f:
+        array = f.get_tensor(name)
+    if transpose:
+        array = array.T
+    if array.shape != shape:
+        raise CheckpointError(
+            f"{tensors[name]}: tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(shape)}"
+        )
+    return array
 
 
 def _tensor_index(folder: Path) -> dict[str, Path]:

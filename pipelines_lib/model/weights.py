@@ -7,13 +7,19 @@
 unchanged; Orbax and ``etils.epath`` handle it). A folder is self-describing: ``load_weights(path)`` rebuilds the
 decoder from the JSON and restores the parameters into it without a random initialisation. The
 publish stage adds the version pointer on top of these two functions.
+
+The decoder's layers are stacked (``layers/attn/q_proj/kernel`` of shape ``[n_layers, ...]``). A folder in
+the unrolled layout of earlier releases (one subtree per layer: ``layers/0/attn/q_proj/kernel``, ...) is
+converted as it loads: its item is read whole on each process, the layers stacked, then placed on the mesh.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
@@ -21,7 +27,7 @@ from jax.sharding import Mesh
 
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.train.mesh import MeshConfig, make_mesh, sharded_shapes
+from pipelines_lib.train.mesh import MeshConfig, make_mesh, place_state, sharded_shapes
 
 STATE_ITEM = "state"
 CONFIG_FILE = "model_config.json"
@@ -63,7 +69,38 @@ def load_weights(path_or_url: str, mesh: Mesh | None = None) -> Decoder:
     cfg = load_config(path_or_url)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract_params, rest = nnx.split(abstract, nnx.Param, ...)
-    abstract_params = sharded_shapes(abstract_params, make_mesh(MeshConfig()) if mesh is None else mesh)
+    mesh = make_mesh(MeshConfig()) if mesh is None else mesh
+    item = _path(path_or_url) / STATE_ITEM
     with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(_path(path_or_url) / STATE_ITEM, abstract_params)
+        if unrolled_layers(checkpointer.metadata(item).item_metadata.tree):
+            stacked = _stack_layers(checkpointer.restore(item), cfg.n_layers)
+            nnx.replace_by_pure_dict(abstract_params, _variable_values(stacked))
+            params = place_state(abstract_params, mesh)
+        else:
+            params = checkpointer.restore(item, sharded_shapes(abstract_params, mesh))
     return nnx.merge(graphdef, params, rest)
+
+
+def unrolled_layers(tree: Any) -> bool:
+    """Whether an Orbax item's tree (its metadata or its values) holds the decoder's layers unrolled, one
+    subtree per layer (``layers/0/...``), instead of stacked."""
+    if not isinstance(tree, dict):
+        return False
+    layers = tree.get("layers")
+    if isinstance(layers, dict) and layers and all(str(k).isdigit() for k in layers):
+        return True
+    return any(unrolled_layers(v) for k, v in tree.items() if k != "layers")
+
+
+def _stack_layers(tree: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    if sorted(tree["layers"], key=int) != [str(i) for i in range(n_layers)]:
+        raise ValueError(f"the weights hold layers {sorted(tree['layers'], key=int)}, their model config {n_layers}")
+    per_layer = [tree["layers"][str(i)] for i in range(n_layers)]
+    return {**tree, "layers": jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *per_layer)}
+
+
+def _variable_values(tree: Any) -> Any:
+    # Orbax writes each nnx.Variable as {"value": array}; a pure dict holds the arrays themselves.
+    if isinstance(tree, dict):
+        return tree["value"] if set(tree) == {"value"} else {k: _variable_values(v) for k, v in tree.items()}
+    return tree

@@ -5,7 +5,8 @@ train/checkpoints/<step:08d>/state/        Orbax item: {"params": model params, 
 train/checkpoints/<step:08d>/meta.json     step, policy version, tail cursor, RNG key data
 train/checkpoints/<step:08d>/COMMITTED     written last (create-only): only committed checkpoints exist
 ```
-A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
+A checkpoint of a decoder with unrolled layers (``layers/<i>/...``, the layout of earlier releases) is refused
+with an error naming it. A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
 of the same step picks a fresh attempt folder suffix so nothing is ever overwritten.
 
 A trainer spanning several processes calls both functions on every process: Orbax writes and reads each
@@ -23,6 +24,7 @@ from flax import nnx
 
 from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
+from pipelines_lib.model.weights import unrolled_layers
 from pipelines_lib.records import CheckpointMeta
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -87,8 +89,14 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer,
     folder = folders[-1]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _items(model, optimizer))
     def restore() -> Any:
+        path = orbax_path(store.uri(f"{folder}/state"))
         with ocp.StandardCheckpointer() as checkpointer:
-            return checkpointer.restore(orbax_path(store.uri(f"{folder}/state")), target)
+            if unrolled_layers(checkpointer.metadata(path).item_metadata.tree):
+                raise ValueError(
+                    f"{path}: a trainer checkpoint with the decoder's layers unrolled (layers/<i>/...), which this "
+                    "release cannot resume (its layers are stacked): finish the run with the release that wrote it, "
+                    "or start a new campaign from its published weights (weights folders of that layout still load)")
+            return checkpointer.restore(path, target)
 
     restored = store.call_external("restore checkpoint", f"{folder}/state", restore)
     nnx.update(model, restored["params"])

@@ -10,7 +10,7 @@ A stage builds its mesh from its config section (``trainer.mesh``, ``sft.mesh``,
   so one model too large for a device computes across several.
 
 The decoder's parameters carry *logical* axis names (Flax NNX sharding metadata, set in
-``model/decoder.py``: ``embed``, ``vocab``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``RULES``
+``model/decoder.py``: ``layers``, ``embed``, ``vocab``, ``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``RULES``
 maps each name to mesh axes, and batch rows go over ``data`` × ``fsdp``. Adam's moments inherit their
 parameter's names (``nnx.Optimizer`` copies the metadata), so optimiser state is laid out like the
 parameters without bookkeeping. A dimension whose size the mesh axes do not divide (a single kv head on
@@ -67,10 +67,12 @@ RULES: Mapping[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),
+    "layers": (),
 }
 """Logical axis name → mesh axes that split it. FSDP splits every parameter along its model width
 (``embed``); tensor parallelism splits attention heads, MLP hidden units and the vocabulary; batch rows go
-over both data-parallel axes. The decoder names its parameters' axes with these keys."""
+over both data-parallel axes. The stacked layer axis stays whole: the layer scan runs every layer on every
+device. The decoder names its parameters' axes with these keys."""
 
 Node = TypeVar("Node")
 
@@ -208,20 +210,16 @@ def sharded_shapes(state: Any, mesh: Mesh) -> Any:
 
 
 def create_sharded(factory: Callable[[], Node], mesh: Mesh) -> Node:
-    """Build ``factory()`` under jit with every variable constrained to its sharding.
+    """Build ``factory()`` as one jitted program whose outputs are placed on their shardings.
 
-    Each device initialises only its own shards, so a model too large for one device (or host) is
-    never materialised whole. The factory must be deterministic (seeded ``nnx.Rngs``).
+    The structure comes from an abstract evaluation (nothing allocated); the initialisation then runs once,
+    compiled, with ``out_shardings`` from the rules table, so each device initialises only its own shards and a
+    model too large for one device (or host) is never materialised whole. The factory must be deterministic
+    (seeded ``nnx.Rngs``).
     """
-
-    @nnx.jit
-    def build() -> Node:
-        node = factory()
-        state = nnx.state(node)
-        nnx.update(node, jax.lax.with_sharding_constraint(state, state_shardings(state, mesh)))
-        return node
-
-    return build()
+    graphdef, abstract = nnx.split(nnx.eval_shape(factory))
+    state = jax.jit(lambda: nnx.split(factory())[1], out_shardings=state_shardings(abstract, mesh))()
+    return nnx.merge(graphdef, state)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

@@ -16,8 +16,8 @@ Inside, in order:
 
 Precision (``StepConfig.precision``): the parameters and Adam's moments stay in ``precision.params``;
 each micro-batch's forward/backward runs on a ``precision.compute`` copy (``model.decoder.with_dtype``),
-so the summed gradient and the update are in the master dtype. ``StepConfig.remat`` recomputes each
-layer's activations in the backward pass instead of keeping them.
+so the summed gradient and the update are in the master dtype. ``StepConfig.remat`` chooses what of each
+layer's activations the backward pass recomputes instead of keeping.
 
 Proximal log-probs: ``batch.prox_logp_bt = None`` uses the current parameters (stop-gradient),
 which *is* the proximal policy when the batch receives one optimizer update — it saves a forward
@@ -39,7 +39,7 @@ import optax
 from flax import nnx
 
 from pipelines_lib.model.config import DTYPES
-from pipelines_lib.model.decoder import Decoder, with_dtype
+from pipelines_lib.model.decoder import REMAT_POLICIES, Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.losses import (
     LossConfig,
@@ -81,9 +81,12 @@ class StepConfig:
     """Micro-batches per optimizer step; must divide the batch's row count."""
     precision: Precision = field(default_factory=Precision)
     """Master and compute dtypes (mixed precision when they differ)."""
-    remat: bool = False
-    """Gradient checkpointing: keep only each decoder layer's input for the backward pass and recompute
-    the layer's activations there (less activation memory for about one more forward pass)."""
+    remat: str = "none"
+    """Gradient checkpointing of the decoder's layers: what the backward pass keeps of each layer's forward.
+    ``none``: every activation; ``full``: only each layer's input, the layer recomputed in the backward pass
+    (least memory, about one more forward pass); ``dots``: the layer's input and its weight matmuls' outputs,
+    recomputing only norms, rope, attention and activations (more memory than ``full``, less recomputation).
+    The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
     logit_chunk_tokens: int = 256
     """Bound on the float32 logits alive at once when scoring (``losses.token_logp_and_entropy``): the
     vocabulary is unembedded a slice at a time, the slice sized so that its logits (and their softmax and
@@ -96,10 +99,12 @@ class StepConfig:
             raise ValueError(f"StepConfig.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         if self.logit_chunk_tokens < 1:
             raise ValueError(f"StepConfig.logit_chunk_tokens must be >= 1, got {self.logit_chunk_tokens}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"StepConfig.remat must be one of {sorted(REMAT_POLICIES)}, got {self.remat!r}")
 
 
 def _forward_logp_entropy(
-    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, chunk_tokens: int, remat: bool = False
+    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, chunk_tokens: int, remat: str = "none"
 ) -> tuple[jax.Array, jax.Array]:
     h_btd = model.final_hidden(tokens_bt, positions_bt, remat=remat)
     return token_logp_and_entropy(h_btd, tokens_bt, model.unembedding_vd(), softcap=model.cfg.final_logit_softcap,
