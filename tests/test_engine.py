@@ -650,12 +650,12 @@ class _Result:
 
 def test_busy_time_counts_overlapping_steps_once_and_host_bound_steps_not_at_all() -> None:
     now = [0.0]
-    runner = DeviceRunner(steps_for(nnx.graphdef(lively_model(0))), {}, 2, jax.devices()[0], lambda: now[0])
+    runner = DeviceRunner(steps_for(nnx.graphdef(lively_model(0)), 1), {}, 2, jax.devices()[0], lambda: now[0])
 
     def collect(at: float, read_at: float, ready: bool) -> tuple[float, bool]:
         now[0] = read_at
-        _, _, busy, host_bound = runner.collect(Dispatched(_Result(ready), _Result(ready), at))
-        return busy, host_bound
+        out = runner.collect(Dispatched(_Result(ready), _Result(ready), _Result(ready), at))
+        return out.busy_s, out.host_bound
 
     assert collect(0.0, 10.0, ready=False) == (10.0, False)
     assert collect(4.0, 15.0, ready=False) == (5.0, False)  # dispatched at 4 while the first ran: 10..15 only
@@ -733,10 +733,12 @@ def test_block_pool_cache_clear_keeps_blocks_in_use() -> None:
     assert pool.admit(0, [1, 2, 3, 4], 6) == 0 and pool.free_blocks == 1
 
 
-def test_attention_spans_are_powers_of_two_blocks_up_to_a_full_sequence() -> None:
-    config = EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16)
-    assert config.attention_spans == (1, 2, 4, 6)
-    assert [config.span_for(n) for n in (1, 16, 17, 33, 65, 96)] == [1, 1, 2, 4, 6, 6]
+def test_attention_spans_are_powers_of_two_blocks_from_128_positions_up_to_a_full_sequence() -> None:
+    config = EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=4)
+    assert config.attention_spans == (24,)  # a sequence shorter than 128 positions: one span
+    config = EngineConfig(max_seq_len=600, prefill_buckets=(16,), block_size=16)  # 38 blocks; 128 positions: 8
+    assert config.attention_spans == (8, 16, 32, 38)
+    assert [config.span_for(n) for n in (1, 128, 129, 257, 513, 600)] == [8, 8, 16, 32, 38, 38]
     with pytest.raises(ValueError, match="num_blocks=5 cannot hold one sequence"):
         EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16, num_blocks=5)
 
@@ -761,7 +763,7 @@ def test_decode_runs_occupied_slots_in_row_buckets_and_admitted_prompts_prefill_
     completions = run(model, body)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     assert shapes == [([(4, 16)], 4), ([], 4)] + [([], 1)] * 4
-    assert EngineConfig(num_slots=6).row_buckets == (1, 2, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
+    assert EngineConfig(num_slots=6).row_buckets == (1, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
 
 
 def test_prefill_chunks_follow_the_prompt_length_not_the_next_bucket() -> None:
