@@ -7,6 +7,7 @@ repeating one token, which would make "same tokens" comparisons weak.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import concurrent.futures
 import functools
 from collections.abc import Awaitable, Callable
@@ -800,3 +801,99 @@ def test_prompt_prefilled_in_bucket_chunks_gives_the_greedy_tokens_of_one_padded
     assert split_shapes == [(1, 16)] * 3 and whole_shapes == [(1, 64)]
     assert split.token_ids == whole.token_ids
     np.testing.assert_allclose(split.logprobs, whole.logprobs, rtol=0, atol=1e-4)
+
+
+MULTI = EngineConfig(**{**vars(CONFIG), "decode_steps": 4})
+
+
+def test_calls_of_several_steps_give_the_tokens_and_logprobs_of_single_steps(model: Decoder) -> None:
+    """Greedy and sampled requests, one ending on a stop id inside a call, others by max_new_tokens (3 is not
+    a multiple of the 4 steps a call runs) and by the context: the same tokens and logprobs whether the
+    device runs one step per call or four, and a call of four compiles nothing after warm-up."""
+    sampling = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(6), sampling))
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 5 and t not in free.token_ids[:i])
+    requests = [
+        (prompt(6), SamplingParams(**{**vars(sampling), "stop_ids": (stop,)})),
+        (prompt(17, 1), SamplingParams(temperature=0.0, max_new_tokens=3)),
+        (prompt(90, 2), SamplingParams(temperature=0.7, max_new_tokens=50, seed=1)),
+        (prompt(9, 3), SamplingParams(temperature=0.0, max_new_tokens=14, stop_ids=(9999,))),
+        (prompt(12, 4), SamplingParams(temperature=1.3, top_k=5, max_new_tokens=11, seed=2)),
+    ]
+
+    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float], int]:
+        before = engine.stats()["compilations"]
+        completions, stats = await all_at_once(requests)(engine)
+        return completions, stats, engine.stats()["compilations"] - before
+
+    single, single_stats, _ = run(model, body)
+    multi, multi_stats, compiled = run(model, body, MULTI)
+    assert multi[0].finish_reason == "stop" and multi[0].token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert [(c.finish_reason, len(c.token_ids)) for c in multi[1:3]] == [("length", 3), ("context", 6)]
+    assert [c.token_ids for c in multi] == [c.token_ids for c in single]
+    for m, s in zip(multi, single, strict=True):
+        np.testing.assert_allclose(m.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
+    assert compiled == 0
+    assert multi_stats["generated_tokens"] == single_stats["generated_tokens"] == sum(len(c.token_ids) for c in multi)
+    assert single_stats["dispatches"] == single_stats["decode_steps"]
+    assert multi_stats["dispatches"] < single_stats["dispatches"] / 2
+
+
+def test_a_row_stopped_inside_a_call_leaves_its_slot_and_prefix_clean(model: Decoder) -> None:
+    """One slot, four steps a call: a request ends on a stop id inside a call and the queued one takes the
+    slot; the follower matches its solo run, and the stopped request's next turn reuses its prefix (every
+    token but the stop, whose keys/values nobody wrote) with the tokens of a fresh prefill."""
+    one_slot = EngineConfig(**{**vars(ONE_SLOT), "decode_steps": 4})
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(40), sampling), one_slot)
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 5 and i % 4 != 3 and t not in free.token_ids[:i])
+    stopping = SamplingParams(**{**vars(sampling), "stop_ids": (stop,)})
+    follower = (prompt(9, 3), SamplingParams(temperature=0.0, max_new_tokens=10))
+    solo = run(model, lambda e: e.generate(*follower), one_slot)
+
+    async def body(engine: JaxEngine) -> tuple[Any, ...]:
+        stopped, after = await asyncio.gather(engine.generate(prompt(40), stopping), engine.generate(*follower))
+        engine.reset_stats()
+        turn2 = prompt(40) + stopped.token_ids + prompt(9, 2)
+        return stopped, after, turn2, await engine.generate(turn2, GREEDY), engine.stats()
+
+    stopped, after, turn2, second, stats = run(model, body, one_slot)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert after.token_ids == solo.token_ids
+    np.testing.assert_allclose(after.logprobs, solo.logprobs, atol=1e-5)
+    assert stats["reused_prefix_tokens"] == 40 + len(stopped.token_ids) - 1
+    fresh = run(model, lambda e: e.generate(turn2, GREEDY), EngineConfig(**{**vars(ONE_SLOT), "prefix_reuse": False}))
+    assert second.token_ids == fresh.token_ids
+    np.testing.assert_allclose(second.logprobs, fresh.logprobs, rtol=0, atol=1e-4)
+
+
+def test_too_many_stop_ids_are_refused_naming_the_limit(model: Decoder) -> None:
+    config = EngineConfig(**{**vars(CONFIG), "max_stop_ids": 2})
+    with pytest.raises(ValueError, match="3 stop ids exceed EngineConfig.max_stop_ids=2"):
+        run(model, lambda e: e.generate(prompt(5), SamplingParams(stop_ids=(1, 2, 3))), config)
+
+
+SERVING = EngineConfig(num_slots=64, max_seq_len=1024, block_size=16, decode_steps=8)
+"""Rows in powers of four up to 64: 1, 4, 16, 64. Spans of a power of two of 16-position blocks, from 128
+positions (8 blocks) to the context's 64: 8, 16, 32, 64. Decode: 4 x 4 = 16 programs. Prefill: 5 prompt
+buckets (16 to 256) x 4 row buckets = 20."""
+
+
+def test_warmup_of_a_serving_config_compiles_its_36_variants_and_nothing_after() -> None:
+    assert (SERVING.row_buckets, SERVING.attention_spans) == ((1, 4, 16, 64), (8, 16, 32, 64))
+    assert (SERVING.decode_variants, SERVING.prefill_variants) == (16, 20)
+    model = Decoder(dataclasses.replace(ModelConfig.tiny(), max_seq_len=1024, n_layers=1), rngs=nnx.Rngs(0))
+
+    async def main() -> tuple[int, int, int]:
+        async with JaxEngine(model, SERVING) as engine:
+            start = engine.stats()["compilations"]
+            await engine.warmup()
+            warm = engine.stats()["compilations"]
+            long_prompts = [engine.generate(prompt(300 + 37 * k, k), SamplingParams(max_new_tokens=40, seed=k))
+                            for k in range(6)]
+            short = [engine.generate(prompt(5 + k, k), GREEDY) for k in range(3)]
+            await asyncio.wait_for(asyncio.gather(*long_prompts, *short), timeout=300)
+            return start, warm, engine.stats()["compilations"]
+
+    start, warm, after = asyncio.run(main())
+    assert (warm - start, after) == (36, warm)
