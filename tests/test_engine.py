@@ -7,8 +7,8 @@ repeating one token, which would make "same tokens" comparisons weak.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import concurrent.futures
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +22,7 @@ from flax import nnx
 from pipelines_lib.engine import Engine, EngineClosedError, EngineConfig, JaxEngine, SamplingParams
 from pipelines_lib.engine.blocks import BlockPool
 from pipelines_lib.engine.device import DeviceRunner, Dispatched, steps_for
+from pipelines_lib.engine.roofline import decode_step_bytes
 from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -897,3 +898,14 @@ def test_warmup_of_a_serving_config_compiles_its_36_variants_and_nothing_after()
 
     start, warm, after = asyncio.run(main())
     assert (warm - start, after) == (36, warm)
+
+
+def test_decode_step_bytes_count_the_layers_the_rows_embeddings_the_whole_unembedding_and_the_span() -> None:
+    tiny = ModelConfig.tiny()  # vocab 512, d 128, 4 layers, 4 heads of 32 (2 for keys/values), MLP 384, tied
+    layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 384 + 2 * 128  # q, k and v, o, gated MLP, 2 norms
+    assert layer == 196_864
+    weights = 4 * layer + 128 + 4 * 128 + 512 * 128  # layers, final norm, 4 rows' embeddings, the unembedding
+    kv = 4 * 64 * 4 * 2 * 2 * 32  # rows x span x layers x (keys, values) x kv heads x head dim
+    assert decode_step_bytes(tiny, rows=4, span_positions=64) == 4 * (weights + kv) == 3_938_816
+    untied = dataclasses.replace(tiny, tie_embeddings=False, dtype="bfloat16")  # lm_head: another 512 x 128
+    assert decode_step_bytes(untied, rows=4, span_positions=64) == 2 * (weights + kv)
