@@ -575,8 +575,8 @@ def test_next_step_is_dispatched_before_the_previous_one_is_read(model: Decoder)
 
 
 def test_stop_then_next_request_in_the_same_slot_match_solo_runs(model: Decoder) -> None:
-    """A request ending on a stop id was decoded one step further (pipelining); that token is dropped and
-    the next request admitted to its slot is unaffected by it."""
+    """A request ending on a stop id is still a row of the call dispatched before its stop was read
+    (pipelining); that row samples and writes nothing, and the next request admitted to its slot is unaffected."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
     free = run(model, lambda e: e.generate(prompt(6), sampling), ONE_SLOT)
     stop = next(t for i, t in enumerate(free.token_ids) if i >= 4 and t not in free.token_ids[:i])

@@ -2,36 +2,41 @@
 
 How the pieces fit::
 
-    scheduler (jax_engine, event loop)
-        DecodeRows: per-slot inputs of the next decode step, kept on the host and changed only where a
-                    slot starts, stops or advances (vectorised; nothing is rebuilt per step)
+    scheduler (engine.scheduler, event loop)
+        DecodeRows: per-slot inputs of the next decode call, kept on the host and changed only where a
+                    slot starts, stops or advances (vectorised; nothing is rebuilt per call)
             │ prefill chunks + a snapshot of the rows
             ▼
     DeviceRunner (the engine's worker thread; it alone touches the KV cache)
-        dispatch(): prefill chunks, then one decode step; returns at once (JAX dispatch is asynchronous)
-        collect():  waits until a dispatched step's tokens and logprobs are on the host
-        warmup():   compiles every step variant on the live cache, writing nowhere
+        dispatch(): prefill chunks, then one decode call; returns at once (JAX dispatch is asynchronous)
+        collect():  waits until a dispatched call's tokens, logprobs and counts are on the host
+        warmup():   compiles every variant on the live cache, writing nowhere
 
-The KV cache is paged (``model.decoder``, ``engine.blocks``): each step receives the block table. A
+The KV cache is paged (``model.decoder``, ``engine.blocks``): each call receives the block table. A
 prompt's first chunk attends over the blocks its bucket covers (``prefill_calls``: the first chunks of the
-prompts admitted together run as one batch); a decode step runs the occupied slots only, in the smallest
+prompts admitted together run as one batch); a decode call runs the occupied slots only, in the smallest
 of ``EngineConfig.row_buckets`` holding them, over the first ``span`` blocks of each row, ``span`` the
-smallest of ``EngineConfig.attention_spans`` covering the longest sequence, so its cost follows the slots
-occupied and the tokens they hold, not ``num_slots × max_seq_len``.
+smallest of ``EngineConfig.attention_spans`` covering the positions its rows reach, so its cost follows the
+slots occupied and the tokens they hold, not ``num_slots × max_seq_len``.
 
-The scheduler dispatches step N+1 *before* collecting step N, so the device computes N+1 while the host
+A decode call is a loop of up to ``decode_steps`` steps on the device (``_decode_steps``): each step feeds
+the token the step before sampled, a row samples at most its budget (what ``max_new_tokens`` and the context
+leave, known on the host) and stops after a stop id; from then on it reads and writes no block. The host gets
+``[steps, rows]`` tokens and logprobs and how many each row sampled.
+
+The scheduler dispatches call N+1 *before* collecting call N, so the device computes N+1 while the host
 records N, admits requests and plans N+2 (as vLLM's async scheduling does). A row that continues feeds
-the token step N sampled straight from the device (``from_carry``): its value is not needed on the host
-to build N+1. The price is that a request ending on a stop id at step N was also decoded in N+1; that
-token is discarded (limits on ``max_new_tokens`` and the context are known in advance, so those rows
-stop on time). The extra step only writes the keys/values of the request's final token, past every
-prefix a later turn can reuse, so the cache stays consistent.
+the token call N sampled last straight from the device (``from_carry``): its value is not needed on the
+host to build N+1. A row that stopped on a stop id in N is still in N+1 (the host does not know yet), but
+the device does (``alive_b``, carried like the token): it samples and writes nothing there. So no call
+writes keys/values past a request's last kept token, and a block released to the prefix cache holds only
+what its key says (plus stale entries past it, written before any later owner's, that causality masks).
 
-**Busy time** is the union over steps of [dispatch, results on the host]: the time during which the
-device had work the host was waiting for. A step whose results were already on the device when the host
+**Busy time** is the union over calls of [dispatch, results on the host]: the time during which the
+device had work the host was waiting for. A call whose results were already on the device when the host
 came for them (the host, not the device, was the bottleneck; the device may have idled) is credited
 nothing beyond what is already counted, so ``busy_s`` is a lower bound whenever that happens;
-``host_bound_steps`` counts those steps.
+``host_bound_steps`` counts those calls.
 """
 
 from __future__ import annotations
