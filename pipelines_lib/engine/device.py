@@ -41,6 +41,7 @@ nothing beyond what is already counted, so ``busy_s`` is a lower bound whenever 
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 import time
@@ -340,25 +341,40 @@ class DeviceRunner:
         self.cache, self._carry_b, self._alive_b = out.cache, out.carry_b, out.alive_b
         return Dispatched(out.token_kr, out.logprob_kr, out.count_r, at)
 
-    def warmup(self, params: dict[Any, Any], config: EngineConfig, decode_steps: int) -> None:
+    def warmup(self, params: dict[Any, Any], config: EngineConfig, decode_steps: int, *, threads: int = 1) -> None:
         """Compile every prefill and decode variant on the live cache (no second cache): every table entry
         is "no block" and every decode row padding, so nothing is written and requests in flight are
-        untouched."""
+        untouched.
+
+        ``threads > 1`` first compiles the variants side by side (ahead of time; XLA compiles outside the GIL),
+        and the calls then find them compiled: jit keeps what ``lower(...).compile()`` made for the same
+        arguments, so a call neither traces nor compiles again."""
+        variants = self._variants(config, decode_steps)
+        if threads > 1:
+            with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="jax-engine-compile") as pool:
+                list(pool.map(lambda v: v[0].lower(params, self.cache, *v[1]).compile(), variants))
+        for step, args in variants:
+            out = step(params, self.cache, *args)
+            self.cache = out.cache if isinstance(out, DecodeOut) else out
+        jax.block_until_ready(self.cache)
+
+    def _variants(self, config: EngineConfig, decode_steps: int) -> list[tuple[Any, tuple[Any, ...]]]:
+        """(jitted step, its arguments after params and cache) of each variant, writing nowhere (padding decode
+        rows leave the carry as it is, so the calls' new carries need not be kept)."""
         n, no_block = config.num_slots, config.pool_blocks
         nowhere = np.full((n, config.blocks_per_sequence), no_block, np.int32)
+        variants: list[tuple[Any, tuple[Any, ...]]] = []
         for bucket in config.prefill_buckets:
             for rows in config.row_buckets:
                 span = config.blocks_per_sequence if rows == 1 else config.span_for(bucket)
-                self.cache = self.steps.prefill(params, self.cache, nowhere[:rows, :span],
-                                                np.zeros((rows, bucket), np.int32), np.zeros(rows, np.int32))
+                variants.append((self.steps.prefill, (nowhere[:rows, :span], np.zeros((rows, bucket), np.int32),
+                                                      np.zeros(rows, np.int32))))
         idle = DecodeRows(n, config.max_seq_len, config.max_stop_ids)
         for rows in config.row_buckets:
             decode_rows = idle.take(np.full(rows, n), decode_steps)
-            for span in config.attention_spans:
-                out = self.steps.decode(params, self.cache, nowhere[:rows, :span], self._carry_b, self._alive_b,
-                                        decode_rows)
-                self.cache, self._carry_b, self._alive_b = out.cache, out.carry_b, out.alive_b
-        jax.block_until_ready(self.cache)
+            variants += [(self.steps.decode, (nowhere[:rows, :span], self._carry_b, self._alive_b, decode_rows))
+                         for span in config.attention_spans]
+        return variants
 
     def collect(self, call: Dispatched) -> Collected:
         """A dispatched decode call's results, waiting for them."""

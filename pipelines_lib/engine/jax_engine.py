@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -84,6 +85,10 @@ from pipelines_lib.engine.device import Collected, DeviceRunner, Dispatched, ste
 from pipelines_lib.engine.scheduler import Call, Counters, Request, Scheduler
 from pipelines_lib.model.decoder import Decoder, init_cache
 from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
+
+WARMUP_COMPILE_THREADS = 8
+"""Most variants ``warmup()`` compiles at once (one per host core at most): compile time, not the device, bounds
+a warm-up, and XLA compiles one program on about one core."""
 
 
 class EngineClosedError(RuntimeError):
@@ -222,8 +227,8 @@ class JaxEngine:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def warmup(self) -> None:
-        """Compile every prefill bucket and decode attention span now, on the engine's own cache (writing
-        nothing into it, so in-flight requests are untouched)."""
+        """Compile every prefill and decode variant now (``WARMUP_COMPILE_THREADS`` at a time), on the engine's
+        own cache (writing nothing into it, so in-flight requests are untouched)."""
         self._ensure_running()
         assert self._loop is not None
         await self._loop.run_in_executor(self._executor, self._warmup_sync)
@@ -309,7 +314,8 @@ class JaxEngine:
         return inflight, self._runner.collect(previous[1]) if previous is not None else None
 
     def _warmup_sync(self) -> None:
-        self._runner.warmup(self._params, self.config, self.decode_steps)
+        threads = min(WARMUP_COMPILE_THREADS, os.cpu_count() or 1)
+        self._runner.warmup(self._params, self.config, self.decode_steps, threads=threads)
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
