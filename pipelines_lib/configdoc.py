@@ -16,7 +16,7 @@ import typing
 from typing import Any
 
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.settings import DEFAULTS, ENV_VARS, PROCESS_DEFAULTS, Settings
+from pipelines_lib.settings import COMPILATION_CACHE_VAR, DEFAULTS, ENV_VARS, PROCESS_DEFAULTS, Settings
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
@@ -93,6 +93,10 @@ def settings_section() -> list[str]:
         meaning = docs[f.name].split(": ", 1)[1] if ": " in docs[f.name] else docs[f.name]
         meaning = meaning[:1].upper() + meaning[1:]
         lines.append(f"| `{ENV_VARS[f.name]}` | {default} | {meaning.replace('|', '/')} |")
+    lines.append(f"| `{COMPILATION_CACHE_VAR}` | `$XDG_CACHE_HOME/rollstream/jax` else `~/.cache/rollstream/jax` | "
+                 "Folder of JAX's persistent compilation cache (`off`: none), so a later process with the same "
+                 "shapes loads its programs instead of compiling them; an explicit `JAX_COMPILATION_CACHE_DIR` "
+                 "wins. |")
     return lines
 
 

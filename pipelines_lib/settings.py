@@ -17,12 +17,16 @@ and hands ``settings`` (or the ``Store`` it built) down. Nothing below the entry
 | ``ROLLSTREAM_STORAGE_DEADLINE_S``     | ``storage_deadline_s``      | 60      |
 | ``ROLLSTREAM_ORBAX_DEADLINE_S``       | ``orbax_deadline_s``        | 600     |
 | ``ROLLSTREAM_CACHE``                  | ``cache``                   | the checkout's ``build/`` |
+
+``apply_process_defaults`` also turns on JAX's persistent compilation cache (``compilation_cache_dir``): a
+second process compiling the same programs (an engine's warm-up, a trainer's step) loads them from disk.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,11 +53,38 @@ PROCESS_DEFAULTS: Mapping[str, str] = {
 _DEFAULT_RETRY = RetryPolicy()
 
 
+COMPILATION_CACHE_VAR = "ROLLSTREAM_COMPILATION_CACHE"
+"""Folder of JAX's persistent compilation cache, or ``off``; see ``compilation_cache_dir``."""
+
+
+def compilation_cache_dir(environ: Mapping[str, str]) -> str | None:
+    """Where this process's JAX keeps compiled programs for later processes, or None for nowhere.
+
+    An explicit ``JAX_COMPILATION_CACHE_DIR`` wins; else ``ROLLSTREAM_COMPILATION_CACHE`` (a folder, or
+    ``off``); else ``$XDG_CACHE_HOME/rollstream/jax``, else ``~/.cache/rollstream/jax``: a folder the user
+    owns, shared by every campaign on the machine, since compiled programs depend only on shapes, code and
+    the XLA version (JAX keys its entries on all three)."""
+    if environ.get("JAX_COMPILATION_CACHE_DIR", "").strip():
+        return environ["JAX_COMPILATION_CACHE_DIR"]
+    chosen = environ.get(COMPILATION_CACHE_VAR, "").strip()
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return os.path.expanduser(chosen)
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(home, ".cache")
+    return os.path.join(base, "rollstream", "jax")
+
+
 def apply_process_defaults(environ: MutableMapping[str, str]) -> None:
-    """Set ``PROCESS_DEFAULTS`` that ``environ`` lacks. Call it before gcsfs or Prefect is imported: both read
-    their settings from the environment once, at import."""
+    """Set ``PROCESS_DEFAULTS`` that ``environ`` lacks, and ``JAX_COMPILATION_CACHE_DIR`` (from
+    ``compilation_cache_dir``). Call it before gcsfs, Prefect or JAX is imported: each reads its settings from
+    the environment once, at import; stage processes inherit them."""
     for key, value in PROCESS_DEFAULTS.items():
         environ.setdefault(key, value)
+    cache = compilation_cache_dir(environ)
+    if cache is not None:
+        environ["JAX_COMPILATION_CACHE_DIR"] = cache
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,4 +166,5 @@ ENV_VARS: Mapping[str, str] = {
 """Settings field -> the environment variable that sets it."""
 
 
-__all__ = ["DEFAULTS", "ENV_VARS", "PROCESS_DEFAULTS", "Settings", "apply_process_defaults"]
+__all__ = ["COMPILATION_CACHE_VAR", "DEFAULTS", "ENV_VARS", "PROCESS_DEFAULTS", "Settings", "apply_process_defaults",
+           "compilation_cache_dir"]

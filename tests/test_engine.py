@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from flax import nnx
 from pipelines_lib.engine import Engine, EngineClosedError, EngineConfig, JaxEngine, SamplingParams
 from pipelines_lib.engine.blocks import BlockPool
 from pipelines_lib.engine.device import DeviceRunner, Dispatched, steps_for
+from pipelines_lib.engine.roofline import decode_step_bytes
 from pipelines_lib.engine.sampling import filtered_logits
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -573,8 +575,8 @@ def test_next_step_is_dispatched_before_the_previous_one_is_read(model: Decoder)
 
 
 def test_stop_then_next_request_in_the_same_slot_match_solo_runs(model: Decoder) -> None:
-    """A request ending on a stop id was decoded one step further (pipelining); that token is dropped and
-    the next request admitted to its slot is unaffected by it."""
+    """A request ending on a stop id is still a row of the call dispatched before its stop was read
+    (pipelining); that row samples and writes nothing, and the next request admitted to its slot is unaffected."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
     free = run(model, lambda e: e.generate(prompt(6), sampling), ONE_SLOT)
     stop = next(t for i, t in enumerate(free.token_ids) if i >= 4 and t not in free.token_ids[:i])
@@ -650,12 +652,12 @@ class _Result:
 
 def test_busy_time_counts_overlapping_steps_once_and_host_bound_steps_not_at_all() -> None:
     now = [0.0]
-    runner = DeviceRunner(steps_for(nnx.graphdef(lively_model(0))), {}, 2, jax.devices()[0], lambda: now[0])
+    runner = DeviceRunner(steps_for(nnx.graphdef(lively_model(0)), 1), {}, 2, jax.devices()[0], lambda: now[0])
 
     def collect(at: float, read_at: float, ready: bool) -> tuple[float, bool]:
         now[0] = read_at
-        _, _, busy, host_bound = runner.collect(Dispatched(_Result(ready), _Result(ready), at))
-        return busy, host_bound
+        out = runner.collect(Dispatched(_Result(ready), _Result(ready), _Result(ready), at))
+        return out.busy_s, out.host_bound
 
     assert collect(0.0, 10.0, ready=False) == (10.0, False)
     assert collect(4.0, 15.0, ready=False) == (5.0, False)  # dispatched at 4 while the first ran: 10..15 only
@@ -733,10 +735,12 @@ def test_block_pool_cache_clear_keeps_blocks_in_use() -> None:
     assert pool.admit(0, [1, 2, 3, 4], 6) == 0 and pool.free_blocks == 1
 
 
-def test_attention_spans_are_powers_of_two_blocks_up_to_a_full_sequence() -> None:
-    config = EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16)
-    assert config.attention_spans == (1, 2, 4, 6)
-    assert [config.span_for(n) for n in (1, 16, 17, 33, 65, 96)] == [1, 1, 2, 4, 6, 6]
+def test_attention_spans_are_powers_of_two_blocks_from_128_positions_up_to_a_full_sequence() -> None:
+    config = EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=4)
+    assert config.attention_spans == (24,)  # a sequence shorter than 128 positions: one span
+    config = EngineConfig(max_seq_len=600, prefill_buckets=(16,), block_size=16)  # 38 blocks; 128 positions: 8
+    assert config.attention_spans == (8, 16, 32, 38)
+    assert [config.span_for(n) for n in (1, 128, 129, 257, 513, 600)] == [8, 8, 16, 32, 38, 38]
     with pytest.raises(ValueError, match="num_blocks=5 cannot hold one sequence"):
         EngineConfig(max_seq_len=96, prefill_buckets=(16,), block_size=16, num_blocks=5)
 
@@ -761,7 +765,7 @@ def test_decode_runs_occupied_slots_in_row_buckets_and_admitted_prompts_prefill_
     completions = run(model, body)
     assert [c.token_ids for c in completions] == [s.token_ids for s in solos]
     assert shapes == [([(4, 16)], 4), ([], 4)] + [([], 1)] * 4
-    assert EngineConfig(num_slots=6).row_buckets == (1, 2, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
+    assert EngineConfig(num_slots=6).row_buckets == (1, 4, 6) and EngineConfig(num_slots=6).rows_for(5) == 6
 
 
 def test_prefill_chunks_follow_the_prompt_length_not_the_next_bucket() -> None:
@@ -798,3 +802,110 @@ def test_prompt_prefilled_in_bucket_chunks_gives_the_greedy_tokens_of_one_padded
     assert split_shapes == [(1, 16)] * 3 and whole_shapes == [(1, 64)]
     assert split.token_ids == whole.token_ids
     np.testing.assert_allclose(split.logprobs, whole.logprobs, rtol=0, atol=1e-4)
+
+
+MULTI = EngineConfig(**{**vars(CONFIG), "decode_steps": 4})
+
+
+def test_calls_of_several_steps_give_the_tokens_and_logprobs_of_single_steps(model: Decoder) -> None:
+    """Greedy and sampled requests, one ending on a stop id inside a call, others by max_new_tokens (3 is not
+    a multiple of the 4 steps a call runs) and by the context: the same tokens and logprobs whether the
+    device runs one step per call or four, and a call of four compiles nothing after warm-up."""
+    sampling = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(6), sampling))
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 5 and t not in free.token_ids[:i])
+    requests = [
+        (prompt(6), SamplingParams(**{**vars(sampling), "stop_ids": (stop,)})),
+        (prompt(17, 1), SamplingParams(temperature=0.0, max_new_tokens=3)),
+        (prompt(90, 2), SamplingParams(temperature=0.7, max_new_tokens=50, seed=1)),
+        (prompt(9, 3), SamplingParams(temperature=0.0, max_new_tokens=14, stop_ids=(9999,))),
+        (prompt(12, 4), SamplingParams(temperature=1.3, top_k=5, max_new_tokens=11, seed=2)),
+    ]
+
+    async def body(engine: JaxEngine) -> tuple[list[Any], dict[str, float], int]:
+        before = engine.stats()["compilations"]
+        completions, stats = await all_at_once(requests)(engine)
+        return completions, stats, engine.stats()["compilations"] - before
+
+    single, single_stats, _ = run(model, body)
+    multi, multi_stats, compiled = run(model, body, MULTI)
+    assert multi[0].finish_reason == "stop" and multi[0].token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert [(c.finish_reason, len(c.token_ids)) for c in multi[1:3]] == [("length", 3), ("context", 6)]
+    assert [c.token_ids for c in multi] == [c.token_ids for c in single]
+    for m, s in zip(multi, single, strict=True):
+        np.testing.assert_allclose(m.logprobs, s.logprobs, atol=1e-4)  # other batch sizes round differently
+    assert compiled == 0
+    assert multi_stats["generated_tokens"] == single_stats["generated_tokens"] == sum(len(c.token_ids) for c in multi)
+    assert single_stats["dispatches"] == single_stats["decode_steps"]
+    assert multi_stats["dispatches"] < single_stats["dispatches"] / 2
+
+
+def test_a_row_stopped_inside_a_call_leaves_its_slot_and_prefix_clean(model: Decoder) -> None:
+    """One slot, four steps a call: a request ends on a stop id inside a call and the queued one takes the
+    slot; the follower matches its solo run, and the stopped request's next turn reuses its prefix (every
+    token but the stop, whose keys/values nobody wrote) with the tokens of a fresh prefill."""
+    one_slot = EngineConfig(**{**vars(ONE_SLOT), "decode_steps": 4})
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, seed=5)
+    free = run(model, lambda e: e.generate(prompt(40), sampling), one_slot)
+    stop = next(t for i, t in enumerate(free.token_ids) if i >= 5 and i % 4 != 3 and t not in free.token_ids[:i])
+    stopping = SamplingParams(**{**vars(sampling), "stop_ids": (stop,)})
+    follower = (prompt(9, 3), SamplingParams(temperature=0.0, max_new_tokens=10))
+    solo = run(model, lambda e: e.generate(*follower), one_slot)
+
+    async def body(engine: JaxEngine) -> tuple[Any, ...]:
+        stopped, after = await asyncio.gather(engine.generate(prompt(40), stopping), engine.generate(*follower))
+        engine.reset_stats()
+        turn2 = prompt(40) + stopped.token_ids + prompt(9, 2)
+        return stopped, after, turn2, await engine.generate(turn2, GREEDY), engine.stats()
+
+    stopped, after, turn2, second, stats = run(model, body, one_slot)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+    assert after.token_ids == solo.token_ids
+    np.testing.assert_allclose(after.logprobs, solo.logprobs, atol=1e-5)
+    assert stats["reused_prefix_tokens"] == 40 + len(stopped.token_ids) - 1
+    fresh = run(model, lambda e: e.generate(turn2, GREEDY), EngineConfig(**{**vars(ONE_SLOT), "prefix_reuse": False}))
+    assert second.token_ids == fresh.token_ids
+    np.testing.assert_allclose(second.logprobs, fresh.logprobs, rtol=0, atol=1e-4)
+
+
+def test_too_many_stop_ids_are_refused_naming_the_limit(model: Decoder) -> None:
+    config = EngineConfig(**{**vars(CONFIG), "max_stop_ids": 2})
+    with pytest.raises(ValueError, match="3 stop ids exceed EngineConfig.max_stop_ids=2"):
+        run(model, lambda e: e.generate(prompt(5), SamplingParams(stop_ids=(1, 2, 3))), config)
+
+
+SERVING = EngineConfig(num_slots=64, max_seq_len=1024, block_size=16, decode_steps=8)
+"""Rows in powers of four up to 64: 1, 4, 16, 64. Spans of a power of two of 16-position blocks, from 128
+positions (8 blocks) to the context's 64: 8, 16, 32, 64. Decode: 4 x 4 = 16 programs. Prefill: 5 prompt
+buckets (16 to 256) x 4 row buckets = 20."""
+
+
+def test_warmup_of_a_serving_config_compiles_its_36_variants_and_nothing_after() -> None:
+    assert (SERVING.row_buckets, SERVING.attention_spans) == ((1, 4, 16, 64), (8, 16, 32, 64))
+    assert (SERVING.decode_variants, SERVING.prefill_variants) == (16, 20)
+    model = Decoder(dataclasses.replace(ModelConfig.tiny(), max_seq_len=1024, n_layers=1), rngs=nnx.Rngs(0))
+
+    async def main() -> tuple[int, int, int]:
+        async with JaxEngine(model, SERVING) as engine:
+            start = engine.stats()["compilations"]
+            await engine.warmup()
+            warm = engine.stats()["compilations"]
+            long_prompts = [engine.generate(prompt(300 + 37 * k, k), SamplingParams(max_new_tokens=40, seed=k))
+                            for k in range(6)]
+            short = [engine.generate(prompt(5 + k, k), GREEDY) for k in range(3)]
+            await asyncio.wait_for(asyncio.gather(*long_prompts, *short), timeout=300)
+            return start, warm, engine.stats()["compilations"]
+
+    start, warm, after = asyncio.run(main())
+    assert (warm - start, after) == (36, warm)
+
+
+def test_decode_step_bytes_count_the_layers_the_rows_embeddings_the_whole_unembedding_and_the_span() -> None:
+    tiny = ModelConfig.tiny()  # vocab 512, d 128, 4 layers, 4 heads of 32 (2 for keys/values), MLP 384, tied
+    layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 3 * 128 * 384 + 2 * 128  # q, k and v, o, gated MLP, 2 norms
+    assert layer == 196_864
+    weights = 4 * layer + 128 + 4 * 128 + 512 * 128  # layers, final norm, 4 rows' embeddings, the unembedding
+    kv = 4 * 64 * 4 * 2 * 2 * 32  # rows x span x layers x (keys, values) x kv heads x head dim
+    assert decode_step_bytes(tiny, rows=4, span_positions=64) == 4 * (weights + kv) == 3_938_816
+    untied = dataclasses.replace(tiny, tie_embeddings=False, dtype="bfloat16")  # lm_head: another 512 x 128
+    assert decode_step_bytes(untied, rows=4, span_positions=64) == 2 * (weights + kv)

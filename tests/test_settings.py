@@ -4,6 +4,7 @@ endpoint that never answers cannot hang a command (a real black-hole TCP listene
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from drills.blackhole import BlackHole
-from pipelines_lib.settings import DEFAULTS, ENV_VARS, PROCESS_DEFAULTS, Settings, apply_process_defaults
+from pipelines_lib.settings import (
+    COMPILATION_CACHE_VAR,
+    DEFAULTS,
+    ENV_VARS,
+    PROCESS_DEFAULTS,
+    Settings,
+    apply_process_defaults,
+    compilation_cache_dir,
+)
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.common import worth_retrying
@@ -41,9 +50,60 @@ def test_a_bad_setting_is_refused_naming_its_variable(var: str, bad: str) -> Non
 
 
 def test_process_defaults_fill_gaps_and_explicit_values_win() -> None:
-    environ = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true"}
+    environ = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true", "HOME": "/home/u"}
     apply_process_defaults(environ)
-    assert environ == {**PROCESS_DEFAULTS, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true"}
+    assert environ == {**PROCESS_DEFAULTS, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true", "HOME": "/home/u",
+                       "JAX_COMPILATION_CACHE_DIR": "/home/u/.cache/rollstream/jax"}
+
+
+def test_compilation_cache_is_in_the_users_cache_folder_unless_chosen_or_off() -> None:
+    assert compilation_cache_dir({"HOME": "/home/u"}) == "/home/u/.cache/rollstream/jax"
+    assert compilation_cache_dir({"HOME": "/home/u", "XDG_CACHE_HOME": "/c"}) == "/c/rollstream/jax"
+    assert compilation_cache_dir({"HOME": "/home/u", COMPILATION_CACHE_VAR: "~/jc"}) == os.path.expanduser("~/jc")
+    assert compilation_cache_dir({"HOME": "/home/u", COMPILATION_CACHE_VAR: "OFF"}) is None
+    explicit = {COMPILATION_CACHE_VAR: "off", "JAX_COMPILATION_CACHE_DIR": "/x"}
+    assert compilation_cache_dir(explicit) == "/x"
+    off = {"HOME": "/home/u", COMPILATION_CACHE_VAR: "off"}
+    apply_process_defaults(off)
+    assert "JAX_COMPILATION_CACHE_DIR" not in off
+
+
+_WARM_UP = """
+import asyncio, dataclasses, json, os
+from pipelines_lib.settings import apply_process_defaults
+apply_process_defaults(os.environ)  # as every entry point does, before JAX is imported
+import jax
+from flax import nnx
+counts = {"hits": 0, "misses": 0}
+jax.monitoring.register_event_listener(
+    lambda event, **_: counts.update({k: counts[k] + 1 for k in counts if event.endswith("cache_" + k)}))
+from pipelines_lib.engine import EngineConfig, JaxEngine
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+model = Decoder(dataclasses.replace(ModelConfig.tiny(), n_layers=1), rngs=nnx.Rngs(0))
+async def main():
+    async with JaxEngine(model, EngineConfig(num_slots=1, max_seq_len=32, prefill_buckets=(16,))) as engine:
+        await engine.warmup()
+asyncio.run(main())
+print(json.dumps(counts))
+"""
+
+
+def test_a_second_process_with_the_same_shapes_loads_the_engine_from_the_compilation_cache(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    # Cache every program, however fast it compiled (JAX skips those under a second by default).
+    env.update({COMPILATION_CACHE_VAR: str(tmp_path / "jax"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+
+    def warm_up() -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-c", _WARM_UP], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = warm_up()
+    assert first["hits"] == 0 and first["misses"] >= 2  # at least the prefill and decode programs
+    assert any((tmp_path / "jax").iterdir())
+    second = warm_up()
+    assert second == {"hits": first["misses"], "misses": 0}
 
 
 def test_a_gcs_store_gets_the_request_timeout_unless_its_options_set_one() -> None:

@@ -26,9 +26,10 @@ Free blocks are handed out uncached ones first, then cached ones least recently 
 sequence's blocks are released tail first, so its head, shared by more prompts, stays longest). Evicting
 a block from the cache also evicts its descendants: their keys/values were computed over its contents.
 
-Reusing a block right after its request finished is safe although the device may still be running a
-step that writes into it (a token decoded past a stop id, pipelining): steps run in dispatch order, that
-write lands past the retained tokens, and the new owner's prefill is dispatched after that step.
+Reusing a block right after its request left its slot is safe although the device may still be running a
+call that writes into it (the request's last tokens in flight, pipelining): calls run in dispatch order, those
+writes land past the retained tokens, and the new owner's prefill is dispatched after that call. No call
+dispatched after the release writes for the old request (a row stopped on the device writes nothing).
 """
 
 from __future__ import annotations

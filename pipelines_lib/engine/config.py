@@ -67,6 +67,14 @@ class VllmConfig:
             raise ValueError(f"VllmConfig.max_restarts must be >= 0, got {self.max_restarts}")
 
 
+MIN_SPAN_POSITIONS = 128
+"""Shortest attention span of a decode step, in positions: shorter spans would save reading a few keys/values
+per row but cost a compilation each."""
+ACCELERATOR_DECODE_STEPS = 8
+"""Decode steps per device call on an accelerator by default: a TPU v5e decode step of a 0.6B model reads its
+weights in ~1.9 ms while the host's work around one call measured ~1.5 ms, so 8 steps leave the host under a
+tenth of the device's time; a request ending on a stop id idles its slot for at most two calls (16 slot-steps),
+a few percent of completions hundreds of tokens long."""
 MAX_SLOTS = 16_384
 """Most sequences one engine decodes at once (each holds a KV cache of ``max_seq_len``); serving engines run a
 few hundred."""
@@ -82,7 +90,8 @@ class EngineConfig:
     """Context limit: prompt + completion never exceed it (finish reason ``context``)."""
     block_size: int = 16
     """Positions per KV-cache block (``engine.blocks``); a decode step attends over the smallest
-    power-of-two number of blocks covering its longest sequence (``attention_spans``)."""
+    power-of-two number of blocks (at least ``MIN_SPAN_POSITIONS``) covering its longest sequence
+    (``attention_spans``)."""
     num_blocks: int | None = None
     """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; fewer makes the cache
     follow the tokens actually held: a request is admitted when the blocks of its prompt and
@@ -109,6 +118,15 @@ class EngineConfig:
     cache. The reused rows were computed in other prefill chunks, so logits can differ from a fresh prefill
     by float rounding (as they do between batch sizes): "the same seed gives the same tokens whatever ran
     before" holds up to rounding. False prefills every prompt in full."""
+    decode_steps: int | None = None
+    """Decode steps one device call runs (a loop on the device; stop ids, ``max_new_tokens`` and the context
+    are checked inside it), between which the host admits and retires requests. More steps spread the host's
+    fixed cost per call (planning, dispatch, reading results) over more tokens; a row that ends early idles for
+    the rest of its call. None picks by platform (``steps_per_call``): 1 on CPU, where each step's compute
+    dwarfs the host's work, ``ACCELERATOR_DECODE_STEPS`` on an accelerator."""
+    max_stop_ids: int = 8
+    """Most stop ids one request may give (the decode loop compares each sampled token with a fixed-width row
+    of them); a request with more is refused, naming this field."""
     close_timeout_s: float = 60.0
     """How long ``close()`` waits for the compute step in flight before giving up."""
     kind: str = "jax"
@@ -146,6 +164,10 @@ class EngineConfig:
                 f"EngineConfig.num_blocks={self.num_blocks} cannot hold one sequence of max_seq_len="
                 f"{self.max_seq_len} ({self.blocks_per_sequence} blocks of {self.block_size})"
             )
+        if self.decode_steps is not None and self.decode_steps < 1:
+            raise ValueError(f"EngineConfig.decode_steps must be >= 1 or null (by platform), got {self.decode_steps}")
+        if self.max_stop_ids < 1:
+            raise ValueError(f"EngineConfig.max_stop_ids must be >= 1, got {self.max_stop_ids}")
         if self.close_timeout_s <= 0:
             raise ValueError(f"EngineConfig.close_timeout_s must be > 0, got {self.close_timeout_s}")
         if self.kind not in ENGINE_KINDS:
@@ -167,18 +189,38 @@ class EngineConfig:
 
     @property
     def attention_spans(self) -> tuple[int, ...]:
-        """Block counts a decode step may attend over (one compilation each): powers of two below
-        ``blocks_per_sequence``, then it."""
-        spans = [1 << i for i in range(self.blocks_per_sequence.bit_length()) if 1 << i < self.blocks_per_sequence]
+        """Block counts a decode step may attend over (one compilation each, per row bucket): powers of two
+        covering at least ``MIN_SPAN_POSITIONS`` and below ``blocks_per_sequence``, then it. A step attends over
+        at most twice what its longest sequence holds, and the count grows with log2 of the context."""
+        first = -(-MIN_SPAN_POSITIONS // self.block_size)
+        spans = [1 << i for i in range(self.blocks_per_sequence.bit_length())
+                 if first <= 1 << i < self.blocks_per_sequence]
         return (*spans, self.blocks_per_sequence)
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
-        """Batch sizes a decode step or a batched prefill may run with (one compilation each, per span or
-        bucket): powers of two below ``num_slots``, then it. A step runs the smallest one holding its rows,
-        so its cost follows the slots occupied, not ``num_slots``."""
-        rows = [1 << i for i in range(self.num_slots.bit_length()) if 1 << i < self.num_slots]
+        """Batch sizes a decode step or a batched prefill runs with (one compilation each, per span or bucket):
+        powers of four below ``num_slots``, then it. A step runs the smallest one holding its rows, so its cost
+        follows the slots occupied (padded at most fourfold), with few variants: 64 slots give 1, 4, 16, 64."""
+        rows = [4**i for i in range(self.num_slots.bit_length()) if 4**i < self.num_slots]
         return (*rows, self.num_slots)
+
+    @property
+    def decode_variants(self) -> int:
+        """Decode programs compiled: one per row bucket and attention span."""
+        return len(self.row_buckets) * len(self.attention_spans)
+
+    @property
+    def prefill_variants(self) -> int:
+        """Prefill programs compiled: one per prompt bucket and row bucket (a single row attends over its whole
+        table row, so a first chunk and a later one share it)."""
+        return len(self.prefill_buckets) * len(self.row_buckets)
+
+    def steps_per_call(self, platform: str) -> int:
+        """``decode_steps``, or its default for devices of ``platform`` (``jax.Device.platform``)."""
+        if self.decode_steps is not None:
+            return self.decode_steps
+        return 1 if platform == "cpu" else ACCELERATOR_DECODE_STEPS
 
     def rows_for(self, n: int) -> int:
         """Smallest row bucket holding ``n`` rows."""

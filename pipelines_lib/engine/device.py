@@ -2,40 +2,46 @@
 
 How the pieces fit::
 
-    scheduler (jax_engine, event loop)
-        DecodeRows: per-slot inputs of the next decode step, kept on the host and changed only where a
-                    slot starts, stops or advances (vectorised; nothing is rebuilt per step)
+    scheduler (engine.scheduler, event loop)
+        DecodeRows: per-slot inputs of the next decode call, kept on the host and changed only where a
+                    slot starts, stops or advances (vectorised; nothing is rebuilt per call)
             │ prefill chunks + a snapshot of the rows
             ▼
     DeviceRunner (the engine's worker thread; it alone touches the KV cache)
-        dispatch(): prefill chunks, then one decode step; returns at once (JAX dispatch is asynchronous)
-        collect():  waits until a dispatched step's tokens and logprobs are on the host
-        warmup():   compiles every step variant on the live cache, writing nowhere
+        dispatch(): prefill chunks, then one decode call; returns at once (JAX dispatch is asynchronous)
+        collect():  waits until a dispatched call's tokens, logprobs and counts are on the host
+        warmup():   compiles every variant on the live cache, writing nowhere
 
-The KV cache is paged (``model.decoder``, ``engine.blocks``): each step receives the block table. A
+The KV cache is paged (``model.decoder``, ``engine.blocks``): each call receives the block table. A
 prompt's first chunk attends over the blocks its bucket covers (``prefill_calls``: the first chunks of the
-prompts admitted together run as one batch); a decode step runs the occupied slots only, in the smallest
+prompts admitted together run as one batch); a decode call runs the occupied slots only, in the smallest
 of ``EngineConfig.row_buckets`` holding them, over the first ``span`` blocks of each row, ``span`` the
-smallest of ``EngineConfig.attention_spans`` covering the longest sequence, so its cost follows the slots
-occupied and the tokens they hold, not ``num_slots × max_seq_len``.
+smallest of ``EngineConfig.attention_spans`` covering the positions its rows reach, so its cost follows the
+slots occupied and the tokens they hold, not ``num_slots × max_seq_len``.
 
-The scheduler dispatches step N+1 *before* collecting step N, so the device computes N+1 while the host
+A decode call is a loop of up to ``decode_steps`` steps on the device (``_decode_steps``): each step feeds
+the token the step before sampled, a row samples at most its budget (what ``max_new_tokens`` and the context
+leave, known on the host) and stops after a stop id; from then on it reads and writes no block. The host gets
+``[steps, rows]`` tokens and logprobs and how many each row sampled.
+
+The scheduler dispatches call N+1 *before* collecting call N, so the device computes N+1 while the host
 records N, admits requests and plans N+2 (as vLLM's async scheduling does). A row that continues feeds
-the token step N sampled straight from the device (``from_carry``): its value is not needed on the host
-to build N+1. The price is that a request ending on a stop id at step N was also decoded in N+1; that
-token is discarded (limits on ``max_new_tokens`` and the context are known in advance, so those rows
-stop on time). The extra step only writes the keys/values of the request's final token, past every
-prefix a later turn can reuse, so the cache stays consistent.
+the token call N sampled last straight from the device (``from_carry``): its value is not needed on the
+host to build N+1. A row that stopped on a stop id in N is still in N+1 (the host does not know yet), but
+the device does (``alive_b``, carried like the token): it samples and writes nothing there. So no call
+writes keys/values past a request's last kept token, and a block released to the prefix cache holds only
+what its key says (plus stale entries past it, written before any later owner's, that causality masks).
 
-**Busy time** is the union over steps of [dispatch, results on the host]: the time during which the
-device had work the host was waiting for. A step whose results were already on the device when the host
+**Busy time** is the union over calls of [dispatch, results on the host]: the time during which the
+device had work the host was waiting for. A call whose results were already on the device when the host
 came for them (the host, not the device, was the bottleneck; the device may have idled) is credited
 nothing beyond what is already counted, so ``busy_s`` is a lower bound whenever that happens;
-``host_bound_steps`` counts those steps.
+``host_bound_steps`` counts those calls.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 import time
@@ -73,35 +79,74 @@ def _prefill_step(
     return model.hidden(tokens_rt, positions_rt, cache, table_rn)[1]
 
 
-def _decode_step(
+NO_BLOCK = np.iinfo(np.int32).max
+"""A table entry past every pool: what a row that has stopped inside a decode call reads and writes (writes
+to it are dropped, see ``model.decoder.write_and_gather``)."""
+
+
+class DecodeOut(NamedTuple):
+    """What one decode call returns: the cache, the per-slot carry, and per row its sampled tokens."""
+
+    cache: KVCache
+    carry_b: jax.Array
+    """Per slot, the newest sampled token (the next call's input where ``from_carry``)."""
+    alive_b: jax.Array
+    """Per slot, False once the row sampled one of its stop ids (later calls feeding it write nothing)."""
+    token_kr: jax.Array
+    logprob_kr: jax.Array
+    count_r: jax.Array
+    """Leading entries of ``token_kr[:, r]`` that row ``r`` really sampled."""
+
+
+def _decode_steps(
     graphdef: nnx.GraphDef[Decoder],
+    steps: int,
     params: dict[Any, Any],
     cache: KVCache,
     table_rn: jax.Array,
     carry_b: jax.Array,
-    slot_r: jax.Array,
-    tokens_r: jax.Array,
-    from_carry_r: jax.Array,
-    positions_r: jax.Array,
-    temperature_r: jax.Array,
-    top_k_r: jax.Array,
-    top_p_r: jax.Array,
-    seed_r: jax.Array,
-    index_r: jax.Array,
-) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Feed the newest token of each row (slot ``slot_r``) at its position and sample completion token
-    ``index_r``, attending over the ``table_rn`` blocks of the row; returns the cache and, per slot, the
-    sampled token (the new carry) and its logprob. Padding rows (slot ``num_slots``) write nothing.
+    alive_b: jax.Array,
+    rows: DecodeInputs,
+) -> DecodeOut:
+    """Run ``steps`` decode steps over the rows (slot ``rows.slot_r``), each feeding the token the step before
+    sampled, attending over the ``table_rn`` blocks of the row. Step ``j`` of a row feeds position
+    ``position_r + j`` and samples completion token ``index_r + j`` with the key a single step would use
+    (``request_keys``), so one call of ``steps`` steps gives the tokens and logprobs of as many single steps.
 
-    The newest token is the slot's ``carry_b`` entry (the previous step's sampled token, still on the
-    device) where ``from_carry_r``, else ``tokens_r`` from the host (a row's first step)."""
+    The loop ends after ``steps`` steps or once no row samples any more. A row samples at most ``budget_r`` tokens and stops after one of its stop ids (``stop_rs``, padded with
+    -1): from then on it reads and writes no block, so no keys/values land past its last kept token. The
+    first input is the slot's ``carry_b`` entry where ``from_carry_r`` (the previous call's last token, still
+    on the device; a row the previous call stopped stays stopped through ``alive_b``), else ``tokens_r``
+    from the host (a row's first call). Padding rows (slot ``num_slots``, budget 0) write nothing."""
     model = nnx.merge(graphdef, params)
-    fed_r = jnp.where(from_carry_r, jnp.take(carry_b, slot_r, mode="clip"), tokens_r)
-    h_r1d, cache = model.hidden(fed_r[:, None], positions_r[:, None], cache, table_rn)
-    logits_rv = model.unembed(h_r1d[:, 0])
-    token_r, logprob_r = sample(logits_rv, temperature_r, top_k_r, top_p_r, request_keys(seed_r, index_r))
-    logprob_b = jnp.zeros(carry_b.shape, jnp.float32).at[slot_r].set(logprob_r, mode="drop")
-    return cache, carry_b.at[slot_r].set(token_r, mode="drop"), logprob_b
+    carried_r = jnp.take(carry_b, rows.slot_r, mode="clip")
+    fed_r = jnp.where(rows.from_carry_r, carried_r, rows.tokens_r)
+    alive_r = jnp.where(rows.from_carry_r, jnp.take(alive_b, rows.slot_r, mode="clip"), True)
+    token_kr = jnp.zeros((steps, rows.slot_r.shape[0]), jnp.int32)
+    logprob_kr = jnp.zeros((steps, rows.slot_r.shape[0]), jnp.float32)
+
+    def live(j: jax.Array, alive_r: jax.Array) -> jax.Array:
+        return alive_r & (j < rows.budget_r)
+
+    def more(state: tuple[Any, ...]) -> jax.Array:
+        return jnp.any(live(state[0], state[3]))  # a loop every row has left stops early
+
+    def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        j, cache, fed_r, alive_r, count_r, token_kr, logprob_kr = state
+        live_r = live(j, alive_r)
+        table_jn = jnp.where(live_r[:, None], table_rn, NO_BLOCK)
+        h_r1d, cache = model.hidden(fed_r[:, None], (rows.positions_r + j)[:, None], cache, table_jn)
+        token_r, logprob_r = sample(model.unembed(h_r1d[:, 0]), rows.temperature_r, rows.top_k_r, rows.top_p_r,
+                                    request_keys(rows.seed_r, rows.index_r + j))
+        stopped_r = jnp.any(token_r[:, None] == rows.stop_rs, axis=-1)
+        return (j + 1, cache, jnp.where(live_r, token_r, fed_r), alive_r & ~(live_r & stopped_r), count_r + live_r,
+                token_kr.at[j].set(token_r), logprob_kr.at[j].set(logprob_r))
+
+    count_r = jnp.zeros(rows.slot_r.shape[0], jnp.int32)
+    _, cache, fed_r, alive_r, count_r, token_kr, logprob_kr = jax.lax.while_loop(
+        more, step, (jnp.int32(0), cache, fed_r, alive_r, count_r, token_kr, logprob_kr))
+    return DecodeOut(cache, carry_b.at[rows.slot_r].set(fed_r, mode="drop"),
+                     alive_b.at[rows.slot_r].set(alive_r, mode="drop"), token_kr, logprob_kr, count_r)
 
 
 class Steps(NamedTuple):
@@ -110,38 +155,56 @@ class Steps(NamedTuple):
 
     def compilations(self) -> int:
         """Compiled variants so far (per cache shape: prefill per row bucket and prompt bucket, decode per row
-        bucket and attention span)."""
+        bucket and attention span; ``EngineConfig.prefill_variants`` and ``decode_variants``)."""
         return self.prefill._cache_size() + self.decode._cache_size()
 
 
 @functools.cache
-def steps_for(graphdef: nnx.GraphDef[Decoder]) -> Steps:
-    """Jitted steps with the graph definition closed over (cache donated), memoised per model structure
-    so engines over equally shaped models (tests, benchmarks, restarted workers) share compilations.
-    Closing over the graphdef instead of passing it as a static argument avoids hashing it per call."""
+def steps_for(graphdef: nnx.GraphDef[Decoder], decode_steps: int) -> Steps:
+    """Jitted steps with the graph definition closed over (cache donated), memoised per model structure and
+    steps per decode call, so engines over equally shaped models (tests, benchmarks, restarted workers) share
+    compilations. Closing over the graphdef instead of passing it as a static argument avoids hashing it per
+    call."""
     return Steps(
         prefill=jax.jit(functools.partial(_prefill_step, graphdef), donate_argnums=1),
-        decode=jax.jit(functools.partial(_decode_step, graphdef), donate_argnums=1),
+        decode=jax.jit(functools.partial(_decode_steps, graphdef, decode_steps), donate_argnums=1),
     )
 
 
-class DecodeRows:
-    """Per-slot inputs of the next decode step. A row is active while its slot holds a request that has
-    completion tokens left to sample (``index < limit``); every other row feeds a position past the
-    cache end, whose write the model drops."""
+class DecodeInputs(NamedTuple):
+    """Per-row inputs of one decode call (``DecodeRows.take``)."""
 
-    def __init__(self, num_slots: int, max_seq_len: int) -> None:
+    slot_r: np.ndarray
+    tokens_r: np.ndarray
+    from_carry_r: np.ndarray
+    positions_r: np.ndarray
+    budget_r: np.ndarray
+    """Tokens the row may sample in this call (0 for padding rows)."""
+    stop_rs: np.ndarray
+    temperature_r: np.ndarray
+    top_k_r: np.ndarray
+    top_p_r: np.ndarray
+    seed_r: np.ndarray
+    index_r: np.ndarray
+
+
+class DecodeRows:
+    """Per-slot inputs of the next decode call. A row is active while its slot holds a request that has
+    completion tokens left to sample (``index < limit``); every other row samples nothing and writes no block."""
+
+    def __init__(self, num_slots: int, max_seq_len: int, max_stop_ids: int) -> None:
         n = num_slots
         self.idle_position = max_seq_len
         self.token = np.zeros(n, np.int32)
-        """The newest token where it is known on the host (a row's first step)."""
+        """The newest token where it is known on the host (a row's first call)."""
         self.from_carry = np.zeros(n, bool)
-        """Feed the token the previous step sampled for this row instead (it is still on the device)."""
+        """Feed the token the previous call sampled last for this row instead (it is still on the device)."""
         self.position = np.full(n, max_seq_len, np.int32)
         self.index = np.zeros(n, np.int32)
-        """Completion token the next step samples."""
+        """Completion token the next call samples first."""
         self.limit = np.zeros(n, np.int32)
         """Completion tokens the row may sample in all (``max_new_tokens`` or the context, whichever is less)."""
+        self.stops = np.full((n, max_stop_ids), -1, np.int32)
         self.temperature = np.zeros(n, np.float32)
         self.top_k = np.zeros(n, np.int32)
         self.top_p = np.ones(n, np.float32)
@@ -155,6 +218,8 @@ class DecodeRows:
         self.index[slot] = generated
         prompt_len = len(sequence) - generated
         self.limit[slot] = min(sampling.max_new_tokens, self.idle_position - prompt_len)
+        self.stops[slot] = -1
+        self.stops[slot, : len(sampling.stop_ids)] = sampling.stop_ids
         self.temperature[slot], self.top_k[slot], self.top_p[slot] = sampling.temperature, sampling.top_k, sampling.top_p
         self.seed[slot] = sampling.seed & 0xFFFFFFFF
 
@@ -165,27 +230,30 @@ class DecodeRows:
     def active(self) -> np.ndarray:
         return (self.position < self.idle_position) & (self.index < self.limit)
 
-    def take(self, slot_r: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Decode inputs of the rows ``slot_r`` (active slots, then padding entries ``num_slots`` that feed
-        a position past the cache end), then advance those slots by one token, which the device will
-        sample: their next step feeds it from the carry."""
+    def take(self, slot_r: np.ndarray, steps: int) -> DecodeInputs:
+        """Inputs of the rows ``slot_r`` (active slots, then padding entries ``num_slots``) for a call of
+        ``steps`` steps, then advance those slots by the tokens the device will sample for them (their
+        budget; a stop id may end a row sooner): their next call feeds the last one from the carry."""
         n = len(self.token)
         real_r = slot_r < n
         s_r = np.minimum(slot_r, n - 1)
-        rows = (
-            slot_r.astype(np.int32),
-            self.token[s_r],
-            self.from_carry[s_r] & real_r,
-            np.where(real_r, self.position[s_r], self.idle_position).astype(np.int32),
-            self.temperature[s_r],
-            self.top_k[s_r],
-            self.top_p[s_r],
-            self.seed[s_r],
-            self.index[s_r],
+        budget_r = np.where(real_r, np.minimum(steps, self.limit[s_r] - self.index[s_r]), 0).astype(np.int32)
+        rows = DecodeInputs(
+            slot_r=slot_r.astype(np.int32),
+            tokens_r=self.token[s_r],
+            from_carry_r=self.from_carry[s_r] & real_r,
+            positions_r=np.where(real_r, self.position[s_r], self.idle_position).astype(np.int32),
+            budget_r=budget_r,
+            stop_rs=self.stops[s_r],
+            temperature_r=self.temperature[s_r],
+            top_k_r=self.top_k[s_r],
+            top_p_r=self.top_p[s_r],
+            seed_r=self.seed[s_r],
+            index_r=self.index[s_r],
         )
         slots = slot_r[real_r]
-        self.position[slots] += 1
-        self.index[slots] += 1
+        self.position[slots] += budget_r[real_r]
+        self.index[slots] += budget_r[real_r]
         self.from_carry[slots] = True
         return rows
 
@@ -201,13 +269,15 @@ class Prefill(NamedTuple):
 def prefill_calls(
     chunks: list[tuple[int, np.ndarray, int]], table: np.ndarray, config: EngineConfig
 ) -> list[Prefill]:
-    """Group prefill chunks (slot, padded tokens, start) into calls of few compiled shapes.
+    """Group prefill chunks (slot, padded tokens, start) into calls of few compiled shapes (one per prompt
+    bucket and row bucket).
 
     Chunks starting at position 0 (a new prompt, or its first piece) are batched per bucket, padded to a row
-    bucket, and attend over the blocks their bucket covers (``span_for(bucket)``), so a short prompt never
-    attends over the context limit. A chunk starting later (after a reused prefix, or a long prompt's next
-    piece) runs alone over its slot's whole table row, after every first chunk (a slot's chunks stay in order).
-    Padding rows name no block and write nothing.
+    bucket, and several rows attend over the blocks their bucket covers (``span_for(bucket)``), so short
+    prompts never attend over the context limit. A single row attends over its slot's whole table row, as a
+    chunk starting later (after a reused prefix, or a long prompt's next piece) must: both run as the same
+    program, and one row's extra reads are cheap. Later chunks run alone, after every first chunk (a slot's
+    chunks stay in order). Padding rows name no block and write nothing.
     """
     calls = []
     no_block = config.pool_blocks
@@ -216,7 +286,8 @@ def prefill_calls(
         if start == 0:
             firsts.setdefault(len(tokens), []).append((slot, tokens))
     for bucket, group in sorted(firsts.items()):
-        rows, span = config.rows_for(len(group)), config.span_for(bucket)
+        rows = config.rows_for(len(group))
+        span = config.blocks_per_sequence if rows == 1 else config.span_for(bucket)
         table_rn = np.full((rows, span), no_block, np.int32)
         tokens_rt = np.zeros((rows, bucket), np.int32)
         for r, (slot, tokens) in enumerate(group):
@@ -229,61 +300,89 @@ def prefill_calls(
 
 @dataclass(frozen=True)
 class Dispatched:
-    """A step on its way: device arrays of sampled tokens and logprobs, and when it was dispatched."""
+    """A decode call on its way: device arrays of its sampled tokens, logprobs and counts, and when it was
+    dispatched."""
 
-    token_b: jax.Array
-    logprob_b: jax.Array
+    token_kr: jax.Array
+    logprob_kr: jax.Array
+    count_r: jax.Array
     at: float
 
 
+class Collected(NamedTuple):
+    """A decode call's results on the host, and what it adds to the busy time (see the module docstring)."""
+
+    token_kr: np.ndarray
+    logprob_kr: np.ndarray
+    count_r: np.ndarray
+    busy_s: float
+    host_bound: bool
+
+
 class DeviceRunner:
-    """Owns the KV cache and the carried tokens; every method runs in the engine's worker thread."""
+    """Owns the KV cache and the per-slot carry; every method runs in the engine's worker thread."""
 
     def __init__(self, steps: Steps, cache: KVCache, num_slots: int, device: Any,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.steps = steps
         self.cache = cache
         self._carry_b = jax.device_put(np.zeros(num_slots, np.int32), device)
+        self._alive_b = jax.device_put(np.ones(num_slots, bool), device)
         self._clock = clock
         self._credited_until = -math.inf
 
-    def dispatch(
-        self, params: dict[Any, Any], prefills: list[Prefill], table_rn: np.ndarray, rows: tuple[np.ndarray, ...]
-    ) -> Dispatched:
-        """Enqueue the prefill calls, then one decode step over ``rows`` (``DecodeRows.take``) attending
-        over ``table_rn``."""
+    def dispatch(self, params: dict[Any, Any], prefills: list[Prefill], table_rn: np.ndarray,
+                 rows: DecodeInputs) -> Dispatched:
+        """Enqueue the prefill calls, then one decode call over ``rows`` attending over ``table_rn``."""
         at = self._clock()
         for call in prefills:
             self.cache = self.steps.prefill(params, self.cache, *call)
-        self.cache, self._carry_b, logprob_b = self.steps.decode(params, self.cache, table_rn, self._carry_b, *rows)
-        return Dispatched(self._carry_b, logprob_b, at)
+        out = self.steps.decode(params, self.cache, table_rn, self._carry_b, self._alive_b, rows)
+        self.cache, self._carry_b, self._alive_b = out.cache, out.carry_b, out.alive_b
+        return Dispatched(out.token_kr, out.logprob_kr, out.count_r, at)
 
-    def warmup(self, params: dict[Any, Any], config: EngineConfig) -> None:
+    def warmup(self, params: dict[Any, Any], config: EngineConfig, decode_steps: int, *, threads: int = 1) -> None:
         """Compile every prefill and decode variant on the live cache (no second cache): every table entry
         is "no block" and every decode row padding, so nothing is written and requests in flight are
-        untouched."""
-        n, width, no_block = config.num_slots, config.blocks_per_sequence, config.pool_blocks
-        nowhere = np.full((n, width), no_block, np.int32)
-        for bucket in config.prefill_buckets:
-            shapes = [(rows, config.span_for(bucket)) for rows in config.row_buckets] + [(1, width)]
-            for rows, span in shapes:
-                self.cache = self.steps.prefill(params, self.cache, nowhere[:rows, :span],
-                                                np.zeros((rows, bucket), np.int32), np.zeros(rows, np.int32))
-        idle = DecodeRows(n, config.max_seq_len)
-        for rows in config.row_buckets:
-            decode_rows = idle.take(np.full(rows, n))
-            for span in config.attention_spans:
-                self.cache, *_ = self.steps.decode(params, self.cache, nowhere[:rows, :span], self._carry_b,
-                                                   *decode_rows)
+        untouched.
+
+        ``threads > 1`` first compiles the variants side by side (ahead of time; XLA compiles outside the GIL),
+        and the calls then find them compiled: jit keeps what ``lower(...).compile()`` made for the same
+        arguments, so a call neither traces nor compiles again."""
+        variants = self._variants(config, decode_steps)
+        if threads > 1:
+            with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="jax-engine-compile") as pool:
+                list(pool.map(lambda v: v[0].lower(params, self.cache, *v[1]).compile(), variants))
+        for step, args in variants:
+            out = step(params, self.cache, *args)
+            self.cache = out.cache if isinstance(out, DecodeOut) else out
         jax.block_until_ready(self.cache)
 
-    def collect(self, step: Dispatched) -> tuple[np.ndarray, np.ndarray, float, bool]:
-        """(tokens, logprobs, busy seconds to credit, host_bound) of a dispatched step, waiting for it."""
-        host_bound = step.token_b.is_ready()
-        token_b, logprob_b = np.asarray(step.token_b), np.asarray(step.logprob_b)
+    def _variants(self, config: EngineConfig, decode_steps: int) -> list[tuple[Any, tuple[Any, ...]]]:
+        """(jitted step, its arguments after params and cache) of each variant, writing nowhere (padding decode
+        rows leave the carry as it is, so the calls' new carries need not be kept)."""
+        n, no_block = config.num_slots, config.pool_blocks
+        nowhere = np.full((n, config.blocks_per_sequence), no_block, np.int32)
+        variants: list[tuple[Any, tuple[Any, ...]]] = []
+        for bucket in config.prefill_buckets:
+            for rows in config.row_buckets:
+                span = config.blocks_per_sequence if rows == 1 else config.span_for(bucket)
+                variants.append((self.steps.prefill, (nowhere[:rows, :span], np.zeros((rows, bucket), np.int32),
+                                                      np.zeros(rows, np.int32))))
+        idle = DecodeRows(n, config.max_seq_len, config.max_stop_ids)
+        for rows in config.row_buckets:
+            decode_rows = idle.take(np.full(rows, n), decode_steps)
+            variants += [(self.steps.decode, (nowhere[:rows, :span], self._carry_b, self._alive_b, decode_rows))
+                         for span in config.attention_spans]
+        return variants
+
+    def collect(self, call: Dispatched) -> Collected:
+        """A dispatched decode call's results, waiting for them."""
+        host_bound = call.token_kr.is_ready()
+        token_kr, logprob_kr, count_r = np.asarray(call.token_kr), np.asarray(call.logprob_kr), np.asarray(call.count_r)
         end = self._clock()
         busy = 0.0
         if not host_bound:
-            busy = max(0.0, end - max(step.at, self._credited_until))
+            busy = max(0.0, end - max(call.at, self._credited_until))
             self._credited_until = end
-        return token_b, logprob_b, busy, host_bound
+        return Collected(token_kr, logprob_kr, count_r, busy, host_bound)

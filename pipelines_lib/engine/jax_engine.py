@@ -2,39 +2,43 @@
 
 How the pieces fit::
 
-    generate() ──► queue ──► scheduler task (asyncio, owns all request state)
-                               │ each iteration, at a decode-step boundary:
+    generate() ──► queue ──► scheduler task (asyncio; request state in ``engine.scheduler.Scheduler``)
+                               │ each iteration, at a decode-call boundary:
                                │   install pending swapped weights, admit queued requests into free slots
-                               │   while their KV blocks are free, take the next step's inputs from ``DecodeRows``
+                               │   while their KV blocks are free, take the next call's inputs from ``DecodeRows``
                                ▼
                   worker thread (one, ``engine.device.DeviceRunner``): dispatch prefill(admitted) + one
-                  decode step over the occupied slots, then wait for the *previous* step's tokens
+                  decode call of up to ``decode_steps`` steps over the occupied slots, then wait for the
+                  *previous* call's tokens
                                │  (jitted, fixed shapes; the KV cache is donated and updated in place)
                                ▼
-                  scheduler appends the previous step's tokens, finishes requests, resolves their futures
+                  scheduler appends the previous call's tokens, finishes requests, resolves their futures
 
-* **Pipelined steps.** Step N+1 is dispatched before step N's results are collected, so the device
-  computes while the host records tokens, admits requests and plans (see ``engine.device``): the
-  engine does not idle for a scheduler round trip per token. A request that ends on a stop id at step N
-  was also decoded in N+1; that token is discarded. A request whose last token (by ``max_new_tokens``
-  or the context) is in flight hands its slot to the next queued request at once, so a known ending
-  costs no idle slot-step (in continuous mode).
-* **Slots and cache.** ``num_slots`` rows of the decode step over a paged KV cache: a pool of
+* **Several steps per call.** A decode call runs up to ``EngineConfig.decode_steps`` steps in a loop on the
+  device, each feeding the token the step before sampled, with stop ids, ``max_new_tokens`` and the context
+  checked inside the loop: the host's fixed cost per call is spread over that many tokens. The tokens and
+  logprobs are those of as many single steps (each step's sampling key depends only on the request's seed
+  and token index). A row that stops inside a call writes no more keys/values.
+* **Pipelined calls.** Call N+1 is dispatched before call N's results are collected, so the device
+  computes while the host records tokens, admits requests and plans (see ``engine.device``). A request
+  that ends on a stop id in call N is carried into N+1 as a row that samples nothing (the device knows it
+  stopped). A request whose last token (by ``max_new_tokens`` or the context) is in flight hands its slot
+  to the next queued request at once, so a known ending costs no idle slot-step (in continuous mode).
+* **Slots and cache.** ``num_slots`` rows of the decode call over a paged KV cache: a pool of
   ``num_blocks`` blocks per layer and a block table per slot (``engine.blocks``). A request is admitted
   when a slot is free *and* the blocks of its prompt and ``max_new_tokens`` are, and its blocks return to
   the pool when it finishes, so memory follows the tokens held, not ``slots × max_seq_len``. Each decode
-  step attends over the smallest power-of-two number of blocks covering its longest sequence. A block
-  is reused without clearing it (see ``model.decoder``).
-* **No recompilation per request.** Prefill splits each prompt into chunks of the configured buckets
-  chosen for its length (``EngineConfig.prefill_chunks``: 288 tokens run as 256 + 32, not padded to 512;
-  only the last chunk is padded) and batches the first chunks
-  of the prompts admitted together; decode runs only the occupied slots, padded to a row bucket
-  (``EngineConfig.row_buckets``), padding rows writing to a position past the cache end, which is dropped.
-  Slots, positions and sampling settings are traced arguments, so after ``warmup()`` (one compile per
-  row bucket and prefill bucket, per prefill bucket at full width, and per row bucket and decode
-  attention span, on the live cache) nothing compiles again; ``stats()["compilations"]`` counts compiled
-  variants to prove it.
-  The steps are shared by every engine over an equally shaped model, so they compile once per process.
+  call attends over the smallest of ``EngineConfig.attention_spans`` covering the positions its rows reach.
+  A block is reused without clearing it (see ``model.decoder``).
+* **Few compiled variants, none per request.** Prefill splits each prompt into chunks of the configured
+  buckets chosen for its length (``EngineConfig.prefill_chunks``: 288 tokens run as 256 + 32, not padded to
+  512; only the last chunk is padded) and batches the first chunks of the prompts admitted together;
+  decode runs only the occupied slots, padded to a row bucket (``EngineConfig.row_buckets``). Slots,
+  positions and sampling settings are traced arguments, so after ``warmup()`` (``EngineConfig.
+  prefill_variants`` + ``decode_variants`` compilations, on the live cache) nothing compiles again;
+  ``stats()["compilations"]`` counts compiled variants to prove it. The steps are shared by every engine
+  over an equally shaped model, so they compile once per process (and, with JAX's persistent compilation
+  cache, which every entry point turns on, once per machine).
 * **The event loop never blocks on compute.** Device calls run in a dedicated worker thread; the
   scheduler awaits them, so tools and agents keep running while the engine computes.
 * **Sampling** (``engine.sampling``): per-row temperature / top-k / top-p and a key folded from the
@@ -43,7 +47,7 @@ How the pieces fit::
   actually drawn from (temperature-scaled, top-k/top-p filtered and renormalised); for greedy requests
   it is the plain ``log_softmax`` of the model's logits.
 * **Hot weight swap.** ``swap_weights`` only records the new parameters; the scheduler installs them at
-  the next decode-step boundary (the next step it dispatches; the one in flight keeps the old ones).
+  the next decode-call boundary (the next call it dispatches; the one in flight keeps the old ones).
   In-flight requests continue with the new weights and every token is stamped with the version that
   produced it (``Completion.policy_versions``); note that the KV cache of their earlier tokens was
   computed by the older weights.
@@ -65,91 +69,30 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import numpy as np
 from flax import nnx, traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pipelines_lib.engine.api import Completion, SamplingParams
-from pipelines_lib.engine.blocks import BlockPool
 from pipelines_lib.engine.config import EngineConfig
-from pipelines_lib.engine.device import (
-    DecodeRows,
-    DeviceRunner,
-    Dispatched,
-    Prefill,
-    prefill_calls,
-    steps_for,
-)
+from pipelines_lib.engine.device import Collected, DeviceRunner, Dispatched, steps_for
+from pipelines_lib.engine.scheduler import Call, Counters, Request, Scheduler
 from pipelines_lib.model.decoder import Decoder, init_cache
 from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
+
+WARMUP_COMPILE_THREADS = 8
+"""Most variants ``warmup()`` compiles at once (one per host core at most): compile time, not the device, bounds
+a warm-up, and XLA compiles one program on about one core."""
 
 
 class EngineClosedError(RuntimeError):
     """The engine was closed (or its scheduler failed) before the request finished."""
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future[Completion]
-    submitted_at: float
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    reused: int = 0
-    """Leading prompt tokens whose keys/values the prefix cache already held (prefix reuse)."""
-    admitted_at: float = 0.0
-    admitted_version: int = 0
-    """Weights version installed when the request was admitted: the one its prompt was prefilled with."""
-    first_token_at: float = 0.0
-    finish_reason: str | None = None
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.tokens)
-
-
-@dataclass
-class _Step:
-    """One dispatch: the prefill calls of the admitted prompts, then one decode step over ``rows`` attending
-    over ``table_rn``; ``slots``/``requests`` are the slots it samples for, ``version`` the weights it runs
-    with."""
-
-    params: dict[Any, Any]
-    version: int
-    prefills: list[Prefill]
-    table_rn: np.ndarray
-    rows: tuple[np.ndarray, ...]
-    slots: list[int]
-    requests: list[_Request]
-
-
-@dataclass
-class _InFlight:
-    step: _Step
-    dispatched: Dispatched
-
-
-@dataclass
-class _Counters:
-    busy_s: float = 0.0
-    host_bound_steps: int = 0
-    decode_steps: int = 0
-    active_slot_steps: int = 0
-    prefill_calls: int = 0
-    prefill_tokens: int = 0
-    reused_prefix_tokens: int = 0
-    generated_tokens: int = 0
-    requests_finished: int = 0
 
 
 def _pure_params(params: Any) -> dict[Any, Any]:
@@ -195,30 +138,19 @@ class JaxEngine:
         self._latest_version = policy_version
         self._pending_swap: tuple[dict[Any, Any], int] | None = None
         self._swap_lock = threading.Lock()
-        self._steps = steps_for(self._graphdef)
+        platform = mesh.devices.flat[0].platform
+        self.decode_steps = config.steps_per_call(platform)
+        """Decode steps per device call (``EngineConfig.decode_steps`` resolved for this engine's devices)."""
+        self._steps = steps_for(self._graphdef, self.decode_steps)
         cache = init_cache(model.cfg, config.pool_blocks, config.block_size)
-        # Keys and values split over kv heads, like the projections that write them. The spec is written as the
-        # steps return it, trailing unsplit dimensions dropped (P(None, None, None, None) comes back as P()):
-        # jit keys its cache on the spec, so the cache placed any other way would compile the first warmed-up
-        # variant a second time on its first real call.
-        spec = logical_spec(("layers", None, None, "kv_heads", "head_dim"), cache.k_lnskd.shape, mesh)
-        while spec and spec[-1] is None:
-            spec = PartitionSpec(*spec[:-1])
-        cache_sharding = NamedSharding(mesh, spec)
         self._runner = DeviceRunner(
             self._steps,
-            jax.device_put(cache, cache_sharding),
+            jax.tree.map(lambda leaf: jax.device_put(leaf, _cache_sharding(leaf, mesh)), cache),
             config.num_slots,
             NamedSharding(mesh, PartitionSpec()),
             clock,
         )
-        self._rows = DecodeRows(config.num_slots, config.max_seq_len)
-        self._memory = BlockPool(num_blocks=config.pool_blocks, block_size=config.block_size,
-                                 num_slots=config.num_slots, max_seq_len=config.max_seq_len)
-        self._slots: list[_Request | None] = [None] * config.num_slots
-        self._queue: deque[_Request] = deque()
-        self._detached: list[_Request] = []
-        """Requests that left their slot to a new one while their last token was in flight."""
+        self._scheduler = Scheduler(config, self.decode_steps)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,7 +158,6 @@ class JaxEngine:
         self._closed = False
         self._error: BaseException | None = None
         self._clock = clock
-        self._counters = _Counters()
         self._window_start = clock()
 
     # ---- Engine protocol -------------------------------------------------------------------------
@@ -258,9 +189,12 @@ class JaxEngine:
                 finish_reason="context",
                 timings={"total_s": 0.0},
             )
+        if len(sampling.stop_ids) > self.config.max_stop_ids:
+            raise ValueError(f"{len(sampling.stop_ids)} stop ids exceed EngineConfig.max_stop_ids="
+                             f"{self.config.max_stop_ids}")
         assert self._loop is not None and self._wake is not None
-        request = _Request(prompt, sampling, self._loop.create_future(), submitted_at=now)
-        self._queue.append(request)
+        request = Request(prompt, sampling, self._loop.create_future(), submitted_at=now)
+        self._scheduler.queue.append(request)
         self._wake.set()
         return await request.future
 
@@ -293,8 +227,8 @@ class JaxEngine:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def warmup(self) -> None:
-        """Compile every prefill bucket and decode attention span now, on the engine's own cache (writing
-        nothing into it, so in-flight requests are untouched)."""
+        """Compile every prefill and decode variant now (``WARMUP_COMPILE_THREADS`` at a time), on the engine's
+        own cache (writing nothing into it, so in-flight requests are untouched)."""
         self._ensure_running()
         assert self._loop is not None
         await self._loop.run_in_executor(self._executor, self._warmup_sync)
@@ -310,7 +244,7 @@ class JaxEngine:
             _, pending = await asyncio.wait([self._task], timeout=self.config.close_timeout_s)
             for task in pending:
                 task.cancel()
-        self._fail_all(EngineClosedError("engine closed"))
+        self._scheduler.fail_all(EngineClosedError("engine closed"))
         if self._executor is not None:
             self._executor.shutdown(wait=False)
 
@@ -325,25 +259,28 @@ class JaxEngine:
     def stats(self) -> dict[str, float]:
         """Counters since construction or ``reset_stats()`` (definitions in ARCHITECTURE §7).
 
-        busy_s: time during which a dispatched compute step (prefill + decode) had results the host was
-        waiting for, from its dispatch until they were on the host, overlapping steps counted once
-        (``engine.device``; a lower bound when host_bound_steps > 0); host_bound_steps: steps whose
-        results were already waiting when the host came for them (credited nothing); wall_s: time
-        since the window started; active_slot_steps: sum over decode steps of the slots whose sampled
-        token was kept (not a token discarded after a stop id); prefill_tokens: prompt tokens computed
-        (reused_prefix_tokens were not); slot_occupancy = active_slot_steps / (decode_steps * num_slots);
-        tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
-        structure's step functions (shared by engines over equal structures, never reset; constant
-        after ``warmup()``). Not counters but the KV pool now: free_blocks (no running request holds
-        them; cached ones included) and cached_blocks (holding a finished request's keys/values for reuse).
+        dispatches: decode calls (each up to ``decode_steps`` steps, with the prefill calls of the requests
+        admitted before it); decode_steps: steps the device ran (a call runs until its longest row is done);
+        busy_s: time during which a dispatched call (prefill + decode) had results the host was waiting for,
+        from its dispatch until they were on the host, overlapping calls counted once (``engine.device``; a
+        lower bound when host_bound_steps > 0); host_bound_steps: calls whose results were already waiting
+        when the host came for them (credited nothing); wall_s: time since the window started;
+        active_slot_steps: sum over decode steps of the slots whose sampled token was kept (a row that
+        stopped, or whose request ended on a stop id in the call before, keeps none); prefill_tokens: prompt
+        tokens computed (reused_prefix_tokens were not); slot_occupancy = active_slot_steps / (decode_steps *
+        num_slots); tokens_per_s = generated_tokens / wall_s; compilations: compiled variants of this model
+        structure's step functions (shared by engines over equal structures, never reset; constant after
+        ``warmup()``). Not counters but the KV pool now: free_blocks (no running request holds them; cached
+        ones included) and cached_blocks (holding a finished request's keys/values for reuse).
         """
-        c = self._counters
+        c = self._scheduler.counters
         wall = self._clock() - self._window_start
         return {
             "busy_s": c.busy_s,
             "wall_s": wall,
             "busy_fraction": c.busy_s / wall if wall > 0 else 0.0,
-            "host_bound_steps": c.host_bound_steps,
+            "dispatches": c.dispatches,
+            "host_bound_steps": c.host_bound_calls,
             "decode_steps": c.decode_steps,
             "active_slot_steps": c.active_slot_steps,
             "slot_occupancy": c.active_slot_steps / (c.decode_steps * self.config.num_slots)
@@ -356,30 +293,29 @@ class JaxEngine:
             "tokens_per_s": c.generated_tokens / wall if wall > 0 else 0.0,
             "requests_finished": c.requests_finished,
             "compilations": self._steps.compilations(),
-            "free_blocks": self._memory.free_blocks,
-            "cached_blocks": self._memory.cached_blocks,
+            "free_blocks": self._scheduler.memory.free_blocks,
+            "cached_blocks": self._scheduler.memory.cached_blocks,
         }
 
     def reset_stats(self) -> None:
-        self._counters = _Counters()
+        self._scheduler.counters = Counters()
         self._window_start = self._clock()
 
     # ---- worker thread ---------------------------------------------------------------------------
 
     def _compute(
-        self, step: _Step | None, previous: _InFlight | None
-    ) -> tuple[_InFlight | None, tuple[np.ndarray, np.ndarray, float, bool] | None]:
-        """Dispatch ``step``, then wait for the results of ``previous`` (tokens, logprobs, busy seconds,
-        host-bound); runs in the worker thread only (it alone touches the cache)."""
+        self, call: Call | None, previous: tuple[Call, Dispatched] | None
+    ) -> tuple[tuple[Call, Dispatched] | None, Collected | None]:
+        """Dispatch ``call``, then wait for the results of ``previous``; runs in the worker thread only (it
+        alone touches the cache)."""
         inflight = None
-        if step is not None:
-            inflight = _InFlight(
-                step, self._runner.dispatch(step.params, step.prefills, step.table_rn, step.rows)
-            )
-        return inflight, self._runner.collect(previous.dispatched) if previous is not None else None
+        if call is not None:
+            inflight = (call, self._runner.dispatch(call.params, call.prefills, call.table_rn, call.rows))
+        return inflight, self._runner.collect(previous[1]) if previous is not None else None
 
     def _warmup_sync(self) -> None:
-        self._runner.warmup(self._params, self.config)
+        threads = min(WARMUP_COMPILE_THREADS, os.cpu_count() or 1)
+        self._runner.warmup(self._params, self.config, self.decode_steps, threads=threads)
 
     # ---- scheduler (event-loop thread) -----------------------------------------------------------
 
@@ -402,26 +338,27 @@ class JaxEngine:
 
     async def _run(self) -> None:
         assert self._loop is not None and self._wake is not None
-        inflight: _InFlight | None = None
+        scheduler = self._scheduler
+        inflight: tuple[Call, Dispatched] | None = None
         try:
             while not self._closed:
-                self._drop_cancelled()
+                scheduler.drop_cancelled()
                 params, version = self._install_pending_weights()
-                step = self._plan(self._admit(), params, version)
-                if step is None and inflight is None:
+                call = scheduler.plan(scheduler.admit(version, self._clock()), params, version)
+                if call is None and inflight is None:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                # Dispatch this step, then collect the previous one: the device computes while we record.
+                # Dispatch this call, then collect the previous one: the device computes while we record.
                 previous = inflight
-                inflight, results = await self._loop.run_in_executor(self._executor, self._compute, step, previous)
+                inflight, results = await self._loop.run_in_executor(self._executor, self._compute, call, previous)
                 if previous is not None and results is not None:
-                    self._record(previous.step, *results)
+                    scheduler.record(previous[0], results, self._version, self._clock())
         except Exception as err:  # delivered to every waiting request and to later generate() calls
             self._error = err
-            self._fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
+            scheduler.fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))
         except asyncio.CancelledError:
-            self._fail_all(EngineClosedError("engine scheduler cancelled"))
+            scheduler.fail_all(EngineClosedError("engine scheduler cancelled"))
             raise
 
     def _install_pending_weights(self) -> tuple[dict[Any, Any], int]:
@@ -429,179 +366,17 @@ class JaxEngine:
             if self._pending_swap is not None:
                 self._params, self._version = self._pending_swap
                 self._pending_swap = None
-                self._memory.clear_cache()  # cached prefixes were computed by the old weights
+                self._scheduler.memory.clear_cache()  # cached prefixes were computed by the old weights
             return self._params, self._version
 
-    def _drop_cancelled(self) -> None:
-        for i, request in enumerate(self._slots):
-            if request is not None and request.future.cancelled():
-                self._slots[i] = None
-                self._rows.stop(i)
-                self._memory.release(i)
 
-    def _admit(self) -> list[int]:
-        if self.config.mode == "static":
-            free = [i for i, r in enumerate(self._slots) if r is None]
-            if len(free) < self.config.num_slots:
-                return []
-        else:
-            # A slot whose request has its last token in flight is free for the next step: the request
-            # leaves it now (its blocks too: no later step reads them) and is resolved when that token arrives.
-            draining = ~self._rows.active()
-            for i, request in enumerate(self._slots):
-                if request is not None and draining[i] and not request.finish_reason:
-                    self._detached.append(request)
-                    self._slots[i] = None
-                    self._rows.stop(i)
-                    # Every token known so far was fed by a dispatched step, so its keys/values are written.
-                    self._memory.release(i, self._retained(request, request.prompt + request.tokens))
-            free = [i for i, r in enumerate(self._slots) if r is None]
-        admitted = []
-        now = self._clock()
-        # A reused prefix makes the rest of the prompt a prefill call of its own instead of joining the batched
-        # first chunks: worth it only when it saves more than a call costs.
-        min_reuse = self.config.prefill_call_cost + 1 if self.config.prefix_reuse else None
-        while free and self._queue:
-            request = self._queue[0]
-            if request.future.cancelled():
-                self._queue.popleft()
-                continue
-            slot = free[0]
-            positions = min(len(request.prompt) + request.sampling.max_new_tokens, self.config.max_seq_len)
-            reused = self._memory.admit(slot, request.prompt, positions, min_reuse=min_reuse)
-            if reused is None:
-                break  # first come, first served: the head of the queue waits for blocks
-            self._queue.popleft()
-            free.remove(slot)
-            request.reused = reused
-            request.admitted_at = now
-            request.admitted_version = self._version
-            self._slots[slot] = request
-            self._rows.start(slot, request.prompt, 0, request.sampling)
-            admitted.append(slot)
-        return admitted
-
-    def _retained(self, request: _Request, tokens: list[int]) -> list[int]:
-        """``tokens`` (whose keys/values the request's blocks hold) if the prefix cache may keep them: only
-        keys/values the installed weights computed wholly. A request in flight across a swap (prefilled, or
-        partly decoded, by the old weights) finishes after the swap cleared the cache, and reusing its
-        keys/values would give the next turn logprobs no version's weights give."""
-        reusable = self.config.prefix_reuse and request.admitted_version == self._version
-        return tokens if reusable else []
-
-    def _plan(self, admitted: list[int], params: dict[Any, Any], version: int) -> _Step | None:
-        """The next dispatch, or None when no slot has tokens left to sample. Rows of requests in flight
-        advance without being rebuilt (``DecodeRows``); admitted ones also get their prefill chunks."""
-        active = self._rows.active()
-        if not active.any():
-            return None
-        prefills = []
-        for slot in admitted:
-            request = self._slots[slot]
-            assert request is not None
-            prefills += [
-                (slot, tokens, start) for tokens, start in self._chunks(request.prompt[:-1], request.reused)
-            ]
-            self._counters.prefill_calls += 1
-            self._counters.prefill_tokens += len(request.prompt) - request.reused
-            self._counters.reused_prefix_tokens += request.reused
-        slots = np.flatnonzero(active)
-        # Only occupied slots are decoded, in the smallest row bucket holding them (padding rows feed nothing).
-        slot_r = np.full(self.config.rows_for(len(slots)), self.config.num_slots, np.int32)
-        slot_r[: len(slots)] = slots
-        span = self.config.span_for(int(self._rows.position[active].max()) + 1)
-        table = self._memory.table
-        table_rn = table[np.minimum(slot_r, self.config.num_slots - 1), :span]
-        requests = [self._slots[i] for i in slots]
-        return _Step(params, version, prefill_calls(prefills, table, self.config), table_rn, self._rows.take(slot_r),
-                     slots.tolist(), requests)  # type: ignore[arg-type]
-
-    def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
-        """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``
-        (``EngineConfig.prefill_chunks``)."""
-        chunks = []
-        start = first
-        for bucket in self.config.prefill_chunks(len(ids) - first):
-            piece = ids[start : start + bucket]
-            padded = np.zeros(bucket, np.int32)
-            padded[: len(piece)] = piece
-            chunks.append((padded, start))
-            start += len(piece)
-        return chunks
-
-    def _record(
-        self, step: _Step, token_b: np.ndarray, logprob_b: np.ndarray, busy_s: float, host_bound: bool
-    ) -> None:
-        now = self._clock()
-        c = self._counters
-        c.busy_s += busy_s
-        c.host_bound_steps += host_bound
-        c.decode_steps += 1
-        tokens, logprobs = token_b.tolist(), logprob_b.tolist()
-        for slot, request in zip(step.slots, step.requests, strict=True):
-            # Skip rows whose request was cancelled, or ended on a stop id in the step before (pipelining).
-            if request.finish_reason or request.future.done():
-                continue
-            if not request.tokens:
-                request.first_token_at = now
-            token = tokens[slot]
-            request.tokens.append(token)
-            request.logprobs.append(logprobs[slot])
-            request.versions.append(step.version)
-            c.active_slot_steps += 1
-            c.generated_tokens += 1
-            if token in request.sampling.stop_ids:
-                request.finish_reason = "stop"
-            elif len(request.tokens) >= request.sampling.max_new_tokens:
-                request.finish_reason = "length"
-            elif request.length >= self.config.max_seq_len:
-                request.finish_reason = "context"
-            if request.finish_reason and self._slots[slot] is request:
-                self._rows.stop(slot)
-        for request in [r for r in self._detached if r.finish_reason or r.future.done()]:
-            self._detached.remove(request)
-            self._resolve(request, now)
-        occupied = [i for i, r in enumerate(self._slots) if r is not None]
-        finished = [i for i in occupied if self._slots[i].finish_reason]  # type: ignore[union-attr]
-        if self.config.mode == "static" and len(finished) < len(occupied):
-            return  # the batch returns together once its longest request is done
-        for i in finished:
-            request = self._slots[i]
-            assert request is not None
-            self._slots[i] = None
-            # Every token but the newest has its keys/values in the slot's blocks.
-            self._memory.release(i, self._retained(request, (request.prompt + request.tokens)[:-1]))
-            self._resolve(request, now)
-
-    def _resolve(self, request: _Request, now: float) -> None:
-        if request.finish_reason:
-            self._counters.requests_finished += 1
-        if not request.future.done():
-            request.future.set_result(self._completion(request, now))
-
-    @staticmethod
-    def _completion(request: _Request, now: float) -> Completion:
-        assert request.finish_reason is not None
-        return Completion(
-            token_ids=request.tokens,
-            logprobs=request.logprobs,
-            policy_versions=request.versions,
-            finish_reason=request.finish_reason,
-            timings={
-                "queue_s": request.admitted_at - request.submitted_at,
-                "first_token_s": request.first_token_at - request.submitted_at,
-                "total_s": now - request.submitted_at,
-            },
-        )
-
-    def _fail_all(self, error: BaseException) -> None:
-        requests = [r for r in self._slots if r is not None] + self._detached + list(self._queue)
-        self._slots = [None] * self.config.num_slots
-        for i in range(self.config.num_slots):
-            self._memory.release(i)
-        self._memory.clear_cache()
-        self._detached = []
-        self._queue.clear()
-        for request in requests:
-            if not request.future.done():
-                request.future.set_exception(error)
+def _cache_sharding(leaf: jax.Array, mesh: jax.sharding.Mesh) -> NamedSharding:
+    """Keys and values split over kv heads (their two last axes are kv heads and head dim, whatever the
+    cache's layout), like the projections that write them. The spec is written as the steps return it,
+    trailing unsplit dimensions dropped (P(None, None, None, None) comes back as P()): jit keys its cache on
+    the spec, so the cache placed any other way would compile the first warmed-up variant a second time on
+    its first real call."""
+    spec = logical_spec((None,) * (leaf.ndim - 2) + ("kv_heads", "head_dim"), leaf.shape, mesh)
+    while spec and spec[-1] is None:
+        spec = PartitionSpec(*spec[:-1])
+    return NamedSharding(mesh, spec)
