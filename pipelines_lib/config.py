@@ -164,8 +164,8 @@ class CampaignConfig:
         with the trainer; float32 throughout (a TPU's float32 matmuls already run on its bfloat16 units, and the
         warm start and the engines then agree on the dtype). Learning rates are ``tiny()``'s scaled down with the
         width (SFT 1e-3, GRPO 1e-4): a wider model moves further per Adam step. 30 GRPO steps of 8 groups as in
-        ``tiny()``; sized to finish, compiles included, within one 10-minute command on a TPU v5e chip
-        (``tpu_campaign`` benchmark).
+        ``tiny()``; v0 and the last version evaluated. Sized to finish, compiles included, within one
+        10-minute command on a TPU v5e chip (``tpu_campaign`` benchmark).
         """
         tiny = cls.tiny()
         return dataclasses.replace(
@@ -178,6 +178,7 @@ class CampaignConfig:
             rollout=dataclasses.replace(tiny.rollout, max_concurrency=32),
             trainer=dataclasses.replace(tiny.trainer, optim=dataclasses.replace(tiny.trainer.optim, lr=1e-4)),
             sft=dataclasses.replace(tiny.sft, optim=dataclasses.replace(tiny.sft.optim, lr=1e-3)),
+            eval=dataclasses.replace(tiny.eval, versions="ends"),
         )
 
     @classmethod
