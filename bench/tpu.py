@@ -35,6 +35,7 @@ import dataclasses
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,7 @@ def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
     return out
 
 
-def measure_campaign(scratch: Path, *, quick: bool) -> dict[str, float]:
+def measure_campaign(scratch: Path, *, quick: bool, log: Callable[[str], None] = print) -> dict[str, float]:
     """The ``tpu_demo`` preset (``QUICK_CAMPAIGN`` over it when ``quick``), colocated in this process, in a fresh
     folder: its wall clock (compilation included) and the held-out greedy success of its last version over v0's."""
     from pipelines_lib.config import CampaignConfig
@@ -207,7 +208,7 @@ def measure_campaign(scratch: Path, *, quick: bool) -> dict[str, float]:
 
     config = CampaignConfig.build(preset="tpu_demo", overrides=parse_overrides(QUICK_CAMPAIGN) if quick else None)
     store = Store(str(scratch / "tpu_demo"))
-    out = run_colocated(store, config, cache=scratch / "cache", log=lambda line: None)
+    out = run_colocated(store, config, cache=scratch / "cache", log=log)
     if not out["audit"]["ok"]:
         raise RuntimeError(f"the tpu_demo campaign's audit failed: {out['audit']['report']}")
     greedy = {v: EvalResult.read(store, v).greedy_success_rate for v in evaluated_versions(store)}
@@ -279,7 +280,7 @@ def bench_tpu_engine(ctx: BenchContext) -> BenchResult:
 )
 def bench_tpu_campaign(ctx: BenchContext) -> BenchResult:
     kind, _ = accelerator()
-    measured = measure_campaign(ctx.scratch, quick=ctx.quick)
+    measured = measure_campaign(ctx.scratch, quick=ctx.quick, log=ctx.progress)
     return BenchResult(figures=_figures(measured), labels={"tpu.campaign_device": kind},
                        notes=f"{kind}; v0 greedy {measured['campaign_v0_greedy']:.1%} -> "
                              f"v{measured['campaign_last_version']:.0f} {measured['campaign_last_greedy']:.1%}.")

@@ -17,6 +17,7 @@ from drills.fixtures import small_trainer_config
 from flows.campaign import campaign
 from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.configio import nest_dotted, parse_overrides
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import publish_weights
 from pipelines_lib.records import AuditRecord
@@ -106,8 +107,9 @@ def test_colocated_and_separate_campaigns_leave_folders_the_audit_cannot_tell_ap
 
 def test_run_colocated_command_runs_the_tpu_demo_preset_without_prefect_and_continues_when_rerun(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    url = str(tmp_path / "tpu_demo")
-    args = ["run-colocated", url, "--preset", "tpu_demo", *(a for s in QUICK_CAMPAIGN for a in ("--set", s))]
+    url, config = str(tmp_path / "tpu_demo"), tmp_path / "quick.yaml"
+    config.write_text(yaml.safe_dump(nest_dotted(parse_overrides(QUICK_CAMPAIGN))))
+    args = ["run-colocated", url, "--preset", "tpu_demo", "--config", str(config), "--set", "trainer.max_steps=2"]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["audit_ok"] and set(first["greedy_success"]) == {"0", "1"}  # eval.versions: ends

@@ -4,8 +4,8 @@
 run_colocated(store, config)
   init_campaign -> prep -> warm_start                      the same stage functions, in this thread
   rollout workers 0..N-1 (threads)  ||  trainer (this thread)
-      trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement), then
-      DeviceWeights.hand_over(N, model): a device-side copy of the published parameters
+      DeviceWeights.hand_over(N, model): a device-side copy of the parameters about to be published, then
+      trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
       workers see LATEST move and swap in that copy (no Orbax reload, no host round trip)
   evaluate the versions eval.versions asks for -> audit
 ```
@@ -63,8 +63,9 @@ class DeviceWeights:
         """Versions taken from device memory by ``load`` (the rest came from the folder)."""
 
     def hand_over(self, version: int, model: Decoder) -> None:
-        """Keep a device-side copy of ``model``'s parameters as ``version`` (the trainer's ``on_publish``): the
-        trainer's next step donates its own buffers, and only the newest version is ever loaded."""
+        """Keep a device-side copy of ``model``'s parameters as ``version`` (the trainer's ``on_publish``, called
+        before the pointer moves: a worker that sees the version finds it here). A copy, because the trainer's next
+        step donates its own buffers; one version only, because workers load the newest."""
         params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), nnx.state(model, nnx.Param))
         with self._lock:
             self._held = (version, params)

@@ -162,9 +162,10 @@ class StreamingTrainer:
 
     ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the
     campaign's ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer
-    files of ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called after each publication
-    (pointer moved) with the compute-dtype model it published, for an engine in the same process (colocated
-    placement); the next step may donate that model's buffers, so the callee copies what it keeps."""
+    files of ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication
+    with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
+    which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
+    the callee copies what it keeps."""
 
     def __init__(
         self,
@@ -351,10 +352,10 @@ class StreamingTrainer:
             with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
                 # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
                 served = with_dtype(self.model, self.precision.compute)
+                if self.on_publish is not None:  # before the pointer moves, so a reader of it finds the copy there
+                    self.on_publish(self.version, served)
                 publish_weights(self.store, served, version=self.version, step=self.step,
                                 tokenizer_dir=self.tokenizer_dir)
-                if self.on_publish is not None:
-                    self.on_publish(self.version, served)
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
                 save_checkpoint(
