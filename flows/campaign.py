@@ -15,7 +15,7 @@ Stages start in-process (threads of this flow run: one process, one shared XLA r
 colocated`` runs everything up to the audit as one task in this process (``tasks.colocated``: the trainer hands
 its weights to the engines in device memory), then the same evaluation tables, curve and audit.
 
-Command line: ``rollstream run URL [--preset tiny|smoke] [--config FILE] [--set key=value ...]``
+Command line: ``rollstream run URL [--preset tiny|smoke|tpu_demo] [--config FILE] [--set key=value ...]``
 (``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 

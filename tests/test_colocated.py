@@ -13,15 +13,16 @@ import yaml
 from flax import nnx
 
 from bench.tpu import QUICK_CAMPAIGN
-from drills.fixtures import small_trainer_config
+from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from flows.campaign import campaign
 from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import nest_dotted, parse_overrides
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.publish import publish_weights
+from pipelines_lib.publish import CampaignWeights, publish_weights
 from pipelines_lib.records import AuditRecord
 from pipelines_lib.stages.colocated import DeviceWeights, run_colocated
+from pipelines_lib.stages.train import train
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.store import Store
 
@@ -118,3 +119,22 @@ def test_run_colocated_command_runs_the_tpu_demo_preset_without_prefect_and_cont
     assert again["greedy_success"] == first["greedy_success"] and again["handed_over"] == 0
     assert CampaignConfig.from_mapping(json.loads(Path(url, "campaign.json").read_text())["config"]).placement \
         == "colocated"
+
+
+def test_the_trainer_hands_each_version_over_before_its_pointer_moves_and_the_engine_gets_what_is_published(
+        tmp_path: Path) -> None:
+    config = small_trainer_config(4)  # publishes v1 at step 2, v2 at step 4
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 8)
+    weights = DeviceWeights(store)
+    latest_at_hand_over: list[tuple[int, int | None]] = []
+
+    def hand_over(version: int, model: Decoder) -> None:
+        latest_at_hand_over.append((version, weights.latest()))
+        weights.hand_over(version, model)
+
+    train(store, config, on_publish=hand_over, log=lambda line: None)
+    assert latest_at_hand_over == [(1, 0), (2, 1)]  # the folder did not name the version yet
+    served = weights.load(2)
+    published = CampaignWeights(store).load(2)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), served, published))
+    assert weights.handed_over == 1
