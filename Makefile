@@ -22,7 +22,7 @@ PYTEST := ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -n $
 
 # System packages the tests need (Debian names) are installed by `sysdeps` when running as root (CI); otherwise the README says how.
 
-.PHONY: sysdeps venv vllm-venv demo store-demo test test-all bench lint fmt drills clean
+.PHONY: sysdeps venv vllm-venv demo store-demo test test-all bench bench-tpu lint fmt drills clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
@@ -68,6 +68,12 @@ test-all: $(STAMP) $(VLLM_STAMP) sysdeps
 
 bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollstream bench
+
+# On an accelerator machine, from a checkout set up by scripts/tpu_setup.sh (no venv there): the tpu_* benchmarks,
+# one after another in this one process (a TPU chip admits one process). TPU_PYTHON: the machine's python.
+TPU_PYTHON ?= python3
+bench-tpu:
+	$(TPU_PYTHON) -m bench.cli --only tpu
 
 drills: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream drills

@@ -1,7 +1,8 @@
 """The ``rollstream bench`` subcommand: its arguments (``add_arguments``) and what it runs (``run``).
 
 Registered with the command line through the ``rollstream.commands`` entry-point group (``pyproject.toml``), so
-it is there wherever the repository is installed; the library never imports it.
+it is there wherever the repository is installed; the library never imports it. ``python -m bench.cli`` is the
+same command from a checkout that is not installed (an accelerator machine: ``make bench-tpu``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ HELP = "run registered benchmarks; update bench/results.json and BENCHMARKS.md"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
-    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
+    p.add_argument("--only", action="append", default=None, metavar="NAME",
+                   help="run only this benchmark, or every benchmark named NAME_* (--only tpu), repeatable")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
@@ -24,13 +26,16 @@ def run(args: argparse.Namespace) -> int:
     from pipelines_lib.cli import CommandError, did_you_mean
 
     registered = sorted(load_benches())
+    names = None
     for name in args.only or []:
-        if name not in registered:
+        group = [name] if name in registered else [b for b in registered if b.startswith(f"{name}_")]
+        if not group:
             raise CommandError(f"unknown benchmark {name!r}{did_you_mean(name, registered)}; "
                                f"registered: {', '.join(registered)}")
+        names = [*(names or []), *group]
 
     try:
-        figures, failed = run_benchmarks(names=args.only, quick=args.quick, out_dir=args.out,
+        figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out,
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err
@@ -40,3 +45,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollstream bench: {failed} (tracebacks above)", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    from pipelines_lib.cli import CommandError
+
+    parser = argparse.ArgumentParser(prog="python -m bench.cli", description=HELP)
+    add_arguments(parser)
+    try:
+        sys.exit(run(parser.parse_args()))
+    except CommandError as e:
+        sys.exit(f"bench: {e}")

@@ -30,6 +30,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.store",
     "bench.storage_scale",
     "bench.telemetry",
+    "bench.tpu",
     "bench.trainer",
     "bench.vllm",
 )
@@ -78,6 +79,8 @@ class BenchResult:
     """File names in ``BenchContext.plot_dir``."""
     notes: str = ""
     """Run-specific remarks (sizes used, anything odd), printed under the table."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Text figures, keyed like ``figures`` (``tpu.device``: the chip the figures were measured on)."""
 
 
 class PartialResult(Exception):  # noqa: N818 - a result, carried by the error that cut the run short
@@ -87,6 +90,11 @@ class PartialResult(Exception):  # noqa: N818 - a result, carried by the error t
     def __init__(self, result: BenchResult, failed: str) -> None:
         super().__init__(failed)
         self.result = result
+
+
+class BenchSkipped(Exception):  # noqa: N818 - an outcome, not a failure
+    """Raised by a benchmark that cannot measure on this machine (one that needs an accelerator, on a CPU): the
+    runner prints the reason and records nothing, so the figures of an earlier run on the right machine stay."""
 
 
 BenchFn = Callable[[BenchContext], BenchResult]

@@ -11,9 +11,11 @@
 ``run_stages`` is the part after init, for any subset of stages in that order: the campaign flow runs
 them all (each is a no-op where its marker exists), ``flows.recover`` runs those ``campaign_status`` lists.
 Stages start in-process (threads of this flow run: one process, one shared XLA runtime) or, with
-``use_deployments``, as deployment runs on work pools (``flows.launch``).
+``use_deployments``, as deployment runs on work pools (``flows.launch``). A campaign with ``placement:
+colocated`` runs everything up to the audit as one task in this process (``tasks.colocated``: the trainer hands
+its weights to the engines in device memory), then the same evaluation tables, curve and audit.
 
-Command line: ``rollstream run URL [--preset tiny|smoke] [--config FILE] [--set key=value ...]``
+Command line: ``rollstream run URL [--preset tiny|smoke|tpu_demo] [--config FILE] [--set key=value ...]``
 (``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 
@@ -42,6 +44,7 @@ from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
+from tasks.colocated import colocated_campaign
 from tasks.init import init_campaign
 
 STAGE_ORDER = STAGE_NAMES
@@ -108,6 +111,11 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
     url, config = launcher.campaign_url, launcher.config
     store = records.with_parents(launcher.settings.store(url, launcher.storage_options))
     out: dict[str, Any] = {}
+    if config.placement == "colocated" and set(stages) & {"prep", "warm_start", "collect", "train", "evaluate"}:
+        out["colocated"] = colocated_campaign.submit(url, launcher.storage_options, launcher.settings).result()
+        for v, result in out["colocated"]["evaluate"].items():
+            artifacts.publish_eval_table(url, int(v), result)
+        stages = [s for s in stages if s == "audit"]
     for stage in ("prep", "warm_start"):
         if stage in stages:
             out[stage] = launcher.submit(stage).result()

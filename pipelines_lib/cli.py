@@ -180,6 +180,33 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_colocated_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="campaign folder to create or continue")
+    p.add_argument("--preset", default="tiny", help="config the YAML and --set apply to (e.g. tiny, tpu_demo)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
+    add_storage_options(p)
+
+
+@subcommand("run-colocated", "run (or continue) a whole campaign in this process, without Prefect: one process "
+            "holds the device for rollouts, trainer and evaluation (placement: colocated)", _run_colocated_args)
+def _run_colocated(args: argparse.Namespace) -> int:
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.configio import parse_overrides
+    from pipelines_lib.records import EvalResult, evaluated_versions, with_parents
+    from pipelines_lib.stages.colocated import run_colocated
+
+    overrides = {**parse_overrides(args.set), "placement": "colocated"}
+    config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
+    store = open_store(args, args.url)
+    out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
+    store = with_parents(store)
+    evals = {v: EvalResult.read(store, v).greedy_success_rate for v in evaluated_versions(store)}
+    print(json.dumps({"campaign": store.url, "wall_s": out["wall_s"], "audit_ok": out["audit"]["ok"],
+                      "handed_over": out["handed_over"], "greedy_success": evals}))
+    return 0 if out["audit"]["ok"] else 1
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:

@@ -47,6 +47,10 @@ from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
 
+Placement = Literal["separate", "colocated"]
+PLACEMENTS: tuple[str, ...] = typing.get_args(Placement)
+"""Values of ``CampaignConfig.placement``."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
@@ -71,10 +75,21 @@ class CampaignConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """How the processes of a multi-host stage find each other (``rollstream train --process-id``); empty: one
     process."""
+    placement: Placement = "separate"
+    """Where the stages run. ``separate``: each stage its own run (thread, process or deployment), engines loading
+    every published version from the folder. ``colocated``: one process holds the device(s) and time-shares them
+    between rollouts, the trainer and evaluation (``stages.colocated``), the engine taking each new version from
+    the trainer's device memory; the folder's records are the same. One accelerator that only one process may
+    open (a TPU chip) needs ``colocated``; it requires ``engine.kind: jax``."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"CampaignConfig.workers must be >= 1, got {self.workers}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"CampaignConfig.placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.placement == "colocated" and self.engine.kind != "jax":
+            raise ValueError(f"CampaignConfig.placement='colocated' needs engine.kind='jax' (the engine takes the "
+                             f"trainer's weights in device memory), got engine.kind={self.engine.kind!r}")
         if self.engine.max_seq_len > self.model.max_seq_len:
             raise ValueError(f"engine.max_seq_len={self.engine.max_seq_len} exceeds model.max_seq_len="
                              f"{self.model.max_seq_len}")
@@ -138,6 +153,32 @@ class CampaignConfig:
             trainer=dataclasses.replace(tiny.trainer, seq_buckets=(256,)),
             sft=dataclasses.replace(tiny.sft, steps=200, error_rate=0.6,
                                     optim=dataclasses.replace(tiny.sft.optim, total_steps=200)),
+        )
+
+    @classmethod
+    def tpu_demo(cls) -> CampaignConfig:
+        """``tiny()``'s task and recipe with a 25M-parameter model, colocated on one accelerator chip.
+
+        The model is ``tiny()``'s shape widened (d_model 512, 8 layers of 8 query and 4 KV heads of 64, MLP 1536):
+        25.4M parameters, the same tokenizer and context. One rollout worker (one engine, 32 slots) shares the chip
+        with the trainer; float32 throughout (a TPU's float32 matmuls already run on its bfloat16 units, and the
+        warm start and the engines then agree on the dtype). Learning rates are ``tiny()``'s scaled down with the
+        width (SFT 1e-3, GRPO 1e-4): a wider model moves further per Adam step. 30 GRPO steps of 8 groups as in
+        ``tiny()``; v0 and the last version evaluated. Sized to finish, compiles included, within one
+        10-minute command on a TPU v5e chip (``tpu_campaign`` benchmark).
+        """
+        tiny = cls.tiny()
+        return dataclasses.replace(
+            tiny,
+            placement="colocated",
+            workers=1,
+            model=dataclasses.replace(tiny.model, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64,
+                                      d_ff=1536),
+            engine=dataclasses.replace(tiny.engine, num_slots=32),
+            rollout=dataclasses.replace(tiny.rollout, max_concurrency=32),
+            trainer=dataclasses.replace(tiny.trainer, optim=dataclasses.replace(tiny.trainer.optim, lr=1e-4)),
+            sft=dataclasses.replace(tiny.sft, optim=dataclasses.replace(tiny.sft.optim, lr=1e-3)),
+            eval=dataclasses.replace(tiny.eval, versions="ends"),
         )
 
     @classmethod
@@ -210,7 +251,7 @@ class CampaignConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
 
-Preset = Literal["tiny", "smoke"]
+Preset = Literal["tiny", "smoke", "tpu_demo"]
 PRESETS: tuple[str, ...] = typing.get_args(Preset)
 """Names of the presets (``CampaignConfig`` class methods) a campaign can start from."""
 
@@ -225,4 +266,4 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["PRESETS", "Preset", "CampaignConfig", "ConfigError"]
+__all__ = ["PLACEMENTS", "PRESETS", "Placement", "Preset", "CampaignConfig", "ConfigError"]

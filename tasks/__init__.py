@@ -10,6 +10,7 @@ tasks/collect_rollouts.py collect_rollouts  trajectories/v*/<worker>.<nonce>-<se
 tasks/train.py           train              train/checkpoints, train/consumed, weights/v*, train/DONE.json
 tasks/evaluate.py        evaluate_version   eval/v<N>.json
 tasks/audit.py           audit              audit/<timestamp>.json + .txt
+tasks/colocated.py       colocated_campaign prep .. evaluate in one process (placement: colocated)
 ```
 
 Every library function is idempotent through the campaign's markers, so a task rerun after success returns

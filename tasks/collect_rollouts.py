@@ -11,14 +11,11 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from pipelines_lib.rollout.collect import worker_name
 from pipelines_lib.settings import DEFAULTS, Settings
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.table import stage
 from tasks.common import IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
-
-
-def worker_name(worker_index: int) -> str:
-    return f"rollout{worker_index}"
 
 
 @task(name="collect", retries=stage("collect").retries, retry_delay_seconds=IO_RETRY_DELAYS_S, retry_condition_fn=retry_transient,

@@ -32,6 +32,18 @@ from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import Store
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``tpu`` are skipped where JAX runs on the CPU (CI, ``make test``)."""
+    needing = [item for item in items if "tpu" in item.keywords]
+    if needing:
+        import jax
+
+        if jax.default_backend() == "cpu":
+            for item in needing:
+                item.add_marker(pytest.mark.skip(reason="needs an accelerator; JAX's backend here is the CPU"))
+
+
 # Property tests explore the same cases on every run: CI stays reproducible; widen exploration locally with
 # `--hypothesis-seed=random` or `--hypothesis-profile=explore`.
 settings.register_profile("default", derandomize=True, deadline=None)

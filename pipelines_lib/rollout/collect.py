@@ -21,6 +21,11 @@ from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
 
 
+def worker_name(worker_index: int) -> str:
+    """The stable name of rollout worker ``worker_index`` (a restart keeps it, so it skips its committed groups)."""
+    return f"rollout{worker_index}"
+
+
 def committed_groups(store: Store, worker: str) -> set[str]:
     """Group ids already committed by any run of logical worker ``worker``."""
     done: set[str] = set()

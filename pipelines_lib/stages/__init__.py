@@ -9,6 +9,8 @@ train        train/, weights/v<N>, train/DONE.json             train.trainer.Str
 evaluate     eval/v<N>.json                                    evaluate.evaluate_model(config.eval, ...)
 audit        audit/<utc>.json                                  audit.audit_campaign
 replay       nothing (reads only; an optional Parquet dump)    train.replay.replay_step(trainer, step)
+colocated    all of the above up to the audit, in one process  the stages above; trainer -> engine weights in
+             holding the device (placement: colocated)          device memory (DeviceWeights)
 ```
 Prefect tasks (``tasks/``) call these; these call core code; core code never imports them.
 """

@@ -69,11 +69,12 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
             target_groups: int | None = None, weights_timeout_s: float = 600.0, cache: Path | None = None,
-            log: Callable[[str], None] = print, detail: Callable[[str], None] | None = None,
+            weights: WeightSource | None = None, log: Callable[[str], None] = print, detail: Callable[[str], None] | None = None,
             progress_every: int = 10) -> dict[str, Any]:
     """Run rollout worker ``worker`` (``worker_index`` of ``num_workers``) until the trainer's done marker, a stop
     request or ``target_groups``; returns its statistics. ``cache`` is the process's cache folder
-    (``Settings.cache``). ``log`` gets a progress line every ``progress_every`` shards, ``detail`` (if given) one
+    (``Settings.cache``). ``weights`` replaces the engine backend's source of new weights (colocated placement:
+    the trainer's device memory, ``stages.colocated.DeviceWeights``). ``log`` gets a progress line every ``progress_every`` shards, ``detail`` (if given) one
     line per shard: a campaign commits hundreds of shards, too many lines for a terminal by default."""
     if not 0 <= worker_index < num_workers:
         raise ValueError(f"worker_index must be in [0, {num_workers}), got {worker_index}")
@@ -101,14 +102,14 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             log(f"rollout {worker_id}: {shards} shards committed ({commits} groups)")
 
     async def run(scratch: Path) -> Any:
-        opened, weights = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
+        opened, published = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
         async with opened as engine, env_sandbox(config.env) as sandbox:
             orchestrator = Orchestrator(
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
                                            tool_latency=config.env.tool_latency, sandbox=sandbox),
                 tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
-                weights=weights, should_stop=lambda: stop_requested(store, since=started),
+                weights=published if weights is None else weights, should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
             return stats, engine.stats()

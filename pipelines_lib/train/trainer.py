@@ -52,7 +52,7 @@ import pyarrow as pa
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
-from pipelines_lib.model.decoder import with_dtype
+from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
@@ -162,7 +162,10 @@ class StreamingTrainer:
 
     ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the
     campaign's ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer
-    files of ``tokenizer_dir`` in their HF folder."""
+    files of ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication
+    with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
+    which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
+    the callee copies what it keeps."""
 
     def __init__(
         self,
@@ -172,6 +175,7 @@ class StreamingTrainer:
         eta: int,
         group_size: int,
         tokenizer_dir: str | Path | None = None,
+        on_publish: Callable[[int, Decoder], None] | None = None,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -181,6 +185,7 @@ class StreamingTrainer:
         self.eta = eta
         self.group_size = group_size
         self.tokenizer_dir = tokenizer_dir
+        self.on_publish = on_publish
         self.log = log
         self.clock = clock
         self.sleep = sleep
@@ -346,8 +351,11 @@ class StreamingTrainer:
             self.version += 1
             with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
                 # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
-                publish_weights(self.store, with_dtype(self.model, self.precision.compute), version=self.version,
-                                step=self.step, tokenizer_dir=self.tokenizer_dir)
+                served = with_dtype(self.model, self.precision.compute)
+                if self.on_publish is not None:  # before the pointer moves, so a reader of it finds the copy there
+                    self.on_publish(self.version, served)
+                publish_weights(self.store, served, version=self.version, step=self.step,
+                                tokenizer_dir=self.tokenizer_dir)
         if publish or self.step % self.tc.checkpoint_every == 0:
             with telemetry.span("checkpoint", track="trainer", step=self.step):
                 save_checkpoint(

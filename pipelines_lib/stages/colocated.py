@@ -1,0 +1,134 @@
+"""Colocated placement: a whole campaign in one process that holds the device(s), time-sharing them.
+
+```
+run_colocated(store, config)
+  init_campaign -> prep -> warm_start                      the same stage functions, in this thread
+  rollout workers 0..N-1 (threads)  ||  trainer (this thread)
+      DeviceWeights.hand_over(N, model): a device-side copy of the parameters about to be published, then
+      trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
+      workers see LATEST move and swap in that copy (no Orbax reload, no host round trip)
+  evaluate the versions eval.versions asks for -> audit
+```
+
+Why one process: a TPU chip can be opened by one process only, so rollouts, training and evaluation must share
+it through one JAX runtime; XLA interleaves the programs the threads dispatch. Every record the campaign folder
+gets is written by the same stage functions as in separate placement, so the audit cannot tell the placements
+apart, and η admission and the trainer's window work unchanged (workers still poll the pointer). Every step is
+idempotent, so a rerun continues an interrupted campaign. Nothing here imports Prefect: a REPL, the
+``rollstream run-colocated`` command and the campaign flow's one colocated task all call ``run_colocated``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pipelines_lib import records
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.evaluate import versions_to_evaluate
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.publish import CampaignWeights
+from pipelines_lib.rollout.collect import request_stop, worker_name
+from pipelines_lib.stages.audit import audit
+from pipelines_lib.stages.campaign import init_campaign
+from pipelines_lib.stages.collect import collect
+from pipelines_lib.stages.evaluate import evaluate
+from pipelines_lib.stages.prep import prep
+from pipelines_lib.stages.train import train
+from pipelines_lib.stages.warm_start import warm_start
+from pipelines_lib.storage.store import Store
+
+
+class DeviceWeights:
+    """A rollout ``WeightSource`` fed by the trainer of the same process.
+
+    ``latest`` reads the campaign's pointer, as ``CampaignWeights`` does, so admission and refresh follow the
+    same records as in separate placement. ``load`` returns the parameters the trainer handed over for that
+    version, already on the device; a version it never saw (version 0, or versions published before this
+    process started) is loaded from the folder."""
+
+    def __init__(self, store: Store) -> None:
+        self._published = CampaignWeights(store)
+        self._lock = threading.Lock()
+        self._held: tuple[int, nnx.State] | None = None
+        self.handed_over = 0
+        """Versions taken from device memory by ``load`` (the rest came from the folder)."""
+
+    def hand_over(self, version: int, model: Decoder) -> None:
+        """Keep a device-side copy of ``model``'s parameters as ``version`` (the trainer's ``on_publish``, called
+        before the pointer moves: a worker that sees the version finds it here). A copy, because the trainer's next
+        step donates its own buffers; one version only, because workers load the newest."""
+        params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), nnx.state(model, nnx.Param))
+        with self._lock:
+            self._held = (version, params)
+
+    def latest(self) -> int | None:
+        return self._published.latest()
+
+    def load(self, version: int) -> nnx.State:
+        with self._lock:
+            held = self._held
+        if held is not None and held[0] == version:
+            self.handed_over += 1
+            return held[1]
+        return self._published.load(version)
+
+
+def _evaluate_all(store: Store, config: CampaignConfig, cache: Path | None) -> dict[int, dict[str, Any]]:
+    """Score every version ``eval.versions`` asks for that has no ``EvalResult`` yet."""
+    done = set(records.evaluated_versions(store))
+    wanted = versions_to_evaluate(records.published_versions(store), config.eval.versions)
+    return {v: evaluate(store, config, version=v, cache=cache).to_dict() for v in wanted if v not in done}
+
+
+def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | None,
+                       log: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """Rollout workers on threads while the trainer runs on this one; if the trainer fails, the workers are asked
+    to stop (a stop request, as the campaign flow does) and waited for before the error propagates."""
+    weights = DeviceWeights(store)
+    with ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="colocated-rollout") as pool:
+        workers: list[Future[dict[str, Any]]] = [
+            pool.submit(collect, store, config, worker=worker_name(i), worker_index=i, num_workers=config.workers,
+                        cache=cache, weights=weights, log=log)
+            for i in range(config.workers)]
+        try:
+            trained = train(store, config, cache=cache, on_publish=weights.hand_over, log=log)
+        except BaseException as e:
+            request_stop(store, f"colocated trainer failed: {type(e).__name__}: {e}")
+            raise
+        collected = [w.result() for w in workers]  # they stop on the trainer's done marker
+    return trained, collected, weights.handed_over
+
+
+def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = None,
+                  log: Callable[[str], None] = print, with_audit: bool = True) -> dict[str, Any]:
+    """Run (or continue) the campaign at ``store`` in this process (see the module docstring); returns each
+    stage's manifest, ``wall_s`` and ``handed_over`` (versions the engines took from device memory).
+    ``cache`` is the process's cache folder (``Settings.cache``); ``with_audit=False`` leaves the audit to the
+    caller (the campaign flow audits as its own task)."""
+    if config.placement != "colocated":
+        raise ValueError(f"{store.url}: run_colocated needs placement='colocated', got {config.placement!r}")
+    started = time.perf_counter()
+    out: dict[str, Any] = {"init": init_campaign(store, config)}
+    store = records.with_parents(store)
+    log(f"colocated campaign {store.url} on {jax.default_backend()} ({jax.device_count()} device(s))")
+    out["prep"] = prep(store, config)
+    out["warm_start"] = warm_start(store, config, cache=cache, log=log)
+    out["train"], out["collect"], out["handed_over"] = _collect_and_train(store, config, cache=cache, log=log)
+    out["evaluate"] = _evaluate_all(store, config, cache)
+    if with_audit:
+        out["audit"] = audit(store)
+    out["wall_s"] = round(time.perf_counter() - started, 3)
+    log(f"colocated campaign {store.url}: done in {out['wall_s']:.0f}s")
+    return out
+
+
+__all__ = ["DeviceWeights", "run_colocated"]

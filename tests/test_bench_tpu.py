@@ -1,0 +1,84 @@
+"""The accelerator benchmarks (``bench/tpu.py``): their counts by hand, their code paths at a small size on the
+CPU (so they cannot rot where CI runs), and nothing recorded where there is no accelerator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from flax import nnx
+
+from bench.registry import BenchContext
+from bench.runner import run_benchmarks
+from bench.tpu import (
+    QUICK,
+    Peak,
+    bench_tpu_train,
+    decode_step_bytes,
+    matmul_params,
+    measure_campaign,
+    measure_engine,
+    measure_train,
+    train_flops,
+)
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+
+V5E = Peak(flops=197e12, hbm_bytes_per_s=819e9)
+
+
+def _toy() -> Decoder:
+    # vocab 16, d 8, one layer of 2 query heads and 1 KV head of 4, MLP 8, tied embeddings.
+    cfg = ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, d_ff=8,
+                      max_seq_len=16, tie_embeddings=True)
+    return Decoder(cfg, rngs=nnx.Rngs(0))
+
+
+def test_flops_count_every_matmul_parameter_six_times_a_token_plus_causal_attention() -> None:
+    model = _toy()
+    # embedding 16·8 = 128 (once, as the unembedding); q 8·8 + k 8·4 + v 8·4 + o 8·8 = 192; MLP 3·8·8 = 192.
+    assert matmul_params(model) == 512
+    # 6 · 512 · (2 · 4) = 24576; attention 6 · 1 layer · 2 heads · 4 · 4² · 2 rows = 1536.
+    assert train_flops(model, rows=2, length=4) == 26112
+
+
+def test_decode_step_bytes_read_every_parameter_once_and_the_kv_of_each_slot() -> None:
+    model = _toy()
+    # parameters: 512 + norms 3·8 = 536 floats = 2144 bytes; KV: 2 slots · 3 tokens · 1 layer · (K, V) · 1 head
+    # · 4 · 4 bytes = 192.
+    assert decode_step_bytes(model, slots=2, context=3) == 2144 + 192
+
+
+def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) -> None:
+    lines: list[str] = []
+    figures = run_benchmarks(["tpu_train", "tpu_engine", "tpu_campaign"], out_dir=tmp_path, progress=lines.append)
+    assert figures == {}
+    assert not (tmp_path / "bench" / "results.json").exists()
+    assert sum("skipped, nothing recorded: no accelerator" in line for line in lines) == 3
+
+
+def test_measure_train_and_engine_run_their_code_paths_at_a_small_size() -> None:
+    train = measure_train(QUICK, V5E)
+    assert train["model_build_s"] > 0 and train["train_first_step_s"] > train["train_step_s"] > 0
+    assert 0 < train["train_mfu"] < 1
+    engine = measure_engine(QUICK, V5E)
+    assert engine["engine_warmup_s"] > 0
+    for slots in QUICK["slots"]:
+        assert engine[f"engine_tokens_per_s_{slots}"] > 0 and engine[f"engine_roofline_fraction_{slots}"] > 0
+
+
+def test_measure_campaign_runs_the_tpu_demo_preset_colocated_at_a_small_size(tmp_path: Path) -> None:
+    out = measure_campaign(tmp_path, quick=True)
+    assert out["campaign_last_version"] == 1 and out["campaign_wall_s"] > 0
+    assert out["campaign_heldout_gain_points"] == pytest.approx(
+        100 * (out["campaign_last_greedy"] - out["campaign_v0_greedy"]))
+    manifest = json.loads((tmp_path / "tpu_demo" / "campaign.json").read_text())
+    assert manifest["config"]["placement"] == "colocated"
+
+
+@pytest.mark.tpu
+def test_tpu_train_benchmark_names_the_chip_and_measures_on_it(tmp_path: Path) -> None:
+    result = bench_tpu_train(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path, progress=print))
+    assert result.labels["tpu.device"].startswith("TPU")
+    assert 0 < result.figures["tpu.train_mfu"] < 1
