@@ -126,7 +126,7 @@ def measure_train(size: dict[str, Any], peak: Peak) -> dict[str, float]:
     build_s = time.perf_counter() - t0
     optimizer = make_nnx_optimizer(model, OptimConfig(), make_mesh(MeshConfig()))
     batch = _batch(_uniform_tokens(size["rows"], size["length"], model.cfg.vocab_size))
-    cfg = StepConfig(remat=True, precision=Precision(params="float32", compute="bfloat16"))
+    cfg = StepConfig(remat=size.get("remat", "full"), precision=Precision(params="float32", compute="bfloat16"))
     times = []
     for _ in range(1 + size["steady_steps"]):
         t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def _figures(measured: dict[str, float]) -> dict[str, float]:
              "included) and the model-flops utilisation of the steps after it.",
     method="`bench/tpu.py` `measure_train`, in this process: `ModelConfig.from_hf_config` of Qwen3-0.6B's values, "
            "`train.mesh.create_sharded` of a random `Decoder` (timed, float32), AdamW, batch 8 × 1024 of uniform "
-           "ids, `StepConfig(remat=True, precision=float32 masters / bfloat16 compute)`, 1 + 3 steps; MFU as the "
+           "ids, `StepConfig(remat='full', precision=float32 masters / bfloat16 compute)`, 1 + 3 steps; MFU as the "
            "module docstring counts it (6·N·tokens + causal attention, median steady step, the chip's peak). "
            "`--quick`: the small model at 2 × 64. Skipped without an accelerator.",
     goals=(Goal(key="tpu.model_build_s", op="<=", value=15.0, why="a user waits for it every start"),

@@ -25,22 +25,16 @@ missing=()
 for pkg in "${needs[@]}"; do
   module=${pkg//-/_}
   case $pkg in orbax-checkpoint) module=orbax.checkpoint ;; pyyaml) module=yaml ;; esac
-  PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c "import $module" 2>/dev/null || missing+=("$pkg")
+  PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$target" "$python" -c "import $module" 2>/dev/null || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
   echo "tpu_setup: installing ${missing[*]} into $target" >&2
   PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated --only-binary=:all: --index-url "$index" \
     --target "$target" --upgrade "${missing[@]}" >&2
 fi
-# A dependency may have brought its own JAX, or the libraries JAX was built against: the machine's (built for its
-# chip) must win, and the target comes first on PYTHONPATH, so their copies in the target go.
-for module in jax jaxlib libtpu jax_plugins numpy ml_dtypes opt_einsum scipy; do
-  if PYTHONPATH= "$python" -c "import $module" 2>/dev/null; then
-    rm -rf "${target:?}/$module" "$target/$module"-*.dist-info "$target/$module".libs
-  fi
-done
-
-pythonpath="$root:$target"
+# A dependency may bring its own JAX (or numpy, libtpu): the machine's, built for its chip, must win, so the target
+# comes last on PYTHONPATH, after whatever the machine's Python already finds there.
+pythonpath="$root${PYTHONPATH:+:$PYTHONPATH}:$target"
 PYTHONPATH="$pythonpath" "$python" - <<'EOF'
 import sys
 

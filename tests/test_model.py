@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pipelines_lib.engine.device import steps_for
+from pipelines_lib.engine.device import DecodeRows, steps_for
 from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
 from pipelines_lib.model.decoder import (
     Decoder,
@@ -202,10 +202,10 @@ def test_the_lowered_decode_step_holds_one_layer_body_however_many_layers() -> N
         cfg = dataclasses.replace(TINY, n_layers=n_layers)
         graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
         rows, slots = 4, 8
-        i32, f32 = np.zeros(rows, np.int32), np.zeros(rows, np.float32)
-        text = steps_for(graphdef).decode.lower(
+        inputs = DecodeRows(slots, 32, 2).take(np.arange(rows), 2)
+        text = steps_for(graphdef, 2).decode.lower(
             nnx.to_pure_dict(params), jax.eval_shape(lambda: init_cache(cfg, 16, 8)), np.zeros((rows, 4), np.int32),
-            np.zeros(slots, np.int32), i32, i32, np.zeros(rows, bool), i32, f32, i32, f32, i32, i32).as_text()
+            np.zeros(slots, np.int32), np.ones(slots, bool), inputs).as_text()
         return text.count("dot_general")
 
     two = dots(2)

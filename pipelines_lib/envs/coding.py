@@ -210,9 +210,14 @@ class CodeEnv(BaseTaskEnv):
     def __init__(self, *, config: CodeConfig = CodeConfig(), sandbox: PythonSandbox | None = None) -> None:
         super().__init__(max_turns=config.max_turns)
         self.config = config
-        self.sandbox = sandbox if sandbox is not None else PythonSandbox(config.sandbox)
-        self._set_tools([PythonTool(sandbox=self.sandbox)])
+        self._tool = PythonTool(sandbox=sandbox) if sandbox is not None else PythonTool(config=config.sandbox)
+        self._set_tools([self._tool])
         self._attempts = 0
+
+    @property
+    def sandbox(self) -> PythonSandbox:
+        """The python tool's sandbox, started at its first use rather than with the env."""
+        return self._tool.sandbox
 
     @classmethod
     def generate_tasks(cls, *, seed: int, n: int, split: str, config: CodeConfig | None = None) -> list[Task]:

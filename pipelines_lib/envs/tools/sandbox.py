@@ -405,7 +405,16 @@ class PythonTool(Tool):
     def __init__(self, *, sandbox: PythonSandbox | None = None, config: SandboxConfig | None = None) -> None:
         if sandbox is not None and config is not None:
             raise ValueError("pass either sandbox or config, not both")
-        self.sandbox = sandbox if sandbox is not None else PythonSandbox(config or SandboxConfig())
+        self._sandbox = sandbox
+        self._config = config or SandboxConfig()
+
+    @property
+    def sandbox(self) -> PythonSandbox:
+        """The sandbox the tool runs programs in, built at first use (an env built for its texts or tasks alone,
+        as the tokenizer's corpus builds every env, needs no working sandbox on its machine)."""
+        if self._sandbox is None:
+            self._sandbox = PythonSandbox(self._config)
+        return self._sandbox
 
     async def __call__(self, arguments: dict[str, Any]) -> str:
         code = require_str_arg(arguments, "code", max_len=self.sandbox.config.max_code_chars)
