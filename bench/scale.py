@@ -385,7 +385,7 @@ def part_engine(args: dict[str, Any]) -> dict[str, Any]:
             return {"tokens": [c.token_ids for c in (*before, *after)],
                     "versions": sorted({v for c in (*before, *after) for v in c.policy_versions}),
                     "q_proj_spec": [str(a) for a in engine._params["layers"]["attn"]["q_proj"]["kernel"].sharding.spec],
-                    "cache_spec": [str(a) for a in engine._runner.cache[0].k_nskd.sharding.spec],
+                    "cache_spec": [str(a) for a in engine._runner.cache.k_lnskd.sharding.spec],
                     "param_devices": max(len(p.sharding.device_set) for p in params),
                     "compilations": engine.stats()["compilations"]}
 

@@ -226,8 +226,9 @@ def test_engine_on_a_4_device_tensor_mesh_is_greedy_identical_to_one_device_acro
     assert result["tokens"] == 32 * 12  # random weights rarely emit a stop id; none is configured
     one, tp = result["one"], result["tp"]
     assert one["versions"] == tp["versions"] == [0, 1]  # the swap happened between the halves
-    # Heads split over the 4 devices ([embed, heads] kernels), the KV cache over its 4 kv heads; after the swap the
-    # weights keep that layout, and nothing compiled beyond the tensor-parallel engine's own variants.
-    assert tp["q_proj_spec"] == ["None", "tensor"] and tp["param_devices"] == 4
-    assert tp["cache_spec"] == ["None", "None", "tensor"]
+    # Heads split over the 4 devices ([layers, embed, heads] kernels), the KV cache ([layers, blocks, block_size,
+    # kv_heads, head_dim]) over its 4 kv heads; after the swap the weights keep that layout, and nothing compiled
+    # beyond the tensor-parallel engine's own variants.
+    assert tp["q_proj_spec"] == ["None", "None", "tensor"] and tp["param_devices"] == 4
+    assert tp["cache_spec"] == ["None", "None", "None", "tensor"]
     assert tp["compilations"] == 2 * one["compilations"]

@@ -273,8 +273,9 @@ def test_sft_nll_step_fits_the_loss_tokens() -> None:
     optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-2), ONE_DEVICE)
     cfg = StepConfig(loss=LossConfig(name="nll"))
     nll = [float(train_step(model, optimizer, batch, cfg=cfg)["nll"]) for _ in range(8)]
-    # A fresh model is near uniform over 64 tokens; 8 steps must have cut the NLL well below that.
-    assert abs(nll[0] - math.log(SMALL.vocab_size)) < 0.5, nll
+    # A fresh model is near uniform over 64 tokens (its random logits add 0.46 to 0.79 nats over ln 64 on these
+    # rows, by the draw: seeds 0-5 measured); 8 steps must have cut the NLL well below that.
+    assert abs(nll[0] - math.log(SMALL.vocab_size)) < 1.0, nll
     assert nll[-1] < nll[0] - 1.0, nll
 
 

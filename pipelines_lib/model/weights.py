@@ -73,7 +73,7 @@ def load_weights(path_or_url: str, mesh: Mesh | None = None) -> Decoder:
     item = _path(path_or_url) / STATE_ITEM
     with ocp.StandardCheckpointer() as checkpointer:
         if unrolled_layers(checkpointer.metadata(item).item_metadata.tree):
-            stacked = _stack_layers(checkpointer.restore(item), cfg.n_layers)
+            stacked = _stack_layers(checkpointer.restore(item), cfg.n_layers, item)
             nnx.replace_by_pure_dict(abstract_params, _variable_values(stacked))
             params = place_state(abstract_params, mesh)
         else:
@@ -92,9 +92,10 @@ def unrolled_layers(tree: Any) -> bool:
     return any(unrolled_layers(v) for k, v in tree.items() if k != "layers")
 
 
-def _stack_layers(tree: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    if sorted(tree["layers"], key=int) != [str(i) for i in range(n_layers)]:
-        raise ValueError(f"the weights hold layers {sorted(tree['layers'], key=int)}, their model config {n_layers}")
+def _stack_layers(tree: dict[str, Any], n_layers: int, item: epath.Path) -> dict[str, Any]:
+    held = sorted(tree["layers"], key=int)
+    if held != [str(i) for i in range(n_layers)]:
+        raise ValueError(f"{item}: holds layers {held}, its model config has n_layers={n_layers}")
     per_layer = [tree["layers"][str(i)] for i in range(n_layers)]
     return {**tree, "layers": jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *per_layer)}
 

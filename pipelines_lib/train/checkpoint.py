@@ -5,9 +5,9 @@ train/checkpoints/<step:08d>/state/        Orbax item: {"params": model params, 
 train/checkpoints/<step:08d>/meta.json     step, policy version, tail cursor, RNG key data
 train/checkpoints/<step:08d>/COMMITTED     written last (create-only): only committed checkpoints exist
 ```
-A checkpoint of a decoder with unrolled layers (``layers/<i>/...``, the layout of earlier releases) is refused
-with an error naming it. A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
-of the same step picks a fresh attempt folder suffix so nothing is ever overwritten.
+A crash during a save leaves a folder without ``COMMITTED``; ``restore_latest`` ignores it, and a later save
+of the same step picks a fresh attempt folder suffix so nothing is ever overwritten. A checkpoint of a decoder
+with unrolled layers (``layers/<i>/...``, the layout of earlier releases) is refused with an error naming it.
 
 A trainer spanning several processes calls both functions on every process: Orbax writes and reads each
 process's own shards, process 0 alone writes ``meta.json`` and ``COMMITTED``, and barriers keep every process
