@@ -113,11 +113,12 @@ def _decode_steps(
     ``position_r + j`` and samples completion token ``index_r + j`` with the key a single step would use
     (``request_keys``), so one call of ``steps`` steps gives the tokens and logprobs of as many single steps.
 
-    The loop ends after ``steps`` steps or once no row samples any more. A row samples at most ``budget_r`` tokens and stops after one of its stop ids (``stop_rs``, padded with
-    -1): from then on it reads and writes no block, so no keys/values land past its last kept token. The
-    first input is the slot's ``carry_b`` entry where ``from_carry_r`` (the previous call's last token, still
-    on the device; a row the previous call stopped stays stopped through ``alive_b``), else ``tokens_r``
-    from the host (a row's first call). Padding rows (slot ``num_slots``, budget 0) write nothing."""
+    The loop ends after ``steps`` steps or once no row samples any more. A row samples at most ``budget_r``
+    tokens and stops after one of its stop ids (``stop_rs``, padded with -1): from then on it reads and writes
+    no block, so no keys/values land past its last kept token. The first input is the slot's ``carry_b`` entry
+    where ``from_carry_r`` (the previous call's last token, still on the device; a row the previous call
+    stopped stays stopped through ``alive_b``), else ``tokens_r`` from the host (a row's first call). Padding
+    rows (slot ``num_slots``, budget 0) write nothing."""
     model = nnx.merge(graphdef, params)
     carried_r = jnp.take(carry_b, rows.slot_r, mode="clip")
     fed_r = jnp.where(rows.from_carry_r, carried_r, rows.tokens_r)

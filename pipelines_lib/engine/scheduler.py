@@ -191,7 +191,8 @@ class Scheduler:
         table = self.memory.table
         table_rn = table[np.minimum(slot_r, self.config.num_slots - 1), :span]
         requests = [self.slots[i] for i in slots]
-        return Call(params, version, prefill_calls(prefills, table, self.config), table_rn, rows, requests)  # type: ignore[arg-type]
+        calls = prefill_calls(prefills, table, self.config)
+        return Call(params, version, calls, table_rn, rows, requests)  # type: ignore[arg-type]
 
     def _chunks(self, ids: list[int], first: int) -> list[tuple[np.ndarray, int]]:
         """(tokens padded to a bucket, start position) per prefill call covering ``ids[first:]``
