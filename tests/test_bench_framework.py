@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from bench import registry
-from bench.registry import Bench, BenchContext, BenchResult, Goal, PartialResult, load_benches, register_bench
+from bench.registry import (
+    Bench,
+    BenchContext,
+    BenchResult,
+    BenchSkipped,
+    Goal,
+    PartialResult,
+    load_benches,
+    register_bench,
+)
 from bench.runner import BenchmarksFailed, merge_results, render_markdown, run_benchmarks
 from pipelines_lib import cli
 
@@ -140,3 +149,27 @@ def test_a_registered_prefix_owns_its_keys_over_the_benchmark_named_by_their_fir
     assert key_owner("engine.jax_over_vllm.none", benches) == "vllm"
     assert key_owner("engine.continuous_over_ceiling", benches) == "engine"
     assert key_owner("reliability.kills", benches) == "reliability"
+
+
+def test_text_labels_are_merged_by_owner_and_shown_beside_the_figures() -> None:
+    previous = {"figures": {"a.x": 1.0}, "labels": {"a.device": "old chip", "b.device": "TPU v4"}, "runs": {}}
+    merged = merge_results(previous, "a", BenchResult(figures={"a.x": 2.0}, labels={"a.device": "TPU v5 lite"}),
+                           {"quick": False})
+    assert merged["labels"] == {"a.device": "TPU v5 lite", "b.device": "TPU v4"}
+    md = render_markdown(merged, {"toy": _toy({})})
+    assert "| `a.device` | TPU v5 lite | |" in md and "| `a.x` | 2 |" in md
+
+
+def test_a_skipped_benchmark_records_nothing_and_a_group_name_runs_its_members(monkeypatch, tmp_path: Path,
+                                                                              capsys) -> None:
+    def skipped(ctx: BenchContext) -> BenchResult:
+        raise BenchSkipped("no accelerator here")
+
+    load_benches()
+    for name in ("grp_one", "grp_two"):
+        monkeypatch.setitem(registry.BENCHES, name, Bench(name=name, title=name, measures="", method="", goals=(),
+                                                          fn=skipped))
+    assert cli.main(["bench", "--only", "grp", "--out", str(tmp_path)]) == 0
+    _, err = capsys.readouterr()
+    assert err.count("skipped, nothing recorded: no accelerator here") == 2
+    assert not (tmp_path / "bench" / "results.json").exists()

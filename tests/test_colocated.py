@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -12,6 +14,7 @@ import pytest
 import yaml
 from flax import nnx
 
+from bench.scale import fake_devices_env
 from bench.tpu import QUICK_CAMPAIGN
 from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from flows.campaign import campaign
@@ -138,3 +141,20 @@ def test_the_trainer_hands_each_version_over_before_its_pointer_moves_and_the_en
     published = CampaignWeights(store).load(2)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), served, published))
     assert weights.handed_over == 1
+
+
+@pytest.mark.slow
+def test_a_colocated_campaign_shares_two_devices_between_an_fsdp_trainer_and_a_tensor_parallel_engine(
+        tmp_path: Path) -> None:
+    # One process over every device of a host (a single-host slice): the trainer's and the engine's meshes span
+    # the same two devices, and versions still pass from one to the other in device memory.
+    url = str(tmp_path / "c")
+    args = [sys.executable, "-m", "pipelines_lib.cli", "run-colocated", url, "--preset", "smoke", "--set",
+            "trainer.mesh.fsdp=2", "--set", "engine.mesh.tensor=2", "--set", "workers=1"]
+    done = subprocess.run(args, env=fake_devices_env(2), capture_output=True, text=True, timeout=900,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trainer: mesh data=1 × fsdp=2 × tensor=1 (2 devices)" in done.stderr
+    assert "rollout: JAX engine on mesh data=1 × fsdp=1 × tensor=2 (2 devices)" in done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["audit_ok"] and out["handed_over"] >= 1
