@@ -396,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.settings = Settings.from_env(os.environ)
         except ValueError as e:
             raise CommandError(f"bad environment: {e}") from e
-        return available[args.command].run(args)
+        code = available[args.command].run(args)
+        sys.stdout.flush()  # a reader that stopped early shows here, not as the interpreter's last words at exit
+        return code
     except (CommandError, ConfigError, FileNotFoundError, RecordError) as e:  # bad input: the message names it
         to_stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL
