@@ -314,8 +314,8 @@ MEASURED = {
     "reliability.trainer_poison_cases": "Poisoned-shard cases, each a real trainer (tiny decoder) run to its last "
                                         "step over a real campaign folder holding valid shards and one poisoned "
                                         "shard: wrong group size, row over the largest bucket, 20 M-token row "
-                                        "declared in a small file, out-of-vocabulary ids, unpublished policy "
-                                        "version, interleaved groups, copies (same folder, other version, "
+                                        "declared in a small file, out-of-vocabulary and negative ids, a 3e38 "
+                                        "reward, unpublished policy version, interleaved groups, copies (same folder, other version, "
                                         "re-encoded), FIFO and symlink-out named like a shard.",
     "reliability.trainer_poison_crashes": "Poisoned-shard cases where the trainer raised, did not finish, trained a "
                                           "poisoned group or a group twice, left a poisoned group out of its "

@@ -9,8 +9,8 @@ say "OK". The folder is listed once, a version folder at a time:
   counted per version and worker, and folded into the distributions (``stats``). A trajectory id seen in
   two shards is a ``duplicate_trajectory``.
 - what the trainer needs (``trajectory.trainable``), when ``campaign.json`` holds a config: declared sizes
-  within its row budget (checked before decoding), group size, row length against the largest bucket, token
-  ids in the vocabulary, policy versions not newer than the newest published and matching the version
+  within its row budget (checked before decoding), group size, row length against the largest bucket within
+  the model's ``max_seq_len``, token ids in the vocabulary, rewards within ``MAX_ABS_REWARD``, policy versions not newer than the newest published and matching the version
   folder, contiguous groups, content written under this shard's name (``untrainable_group``,
   ``interleaved_groups``, ``copied_shard``). The trainer's tailer skips exactly these.
 - anything whose name carries ``TEMP_MARKER``, anywhere: an orphaned temporary (a warning).
@@ -372,9 +372,10 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
     if not config or campaign.get("kind") != "campaign":
         return None
     try:
-        return TrainerNeeds(group_size=int(config["rollout"]["group_size"]),
-                            max_tokens=int(config["trainer"]["seq_buckets"][-1]),
-                            vocab_size=int(config["model"]["vocab_size"]))
+        return TrainerNeeds.of(group_size=int(config["rollout"]["group_size"]),
+                               seq_buckets=[int(b) for b in config["trainer"]["seq_buckets"]],
+                               max_seq_len=int(config["model"]["max_seq_len"]),
+                               vocab_size=int(config["model"]["vocab_size"]))
     except (TypeError, ValueError, KeyError, IndexError) as e:
         findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
                                 message=f"config does not load, trainer checks skipped: {e}"))
