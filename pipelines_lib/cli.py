@@ -21,8 +21,8 @@ it only loads them by entry point, so the import graph keeps one direction.
 ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
 violations), 2 it could not run (bad URL, unreachable storage, bad arguments, a campaign file that is not the
 record its stage writes): one line on stderr naming the URL, no traceback; 141 the reader of stdout stopped
-early (``| head``), silently. ``main`` is an entry point: it sets the libraries' environment defaults and reads ``Settings``
-once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
+early (``| head``), silently. ``main`` is an entry point: it sets the libraries' environment defaults and reads
+``Settings`` once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
 """
 
 from __future__ import annotations
