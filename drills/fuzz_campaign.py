@@ -1,7 +1,7 @@
 """The ``campaigns`` fuzz target: random edits of a real campaign through the operator's commands.
 
 A real campaign is written once per process (``rollstream demo``: shards, consumption logs, the pointer and its
-entries). Each case copies it, applies a few ``Edit``s (a metadata file's bytes replaced, a shard's bytes cut,
+entries; plus a telemetry file). Each case copies it, applies a few ``Edit``s (a metadata file's bytes replaced, a shard's bytes cut,
 flipped or its schema metadata replaced, an object renamed, a symlink planted: a loop, one leading out of the
 campaign, one to a folder, a dangling one) and runs one command (``COMMANDS``) through ``cli.main``, in this
 process. The contract (``check_campaign``): the command returns; with 0 or 1 it printed its report, with 2 one
@@ -65,16 +65,23 @@ class CampaignCase:
 def _base_campaign() -> Path:
     """A real campaign, written once per process and only ever copied."""
     from pipelines_lib.demo import run_demo
+    from pipelines_lib.storage.store import Store
+    from pipelines_lib.telemetry import Recorder
 
     folder = Path(tempfile.mkdtemp(prefix="rollstream-fuzz-campaign-")) / "demo"
     run_demo(str(folder), echo=lambda _: None)
+    # The demo records no telemetry: a few records give metrics and trace something to read (and the edits to break).
+    recorder = Recorder(Store(str(folder)), "trainer", clock=lambda: 1.0)
+    recorder.span_record("train_step", "trainer", 1.0, 2.0, {"step": 1})
+    recorder.gauge_record("loss", 0.5, {"step": 1})
+    recorder.flush()
     return folder
 
 
 def _apply(edit: Edit, root: Path) -> None:
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
     shards = [p for p in files if p.suffix == ".arrow"] or files
-    metadata = [p for p in files if p.suffix == ".json"] or files
+    metadata = [p for p in files if p.suffix in (".json", ".jsonl")] or files
     if edit.kind == "metadata":
         target = metadata[edit.pick % len(metadata)]
         target.write_bytes(HOSTILE_JSON[edit.value % len(HOSTILE_JSON)])

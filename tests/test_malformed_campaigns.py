@@ -144,3 +144,16 @@ def test_every_project_exception_survives_a_pickle_round_trip() -> None:
         error = cls(*arguments)
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is cls and str(copy) == str(error), cls
+
+
+def test_a_telemetry_line_nested_too_deeply_is_skipped_with_a_reason(tmp_path: Path) -> None:
+    from pipelines_lib.storage import layout
+    from pipelines_lib.telemetry.trace import read_records
+
+    store = Store(str(tmp_path / "campaign"))
+    good = '{"type": "gauge", "process": "trainer", "name": "loss", "ts_us": 1, "value": 0.5}'
+    store.create(layout.telemetry_file("trainer-1.jsonl"), f"{good}\n{'[' * 100_000}\n".encode())
+    skipped: list[str] = []
+    assert [r["name"] for r in read_records(store, on_skip=skipped.append)] == ["loss"]
+    assert skipped == [f"skipped {store.uri(layout.telemetry_file('trainer-1.jsonl'))} line 2: not JSON (nested too "
+                       "deeply)"]

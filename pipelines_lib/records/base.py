@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, get_type_hints
 
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, json_problem
 
 
 class RecordError(ValueError):
@@ -126,9 +126,8 @@ class Record(_Record):
         """The record in an object's raw bytes (for readers that fetch many objects at once, like the audit)."""
         try:
             raw = json.loads(data)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply (campaign.json of [[[...]]])
-            why = "nested too deeply" if isinstance(e, RecursionError) else e
-            raise RecordError(f"{where}: not valid JSON for a {cls.__name__}: {why}") from None
+        except (ValueError, RecursionError) as e:
+            raise RecordError(f"{where}: not valid JSON for a {cls.__name__}: {json_problem(e)}") from None
         return cls.from_json(raw, where=where)
 
     def to_json(self) -> dict[str, Any]:

@@ -259,7 +259,7 @@ class Store:
         try:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
-            raise StorageError("read", self.uri(rel), f"not valid JSON: {_why(e)}") from e
+            raise StorageError("read", self.uri(rel), f"not valid JSON: {json_problem(e)}") from e
 
     def exists(self, rel: str) -> bool:
         path = self._path(rel)
@@ -427,9 +427,10 @@ def _under_skipped(rel: str, skip: Callable[[str], bool]) -> bool:
     return any(skip("/".join(parts[:k])) for k in range(1, len(parts)))
 
 
-def _why(e: ValueError | RecursionError) -> str:
-    """A JSON parse failure in words; the interpreter's own message for a document nested too deeply is about
-    its stack."""
+def json_problem(e: ValueError | RecursionError) -> str:
+    """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
+    ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it
+    with ``ValueError`` and report this."""
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 
