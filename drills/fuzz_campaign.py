@@ -1,11 +1,12 @@
 """The ``campaigns`` fuzz target: random edits of a real campaign through the operator's commands.
 
 A real campaign is written once per process (``rollstream demo``: shards, consumption logs, the pointer and its
-entries; plus a telemetry file). Each case copies it, applies a few ``Edit``s (a metadata file's bytes replaced, a shard's bytes cut,
-flipped or its schema metadata replaced, an object renamed, a symlink planted: a loop, one leading out of the
-campaign, one to a folder, a dangling one) and runs one command (``COMMANDS``) through ``cli.main``, in this
-process. The contract (``check_campaign``): the command returns; with 0 or 1 it printed its report, with 2 one
-line on stderr naming the command (after any progress lines); never an exception out of ``main``, never a traceback.
+entries; plus a telemetry file). Each case copies it, applies a few ``Edit``s (a metadata file's bytes
+replaced; a shard's bytes cut or flipped, its schema metadata replaced or a value made null; an object renamed;
+a symlink planted: a loop, one leading out of the campaign, one to a folder, a dangling one) and runs one
+command (``COMMANDS``) through ``cli.main``, in this process. The contract (``check_campaign``): the command
+returns; with 0 or 1 it printed its report, with 2 one line on stderr naming the command (after any progress
+lines); never an exception out of ``main``, never a traceback.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 }
 """Each command's arguments: ``{c}`` the damaged campaign, ``{scratch}`` a folder for its outputs."""
 
-EDIT_KINDS = ("metadata", "shard_cut", "shard_flip", "shard_meta", "rename", "loop", "outside", "folder_link",
-              "dangling")
+EDIT_KINDS = ("metadata", "shard_cut", "shard_flip", "shard_meta", "shard_null", "rename", "loop", "outside",
+              "folder_link", "dangling")
 
 HOSTILE_JSON = (b"[1, 2]", b"[" * 100_000 + b"]" * 100_000, b"{", b"", b"\xff\xfe\x00", b"null", b'{"version": 1e999}',
                 b'{"schema_version": 1, "version": -1}', b'"x"', b"{}")
@@ -96,6 +97,8 @@ def _apply(edit: Edit, root: Path) -> None:
         target.write_bytes(bytes(data))
     elif edit.kind == "shard_meta":
         _replace_shard_meta(shards[edit.pick % len(shards)], edit.value)
+    elif edit.kind == "shard_null":
+        _null_a_value(shards[edit.pick % len(shards)], edit.value)
     elif edit.kind == "rename":
         target = files[edit.pick % len(files)]
         names = ("v00000000", "w0-00000000-2.arrow", ".hidden", "x.arrow", "w0-99999999-0.arrow",
@@ -113,6 +116,20 @@ def _replace_shard_meta(path: Path, value: int) -> None:
     key = (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2]
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
         path.write_bytes(_with_meta(path.read_bytes(), key, HOSTILE_META[value % len(HOSTILE_META)]))
+
+
+def _null_a_value(path: Path, value: int) -> None:
+    """The first value of one column made null, the column declared nullable (the IPC reader lets both by)."""
+    import pyarrow as pa
+
+    from drills.fuzz import _ipc
+
+    with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
+        table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+        i = value % table.num_columns
+        column = table.column(i)
+        nulled = pa.array([None, *column.to_pylist()[1:]], column.type)
+        path.write_bytes(_ipc(table.set_column(i, table.schema.field(i).with_nullable(True), nulled)))
 
 
 def _plant_link(edit: Edit, root: Path, files: list[Path]) -> None:
