@@ -159,7 +159,7 @@ def _on_workers(units: Iterator[tuple[Unit, dict[str, Any] | None]], jobs: int,
 
 
 def results(store: Store, units: Iterator[tuple[Unit, dict[str, Any] | None]], jobs: int, timeout_s: float,
-             on_shards: Callable[[int], None]) -> Iterator[tuple[Unit, dict[str, Any]]]:
+            on_shards: Callable[[int], None]) -> Iterator[tuple[Unit, dict[str, Any]]]:
     """``(unit, result)`` in order: a given result (kept from an earlier audit) as it is, the others audited here
     (``jobs`` = 1: the decoding code is imported only then) or on workers. ``on_shards(n)`` follows progress: per
     shard here, per unit from workers and kept results."""
