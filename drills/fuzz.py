@@ -11,6 +11,7 @@ not import hypothesis) with a ``check`` that states the entry point's contract a
 | ``config`` | ``CampaignConfig.from_yaml`` | a bad config never loads: only ``ConfigError``, naming the file and the offending dotted key; "did you mean" for typos; aliases, duplicate keys, non-UTF-8 refused |
 | ``shards`` | ``decode_shard`` and ``ShardTailer`` | only ``ShardError`` naming the shard; the tailer never raises, it records a ``skipped`` event |
 | ``dataset`` | ``dataset.prep`` with a file source | only ``DatasetError`` naming the file |
+| ``campaigns`` | the operator's commands on random edits of a real campaign (``drills.fuzz_campaign``) | a report, or exit 2 with one line naming the command; never a traceback |
 
 ``tests/test_fuzz.py`` runs each target under ``@given`` (500 cases, failures shrink); ``run_fuzz`` runs the
 same targets through ``counted`` for the ``reliability.fuzz_cases`` / ``fuzz_crashes`` figures.
@@ -468,6 +469,13 @@ def dataset_inputs() -> Any:
                      st.builds(DatasetCase, suffix=st.just(".jsonl"), data=lines | many_good))
 
 
+def _campaigns() -> Any:
+    """``drills.fuzz_campaign``, imported when its target runs: it imports this module's ``ContractViolation``."""
+    import drills.fuzz_campaign
+
+    return drills.fuzz_campaign
+
+
 # -- registry and counting runner -----------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -484,6 +492,8 @@ FUZZ_TARGETS: dict[str, FuzzTarget] = {t.name: t for t in (
     FuzzTarget(name="config", strategy=config_inputs, check=check_config),
     FuzzTarget(name="shards", strategy=shard_inputs, check=check_shard),
     FuzzTarget(name="dataset", strategy=dataset_inputs, check=check_dataset),
+    FuzzTarget(name="campaigns", strategy=lambda: _campaigns().campaign_inputs(),
+               check=lambda case: _campaigns().check_campaign(case)),
 )}
 
 

@@ -158,6 +158,22 @@ def _plant_out_of_vocab(store: Store, good: list[str]) -> tuple[str, ...]:
     return ("vocab@w0",)
 
 
+def _plant_negative_token(store: Store, good: list[str]) -> tuple[str, ...]:
+    def edit(rows: list[dict]) -> None:
+        rows[1]["tokens"][3] = -7
+
+    _shard(store, _rows(_group("negative"), edit), worker=POISON_WORKER, seq=0)
+    return ("negative@w0",)
+
+
+def _plant_absurd_reward(store: Store, good: list[str]) -> tuple[str, ...]:
+    def edit(rows: list[dict]) -> None:
+        rows[2]["reward"] = 3e38  # finite, so valid; its square is not a float32
+
+    _shard(store, _rows(_group("reward"), edit), worker=POISON_WORKER, seq=0)
+    return ("reward@w0",)
+
+
 def _plant_future_version(store: Store, good: list[str]) -> tuple[str, ...]:
     def edit(rows: list[dict]) -> None:
         r = rows[0]
@@ -216,6 +232,8 @@ POISON = [
     Poison(name="row_over_largest_bucket", plant=_plant_long_row, audit_kind="untrainable_group"),
     Poison(name="huge_declared_row_small_file", plant=_plant_huge_row, audit_kind="oversized"),
     Poison(name="token_id_outside_vocabulary", plant=_plant_out_of_vocab, audit_kind="untrainable_group"),
+    Poison(name="token_id_negative", plant=_plant_negative_token, audit_kind="untrainable_group"),
+    Poison(name="reward_absurd", plant=_plant_absurd_reward, audit_kind="untrainable_group"),
     Poison(name="policy_version_never_published", plant=_plant_future_version, audit_kind="untrainable_group"),
     Poison(name="interleaved_groups", plant=_plant_interleaved, audit_kind="interleaved_groups"),
     Poison(name="copied_shard_same_folder", plant=_plant_copy, audit_kind="copied_shard"),

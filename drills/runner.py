@@ -1,7 +1,7 @@
 """``rollstream drills``: run every reliability drill, merge the figures into ``bench/results.json``, write RELIABILITY.md.
 
 ```
-fuzz            drills/fuzz.py             hostile inputs × 5 entry points      fuzz_cases, fuzz_crashes
+fuzz            drills/fuzz.py             hostile inputs × 6 entry points      fuzz_cases, fuzz_crashes
 sandbox         drills/sandbox_escapes.py  escape catalogue via PythonTool      sandbox_escapes,
                                            (isolation and resource caps)        sandbox_caps_exceeded
 secrets         drills/secrets.py          planted credentials, tiny campaign   secret_leaks
@@ -293,10 +293,12 @@ MEASURED = {
                                          "for bit.",
     **FAULT_MEASURED,
     **BOUNDS_MEASURED,
-    "reliability.fuzz_cases": "Hypothesis cases over 5 entry points ({fuzz_examples} each): tool-call parsers, "
-                              "calculator, YAML config, shards (+ tailer), dataset files.",
+    "reliability.fuzz_cases": "Hypothesis cases over 6 entry points ({fuzz_examples} each): tool-call parsers, "
+                              "calculator, YAML config, shards (+ tailer), dataset files, the operator's commands "
+                              "on damaged campaigns.",
     "reliability.fuzz_crashes": "Cases where an entry point raised an undocumented exception, an error without the "
-                                "file/key in its message, or (calculator) took over 1 s.",
+                                "file/key in its message, (calculator) took over 1 s, or (a command) printed a "
+                                "traceback.",
     "reliability.sandbox_escapes": "Catalogue attempts not contained: a connection reached the loopback server, "
                                    "a file outside was read/changed/created, the parent's credential appeared, the "
                                    "attempt's own success signal appeared, or processes (any carrying the drill's "
@@ -318,8 +320,8 @@ MEASURED = {
     "reliability.trainer_poison_cases": "Poisoned-shard cases, each a real trainer (tiny decoder) run to its last "
                                         "step over a real campaign folder holding valid shards and one poisoned "
                                         "shard: wrong group size, row over the largest bucket, 20 M-token row "
-                                        "declared in a small file, out-of-vocabulary ids, unpublished policy "
-                                        "version, interleaved groups, copies (same folder, other version, "
+                                        "declared in a small file, out-of-vocabulary and negative ids, a 3e38 "
+                                        "reward, unpublished policy version, interleaved groups, copies (same folder, other version, "
                                         "re-encoded), FIFO and symlink-out named like a shard.",
     "reliability.trainer_poison_crashes": "Poisoned-shard cases where the trainer raised, did not finish, trained a "
                                           "poisoned group or a group twice, left a poisoned group out of its "

@@ -19,9 +19,10 @@ commands that run or manage a stage of one campaign (``status``, ``train``, ``re
 it only loads them by entry point, so the import graph keeps one direction.
 
 ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
-violations), 2 it could not run (bad URL, unreachable storage, bad arguments): one line on stderr naming the
-URL, no traceback. ``main`` is an entry point: it sets the libraries' environment defaults and reads ``Settings``
-once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
+violations), 2 it could not run (bad URL, unreachable storage, bad arguments, a campaign file that is not the
+record its stage writes): one line on stderr naming the URL, no traceback; 141 the reader of stdout stopped
+early (``| head``), silently. ``main`` is an entry point: it sets the libraries' environment defaults and reads
+``Settings`` once (``args.settings``), so storage gets the same request timeout and deadline here as in the flows.
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, NoReturn
 
 from pipelines_lib.configio import ConfigError
+from pipelines_lib.records.base import RecordError
 from pipelines_lib.settings import Settings, apply_process_defaults
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 
 RunFn = Callable[[argparse.Namespace], int]
+EXIT_BROKEN_PIPE = 141
+"""Exit code when stdout closed before the command finished: the shell's code for a process ended by SIGPIPE,
+as any other tool in a pipeline that stops reading early would report it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,11 +423,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.settings = Settings.from_env(os.environ)
         except ValueError as e:
             raise CommandError(f"bad environment: {e}") from e
-        return available[args.command].run(args)
-    except (CommandError, ConfigError, FileNotFoundError) as e:  # bad input: the message names it
+        code = available[args.command].run(args)
+        sys.stdout.flush()  # a reader that stopped early shows here, not as the interpreter's last words at exit
+        return code
+    except (CommandError, ConfigError, FileNotFoundError, RecordError) as e:  # bad input: the message names it
         to_stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL
         to_stderr(f"rollstream {args.command}: {e}")
+    except BrokenPipeError:
+        # The reader stopped early (``rollstream metrics --json | head``): what it wanted was written. Nothing may
+        # be printed any more, and the interpreter's last flush of stdout must not fail either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return 2
 
 

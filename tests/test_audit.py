@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines_lib.audit import AuditReport, audit_campaign, campaign
+from pipelines_lib.audit import AuditReport, audit_campaign, pool
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.lineage import CommittedGroup, reconcile
 from pipelines_lib.audit.stats import summarize
@@ -384,9 +384,9 @@ def test_an_audit_on_worker_processes_reports_what_one_process_reports(local_sto
 def test_an_audit_worker_that_dies_or_hangs_stops_the_audit_naming_its_version_folder(
         local_store: Store, monkeypatch, worker: str, timeout_s: float, said: str) -> None:
     _base(local_store)
-    monkeypatch.setattr(campaign, "WORKER_COMMAND", ("-c", worker))
+    monkeypatch.setattr(pool, "WORKER_COMMAND", ("-c", worker))
     start = time.monotonic()
-    with pytest.raises(campaign.AuditWorkerError, match=said):
+    with pytest.raises(pool.AuditWorkerError, match=said):
         audit_campaign(local_store, jobs=2, unit_timeout_s=timeout_s)
     assert time.monotonic() - start < 30  # the hung worker was killed, not waited for
 

@@ -43,7 +43,7 @@ def test_quick_run_merges_figures_and_keeps_other_benchmarks(tmp_path: Path, fak
 def test_full_run_writes_the_report_with_each_figure_and_its_method(tmp_path: Path, fake_drills: None) -> None:
     runner.run_drills(quick=False, out_dir=tmp_path, progress=lambda s: None)
     report = (tmp_path / "RELIABILITY.md").read_text()
-    assert "| `reliability.fuzz_cases` | 2500 | Hypothesis cases over 5 entry points (500 each)" in report
+    assert "| `reliability.fuzz_cases` | 2500 | Hypothesis cases over 6 entry points (500 each)" in report
     assert "| `reliability.secret_leaks` | 0 |" in report
     assert json.loads((tmp_path / "bench" / "reliability.json").read_text())["details"]["fuzz"]["sizes_seen"] == 500
 

@@ -38,8 +38,8 @@ CASES = {c.name: c for c in poison.POISON}
 
 def _needs(config: CampaignConfig) -> TrainerNeeds:
     """What the campaign's trainer requires of a group (as ``stages.train`` builds it)."""
-    return TrainerNeeds(group_size=config.rollout.group_size, max_tokens=config.trainer.seq_buckets[-1],
-                        vocab_size=config.model.vocab_size)
+    return TrainerNeeds.of(group_size=config.rollout.group_size, seq_buckets=config.trainer.seq_buckets,
+                           max_seq_len=config.model.max_seq_len, vocab_size=config.model.vocab_size)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -74,30 +74,45 @@ def test_group_problem_names_each_reason() -> None:
     good = poison._group("p")
     assert group_problem(good, needs, folder_version=0, newest_version=0) is None
     assert "group_size is 4" in group_problem(poison._group("p", size=3), needs)
-    assert "largest bucket 64" in group_problem(poison._rows(good, lambda r: poison._lengthen(r, 100)), needs)
+    assert "over the 64 the trainer takes" in group_problem(poison._rows(good, lambda r: poison._lengthen(r, 100)), needs)
     assert "outside the vocabulary" in group_problem(good, TrainerNeeds(group_size=4, max_tokens=64, vocab_size=8))
     assert "filed under v00000003" in group_problem(good, needs, folder_version=3)
     assert "newer than the newest published 0" in group_problem(poison._group("p", version=2), needs, newest_version=0)
+    negative = poison._rows(good, lambda r: r[1]["tokens"].__setitem__(0, -1))
+    assert "token ids in [-1, " in group_problem(negative, needs)
+    absurd = poison._rows(good, lambda r: r[2].update(reward=-3e38))
+    assert "a reward of magnitude 3e+38, beyond the bound 1e+06" in group_problem(absurd, needs)
+    assert group_problem(poison._rows(good, lambda r: r[2].update(reward=-1e6)), needs) is None  # the bound is in
+
+
+def test_the_longest_row_the_trainer_takes_is_its_largest_bucket_within_the_models_context() -> None:
+    needs = TrainerNeeds.of(group_size=4, seq_buckets=(64, 512), max_seq_len=256, vocab_size=256)
+    assert needs.max_tokens == 256
+    assert TrainerNeeds.of(group_size=4, seq_buckets=(64, 128), max_seq_len=256, vocab_size=256).max_tokens == 128
+    long = poison._rows(poison._group("p"), lambda r: poison._lengthen(r, 300))
+    assert "over the 256 the trainer takes" in group_problem(long, needs)
 
 
 def test_the_batch_screen_clears_exactly_the_groups_with_no_problem() -> None:
     good = poison._group("p")
     groups = [good, poison._group("q", size=3), poison._rows(good, lambda r: poison._lengthen(r, 100)),
               poison._group("r", version=2), poison._rows(good, lambda r: r[1].update(status="infra_error")),
-              poison._rows(good, lambda r: r[0].update(loss_mask=[0] * len(r[0]["loss_mask"])))]
+              poison._rows(good, lambda r: r[0].update(loss_mask=[0] * len(r[0]["loss_mask"]))),
+              poison._rows(good, lambda r: r[3].update(reward=3e38))]
     whole = pa.concat_tables(groups)
     ends = np.cumsum([g.num_rows for g in groups])
     bounds = np.stack([ends - [g.num_rows for g in groups], ends], axis=1)
     for needs in (TrainerNeeds(group_size=4, max_tokens=64, vocab_size=256),
                   TrainerNeeds(group_size=3, max_tokens=200, vocab_size=8)):
-        for newest, folders in ((None, [0, 0, 0, 2, 0, 0]), (1, [0, 0, 0, 2, 0, 0]), (2, [1, 0, 0, 2, 0, 0])):
+        for newest, folders in ((None, [0, 0, 0, 2, 0, 0, 0]), (1, [0, 0, 0, 2, 0, 0, 0]),
+                                (2, [1, 0, 0, 2, 0, 0, 0])):
             clean = clean_groups(whole, bounds, needs, folder_version_g=np.array(folders), newest_version=newest,
                                  infra=True)
             assert clean.tolist() == [group_problem(g, needs, folder_version=v, newest_version=newest) is None
                                       and infra_problem(g) is None for g, v in zip(groups, folders, strict=True)]
     assert clean_groups(whole, bounds, TrainerNeeds(group_size=4, max_tokens=64, vocab_size=256),
-                        folder_version_g=np.zeros(6), newest_version=None, infra=False).tolist() == [
-        True, False, False, False, True, True]  # the infrastructure failure is the tailer's concern only
+                        folder_version_g=np.zeros(7), newest_version=None, infra=False).tolist() == [
+        True, False, False, False, True, True, False]  # the infrastructure failure is the tailer's concern only
 
 
 def test_declared_sizes_are_read_without_decoding_and_bound_the_decode() -> None:

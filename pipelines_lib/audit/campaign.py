@@ -9,8 +9,8 @@ say "OK". The folder is listed once, a version folder at a time:
   counted per version and worker, and folded into the distributions (``stats``). A trajectory id seen in
   two shards is a ``duplicate_trajectory``.
 - what the trainer needs (``trajectory.trainable``), when ``campaign.json`` holds a config: declared sizes
-  within its row budget (checked before decoding), group size, row length against the largest bucket, token
-  ids in the vocabulary, policy versions not newer than the newest published and matching the version
+  within its row budget (checked before decoding), group size, row length against the largest bucket within
+  the model's ``max_seq_len``, token ids in the vocabulary, rewards within ``MAX_ABS_REWARD``, policy versions not newer than the newest published and matching the version
   folder, contiguous groups, content written under this shard's name (``untrainable_group``,
   ``interleaved_groups``, ``copied_shard``). The trainer's tailer skips exactly these.
 - anything whose name carries ``TEMP_MARKER``, anywhere: an orphaned temporary (a warning).
@@ -26,15 +26,16 @@ say "OK". The folder is listed once, a version folder at a time:
 Each version folder is one work unit (``Unit``), listed only when its turn comes, so the listing held at any
 time is one folder's, not the campaign's. Its shards are fetched ``read_ahead`` at a time on a thread pool (a
 GCS audit is bound by request latency) and decoded in name order (``worker.audit_unit``): in this process when
-``jobs`` is 1, else on ``jobs`` worker processes (``python -m pipelines_lib.audit.worker``, long-lived, a unit at a
-time each, answering in JSON: decoding is CPU-bound, threads do not help under the GIL). This process then only
+``jobs`` is 1, else on ``jobs`` worker processes (``pool``: ``python -m pipelines_lib.audit.worker``, long-lived,
+a unit at a time each, answering in JSON: decoding is CPU-bound, threads do not help under the GIL). This process then only
 lists, merges and reconciles: it imports neither Arrow nor the decoding code, so the workers are the only
 processes paying for them. A unit's result is small and bounded: counts, value -> count distributions
 (``stats.Distribution``), findings, the committed groups lineage needs and a 64-bit hash per trajectory id.
 Merged, they stay compact while the workers run (the hashes as bytes, the committed groups compressed): the
 duplicates across folders are found by one sort, and lineage's mapping is built, once the workers are gone.
-Results merge in version order, so the report does not depend on timing or on ``jobs``. Every wait on a worker has a deadline (``unit_timeout_s``); a worker that dies
-or overruns stops the audit with an ``AuditWorkerError`` naming the folder. ``progress`` gets a line every
+Results merge in version order, so the report does not depend on timing or on ``jobs``. Every wait on a worker
+has a deadline (``unit_timeout_s``); a worker that dies or overruns stops the audit with a
+``pool.AuditWorkerError`` naming the folder. ``progress`` gets a line every
 ``progress_every`` shards.
 """
 
@@ -43,21 +44,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
-import selectors
-import subprocess
-import sys
 import time
 import zlib
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-import pipelines_lib
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
+from pipelines_lib.audit.pool import results
 from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Finding, Lineage
 from pipelines_lib.audit.unit import Gathered, Tally, Unit, prefetch
 from pipelines_lib.records import (
@@ -70,7 +66,7 @@ from pipelines_lib.records import (
     RecordError,
 )
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError, StorageError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_problem
 from pipelines_lib.trajectory.needs import TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
@@ -78,18 +74,10 @@ from pipelines_lib.utc import utc_now_iso
 R = TypeVar("R", bound=Record)
 _POINTER_ENTRIES = f"{layout.WEIGHTS_LATEST}.d/"
 _TRAJECTORIES = f"{layout.TRAJECTORIES}/"
-WORKER_COMMAND = ("-m", "pipelines_lib.audit.worker")
-"""Arguments to the interpreter that start a worker process."""
-WORKER_EXIT_S = 10.0
-"""How long a worker may take to exit once its input closes (or once it closed its output) before it is killed."""
 
 
 class NotACampaignError(NotFoundError):
     """The folder has no ``campaign.json``."""
-
-
-class AuditWorkerError(RuntimeError):
-    """A worker process died, overran ``unit_timeout_s`` or failed on a version folder; the message names it."""
 
 
 def _duplicate_ids(units: list[tuple[str, bytes]]) -> list[list[str]]:
@@ -163,145 +151,6 @@ class _Merged(Gathered):
         self.ids.clear()
 
 
-class _Worker:
-    """One worker process (``python -m pipelines_lib.audit.worker``) and the unit it is auditing, if any."""
-
-    def __init__(self) -> None:
-        # Started in the folder that holds this package: ``-m`` imports this very code, whatever the caller's
-        # working directory (units name their campaign by absolute URL).
-        self.proc = subprocess.Popen([sys.executable, *WORKER_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     cwd=Path(pipelines_lib.__file__).resolve().parents[1])
-        self.unit: Unit | None = None
-        self.deadline = 0.0
-        self._buffer = bytearray()
-
-    def start(self, unit: Unit, timeout_s: float) -> None:
-        self.unit, self.deadline = unit, time.monotonic() + timeout_s
-        try:
-            self.proc.stdin.write(json.dumps(unit.to_plain(), separators=(",", ":")).encode() + b"\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            raise self._died() from None
-
-    def _died(self) -> AuditWorkerError:
-        try:
-            code = self.proc.wait(timeout=WORKER_EXIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        unit = self.unit
-        return AuditWorkerError(f"audit worker {self.proc.pid} exited with code {code} while auditing "
-                                f"{unit.folder} ({len(unit.shards)} shards) of {unit.url}" if unit else
-                                f"audit worker {self.proc.pid} exited with code {code}")
-
-    def read(self) -> dict[str, Any] | None:
-        """What is readable of the answer now: the unit's result once the whole line is in, else None."""
-        chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
-        if not chunk:
-            raise self._died()
-        self._buffer += chunk
-        if not self._buffer.endswith(b"\n"):
-            return None
-        answer, unit = json.loads(self._buffer), self.unit
-        self._buffer.clear()
-        self.unit = None
-        if "storage" in answer:
-            op, url, detail = answer["storage"]
-            raise StorageError(op, url, f"{detail} (auditing {unit.folder})")
-        if "error" in answer:
-            raise AuditWorkerError(f"audit worker {self.proc.pid} failed on {unit.folder} ({len(unit.shards)} "
-                                   f"shards) of {unit.url}: {answer['error']}")
-        return answer["result"]
-
-    def close(self, kill: bool) -> None:
-        if kill:
-            self.proc.kill()
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=WORKER_EXIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
-
-
-@dataclass
-class _Slot:
-    unit: Unit
-    result: dict[str, Any] | None
-
-
-def _on_workers(units: Iterator[tuple[Unit, dict[str, Any] | None]], jobs: int,
-                timeout_s: float) -> Iterator[tuple[Unit, dict[str, Any]]]:
-    """``(unit, result)`` in the order of ``units``, each unit given without a result (None) audited on one of up to
-    ``jobs`` workers (started as needed); at most ``2 * jobs`` results wait to be merged (bounded memory)."""
-    workers: list[_Worker] = []
-    window: deque[_Slot] = deque()
-    slot_of: dict[int, _Slot] = {}
-    clean = False
-    try:
-        nxt = next(units, None)
-        while True:
-            while nxt is not None and len(window) < 2 * jobs:
-                unit, result = nxt
-                slot = _Slot(unit=unit, result=result)
-                if result is None:
-                    idle = next((w for w in workers if w.unit is None), None)
-                    if idle is None and len(workers) < jobs:
-                        idle = _Worker()
-                        workers.append(idle)
-                    if idle is None:
-                        break
-                    idle.start(unit, timeout_s)
-                    slot_of[idle.proc.pid] = slot
-                window.append(slot)
-                nxt = next(units, None)
-            if not window:
-                clean = True
-                return
-            if window[0].result is not None:
-                slot = window.popleft()
-                yield slot.unit, slot.result
-                continue
-            busy = [w for w in workers if w.unit is not None]
-            first = min(busy, key=lambda w: w.deadline)
-            with selectors.DefaultSelector() as sel:
-                for w in busy:
-                    sel.register(w.proc.stdout, selectors.EVENT_READ, w)
-                ready = sel.select(timeout=max(0.0, first.deadline - time.monotonic()))
-            if not ready and time.monotonic() >= first.deadline:
-                raise AuditWorkerError(f"audit worker {first.proc.pid} did not finish {first.unit.folder} "
-                                       f"({len(first.unit.shards)} shards) of {first.unit.url} within "
-                                       f"{timeout_s:.0f} s")
-            for key, _ in ready:
-                worker: _Worker = key.data
-                if (result := worker.read()) is not None:
-                    slot_of.pop(worker.proc.pid).result = result
-    finally:
-        for w in workers:
-            w.close(kill=not clean)
-
-
-def _results(store: Store, units: Iterator[tuple[Unit, dict[str, Any] | None]], jobs: int, timeout_s: float,
-             on_shards: Callable[[int], None]) -> Iterator[tuple[Unit, dict[str, Any]]]:
-    """``(unit, result)`` in order: a given result (kept from an earlier audit) as it is, the others audited here
-    (``jobs`` = 1: the decoding code is imported only then) or on workers. ``on_shards(n)`` follows progress: per
-    shard here, per unit from workers and kept results."""
-    if jobs == 1:
-        from pipelines_lib.audit.worker import audit_unit
-
-        for unit, result in units:
-            if result is None:
-                yield unit, audit_unit(unit, store, on_shards)
-            else:
-                on_shards(len(unit.shards))
-                yield unit, result
-        return
-    for unit, result in _on_workers(units, jobs, timeout_s):
-        on_shards(len(unit.shards))
-        yield unit, result
-
 
 def _reusable(store: Store, kept: list[tuple[int | None, str]], newest: int | None) -> dict[str, Any] | None:
     """A kept result of the same shards that still holds: audited with the same newest published version, or an
@@ -372,9 +221,10 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
     if not config or campaign.get("kind") != "campaign":
         return None
     try:
-        return TrainerNeeds(group_size=int(config["rollout"]["group_size"]),
-                            max_tokens=int(config["trainer"]["seq_buckets"][-1]),
-                            vocab_size=int(config["model"]["vocab_size"]))
+        return TrainerNeeds.of(group_size=int(config["rollout"]["group_size"]),
+                               seq_buckets=[int(b) for b in config["trainer"]["seq_buckets"]],
+                               max_seq_len=int(config["model"]["max_seq_len"]),
+                               vocab_size=int(config["model"]["vocab_size"]))
     except (TypeError, ValueError, KeyError, IndexError) as e:
         findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
                                 message=f"config does not load, trainer checks skipped: {e}"))
@@ -403,13 +253,119 @@ def _is_temporary(path: str) -> bool:
     return TEMP_MARKER in path.rsplit("/", 1)[-1]
 
 
+@dataclass(kw_only=True)
+class _Listing:
+    """What the first listing found: the objects outside the version folders, and the version folders' names.
+    ``listed`` and ``temporaries`` grow as each version folder is listed in its turn (``_units``)."""
+
+    store: Store
+    """The campaign, read over its parents' history when it is a fork."""
+    chain: list[tuple[Store, ForkParent]]
+    files: list[str]
+    folders: list[str]
+    listed: int = 0
+    temporaries: list[str] = field(default_factory=list)
+
+    @property
+    def visible(self) -> list[str]:
+        return [f for f in self.files if not _is_temporary(f)]
+
+
+def _list(store: Store, findings: list[Finding]) -> _Listing:
+    try:
+        chain = records.fork_chain(store)
+        store = records.with_parents(store)
+    except RecordError:
+        chain = []  # a campaign.json that does not read: ``_campaign`` reports it
+    except ValueError as e:
+        chain = []
+        findings.append(Finding(kind="fork_cycle", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
+                                message=str(e)))
+    files = store.walk("", skip=_version_folder)  # the version folders' contents: one at a time, in ``_units``
+    outside = set(files)
+    folders = [name for name in store.list(layout.TRAJECTORIES, include_hidden=True)
+               if f"{_TRAJECTORIES}{name}" not in outside]
+    return _Listing(store=store, chain=chain, files=files, folders=folders, listed=len(files),
+                    temporaries=[f for f in files if _is_temporary(f)])
+
+
+def _units(listing: _Listing, acc: _Merged, *, needs: TrainerNeeds | None, newest: int | None, read_ahead: int,
+           since: int | None, reused: set[int]) -> Iterator[tuple[Unit, dict[str, Any] | None]]:
+    """Each version folder listed in turn; its shards as a unit, with a kept result when one holds (its version
+    then joins ``reused``). Names that are no shard's become ``foreign_name`` bad files in ``acc``."""
+    store = listing.store
+    kept = records.audit_version_results(store) if since is not None else {}
+    for name in listing.folders:
+        inside = store.walk(f"{_TRAJECTORIES}{name}")
+        listing.listed += len(inside)
+        listing.temporaries.extend(f for f in inside if _is_temporary(f))
+        shards = []
+        for f in inside:
+            if not _is_temporary(f):
+                sid = layout.parse_shard_path(f)
+                if sid is None:
+                    acc.bad_files.append(_foreign(f))
+                else:
+                    shards.append((sid, f))
+        if not shards:
+            continue
+        shards.sort()
+        unit = Unit(version=shards[0][0].version, url=store.url, storage_options=dict(store.storage_options),
+                    shards=tuple(f for _, f in shards), needs=needs, newest_version=newest, read_ahead=read_ahead)
+        result = None
+        if since is not None and unit.version < since:
+            result = _reusable(store, kept.get((unit.version, unit.digest), []), newest)
+        if result is not None:
+            reused.add(unit.version)
+        yield unit, result
+
+
+@dataclass(kw_only=True)
+class _Progress:
+    """The audit's progress lines: ``say`` one, with the time since ``start``; ``on_shards`` counts shards read
+    and says so every ``every``."""
+
+    url: str
+    out: Callable[[str], None] | None
+    every: int
+    clock: Callable[[], float]
+    start: float
+    done: int = 0
+
+    def say(self, what: str) -> None:
+        if self.out is not None:
+            self.out(f"audit {self.url}: {what} ({self.clock() - self.start:.1f} s)")
+
+    def on_shards(self, n: int) -> None:
+        before, self.done = self.done, self.done + n
+        if self.done // self.every > before // self.every:
+            self.say(f"{self.done} shards read")
+
+
+def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publication],
+             read_ahead: int) -> tuple[int, Lineage | None]:
+    """The committed groups (their count) reconciled with the consumption logs and publications; unreadable or
+    misnamed logs and lineage's own findings join ``acc.findings``."""
+    consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
+    log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
+    acc.findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
+                             message="not a consumption log name (train/consumed/<step:08d>.json)")
+                     for f in consumed if f not in log_paths]
+    logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", acc.findings)
+    committed = acc.committed_groups()
+    acc.committed.clear()
+    lineage, lineage_findings = reconcile(committed, logs, entries)
+    acc.findings += lineage_findings
+    return len(committed), lineage
+
+
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
                    read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1, since: int | None = None,
                    keep: bool = False, unit_timeout_s: float = 3600.0,
                    clock: Callable[[], float] = time.monotonic) -> AuditReport:
     """Audit the campaign at ``store``, one version folder per work unit, in this process (``jobs`` = 1) or on
     ``jobs`` worker processes, each given at most ``unit_timeout_s`` a folder. Raises ``NotACampaignError`` when it
-    has no ``campaign.json``, ``AuditWorkerError`` when a worker dies or overruns.
+    has no ``campaign.json``, ``pool.AuditWorkerError`` when a worker dies or overruns.
 
     ``keep`` writes each folder's result under ``audit/versions/`` (``AuditVersionResult``); with ``since``,
     folders below that version reuse a kept result of the same shards instead of being read again."""
@@ -420,96 +376,38 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     if not store.exists(layout.CAMPAIGN_JSON):
         raise NotACampaignError("audit", store.url, f"not a campaign (no {layout.CAMPAIGN_JSON})")
     acc = _Merged()
-    try:
-        chain = records.fork_chain(store)
-        store = records.with_parents(store)
-    except RecordError:
-        chain = []  # a campaign.json that does not read: ``_campaign`` reports it below
-    except ValueError as e:
-        chain = []
-        acc.findings.append(Finding(kind="fork_cycle", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
-                                    message=str(e)))
-    files = store.walk("", skip=_version_folder)  # the version folders' contents: one at a time, below
-    temporaries = [f for f in files if _is_temporary(f)]
-    visible = [f for f in files if not _is_temporary(f)]
-    outside = set(files)
-    folders = [name for name in store.list(layout.TRAJECTORIES, include_hidden=True)
-               if f"{_TRAJECTORIES}{name}" not in outside]
-    if progress is not None:
-        progress(f"audit {store.url}: {len(files)} objects and {len(folders)} trajectory folder(s) listed "
-                 f"({clock() - start:.1f} s)")
-
+    listing = _list(store, acc.findings)
+    store = listing.store
+    said = _Progress(url=store.url, out=progress, every=progress_every, clock=clock, start=start)
+    said.say(f"{len(listing.files)} objects and {len(listing.folders)} trajectory folder(s) listed")
     campaign = _campaign(store, acc.findings)
     needs = _needs(campaign, acc.findings)
+    visible = listing.visible
     # Pointer entries first: the newest published version bounds the policy versions a shard may carry.
     entries = _pointer_entries(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
                                acc.findings)
     newest = max((e.version for e in entries), default=None)
     acc.bad_files += [_foreign(f) for f in visible if f.startswith(_TRAJECTORIES)]  # not in a version folder
-    kept = records.audit_version_results(store) if since is not None else {}
-    listed, reused = len(files), set()
-
-    def units() -> Iterator[tuple[Unit, dict[str, Any] | None]]:
-        """Each trajectory folder listed in turn; its shards as a unit, with a kept result when one holds."""
-        nonlocal listed
-        for name in folders:
-            inside = store.walk(f"{_TRAJECTORIES}{name}")
-            listed += len(inside)
-            temporaries.extend(f for f in inside if _is_temporary(f))
-            shards = []
-            for f in inside:
-                if not _is_temporary(f):
-                    sid = layout.parse_shard_path(f)
-                    if sid is None:
-                        acc.bad_files.append(_foreign(f))
-                    else:
-                        shards.append((sid, f))
-            if not shards:
-                continue
-            shards.sort()
-            unit = Unit(version=shards[0][0].version, url=store.url, storage_options=dict(store.storage_options),
-                        shards=tuple(f for _, f in shards), needs=needs, newest_version=newest,
-                        read_ahead=read_ahead)
-            result = None
-            if since is not None and unit.version < since:
-                result = _reusable(store, kept.get((unit.version, unit.digest), []), newest)
-            if result is not None:
-                reused.add(unit.version)
-            yield unit, result
-
-    done = 0
-
-    def on_shards(n: int) -> None:
-        nonlocal done
-        before, done = done, done + n
-        if progress is not None and done // progress_every > before // progress_every:
-            progress(f"audit {store.url}: {done} shards read ({clock() - start:.1f} s)")
-
+    reused: set[int] = set()
+    units = _units(listing, acc, needs=needs, newest=newest, read_ahead=read_ahead, since=since, reused=reused)
     merged = 0
-    for unit, result in _results(store, units(), jobs, unit_timeout_s, on_shards):  # in version order
+    for unit, result in results(store, units, jobs, unit_timeout_s, said.on_shards):  # in version order
         if keep and unit.version not in reused:
             _keep(store, unit, result)
         acc.merge(result)
         merged += 1
-    if progress is not None:
-        progress(f"audit {store.url}: {done} shards read in {merged} version folder(s) ({clock() - start:.1f} s)")
-        if since is not None:
-            progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
-
+    said.say(f"{said.done} shards read in {merged} version folder(s)")
+    if progress is not None and since is not None:
+        progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
     acc.duplicates()
-    findings = acc.findings
-    consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
-    log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
-    findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
-                         message="not a consumption log name (train/consumed/<step:08d>.json)")
-                 for f in consumed if f not in log_paths]
-    logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
-    committed = acc.committed_groups()
-    acc.committed.clear()
-    lineage, lineage_findings = reconcile(committed, logs, entries)
-    findings += lineage_findings
-    ancestry = _ancestry(chain, lineage)
+    groups, lineage = _lineage(store, acc, visible, entries, read_ahead)
+    return _report(store, acc, listing, groups=groups, lineage=lineage, campaign=campaign,
+                   seconds=clock() - start, max_listed=max_listed)
 
+
+def _report(store: Store, acc: _Merged, listing: _Listing, *, groups: int, lineage: Lineage | None,
+            campaign: dict[str, Any] | None, seconds: float, max_listed: int) -> AuditReport:
+    findings = acc.findings
     dists = {name: acc.dists[name].summary() for name in ("reward", "tokens", "generated_tokens", "turns")}
     tool_errors: dict[str, dict[str, int]] = defaultdict(dict)
     for (tool, kind), n in sorted(acc.tool_errors.items()):
@@ -517,24 +415,24 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     return AuditReport(
         url=store.url,
         audited_at=utc_now_iso(),
-        seconds=clock() - start,
-        files=listed,
+        seconds=seconds,
+        files=listing.listed,
         shards=acc.shards,
         trajectories=sum(t.trajectories for t in acc.by_version.values()),
-        groups=len(committed),
+        groups=groups,
         by_version={v: t.counts() for v, t in sorted(acc.by_version.items())},
         by_worker={w: t.counts() for w, t in sorted(acc.by_worker.items())},
         schema_versions=dict(sorted(acc.schema_versions.items())),
         violation_counts=dict(sorted(Counter(f.kind for f in findings).items())),
         violations=tuple(findings[:max_listed]),
         bad_files=tuple(sorted(acc.bad_files, key=lambda b: b.path)),
-        orphaned_temporaries=tuple(sorted(temporaries)),
+        orphaned_temporaries=tuple(sorted(listing.temporaries)),
         statuses=dict(sorted(acc.statuses.items())),
         tool_calls=dict(sorted(acc.tool_calls.items())),
         tool_errors=dict(tool_errors),
         lineage=lineage,
         campaign=campaign,
         evals=tuple(layout.eval_path(v) for v in records.evaluated_versions(store)),
-        ancestry=ancestry,
+        ancestry=_ancestry(listing.chain, lineage),
         **dists,
     )

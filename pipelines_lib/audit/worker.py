@@ -83,10 +83,19 @@ def shard_figures(table: pa.Table) -> ShardFigures:
         tokens=_lengths(table.column("tokens")),
         generated_tokens=_per_row_sum(table.column("loss_mask"), n).astype(np.int64),
         turns=_lengths(turns),
-        statuses=Counter(table.column("status").to_pylist()),
+        statuses=Counter(table.column("status").fill_null("(null)").to_pylist()),  # a null is a null_value finding
         tool_calls=Counter(name or "?" for name in tool_names),
         tool_errors=Counter((name or "?", err) for name, err in zip(tool_names, errors, strict=True) if err),
     )
+
+
+def _version_label(raw: bytes | None) -> str:
+    """The schema-version metadata as the report shows it: any bytes, as text when they are printable text, else
+    as their Python literal (a report line must not carry control bytes; ``check_schema`` refuses such shards)."""
+    if not raw:
+        return "none"
+    text = raw.decode(errors="replace")
+    return text if text.isprintable() and "\ufffd" not in text else repr(raw)
 
 
 def _id_hash(trajectory_id: str) -> int:
@@ -175,7 +184,7 @@ class UnitAudit(Gathered):
             self.bad_files.append(BadFile(path=path, kind="unreadable", reason=f"not an Arrow IPC file ({e})"))
             return None
         raw_version = meta.get(SCHEMA_VERSION_KEY)
-        self.schema_versions[raw_version.decode() if raw_version else "none"] += 1
+        self.schema_versions[_version_label(raw_version)] += 1
         if failure is None:
             return decoded
         try:
@@ -238,6 +247,8 @@ class UnitAudit(Gathered):
         untrainable = [] if violations else self._trainer_findings(path, sid, table, provenance, *runs, clean)
         self.findings += untrainable
         for row, tid in enumerate(table.column("trajectory_id").to_pylist()):
+            if tid is None:  # a null_value finding already names the row
+                continue
             self.ids.append(_id_hash(tid))
             first = self.first_seen.setdefault(tid, (path, row))
             if first[0] != path:

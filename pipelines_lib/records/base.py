@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, get_type_hints
 
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, json_problem
 
 
 class RecordError(ValueError):
@@ -126,8 +126,8 @@ class Record(_Record):
         """The record in an object's raw bytes (for readers that fetch many objects at once, like the audit)."""
         try:
             raw = json.loads(data)
-        except ValueError as e:
-            raise RecordError(f"{where}: not valid JSON for a {cls.__name__}: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise RecordError(f"{where}: not valid JSON for a {cls.__name__}: {json_problem(e)}") from None
         return cls.from_json(raw, where=where)
 
     def to_json(self) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class Record(_Record):
     @classmethod
     def at(cls, store: Store, rel: str) -> Self:
         """The record at ``rel``: a path its writer returned or a listing found (audits, run records)."""
-        return cls.from_json(store.read_json(rel), where=store.uri(rel))
+        return cls.from_bytes(store.read(rel), where=store.uri(rel))  # bytes that are no such record: RecordError
 
     def _create(self, store: Store, rel: str) -> None:
         store.create_json(rel, self.to_json())

@@ -10,6 +10,12 @@ class StorageError(OSError):
         super().__init__(f"storage {op} {url}: {detail}")
         self.op = op
         self.url = url
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[StorageError], tuple[str, str, str]]:
+        # Pickled by its own arguments: the default rebuilds it from the one message, which ``__init__`` does not
+        # take, so a worker process's error would break its pool instead of reaching the caller.
+        return type(self), (self.op, self.url, self.detail)
 
 
 class AlreadyExistsError(StorageError, FileExistsError):

@@ -333,6 +333,10 @@ def _decode_sized(data: bytes, where: str, *, validate: bool) -> tuple[pa.Table,
             names = table.schema.names
     if names != TRAJECTORY_SCHEMA_NAMES:  # a newer minor's extra columns, or another order
         table = table.select(TRAJECTORY_SCHEMA.names)
+    if not table.schema.equals(TRAJECTORY_SCHEMA):
+        # Only declared nullability can differ now. Ours is the contract (``validate`` reports the nulls, naming
+        # the row): shards of one schema concatenate, a shard declaring a column nullable does not.
+        table = pa.Table.from_arrays(table.columns, schema=TRAJECTORY_SCHEMA.with_metadata(table.schema.metadata))
     if validate and (error := _invalid(where, validate_table(table))) is not None:
         raise error
     return table, provenance

@@ -32,6 +32,7 @@ made by other clients (Orbax) are bounded by ``Store.external_deadline_s`` (``ca
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -240,7 +241,12 @@ class Store:
         mode = os.lstat(real).st_mode
         if stat.S_ISLNK(mode):
             real = os.path.realpath(real)
-            mode = os.stat(real).st_mode
+            try:
+                mode = os.stat(real).st_mode
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise NotAnObjectError("read", self.uri(rel), "a symlink loop (it never reaches a file)") from e
         if real != self._real_root and not real.startswith(self._real_root + os.sep):
             raise NotAnObjectError("read", self.uri(rel), f"a symlink leading outside the campaign (to {real})")
         if not stat.S_ISREG(mode):
@@ -252,8 +258,8 @@ class Store:
         data = self.read(rel)
         try:
             return json.loads(data)
-        except json.JSONDecodeError as e:
-            raise StorageError("read", self.uri(rel), f"not valid JSON: {e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
+            raise StorageError("read", self.uri(rel), f"not valid JSON: {json_problem(e)}") from e
 
     def exists(self, rel: str) -> bool:
         path = self._path(rel)
@@ -419,6 +425,13 @@ def _under_skipped(rel: str, skip: Callable[[str], bool]) -> bool:
     """Whether a folder holding ``rel`` (relative to the root) is one ``skip`` accepts."""
     parts = rel.split("/")
     return any(skip("/".join(parts[:k])) for k in range(1, len(parts)))
+
+
+def json_problem(e: ValueError | RecursionError) -> str:
+    """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
+    ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it
+    with ``ValueError`` and report this."""
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 
 def _file_kind(mode: int) -> str:

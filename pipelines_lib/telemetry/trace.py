@@ -21,7 +21,7 @@ from typing import Any
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, json_problem
 
 _log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def read_records(store: Store, *, on_skip: Callable[[str], None] = _log.warning)
             try:
                 record = json.loads(line)
                 problem = record_problem(record)
-            except ValueError as e:
-                problem = f"not JSON ({e})"
+            except (ValueError, RecursionError) as e:
+                problem = f"not JSON ({json_problem(e)})"
             if problem is None:
                 records.append(record)
             else:

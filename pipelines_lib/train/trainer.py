@@ -25,8 +25,8 @@ from its parent's checkpoint and logs up to the fork step, read through the fork
 step publishes exactly when its log says it did, whatever the fork's own ``publish_every``.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
-largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
-(``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
+longest row, vocabulary; ``TrainerNeeds.of``) and skips anything else with a reason that lands in the step's
+consumption log (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
 
 Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
 it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
@@ -203,9 +203,10 @@ class StreamingTrainer:
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
-        # What a group must satisfy to be trained on: the campaign's group size, the longest bucket, the vocabulary.
-        self.needs = TrainerNeeds(group_size=group_size, max_tokens=config.seq_buckets[-1],
-                                  vocab_size=self.model.cfg.vocab_size)
+        # What a group must satisfy to be trained on: the campaign's group size, the longest row (bucket and
+        # model), the vocabulary.
+        self.needs = TrainerNeeds.of(group_size=group_size, seq_buckets=config.seq_buckets,
+                                     max_seq_len=self.model.cfg.max_seq_len, vocab_size=self.model.cfg.vocab_size)
         self.tailer = self._tailer_at(TailCursor())
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0

@@ -6,6 +6,7 @@ to the processes that decode.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -16,9 +17,15 @@ class TrainerNeeds:
     group_size: int
     """The campaign's G: rows per group."""
     max_tokens: int
-    """The trainer's largest sequence bucket: longest row it can pad into a batch."""
+    """Longest row the trainer takes: its largest sequence bucket, within the model's ``max_seq_len``."""
     vocab_size: int
     """Token ids must lie in [0, vocab_size)."""
+
+    @classmethod
+    def of(cls, *, group_size: int, seq_buckets: Sequence[int], max_seq_len: int, vocab_size: int) -> TrainerNeeds:
+        """The needs of a trainer with these buckets over a model of this context and vocabulary: a bucket past
+        the model's positions holds nothing the model can train on."""
+        return cls(group_size=group_size, max_tokens=min(seq_buckets[-1], max_seq_len), vocab_size=vocab_size)
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_tokens", "vocab_size"):

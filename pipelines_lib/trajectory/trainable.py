@@ -1,8 +1,9 @@
 """What the trainer needs of a group beyond the shard invariants (``validate.py``), checked without raising.
 
 A shard can satisfy every invariant and still be something the trainer cannot train on: a group of another
-size than the campaign's G, a row longer than the trainer's largest sequence bucket, token ids outside the
-model's vocabulary, tokens stamped with a policy version nobody has published yet, groups whose rows are
+size than the campaign's G, a row longer than the trainer takes (its largest sequence bucket, within the
+model's ``max_seq_len``), token ids outside the model's vocabulary (or negative), a reward beyond
+``MAX_ABS_REWARD``, tokens stamped with a policy version nobody has published yet, groups whose rows are
 interleaved (the writer stores each group's rows contiguously, and consumption logs name row ranges), or a
 group filed under a version folder other than its oldest policy version. The tailer skips such groups with
 the reason these functions return (the trainer writes it into its consumption log), and the audit reports
@@ -17,6 +18,12 @@ import pyarrow.compute as pc
 
 from pipelines_lib.trajectory.needs import TrainerNeeds
 from pipelines_lib.trajectory.schema import INFRA_STATUSES
+
+MAX_ABS_REWARD = 1e6
+"""Largest reward magnitude a trainable group may carry. Rewards are finite by the shard invariants, but 3e38 is
+finite too: its square overflows float32 in the group's variance and the advantages become NaN. The environments
+reward in [-1, 1] plus small shaping terms; 1e6 leaves a custom reward six orders of magnitude of room while a
+group's summed squares stay far inside float32."""
 
 
 def group_runs(table: pa.Table) -> tuple[list[tuple[int, int, str]], str | None]:
@@ -52,11 +59,15 @@ def group_problem(group: pa.Table, needs: TrainerNeeds, *, folder_version: int |
     tokens = group.column("tokens")
     longest = pc.max(pc.list_value_length(tokens)).as_py() or 0
     if longest > needs.max_tokens:
-        return f"group {gid} has a row of {longest} tokens, over the trainer's largest bucket {needs.max_tokens}"
+        return (f"group {gid} has a row of {longest} tokens, over the {needs.max_tokens} the trainer takes (its "
+                f"largest bucket, within the model's max_seq_len)")
     ids = pc.min_max(pc.list_flatten(tokens)).as_py()
     if ids["min"] is not None and (ids["min"] < 0 or ids["max"] >= needs.vocab_size):
         return (f"group {gid} has token ids in [{ids['min']}, {ids['max']}], outside the vocabulary "
                 f"[0, {needs.vocab_size})")
+    worst = pc.max(pc.abs(group.column("reward"))).as_py()
+    if worst is not None and worst > MAX_ABS_REWARD:
+        return f"group {gid} has a reward of magnitude {worst:g}, beyond the bound {MAX_ABS_REWARD:g}"
     versions = pc.list_flatten(group.column("policy_version"))
     on_loss = pc.filter(versions, pc.equal(pc.list_flatten(group.column("loss_mask")), 1))
     newest = pc.max(versions).as_py()
@@ -100,6 +111,8 @@ def clean_groups(table: pa.Table, bounds_g2: np.ndarray, needs: TrainerNeeds, *,
     tok_start_g, tok_end_g = tok_start_r[starts_g], tok_start_r[ends_g]
     bad = ((ends_g - starts_g) != needs.group_size) | (tok_end_g == tok_start_g)
     bad |= _per_group(len_r, starts_g, np.maximum) > needs.max_tokens
+    absurd_r = np.abs(table.column("reward").to_numpy(zero_copy_only=False)) > MAX_ABS_REWARD
+    bad |= _per_group(absurd_r.astype(np.int8), starts_g, np.maximum).astype(bool)
     if odd_r.any():  # lists of unequal lengths: the flat arrays do not line up, so the per-group checks judge
         return np.zeros(n_groups, bool)
     if bad.all():

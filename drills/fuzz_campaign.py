@@ -1,0 +1,185 @@
+"""The ``campaigns`` fuzz target: random edits of a real campaign through the operator's commands.
+
+A real campaign is written once per process (``rollstream demo``: shards, consumption logs, the pointer and its
+entries; plus a telemetry file). Each case copies it, applies a few ``Edit``s (a metadata file's bytes
+replaced; a shard's bytes cut or flipped, its schema metadata replaced or a value made null; an object renamed;
+a symlink planted: a loop, one leading out of the campaign, one to a folder, a dangling one) and runs one
+command (``COMMANDS``) through ``cli.main``, in this process. The contract (``check_campaign``): the command
+returns; with 0 or 1 it printed its report, with 2 one line on stderr naming the command (after any progress
+lines); never an exception out of ``main``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drills.fuzz import ContractViolation
+
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "audit": ("audit", "{c}", "--jobs", "1"),
+    "status": ("status", "{c}"),
+    "export": ("export", "{c}", "{scratch}/export", "--jobs", "1"),
+    "metrics": ("metrics", "{c}", "--json"),
+    "sql": ("sql", "{c}", "SELECT version, count(*) FROM trajectories GROUP BY 1"),
+    "view": ("view", "{c}"),
+    "trace": ("trace", "{c}", "--out", "{scratch}/trace.json"),
+}
+"""Each command's arguments: ``{c}`` the damaged campaign, ``{scratch}`` a folder for its outputs."""
+
+EDIT_KINDS = ("metadata", "shard_cut", "shard_flip", "shard_meta", "shard_null", "rename", "loop", "outside",
+              "folder_link", "dangling")
+
+HOSTILE_JSON = (b"[1, 2]", b"[" * 100_000 + b"]" * 100_000, b"{", b"", b"\xff\xfe\x00", b"null", b'{"version": 1e999}',
+                b'{"schema_version": 1, "version": -1}', b'"x"', b"{}")
+"""Replacement bytes for a metadata file: not an object, nested too deeply, not JSON, not UTF-8, absurd values."""
+
+HOSTILE_META = (b"\xff\xfe\x00", b"", b"2.0", b"1.999999999999999999999", b"{", b"null")
+"""Replacement values for a shard's schema-version or provenance metadata."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Edit:
+    kind: str
+    """One of ``EDIT_KINDS``."""
+    pick: int
+    """Which object (modulo the candidates, in name order)."""
+    value: int
+    """The kind's parameter: where to cut or flip, which hostile bytes, which new name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignCase:
+    edits: tuple[Edit, ...]
+    command: str
+    """A key of ``COMMANDS``."""
+
+
+@functools.cache
+def _base_campaign() -> Path:
+    """A real campaign, written once per process and only ever copied."""
+    from pipelines_lib.demo import run_demo
+    from pipelines_lib.storage.store import Store
+    from pipelines_lib.telemetry import Recorder
+
+    folder = Path(tempfile.mkdtemp(prefix="rollstream-fuzz-campaign-")) / "demo"
+    run_demo(str(folder), echo=lambda _: None)
+    # The demo records no telemetry: a few records give metrics and trace something to read (and the edits to break).
+    recorder = Recorder(Store(str(folder)), "trainer", clock=lambda: 1.0)
+    recorder.span_record("train_step", "trainer", 1.0, 2.0, {"step": 1})
+    recorder.gauge_record("loss", 0.5, {"step": 1})
+    recorder.flush()
+    return folder
+
+
+def _apply(edit: Edit, root: Path) -> None:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    shards = [p for p in files if p.suffix == ".arrow"] or files
+    metadata = [p for p in files if p.suffix in (".json", ".jsonl")] or files
+    if edit.kind == "metadata":
+        target = metadata[edit.pick % len(metadata)]
+        target.write_bytes(HOSTILE_JSON[edit.value % len(HOSTILE_JSON)])
+    elif edit.kind in ("shard_cut", "shard_flip"):
+        target = shards[edit.pick % len(shards)]
+        data = bytearray(target.read_bytes())
+        at = edit.value % max(len(data), 1)
+        if edit.kind == "shard_cut":
+            del data[at:]
+        elif data:
+            data[at] ^= 1 + edit.value % 255
+        target.write_bytes(bytes(data))
+    elif edit.kind == "shard_meta":
+        _replace_shard_meta(shards[edit.pick % len(shards)], edit.value)
+    elif edit.kind == "shard_null":
+        _null_a_value(shards[edit.pick % len(shards)], edit.value)
+    elif edit.kind == "rename":
+        target = files[edit.pick % len(files)]
+        names = ("v00000000", "w0-00000000-2.arrow", ".hidden", "x.arrow", "w0-99999999-0.arrow",
+                 f"w0-00000000-2.arrow{'.tmp-' if edit.value % 2 else ''}")
+        target.rename(target.with_name(names[edit.value % len(names)]))
+    else:
+        _plant_link(edit, root, files)
+
+
+def _replace_shard_meta(path: Path, value: int) -> None:
+    from drills.fuzz import _with_meta
+    from pipelines_lib.storage.shards import SHARD_META_KEY
+    from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
+
+    key = (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2]
+    with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
+        path.write_bytes(_with_meta(path.read_bytes(), key, HOSTILE_META[value % len(HOSTILE_META)]))
+
+
+def _null_a_value(path: Path, value: int) -> None:
+    """The first value of one column made null, the column declared nullable (the IPC reader lets both by)."""
+    import pyarrow as pa
+
+    from drills.fuzz import _ipc
+
+    with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
+        table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+        i = value % table.num_columns
+        column = table.column(i)
+        nulled = pa.array([None, *column.to_pylist()[1:]], column.type)
+        path.write_bytes(_ipc(table.set_column(i, table.schema.field(i).with_nullable(True), nulled)))
+
+
+def _plant_link(edit: Edit, root: Path, files: list[Path]) -> None:
+    folders = sorted({p.parent for p in files})
+    folder = folders[edit.pick % len(folders)]
+    name = f"w7-{edit.value % 100:08d}-2.arrow" if "trajectories" in folder.parts else f"{edit.value % 100:08d}.json"
+    link = folder / name
+    if link.exists() or link.is_symlink():
+        return
+    if edit.kind == "loop":
+        os.symlink(name, link)
+    elif edit.kind == "outside":
+        os.symlink("/etc/hostname", link)
+    elif edit.kind == "folder_link":
+        os.symlink(root, link)
+    else:
+        os.symlink(folder / "no-such-object", link)
+
+
+def check_campaign(case: CampaignCase) -> None:
+    from pipelines_lib import cli
+
+    with tempfile.TemporaryDirectory(prefix="rollstream-fuzz-") as d:
+        root = Path(d) / "campaign"
+        shutil.copytree(_base_campaign(), root, symlinks=True)
+        for edit in case.edits:
+            _apply(edit, root)
+        argv = [a.format(c=root, scratch=d) for a in COMMANDS[case.command]]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except Exception as e:  # noqa: BLE001 - an exception out of main is the traceback the user would see
+                raise ContractViolation(f"{case.command} raised {type(e).__name__}: {e}") from e
+    lines = err.getvalue().splitlines()
+    if "Traceback" in err.getvalue():
+        raise ContractViolation(f"{case.command} printed a traceback: {err.getvalue()[-500:]}")
+    if code == 2:  # progress lines and skipped-shard warnings may come first; the last line says why it stopped
+        if not lines or not lines[-1].startswith(f"rollstream {case.command}: "):
+            raise ContractViolation(f"{case.command} exit 2 without a line naming it: {lines[-3:]}")
+    elif code not in (0, 1) or not out.getvalue().strip():
+        raise ContractViolation(f"{case.command} exit {code} without a report")
+
+
+def campaign_inputs() -> Any:
+    import hypothesis.strategies as st
+
+    edit = st.builds(Edit, kind=st.sampled_from(EDIT_KINDS), pick=st.integers(0, 10**6), value=st.integers(0, 10**6))
+    return st.builds(CampaignCase, edits=st.lists(edit, min_size=1, max_size=3).map(tuple),
+                     command=st.sampled_from(sorted(COMMANDS)))
+
+
+__all__ = ["COMMANDS", "EDIT_KINDS", "CampaignCase", "Edit", "campaign_inputs", "check_campaign"]
