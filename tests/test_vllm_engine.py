@@ -147,6 +147,54 @@ def test_sampled_logprobs_are_after_temperature(server: VllmServer, folders: dic
     np.testing.assert_allclose(got.logprobs, want, atol=LOGPROB_TOLERANCE)
 
 
+IN_FLIGHT = 128
+SEEDED_PROMPT_LEN = 150
+"""Long enough that the requests one step admits (16 at most here) hold more prompt tokens than vLLM's default
+step budget (2048): a chunked server would split a prefill."""
+
+
+def seeded_load(n: int) -> list[tuple[list[int], SamplingParams]]:
+    """``n`` seeded requests, each sent twice (the second copy ``n // 2`` later): distinct prompts of
+    ``SEEDED_PROMPT_LEN`` tokens, seed = index."""
+    half = [([3 + (7 * i + j) % 500 for j in range(SEEDED_PROMPT_LEN)],
+             SamplingParams(temperature=1.0, max_new_tokens=4, seed=i)) for i in range(n // 2)]
+    return half + half
+
+
+async def serve_seeded_load(vllm: VllmEngine, n: int) -> list[Completion]:
+    load = seeded_load(n)
+    started = [asyncio.create_task(vllm.generate(prompt, sampling)) for prompt, sampling in load]
+    while vllm.stats()["busy_s"] == 0.0:
+        await asyncio.sleep(0)
+    assert vllm._in_flight == n  # all of them on the server at once
+    return list(await asyncio.gather(*started))
+
+
+def assert_served_as_seeded(completions: list[Completion], stats: dict[str, float]) -> None:
+    """Every request got all its tokens, no server failed, and the two copies of each request (the same prompt
+    and seed, in different batches) sampled the same tokens."""
+    assert stats["failed_requests"] == stats["restarts"] == 0
+    assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for c in completions)
+    half = len(completions) // 2
+    for first, second in zip(completions[:half], completions[half:], strict=True):
+        assert first.token_ids == second.token_ids
+        np.testing.assert_allclose(first.logprobs, second.logprobs, atol=LOGPROB_TOLERANCE)
+    assert len({tuple(c.token_ids) for c in completions[:half]}) > half // 2  # the seeds differ, so do the samples
+
+
+def test_128_seeded_requests_in_flight_are_all_served_as_seeded(server: VllmServer,
+                                                                 folders: dict[str, Path]) -> None:
+    """A prefill split across steps makes vLLM rewind the request's seeded sampler, which kills a CPU server."""
+
+    async def main() -> tuple[list[Completion], dict[str, float]]:
+        async with engine_on(server, folders["v0"], 0) as vllm:
+            return await serve_seeded_load(vllm, IN_FLIGHT), vllm.stats()
+
+    completions, stats = asyncio.run(main())
+    assert_served_as_seeded(completions, stats)
+    assert server.alive()
+
+
 class Recording:
     """Passes calls to an engine and keeps what went in and came out."""
 

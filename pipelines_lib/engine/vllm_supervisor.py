@@ -5,7 +5,8 @@ stop.
 VllmServer(config.engine.vllm, max_model_len, log_path)
   start(model_dir)   `python -m vllm.entrypoints.openai.api_server` from the configured virtualenv (default
                      ``.venv-vllm``, ``make vllm-venv``) on 127.0.0.1, in its own process group that gets SIGTERM
-                     when this process dies; output to a log file; its own TMPDIR; then ``wait_healthy``
+                     when this process dies; output to a log file; its own TMPDIR; then ``wait_healthy``.
+                     Prefills are never split across steps (seeded sampling on a CPU build needs that)
   alive(), exits_within(s), log_tail()    what the engine asks when a request fails
   stop()             SIGTERM to the group, SIGKILL after a deadline; the TMPDIR removed
 ```
@@ -41,6 +42,9 @@ EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_server"
 rollstream, which the server's virtualenv does not have)."""
 SERVED_NAME = "rollstream"
 """The model name requests use; it stays the same across reloads."""
+PREFILL_TOKENS_PER_STEP = 2048
+"""Least token budget of one scheduler step of a launched server (vLLM's own default for an API server on CPU);
+raised to the model length, since every prompt is prefilled in one step (see ``VllmServer.command``)."""
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -94,6 +98,13 @@ class VllmServer:
                 "--dtype", dtype,
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.config.max_num_seqs),
+                # Every prompt (and every recompute of a preempted request) is prefilled in one step: vLLM throws
+                # away the token sampled after a partial prefill and rewinds the request's seeded generator, which
+                # the CPU build cannot do ("CPU Generator does not use offset" kills the engine, and every request
+                # in flight with it). Without chunks the step budget must hold the longest sequence. A GPU build
+                # can rewind: its ``extra_args`` may turn chunking back on (later flags win).
+                "--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                str(max(PREFILL_TOKENS_PER_STEP, self.max_model_len, self.config.max_num_seqs)),
                 "--logprobs-mode", "processed_logprobs",
                 "--worker-extension-cls", "rollstream_vllm.WorkerExtension", "--seed", "0",
                 *self.config.extra_args]
@@ -177,4 +188,5 @@ async def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] 
             await asyncio.sleep(poll_s)
 
 
-__all__ = ["EXTENSION_DIR", "SERVED_NAME", "VllmServer", "default_python", "free_port", "wait_healthy"]
+__all__ = ["EXTENSION_DIR", "PREFILL_TOKENS_PER_STEP", "SERVED_NAME", "VllmServer", "default_python", "free_port",
+           "wait_healthy"]
