@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,33 +150,31 @@ def test_sampled_logprobs_are_after_temperature(server: VllmServer, folders: dic
 
 
 IN_FLIGHT = 128
-SEEDED_PROMPT_LEN = 150
-"""Long enough that the requests one step admits (16 at most here) hold more prompt tokens than vLLM's default
-step budget (2048): a chunked server would split a prefill."""
 
 
-def seeded_load(n: int) -> list[tuple[list[int], SamplingParams]]:
+def seeded_load(n: int, prompt_len: int, new_tokens: int) -> list[tuple[list[int], SamplingParams]]:
     """``n`` seeded requests, each sent twice (the second copy ``n // 2`` later): distinct prompts of
-    ``SEEDED_PROMPT_LEN`` tokens, seed = index."""
-    half = [([3 + (7 * i + j) % 500 for j in range(SEEDED_PROMPT_LEN)],
-             SamplingParams(temperature=1.0, max_new_tokens=4, seed=i)) for i in range(n // 2)]
+    ``prompt_len`` tokens, seed = index."""
+    half = [([3 + (7 * i + j) % 500 for j in range(prompt_len)],
+             SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i)) for i in range(n // 2)]
     return half + half
 
 
-async def serve_seeded_load(vllm: VllmEngine, n: int) -> list[Completion]:
-    load = seeded_load(n)
+async def serve_seeded_load(vllm: VllmEngine, load: list[tuple[list[int], SamplingParams]]) -> list[Completion]:
     started = [asyncio.create_task(vllm.generate(prompt, sampling)) for prompt, sampling in load]
     while vllm.stats()["busy_s"] == 0.0:
         await asyncio.sleep(0)
-    assert vllm._in_flight == n  # all of them on the server at once
+    assert vllm._in_flight == len(load)  # all of them on the server at once
     return list(await asyncio.gather(*started))
 
 
-def assert_served_as_seeded(completions: list[Completion], stats: dict[str, float]) -> None:
+def assert_served_as_seeded(load: list[tuple[list[int], SamplingParams]], completions: list[Completion],
+                            stats: dict[str, float]) -> None:
     """Every request got all its tokens, no server failed, and the two copies of each request (the same prompt
     and seed, in different batches) sampled the same tokens."""
     assert stats["failed_requests"] == stats["restarts"] == 0
-    assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for c in completions)
+    assert all(len(c.token_ids) == s.max_new_tokens and c.finish_reason == "length"
+               for (_, s), c in zip(load, completions, strict=True))
     half = len(completions) // 2
     for first, second in zip(completions[:half], completions[half:], strict=True):
         assert first.token_ids == second.token_ids
@@ -184,15 +184,41 @@ def assert_served_as_seeded(completions: list[Completion], stats: dict[str, floa
 
 def test_128_seeded_requests_in_flight_are_all_served_as_seeded(server: VllmServer,
                                                                  folders: dict[str, Path]) -> None:
-    """A prefill split across steps makes vLLM rewind the request's seeded sampler, which kills a CPU server."""
+    """Prompts of 150 tokens: the 16 requests one step admits hold more than vLLM's default step budget (2048
+    tokens), so a server that chunks prefills would split one, and rewinding that request's seeded sampler kills
+    a CPU server."""
+    load = seeded_load(IN_FLIGHT, prompt_len=150, new_tokens=4)
 
     async def main() -> tuple[list[Completion], dict[str, float]]:
         async with engine_on(server, folders["v0"], 0) as vllm:
-            return await serve_seeded_load(vllm, IN_FLIGHT), vllm.stats()
+            return await serve_seeded_load(vllm, load), vllm.stats()
 
     completions, stats = asyncio.run(main())
-    assert_served_as_seeded(completions, stats)
+    assert_served_as_seeded(load, completions, stats)
     assert server.alive()
+
+
+@pytest.mark.slow
+def test_128_seeded_requests_decoded_together_survive_preemption(folders: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    """128 slots and a KV cache of 24 blocks (128 tokens each): decodes crossing a block boundary preempt others,
+    which are recomputed later, and every request still samples its own seeded stream."""
+    config = VllmConfig(python=str(vllm_python()), max_num_seqs=IN_FLIGHT,
+                        extra_args=(*EAGER, "--num-gpu-blocks-override", "24"))
+    load = seeded_load(IN_FLIGHT, prompt_len=120, new_tokens=16)
+
+    async def main() -> tuple[list[Completion], dict[str, float], str]:
+        async with VllmEngine(config, model_dir=folders["v0"], policy_version=0, max_seq_len=MAX_SEQ_LEN,
+                              log_path=tmp_path / "server.log", log=lambda _: None) as vllm:
+            completions = await serve_seeded_load(vllm, load)
+            async with httpx.AsyncClient(base_url=vllm.server.url) as client:
+                metrics = (await client.get("/metrics")).text
+            return completions, vllm.stats(), metrics
+
+    completions, stats, metrics = asyncio.run(main())
+    assert_served_as_seeded(load, completions, stats)
+    preemptions = re.search(r"^vllm:num_preemptions_total\{.*\} (\S+)$", metrics, re.MULTILINE)
+    assert preemptions and float(preemptions.group(1)) > 0
 
 
 class Recording:
