@@ -1,7 +1,8 @@
 """The vLLM backend against a real vLLM (CPU) server started from ``.venv-vllm`` on 127.0.0.1.
 
 One server per test session (module fixture ``server``); every test drives it through its own ``VllmEngine``,
-which first makes the server serve the folder the test asks for. Weights are the tiny preset, exported with
+which first makes the server serve the folder the test asks for (the slow preemption test launches its own, with
+128 slots and a small KV cache). Weights are the tiny preset, exported with
 ``hf_export`` from two random initialisations (v0 and v1), tied embeddings: the case where a plain vLLM reload
 on CPU leaves the output layer stale (untied weights: the campaign of ``test_vllm_campaign.py``, marked slow, and of
 ``make bench``'s ``vllm``).
