@@ -80,7 +80,8 @@ class VllmEngine:
         self.server = server
         self._url = self.server.url if self.server is not None else str(config.url).rstrip("/")
         self._client: httpx.AsyncClient | None = None
-        self._open = asyncio.Event()  # the gate: cleared while a reload or restart is under way
+        self._open = asyncio.Event()  # the gate: set while nothing holds it closed (``_close``)
+        self._closed_by: set[str] = {"start"}
         self._idle = asyncio.Event()  # set while no request is in flight
         self._in_flight = 0
         self._reload_lock = asyncio.Lock()
@@ -108,7 +109,7 @@ class VllmEngine:
         if self.server is None or self.server.model_dir != self._model_dir:  # not launched by us: load ours
             await asyncio.wait_for(self._sync(self._model_dir, self._version, initial=True),
                                    self.config.reload_timeout_s)
-        self._open.set()
+        self._reopen("start")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -233,7 +234,7 @@ class VllmEngine:
         that requests wait for the verdict instead of failing one after another against a dead server."""
         if self.server is None or (self._restart is not None and not self._restart.done()):
             return
-        self._open.clear()
+        self._close("server check")
         self._restart = asyncio.get_running_loop().create_task(self._check_server())
 
     async def _check_server(self) -> None:
@@ -264,6 +265,17 @@ class VllmEngine:
             self._fatal = RuntimeError(f"vLLM server at {self._url} died and could not be restarted: {err}")
             self._fatal.__cause__ = err
         finally:
+            self._reopen("server check")
+
+    def _close(self, why: str) -> None:
+        """Close the gate for ``why``; it opens when every reason has been withdrawn (a server check that ends
+        during a reload must not let requests in before the reload is done, nor the other way round)."""
+        self._closed_by.add(why)
+        self._open.clear()
+
+    def _reopen(self, why: str) -> None:
+        self._closed_by.discard(why)
+        if not self._closed_by:
             self._open.set()
 
     # -- weights -------------------------------------------------------------------------------------------
@@ -278,13 +290,13 @@ class VllmEngine:
             wait = self._retry_after.get(version, 0.0) - self._clock()
             if wait > 0:  # this version failed to load recently; do not hammer the server with it
                 await asyncio.sleep(wait)
-            self._open.clear()
+            self._close("reload")
             t0 = self._clock()
             try:
                 with telemetry.span("weight_sync", track="weights", version=version):
                     await asyncio.wait_for(self._sync(folder, version), self.config.reload_timeout_s)
             finally:
-                self._open.set()
+                self._reopen("reload")
             took = self._clock() - t0
             self._counters["weight_sync_s"] += took
             self._counters["weight_sync_max_s"] = max(self._counters["weight_sync_max_s"], took)
