@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.engine.api import EngineUnavailableError, SamplingParams
+from pipelines_lib.engine.api import Completion, EngineUnavailableError, SamplingParams
 from pipelines_lib.engine.config import VllmConfig
 from pipelines_lib.engine.vllm_engine import VllmEngine
 
@@ -104,3 +104,20 @@ def test_a_server_that_never_starts_fails_the_engine_on_entry(tmp_path: Path) ->
     with pytest.raises(RuntimeError, match="exited during startup(.|\n)*life 1 fails during start-up"):
         asyncio.run(crashing_engine(tmp_path, "--start-lives", "0", max_restarts=3, logs=[]).__aenter__())
     assert lives(tmp_path) == 1
+
+
+def test_a_server_check_ending_during_a_reload_keeps_requests_out_until_the_reload_is_done(tmp_path: Path) -> None:
+    """A failed request starts a check of the server; the check finds it healthy and withdraws its hold on the
+    gate while a reload still holds it: a request sent meanwhile waits and runs on the new version."""
+
+    async def main() -> Completion:
+        async with crashing_engine(tmp_path, "--reload-s", "2", max_restarts=0, logs=[]) as engine:
+            reload = engine.swap_weights(tmp_path / "model", 1)
+            await asyncio.sleep(0.5)  # the server is reloading
+            await engine._on_failure()  # as a request that failed now would
+            await engine._restart  # the check: healthy
+            completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+            await reload
+            return completion
+
+    assert asyncio.run(main()).policy_versions == [1, 1]
