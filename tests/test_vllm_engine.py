@@ -1,7 +1,8 @@
 """The vLLM backend against a real vLLM (CPU) server started from ``.venv-vllm`` on 127.0.0.1.
 
 One server per test session (module fixture ``server``); every test drives it through its own ``VllmEngine``,
-which first makes the server serve the folder the test asks for. Weights are the tiny preset, exported with
+which first makes the server serve the folder the test asks for (the slow preemption test launches its own, with
+128 slots and a small KV cache). Weights are the tiny preset, exported with
 ``hf_export`` from two random initialisations (v0 and v1), tied embeddings: the case where a plain vLLM reload
 on CPU leaves the output layer stale (untied weights: the campaign of ``test_vllm_campaign.py``, marked slow, and of
 ``make bench``'s ``vllm``).
@@ -15,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,6 +148,78 @@ def test_sampled_logprobs_are_after_temperature(server: VllmServer, folders: dic
     got = asyncio.run(main())
     want = [jax_logprobs(0, prompt + got.token_ids[:i], 0.5)[token] for i, token in enumerate(got.token_ids)]
     np.testing.assert_allclose(got.logprobs, want, atol=LOGPROB_TOLERANCE)
+
+
+IN_FLIGHT = 128
+
+
+def seeded_load(n: int, prompt_len: int, new_tokens: int) -> list[tuple[list[int], SamplingParams]]:
+    """``n`` seeded requests, each sent twice (the second copy ``n // 2`` later): distinct prompts of
+    ``prompt_len`` tokens, seed = index."""
+    half = [([3 + (7 * i + j) % 500 for j in range(prompt_len)],
+             SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i)) for i in range(n // 2)]
+    return half + half
+
+
+async def serve_seeded_load(vllm: VllmEngine, load: list[tuple[list[int], SamplingParams]]) -> list[Completion]:
+    started = [asyncio.create_task(vllm.generate(prompt, sampling)) for prompt, sampling in load]
+    while vllm.stats()["busy_s"] == 0.0:
+        await asyncio.sleep(0)
+    assert vllm._in_flight == len(load)  # all of them on the server at once
+    return list(await asyncio.gather(*started))
+
+
+def assert_served_as_seeded(load: list[tuple[list[int], SamplingParams]], completions: list[Completion],
+                            stats: dict[str, float]) -> None:
+    """Every request got all its tokens, no server failed, and the two copies of each request (the same prompt
+    and seed, in different batches) sampled the same tokens."""
+    assert stats["failed_requests"] == stats["restarts"] == 0
+    assert all(len(c.token_ids) == s.max_new_tokens and c.finish_reason == "length"
+               for (_, s), c in zip(load, completions, strict=True))
+    half = len(completions) // 2
+    for first, second in zip(completions[:half], completions[half:], strict=True):
+        assert first.token_ids == second.token_ids
+        np.testing.assert_allclose(first.logprobs, second.logprobs, atol=LOGPROB_TOLERANCE)
+    assert len({tuple(c.token_ids) for c in completions[:half]}) > half // 2  # the seeds differ, so do the samples
+
+
+def test_128_seeded_requests_in_flight_are_all_served_as_seeded(server: VllmServer,
+                                                                 folders: dict[str, Path]) -> None:
+    """Prompts of 150 tokens: the 16 requests one step admits hold more than vLLM's default step budget (2048
+    tokens), so a server that chunks prefills would split one, and rewinding that request's seeded sampler kills
+    a CPU server."""
+    load = seeded_load(IN_FLIGHT, prompt_len=150, new_tokens=4)
+
+    async def main() -> tuple[list[Completion], dict[str, float]]:
+        async with engine_on(server, folders["v0"], 0) as vllm:
+            return await serve_seeded_load(vllm, load), vllm.stats()
+
+    completions, stats = asyncio.run(main())
+    assert_served_as_seeded(load, completions, stats)
+    assert server.alive()
+
+
+@pytest.mark.slow
+def test_128_seeded_requests_decoded_together_survive_preemption(folders: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    """128 slots and a KV cache of 24 blocks (128 tokens each): decodes crossing a block boundary preempt others,
+    which are recomputed later, and every request still samples its own seeded stream."""
+    config = VllmConfig(python=str(vllm_python()), max_num_seqs=IN_FLIGHT,
+                        extra_args=(*EAGER, "--num-gpu-blocks-override", "24"))
+    load = seeded_load(IN_FLIGHT, prompt_len=120, new_tokens=16)
+
+    async def main() -> tuple[list[Completion], dict[str, float], str]:
+        async with VllmEngine(config, model_dir=folders["v0"], policy_version=0, max_seq_len=MAX_SEQ_LEN,
+                              log_path=tmp_path / "server.log", log=lambda _: None) as vllm:
+            completions = await serve_seeded_load(vllm, load)
+            async with httpx.AsyncClient(base_url=vllm.server.url) as client:
+                metrics = (await client.get("/metrics")).text
+            return completions, vllm.stats(), metrics
+
+    completions, stats, metrics = asyncio.run(main())
+    assert_served_as_seeded(load, completions, stats)
+    preemptions = re.search(r"^vllm:num_preemptions_total\{.*\} (\S+)$", metrics, re.MULTILINE)
+    assert preemptions and float(preemptions.group(1)) > 0
 
 
 class Recording:

@@ -47,7 +47,8 @@ class VllmConfig:
     weights before the reload; ``abort`` stops them at once and continues them on the new weights (each token
     keeps the version that produced it)."""
     max_restarts: int = 3
-    """Crashes of a launched server the worker recovers from by restarting it; one more stops the worker."""
+    """Crashes of a launched server the worker recovers from by restarting it; one more (or a restart that fails)
+    stops the worker with an error naming the first error the server logged."""
 
     def __post_init__(self) -> None:
         if self.url is not None and not self.url.startswith(("http://", "https://")):

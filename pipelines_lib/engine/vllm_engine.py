@@ -28,7 +28,10 @@ reload that fails reloads the previous folder and keeps its version (the worker 
 
 Failures: a request the server cannot answer (connection refused or reset, HTTP 5xx, past
 ``request_timeout_s``) raises ``EngineUnavailableError``, which the episode runner records as ``engine_error``;
-a launched server found dead is restarted once, behind the same gate, while other episodes wait.
+a failed request of a launched server closes the same gate while the server is checked (its process, its
+health probe) and, found dead, restarted once, from the version it last served, while other episodes wait; after
+``max_restarts`` restarts the next death (or a failed restart) stops the engine: every request raises a
+``RuntimeError`` naming the first error the server logged, which stops the rollout.
 
 The reload goes through the worker extension in ``vllm_server/rollstream_vllm.py`` (why: see there), which
 the launched server loads with ``--worker-extension-cls``; a connected server must be started with the same
@@ -53,7 +56,7 @@ from pipelines_lib.engine.config import VllmConfig
 from pipelines_lib.engine.vllm_supervisor import SERVED_NAME, VllmServer, wait_healthy
 
 DEATH_SETTLE_S = 5.0
-"""How long a request that failed on a launched server waits for the process to show it has exited."""
+"""How long a launched server whose request failed gets to answer its health probe before it is taken for dead."""
 
 
 class VllmEngine:
@@ -77,7 +80,8 @@ class VllmEngine:
         self.server = server
         self._url = self.server.url if self.server is not None else str(config.url).rstrip("/")
         self._client: httpx.AsyncClient | None = None
-        self._open = asyncio.Event()  # the gate: cleared while a reload or restart is under way
+        self._open = asyncio.Event()  # the gate: set while nothing holds it closed (``_close``)
+        self._closed_by: set[str] = {"start"}
         self._idle = asyncio.Event()  # set while no request is in flight
         self._in_flight = 0
         self._reload_lock = asyncio.Lock()
@@ -105,7 +109,7 @@ class VllmEngine:
         if self.server is None or self.server.model_dir != self._model_dir:  # not launched by us: load ours
             await asyncio.wait_for(self._sync(self._model_dir, self._version, initial=True),
                                    self.config.reload_timeout_s)
-        self._open.set()
+        self._reopen("start")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -226,37 +230,52 @@ class VllmEngine:
 
     # -- supervision ---------------------------------------------------------------------------------------
     async def _on_failure(self) -> None:
-        """A request failed: if the launched server has died, restart it (once, whoever notices first).
-
-        A killed server closes its sockets before it can be reaped (its threads and memory are still being torn
-        down), so a request can fail while the process still looks alive: it gets ``DEATH_SETTLE_S`` to show it
-        has exited before the failure is taken for one of a live server."""
+        """A request failed: check the launched server (once, whoever notices first), behind the closed gate, so
+        that requests wait for the verdict instead of failing one after another against a dead server."""
         if self.server is None or (self._restart is not None and not self._restart.done()):
             return
-        if not await self.server.exits_within(DEATH_SETTLE_S):
-            return
-        if self._restart is not None and not self._restart.done():  # another request noticed it meanwhile
-            return
-        self._open.clear()
-        self._restart = asyncio.get_running_loop().create_task(self._restart_server())
+        self._close("server check")
+        self._restart = asyncio.get_running_loop().create_task(self._check_server())
 
-    async def _restart_server(self) -> None:
+    async def _check_server(self) -> None:
+        """Restart the launched server if it is dead: its process has exited, or it has not answered its health
+        probe within ``DEATH_SETTLE_S`` (after its engine dies vLLM's API process answers 500 and 503 for a while
+        before it exits, and never exits with ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``). A death after
+        ``max_restarts`` restarts, or a restart that fails, is fatal: every request from then on raises it."""
         assert self.server is not None
         try:
-            if self._counters["restarts"] >= self.config.max_restarts:
-                self._fatal = RuntimeError(f"vLLM server at {self._url} died again after "
-                                           f"{self.config.max_restarts} restarts; last log lines:\n"
-                                           f"{self.server.log_tail()}")
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                await wait_healthy(self._url, DEATH_SETTLE_S, alive=self.server.alive, poll_s=0.2)
+                return  # alive: that request failed for a reason of its own
+            cause = self.server.cause() or "no error logged"
+            done = int(self._counters["restarts"])
+            if done >= self.config.max_restarts:
+                self._fatal = RuntimeError(
+                    f"vLLM server at {self._url} died again after {done} restarts (engine.vllm.max_restarts), "
+                    f"first error of its last run: {cause}; last log lines ({self.server.log_path}):\n"
+                    f"{self.server.log_tail()}")
                 return
             self._counters["restarts"] += 1
-            self.log(f"vllm: server at {self._url} died; restarting it on v{self._version} "
-                     f"(restart {int(self._counters['restarts'])} of at most {self.config.max_restarts})")
+            self.log(f"vllm: server at {self._url} died ({cause}); restarting it on v{self._version} "
+                     f"(restart {done + 1} of at most {self.config.max_restarts})")
             with telemetry.span("engine_restart", track="weights", version=self._version):
                 await self.server.stop()
                 await self.server.start(self._model_dir)
         except Exception as err:  # noqa: BLE001 - every waiting request must see it
-            self._fatal = err
+            self._fatal = RuntimeError(f"vLLM server at {self._url} died and could not be restarted: {err}")
+            self._fatal.__cause__ = err
         finally:
+            self._reopen("server check")
+
+    def _close(self, why: str) -> None:
+        """Close the gate for ``why``; it opens when every reason has been withdrawn (a server check that ends
+        during a reload must not let requests in before the reload is done, nor the other way round)."""
+        self._closed_by.add(why)
+        self._open.clear()
+
+    def _reopen(self, why: str) -> None:
+        self._closed_by.discard(why)
+        if not self._closed_by:
             self._open.set()
 
     # -- weights -------------------------------------------------------------------------------------------
@@ -271,13 +290,13 @@ class VllmEngine:
             wait = self._retry_after.get(version, 0.0) - self._clock()
             if wait > 0:  # this version failed to load recently; do not hammer the server with it
                 await asyncio.sleep(wait)
-            self._open.clear()
+            self._close("reload")
             t0 = self._clock()
             try:
                 with telemetry.span("weight_sync", track="weights", version=version):
                     await asyncio.wait_for(self._sync(folder, version), self.config.reload_timeout_s)
             finally:
-                self._open.set()
+                self._reopen("reload")
             took = self._clock() - t0
             self._counters["weight_sync_s"] += took
             self._counters["weight_sync_max_s"] = max(self._counters["weight_sync_max_s"], took)

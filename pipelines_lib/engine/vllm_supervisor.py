@@ -5,8 +5,10 @@ stop.
 VllmServer(config.engine.vllm, max_model_len, log_path)
   start(model_dir)   `python -m vllm.entrypoints.openai.api_server` from the configured virtualenv (default
                      ``.venv-vllm``, ``make vllm-venv``) on 127.0.0.1, in its own process group that gets SIGTERM
-                     when this process dies; output to a log file; its own TMPDIR; then ``wait_healthy``
-  alive(), exits_within(s), log_tail()    what the engine asks when a request fails
+                     when this process dies; output to a log file; its own TMPDIR; then ``wait_healthy``.
+                     Prefills are never split across steps (seeded sampling on a CPU build needs that)
+  alive(), cause(), log_tail()    what the engine asks when a request fails: is the process running, the first
+                     error it logged since it started (the root cause; the lines after it are its echoes)
   stop()             SIGTERM to the group, SIGKILL after a deadline; the TMPDIR removed
 ```
 
@@ -24,6 +26,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -41,7 +44,13 @@ EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_server"
 rollstream, which the server's virtualenv does not have)."""
 SERVED_NAME = "rollstream"
 """The model name requests use; it stays the same across reloads."""
+PREFILL_TOKENS_PER_STEP = 2048
+"""Least token budget of one scheduler step of a launched server (vLLM's own default for an API server on CPU);
+raised to the model length, since every prompt is prefilled in one step (see ``VllmServer.command``)."""
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+_ERROR_LINE = re.compile(r"\bERROR\b.*?\b((?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception): .*)$")
+"""A line vLLM logs at level ERROR that names an exception (``... ERROR 12-05 18:10:23 [file.py:12] RuntimeError:
+CPU Generator does not use offset``); the exception and its message are the group."""
 
 
 def default_python() -> Path:
@@ -76,6 +85,8 @@ class VllmServer:
         self.log = log
         self.port = config.port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_start = 0
+        """Where the current life's output starts in the log (one log holds every restart's)."""
         self.scratch: str | None = None
         """The server's own TMPDIR (its IPC sockets and scratch files), removed when it stops."""
         self.model_dir: str | None = None
@@ -94,6 +105,13 @@ class VllmServer:
                 "--dtype", dtype,
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.config.max_num_seqs),
+                # Every prompt (and every recompute of a preempted request) is prefilled in one step: vLLM throws
+                # away the token sampled after a partial prefill and rewinds the request's seeded generator, which
+                # the CPU build cannot do ("CPU Generator does not use offset" kills the engine, and every request
+                # in flight with it). Without chunks the step budget must hold the longest sequence. A GPU build
+                # can rewind: its ``extra_args`` may turn chunking back on (later flags win).
+                "--no-enable-chunked-prefill", "--max-num-batched-tokens",
+                str(max(PREFILL_TOKENS_PER_STEP, self.max_model_len, self.config.max_num_seqs)),
                 "--logprobs-mode", "processed_logprobs",
                 "--worker-extension-cls", "rollstream_vllm.WorkerExtension", "--seed", "0",
                 *self.config.extra_args]
@@ -119,6 +137,7 @@ class VllmServer:
         # vLLM leaves IPC sockets and scratch files in TMPDIR; a folder of its own keeps /tmp clean across restarts.
         self.scratch = self.scratch or tempfile.mkdtemp(prefix="rollstream-vllm-")
         with open(self.log_path, "ab") as out:
+            self.log_start = out.tell()
             self.proc = subprocess.Popen(self.command(model_dir), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.environment(),
                                          preexec_fn=_own_group_dying_with_parent)
@@ -129,19 +148,20 @@ class VllmServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    async def exits_within(self, timeout_s: float, poll_s: float = 0.05) -> bool:
-        """Whether the process has exited (or is not running) within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while self.alive():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(poll_s)
-        return True
+    def _life_log(self) -> list[str]:
+        if not self.log_path.exists():
+            return []
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            return f.read().decode(errors="replace").splitlines()
+
+    def cause(self) -> str:
+        """The first exception logged at level ERROR since the last start, or ``""``."""
+        return next((m.group(1) for line in self._life_log() if (m := _ERROR_LINE.search(line))), "")
 
     def log_tail(self, lines: int = 20) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        """The last ``lines`` lines logged since the last start."""
+        return "\n".join(self._life_log()[-lines:])
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Terminate the server (and its engine-core children: it leads its own process group)."""
@@ -177,4 +197,5 @@ async def wait_healthy(url: str, timeout_s: float, *, alive: Callable[[], bool] 
             await asyncio.sleep(poll_s)
 
 
-__all__ = ["EXTENSION_DIR", "SERVED_NAME", "VllmServer", "default_python", "free_port", "wait_healthy"]
+__all__ = ["EXTENSION_DIR", "PREFILL_TOKENS_PER_STEP", "SERVED_NAME", "VllmServer", "default_python", "free_port",
+           "wait_healthy"]
