@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 
 from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
-from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.trajectory.record import Trajectory, group_min_version, to_table
 from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group

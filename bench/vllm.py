@@ -53,9 +53,9 @@ from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.train import train
 from pipelines_lib.stages.warm_start import warm_start
-from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.step import logprobs_fn
+from pipelines_lib.trajectory.codec import WriterConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 EAGER = ("--enforce-eager",)

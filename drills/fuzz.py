@@ -133,9 +133,9 @@ def check_config(case: ConfigCase) -> None:
 
 
 def check_shard(data: bytes) -> None:
-    from pipelines_lib.storage.shards import ShardError, decode_shard
     from pipelines_lib.storage.store import Store
-    from pipelines_lib.storage.tailer import ShardTailer
+    from pipelines_lib.trajectory.codec import ShardError, decode_shard
+    from pipelines_lib.trajectory.reader import ShardTailer
 
     try:
         table, provenance = decode_shard(data, SHARD_WHERE)
@@ -379,7 +379,7 @@ def _not_utf8(data: bytes) -> bool:
 
 
 def _valid_shard(n_groups: int, seed: int) -> bytes:
-    from pipelines_lib.storage.shards import encode_shard
+    from pipelines_lib.trajectory.codec import encode_shard
     from pipelines_lib.trajectory.record import to_table
     from pipelines_lib.trajectory.synthetic import synthetic_group
 
@@ -403,7 +403,7 @@ def _with_meta(data: bytes, key: bytes, value: bytes) -> bytes:
 def shard_inputs() -> Any:
     import hypothesis.strategies as st
 
-    from pipelines_lib.storage.shards import SHARD_META_KEY
+    from pipelines_lib.trajectory.codec import SHARD_META_KEY
     from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 
     valid = st.tuples(st.integers(1, 3), st.integers(0, 1000)).map(lambda t: _valid_shard(*t))

@@ -114,7 +114,7 @@ def scan(folder: Path, secrets: dict[str, str], *, skip: tuple[Path, ...] = ()) 
 
 
 def _synthetic_rollouts(store: Any, config: Any) -> None:
-    from pipelines_lib.storage.shards import ShardWriter
+    from pipelines_lib.trajectory.codec import ShardWriter
     from pipelines_lib.trajectory.synthetic import synthetic_group
 
     writer = ShardWriter(store, worker_id="drill.0")

@@ -40,9 +40,9 @@ from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.retry import RetryPolicy
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 DRILL_RETRY = RetryPolicy(attempts=8, base_delay_s=0.05, max_delay_s=0.5, deadline_s=60.0)

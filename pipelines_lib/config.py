@@ -42,10 +42,10 @@ from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.orchestrator import RolloutConfig
-from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
+from pipelines_lib.trajectory.codec import WriterConfig
 
 
 @dataclass(frozen=True, kw_only=True)

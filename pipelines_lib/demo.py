@@ -23,9 +23,9 @@ from pipelines_lib.audit import AuditReport, audit_campaign
 from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
 from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.utc import utc_now_iso

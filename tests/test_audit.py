@@ -26,8 +26,8 @@ from pipelines_lib.audit.stats import summarize
 from pipelines_lib.records import CampaignManifest, ConsumedGroup, ConsumptionLog, DroppedStale, Publication
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
-from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig, encode_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
+from pipelines_lib.trajectory.codec import ShardInfo, ShardWriter, WriterConfig, encode_shard
 from pipelines_lib.trajectory.record import Turn, to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group

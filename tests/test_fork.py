@@ -32,8 +32,8 @@ from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
 from pipelines_lib.stages.fork import fork_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage.errors import AlreadyExistsError
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from tests.conftest import TRAINED_STEPS, checksums
 

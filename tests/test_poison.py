@@ -19,7 +19,9 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, SkippedShard
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError
-from pipelines_lib.storage.shards import (
+from pipelines_lib.storage.store import Store
+from pipelines_lib.telemetry.trace import read_records
+from pipelines_lib.trajectory.codec import (
     MAX_DECODED_BYTES,
     ShardError,
     declared_sizes,
@@ -28,9 +30,7 @@ from pipelines_lib.storage.shards import (
     identity_problem,
     row_budget,
 )
-from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
-from pipelines_lib.telemetry.trace import read_records
+from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, infra_problem
 
 CASES = {c.name: c for c in poison.POISON}

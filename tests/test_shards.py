@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import (
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import (
     ShardError,
     ShardWriter,
     WriterConfig,
@@ -19,8 +20,7 @@ from pipelines_lib.storage.shards import (
     group_min_version,
     read_shard,
 )
-from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
 from pipelines_lib.trajectory.record import from_table, to_table
 from pipelines_lib.trajectory.schema import (
     CAMPAIGN_KEY,

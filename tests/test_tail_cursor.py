@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
+from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
 from pipelines_lib.trajectory.synthetic import synthetic_group
 
 

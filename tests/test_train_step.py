@@ -11,11 +11,11 @@ import optax
 import pytest
 from flax import nnx
 
+from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
-from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
 from pipelines_lib.train.step import Precision, StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 

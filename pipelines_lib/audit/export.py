@@ -41,8 +41,8 @@ from pipelines_lib import records
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.shards import ShardError, decode_shards, identity_problem
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardError, decode_shards, identity_problem
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"

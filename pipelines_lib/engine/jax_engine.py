@@ -88,8 +88,8 @@ from pipelines_lib.engine.device import (
     prefill_calls,
     steps_for,
 )
+from pipelines_lib.mesh import logical_spec, make_mesh, place_state
 from pipelines_lib.model.decoder import Decoder, init_cache
-from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
 
 
 class EngineClosedError(RuntimeError):

@@ -33,11 +33,11 @@ from pipelines_lib.engine import JaxEngine
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.envs import Task
 from pipelines_lib.envs.spec import EnvSpec
+from pipelines_lib.mesh import MeshConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
-from pipelines_lib.train.mesh import MeshConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 

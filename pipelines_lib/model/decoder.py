@@ -21,7 +21,7 @@ q/k (optionally RMS-normalised per head first), grouped-query attention, optiona
 score soft-cap, and a gated MLP (SwiGLU or GeGLU).
 
 Every parameter names its axes (Flax NNX ``out_sharding`` metadata: ``embed``, ``vocab``, ``heads``,
-``kv_heads``, ``head_dim``, ``mlp``); ``train/mesh.py``'s rules table maps the names onto a device mesh. The
+``kv_heads``, ``head_dim``, ``mlp``); ``pipelines_lib/mesh.py``'s rules table maps the names onto a device mesh. The
 names are metadata only: nothing is sharded when a decoder is built (``eager_sharding=False``), the stage
 places it on its mesh.
 """

@@ -32,9 +32,9 @@ from typing import Any, Literal, Protocol
 from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
-from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
 from pipelines_lib.train.advantages import zero_advantage
+from pipelines_lib.trajectory.codec import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]

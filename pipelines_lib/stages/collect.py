@@ -23,6 +23,7 @@ from pipelines_lib.dataset import load_split
 from pipelines_lib.engine import JaxEngine
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.engine.vllm_engine import VllmEngine
+from pipelines_lib.mesh import describe_mesh
 from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
 from pipelines_lib.records import DoneMarker, with_parents
@@ -36,9 +37,8 @@ from pipelines_lib.rollout.collect import (
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.mesh import describe_mesh
+from pipelines_lib.trajectory.codec import ShardWriter
 
 EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
                          tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]

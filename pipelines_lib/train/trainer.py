@@ -28,7 +28,7 @@ Data the trainer cannot train on never reaches a step: the tailer is given the t
 largest bucket, vocabulary) and skips anything else with a reason that lands in the step's consumption log
 (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
 
-Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
+Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``pipelines_lib.mesh``), loads v0 onto
 it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
 ``distributed``), every process runs this same loop over the same shards: before each step they check that they
 agree on its groups and cursor (``distributed.agree``; a mismatch is an error, never a silent divergence), every
@@ -52,19 +52,19 @@ import pyarrow as pa
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
+from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, TailEvent
 from pipelines_lib.train.advantages import compute_advantages, zero_advantage
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
+from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.reader import GroupSlice, ShardTailer, TailCursor, TailEvent
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
 

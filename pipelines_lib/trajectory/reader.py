@@ -61,8 +61,14 @@ import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, decode_shard, decode_shards, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import (
+    ShardError,
+    decode_shard,
+    decode_shards,
+    identity_problem,
+    read_shard,
+)
 from pipelines_lib.trajectory.trainable import (
     TrainerNeeds,
     clean_groups,
