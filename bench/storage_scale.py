@@ -43,11 +43,12 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.records import CampaignManifest
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
-from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 FULL_SIZES = (1_000, 5_000, 20_000)

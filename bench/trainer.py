@@ -45,8 +45,8 @@ from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 QUICK = {"repeats": 2, "steps": 1}
 FULL = {"repeats": 4, "steps": 4}

@@ -41,9 +41,9 @@ from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 DRILL_RETRY = RetryPolicy(attempts=8, base_delay_s=0.05, max_delay_s=0.5, deadline_s=60.0)
 OUTAGE_STALL_S = 300.0

@@ -45,7 +45,7 @@ from pipelines_lib.rollout.orchestrator import RolloutConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
-from pipelines_lib.trajectory.codec import WriterConfig
+from pipelines_lib.trajectory.writer import WriterConfig
 
 
 @dataclass(frozen=True, kw_only=True)

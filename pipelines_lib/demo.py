@@ -24,10 +24,10 @@ from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
 from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 VERSIONS = 5

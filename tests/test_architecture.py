@@ -40,7 +40,7 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/model/weights.py": "model_config.json inside an Orbax folder",
     "pipelines_lib/model/hf_import.py": "a Hugging Face checkpoint's config and index",
     "pipelines_lib/trajectory/codec.py": "provenance metadata inside an Arrow shard",
-    "pipelines_lib/trajectory/reader.py": "the tail cursor, a string field of records",
+    "pipelines_lib/trajectory/cursor.py": "the tail cursor, a string field of records",
     "pipelines_lib/telemetry/trace.py": "telemetry events (JSON lines), not records",
     "pipelines_lib/audit/export.py": "metadata of an exported Parquet file, outside the campaign folder",
     "flows/commands.py": "the repository's work-pool job templates (rollstream deploy)",

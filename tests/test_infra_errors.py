@@ -16,12 +16,12 @@ from pipelines_lib.envs import InfraError, make_env, run_tool
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.orchestrator import RolloutConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
 from pipelines_lib.trajectory.validate import validate_table
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 def arithmetic_episode(tok: ChatTokenizer, *, failures: int, kind: str, retries: int):

@@ -30,7 +30,8 @@ from pipelines_lib.trajectory.codec import (
     identity_problem,
     row_budget,
 )
-from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, infra_problem
 
 CASES = {c.name: c for c in poison.POISON}

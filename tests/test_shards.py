@@ -12,16 +12,10 @@ import pytest
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import (
-    ShardError,
-    ShardWriter,
-    WriterConfig,
-    encode_shard,
-    group_min_version,
-    read_shard,
-)
-from pipelines_lib.trajectory.reader import ShardTailer, TailCursor
-from pipelines_lib.trajectory.record import from_table, to_table
+from pipelines_lib.trajectory.codec import ShardError, encode_shard, read_shard
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
+from pipelines_lib.trajectory.record import from_table, group_min_version, to_table
 from pipelines_lib.trajectory.schema import (
     CAMPAIGN_KEY,
     SCHEMA_VERSION,
@@ -29,6 +23,7 @@ from pipelines_lib.trajectory.schema import (
     TRAJECTORY_SCHEMA,
 )
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 class FakeClock:

@@ -37,7 +37,7 @@ from pipelines_lib.telemetry.trace import (
     summarize,
     to_chrome_trace,
 )
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 class Clock:

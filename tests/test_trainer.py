@@ -37,8 +37,9 @@ from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError
-from pipelines_lib.trajectory.codec import ShardWriter, WriterConfig, read_shard
+from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_DEVICE = make_mesh(MeshConfig())

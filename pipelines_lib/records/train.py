@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, ClassVar, Self
 from pipelines_lib.records.base import Record, RecordError, _Record
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.utc import utc_now_iso
 
-if TYPE_CHECKING:  # the tailer brings Arrow: the audit reads consumption logs in a process that never decodes
-    from pipelines_lib.trajectory.reader import GroupSlice, TailCursor, TailEvent
+if TYPE_CHECKING:  # the reader brings Arrow: the audit reads consumption logs in a process that never decodes
+    from pipelines_lib.trajectory.reader import GroupSlice
 
 # -- train/consumed/<step>.json ---------------------------------------------------------------------------
 
@@ -111,8 +112,6 @@ class ConsumptionLog(Record):
     def cursor_after_step(self, before: TailCursor, *, where: str) -> TailCursor:
         """The tail cursor after this step, given the one after the step before (version 1 logs hold it whole)."""
         if self.cursor_after is not None:
-            from pipelines_lib.trajectory.reader import TailCursor
-
             return TailCursor.from_json(self.cursor_after)
         if self.cursor_delta is None:
             raise RecordError(f"{where}: no tail cursor; a trainer cannot resume from this log")

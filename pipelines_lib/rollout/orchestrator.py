@@ -34,8 +34,8 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.telemetry.samplers import ThroughputGauges
 from pipelines_lib.train.advantages import zero_advantage
-from pipelines_lib.trajectory.codec import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.trajectory.record import Trajectory
+from pipelines_lib.trajectory.writer import ShardInfo, ShardWriter, WriterConfig
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""

@@ -38,7 +38,7 @@ from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardWriter
+from pipelines_lib.trajectory.writer import ShardWriter
 
 EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
                          tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]

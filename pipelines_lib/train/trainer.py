@@ -64,7 +64,8 @@ from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.codec import read_shard
-from pipelines_lib.trajectory.reader import GroupSlice, ShardTailer, TailCursor, TailEvent
+from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.reader import GroupSlice, ShardTailer
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
 
