@@ -136,6 +136,7 @@ def check_shard(data: bytes) -> None:
     from pipelines_lib.storage.store import Store
     from pipelines_lib.trajectory.codec import ShardError, decode_shard
     from pipelines_lib.trajectory.reader import ShardTailer
+    from pipelines_lib.trajectory.window import Window
 
     try:
         table, provenance = decode_shard(data, SHARD_WHERE)
@@ -148,7 +149,7 @@ def check_shard(data: bytes) -> None:
         store = Store(d)
         store.create(SHARD_WHERE, data)
         tailer = ShardTailer(store)
-        groups = tailer.next_groups(10_000, min_version=0, max_version=0)
+        groups = tailer.next_groups(10_000, Window(version=0, eta=0))
         events = tailer.drain_events()
         if readable:
             # A readable shard may still be one the trainer must not use (a copy, interleaved groups): then

@@ -448,7 +448,8 @@ def _device(path: Path) -> bool:
 
 
 _TAIL = ("from pipelines_lib.storage.store import Store; from pipelines_lib.trajectory.reader import ShardTailer; "
-         "t = ShardTailer(Store({url!r})); g = t.next_groups(8, min_version=0, max_version=0); "
+         "from pipelines_lib.trajectory.window import Window; "
+         "t = ShardTailer(Store({url!r})); g = t.next_groups(8, Window(version=0, eta=0)); "
          "print(len(g), 'groups;', [e.reason for e in t.drain_events()])")
 
 

@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 import pipelines_lib
 from pipelines_lib import records
-from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
+from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, eta_bounds, reconcile
 from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Finding, Lineage
 from pipelines_lib.audit.unit import Gathered, Tally, Unit, prefetch
 from pipelines_lib.records import (
@@ -506,7 +506,8 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", findings)
     committed = acc.committed_groups()
     acc.committed.clear()
-    lineage, lineage_findings = reconcile(committed, logs, entries)
+    etas = eta_bounds(campaign, [p for _, p in chain], findings)
+    lineage, lineage_findings = reconcile(committed, logs, entries, etas)
     findings += lineage_findings
     ancestry = _ancestry(chain, lineage)
 

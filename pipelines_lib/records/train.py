@@ -12,6 +12,7 @@ from pipelines_lib.records.base import Record, RecordError, _Record
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.window import staleness
 from pipelines_lib.utc import utc_now_iso
 
 if TYPE_CHECKING:  # the reader brings Arrow: the audit reads consumption logs in a process that never decodes
@@ -99,7 +100,7 @@ class ConsumptionLog(Record):
         return cls(
             step=step, trainer_version=trainer_version, created_at=utc_now_iso(),
             groups=[ConsumedGroup(group_id=g.group_id, shard=g.shard, row_start=g.row_start, row_end=g.row_end,
-                                  version=g.version, staleness=trainer_version - g.version) for g in groups],
+                                  version=g.version, staleness=staleness(trainer_version, g.version)) for g in groups],
             skipped_zero_advantage=list(zero_advantage),
             dropped_stale=[DroppedStale(shard=e.shard, groups=list(e.groups), reason=e.reason,
                                         unread_groups=e.unread_groups)

@@ -58,7 +58,7 @@ from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.advantages import compute_advantages, zero_advantage
+from pipelines_lib.train.advantages import compute_advantages
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
@@ -67,6 +67,7 @@ from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.trajectory.reader import GroupSlice, ShardTailer
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
+from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
 
 
@@ -129,7 +130,7 @@ def _rows(table: pa.Table) -> dict[str, list]:
 def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
                       batch_size: int, pad_id: int):
     """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, loss tokens); advantages per
-    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``advantages.zero_advantage``)."""
+    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``window.zero_advantage``)."""
     g_size = group_size
     tokens, masks, logps, rewards = [], [], [], []
     for g in groups:
@@ -253,10 +254,8 @@ class StreamingTrainer:
         events: list[TailEvent] = []
         waited_since = None
         while len(groups) < self.tc.batch_groups:
-            lo = max(0, self.version - self.eta)
-            got = self.tailer.next_groups(
-                self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version
-            )
+            window = Window(version=self.version, eta=self.eta)
+            got = self.tailer.next_groups(self.tc.batch_groups - len(groups), window)
             for e in self.tailer.drain_events():
                 events.append(e)
                 if e.kind == "skipped":
@@ -281,9 +280,9 @@ class StreamingTrainer:
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
-                    f"{self.store.uri(layout.TRAJECTORIES)}/v{lo:08d}..v{self.version:08d}; have {len(groups)} of "
+                    f"{self.store.uri(layout.TRAJECTORIES)}/v{window.start:08d}..v{self.version:08d}; have {len(groups)} of "
                     f"{self.tc.batch_groups}{self._zero_advantage_summary(zero_adv)} (are rollout workers "
-                    f"running and on weights >= v{lo}?)"
+                    f"running and on weights >= v{window.start}?)"
                 )
             if zero_adv and now - self._last_wait_log >= 10.0:
                 self._last_wait_log = now

@@ -1,6 +1,6 @@
 """Tail committed shards in a version window, hand out whole groups, and resume exactly from a cursor.
 
-The streaming trainer calls ``next_groups(n, min_version=V-η, max_version=V)``. The tailer lists only the
+The streaming trainer calls ``next_groups(n, Window(version=V, eta=η))`` (``window``: versions ``[V−η, V]``). The tailer lists only the
 ``trajectories/v…`` folders inside that window (bounded listing), walks their shards in name order (versions
 ascending, then worker, then seq: deterministic for a fixed set of shards) and returns up to ``n`` whole
 groups, remembering how many rows of a partly consumed shard it has handed out.
@@ -76,6 +76,7 @@ from pipelines_lib.trajectory.trainable import (
     group_runs,
     infra_problem,
 )
+from pipelines_lib.trajectory.window import Window
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,11 +271,12 @@ class ShardTailer:
             pending.sort()
         return new
 
-    def retire_below(self, min_version: int) -> None:
-        """Versions older than ``min_version`` are too stale: account their remaining groups as dropped."""
+    def retire_below(self, window: Window) -> None:
+        """Versions older than the window's start are too stale: account their remaining groups as dropped."""
+        min_version = window.start
         for version in range(self.cursor.retired_below, min_version):
             self._list(version)
-            reason = f"version {version} < window start {min_version}"
+            reason = window.stale_reason(version)
             for sid in self._pending.pop(version):
                 path = sid.path
                 if sid.groups is not None and path not in self.cursor.partial and path not in self._tables:
@@ -303,19 +305,19 @@ class ShardTailer:
             self.cursor.retired_below = min_version
             self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= min_version}
 
-    def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
-        """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order.
+    def next_groups(self, max_groups: int, window: Window) -> list[GroupSlice]:
+        """Up to ``max_groups`` whole groups from the versions of ``window``, in order.
 
         Shards already listed are handed out first; the window's folders are listed again only when they do not
         fill the request, so emptying a window lists it once per batch that ends short, not once per call."""
         if max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {max_groups}")
-        self.retire_below(min_version)
-        versions = range(max(min_version, self.cursor.retired_below), max_version + 1)
+        self.retire_below(window)
+        versions = range(max(window.start, self.cursor.retired_below), window.version + 1)
         out: list[GroupSlice] = []
-        self._hand_out(out, max_groups, versions, max_version)
+        self._hand_out(out, max_groups, versions, window.version)
         if len(out) < max_groups and any([self._list(v) for v in versions]):
-            self._hand_out(out, max_groups, versions, max_version)
+            self._hand_out(out, max_groups, versions, window.version)
         return out
 
     def _hand_out(self, out: list[GroupSlice], max_groups: int, versions: range, max_version: int) -> None:
