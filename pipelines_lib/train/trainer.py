@@ -47,7 +47,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import pyarrow as pa
 
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
@@ -58,8 +57,7 @@ from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.advantages import compute_advantages
-from pipelines_lib.train.batch import build_train_batch
+from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
@@ -119,44 +117,6 @@ class TrainerConfig:
 
 class DataTimeoutError(TimeoutError):
     """The trainer waited longer than ``data_timeout_s`` for enough groups."""
-
-
-def _rows(table: pa.Table) -> dict[str, list]:
-    return {
-        c: table.column(c).to_pylist() for c in ("tokens", "loss_mask", "logprobs", "reward", "sample_idx")
-    }
-
-
-def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
-                      batch_size: int, pad_id: int):
-    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, loss tokens); advantages per
-    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``window.zero_advantage``)."""
-    g_size = group_size
-    tokens, masks, logps, rewards = [], [], [], []
-    for g in groups:
-        rows = _rows(g.table)
-        order = np.argsort(rows["sample_idx"])
-        if len(order) != g_size:
-            raise ValueError(
-                f"{g.shard} rows [{g.row_start}, {g.row_end}): group {g.group_id} has "
-                f"{len(order)} samples, the campaign's group_size is {g_size}"
-            )
-        for i in order:
-            tokens.append(rows["tokens"][i])
-            masks.append(rows["loss_mask"][i])
-            logps.append(rows["logprobs"][i])
-        rewards.append([rows["reward"][i] for i in order])
-    adv_gk, _ = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
-    batch = build_train_batch(
-        tokens,
-        masks,
-        logps,
-        np.asarray(adv_gk).reshape(-1).tolist(),
-        seq_buckets=seq_buckets,
-        batch_size=batch_size,
-        pad_id=pad_id,
-    )
-    return batch, int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
@@ -403,4 +363,4 @@ class StreamingTrainer:
         return done.to_dict()
 
 
-__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig", "batch_from_groups"]
+__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig"]
