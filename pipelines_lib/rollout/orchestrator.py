@@ -6,7 +6,7 @@
               │                                                                         group queue
    weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
                                                                              writer task (one thread at a time)
-                                                                             ShardWriter: commit by size or age
+                                                              the channel's GroupSink: commit by size or age
 ```
 
 Episodes wait on tools while the engine generates for others, so the engine's slots stay busy. A group is
@@ -33,9 +33,10 @@ from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.telemetry.samplers import ThroughputGauges
+from pipelines_lib.trajectory.channel import GroupSink
 from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.window import Window, admits, zero_advantage
-from pipelines_lib.trajectory.writer import ShardInfo, ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardInfo, WriterConfig
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
@@ -165,7 +166,7 @@ class RolloutStats:
 
 class Orchestrator:
     def __init__(self, *, config: RolloutConfig, engine: Engine, episode_fn: EpisodeFn,
-                 tasks: Iterator[tuple[Task, str]], writer: ShardWriter, weights: WeightSource | None = None,
+                 tasks: Iterator[tuple[Task, str]], writer: GroupSink, weights: WeightSource | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_commit: Callable[[ShardInfo], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:

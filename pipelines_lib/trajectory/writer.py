@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines_lib.storage import layout
@@ -67,12 +68,12 @@ class _Buffer:
     n_bytes: int
 
 
-class ShardWriter:
-    """Buffers whole groups per oldest policy version and commits them as shards (not thread-safe)."""
+class GroupBuffer:
+    """Buffers whole groups per oldest policy version and commits them by size or age (not thread-safe); a
+    subclass says where a commit goes (``_put``). Commits are named and numbered as shards in every backend."""
 
-    def __init__(self, store: Store, *, worker_id: str, config: WriterConfig | None = None,
+    def __init__(self, *, worker_id: str, config: WriterConfig | None = None,
                  clock: Callable[[], float] = time.monotonic, first_seq: int = 0) -> None:
-        self.store = store
         self.worker_id = layout.check_worker_id(worker_id)
         self.config = config or WriterConfig()
         self._clock = clock
@@ -128,9 +129,33 @@ class ShardWriter:
         buf = self._buffers[version]
         rows = [t for g in buf.groups for t in g]
         table = to_table(rows)
-        path = layout.shard_path(version, self.worker_id, self._seq, len(buf.groups))
+        sid = layout.ShardId(version=version, worker_id=self.worker_id, seq=self._seq, groups=len(buf.groups))
+        n_bytes = self._put(sid, table)
+        info = ShardInfo(path=sid.path, version=version, worker_id=self.worker_id, seq=self._seq,
+                         n_groups=len(buf.groups), n_rows=len(rows), n_bytes=n_bytes,
+                         group_ids=tuple(g[0].group_id for g in buf.groups))
+        del self._buffers[version]
+        self._seq += 1
+        self.committed.append(info)
+        return info
+
+    def _put(self, sid: layout.ShardId, table: pa.Table) -> int:
+        """Commit ``table`` as shard ``sid`` (a retry of a commit that landed must succeed); its size in bytes."""
+        raise NotImplementedError
+
+
+class ShardWriter(GroupBuffer):
+    """Commits buffered groups as create-only Arrow shards in the campaign folder at ``store``."""
+
+    def __init__(self, store: Store, *, worker_id: str, config: WriterConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic, first_seq: int = 0) -> None:
+        super().__init__(worker_id=worker_id, config=config, clock=clock, first_seq=first_seq)
+        self.store = store
+
+    def _put(self, sid: layout.ShardId, table: pa.Table) -> int:
+        path = sid.path
         provenance = {
-            "worker_id": self.worker_id, "seq": self._seq, "version": version, "n_groups": len(buf.groups),
+            "worker_id": self.worker_id, "seq": sid.seq, "version": sid.version, "n_groups": sid.groups,
             "created_at": utc_now_iso(),
             "policy_versions": sorted(v for v in pc.unique(pc.list_flatten(table.column("policy_version"))).to_pylist()
                                       if v >= 0),
@@ -146,10 +171,4 @@ class ShardWriter:
                 raise StorageError("create", self.store.uri(path),
                                    "a different shard already has this name: is another process using "
                                    f"worker_id {self.worker_id!r}?") from None
-        info = ShardInfo(path=path, version=version, worker_id=self.worker_id, seq=self._seq,
-                         n_groups=len(buf.groups), n_rows=len(rows), n_bytes=len(data),
-                         group_ids=tuple(g[0].group_id for g in buf.groups))
-        del self._buffers[version]
-        self._seq += 1
-        self.committed.append(info)
-        return info
+        return len(data)
