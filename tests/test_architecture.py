@@ -3,7 +3,8 @@
 ```
 flows -> tasks -> pipelines_lib/stages -> core -> pipelines_lib/records -> storage/layout -> storage
 ```
-Walked statically (``ast``), so a lazy import inside a function counts as much as a top-level one.
+The library's floors are the table in docs/ARCHITECTURE.md §1, read here. Walked statically (``ast``), so a lazy
+import inside a function counts as much as a top-level one.
 """
 
 from __future__ import annotations
@@ -108,6 +109,33 @@ def test_the_library_never_imports_orchestration_or_the_harness() -> None:
     bad = sorted(f"{m} imports {i}" for m, p in LIB_MODULES.items() for i in _imports(p)
                  if i.split(".")[0] in UPPER)
     assert bad == []
+
+
+def _floors() -> dict[str, int]:
+    """``{package or top-level module of pipelines_lib: floor}`` from the floors table of docs/ARCHITECTURE.md."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    return {name: int(floor) for floor, cell in re.findall(r"^\| (\d+) \| (.*) \|$", text, re.M)
+            for name in re.findall(r"`(\w+)`", cell)}
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_library_package_has_a_floor() -> None:
+    floors = _floors()
+    assert floors["storage"] == 0 and "trajectory" in floors  # the table is read
+    assert sorted({_top(m) for m in LIB_MODULES if m != "pipelines_lib"} - set(floors)) == []
+
+
+def test_imports_between_library_packages_point_down_the_floors() -> None:
+    floors = _floors()
+    top = max(floors.values())
+    up = sorted(f"{m} (floor {floors[_top(m)]}) imports {t} (floor {floors[_top(t)]})"
+                for m, targets in _graph().items() if m != "pipelines_lib"
+                for t in targets if t != "pipelines_lib" and _top(t) != _top(m)
+                and not floors[_top(t)] < floors[_top(m)] and not floors[_top(t)] == floors[_top(m)] == top)
+    assert up == []
 
 
 def test_core_modules_never_import_the_stages_or_the_campaign_config() -> None:
