@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines_lib.audit.report import Finding, GroupAccounting, Lineage, PublishedVersion, SkippedShard
-from pipelines_lib.records import ConsumptionLog, ForkParent, Publication
+from pipelines_lib.records import ConsumedGroup, ConsumptionLog, ForkParent, Publication
 from pipelines_lib.storage import layout
 from pipelines_lib.trajectory.window import beyond_eta, staleness
 
@@ -101,17 +101,7 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
             uses[key].append(_Use(kind="consumed", step=step, log=path))
             consumed_at[step].append(key)
             stale[staleness(log.trainer_version, g.version)] += 1
-            if eta is not None and beyond_eta(log.trainer_version, g.version, eta):
-                findings.append(Finding(
-                    kind="consumed_beyond_eta", path=path, row=None, trajectory_id=None,
-                    message=f"group {g.group_id} of {g.shard} (version {g.version}) trained at version "
-                            f"{log.trainer_version}: staleness {staleness(log.trainer_version, g.version)} > eta {eta}"))
-            c = committed.get(key)
-            if c is not None and (c.row_start, c.row_end) != (g.row_start, g.row_end):
-                findings.append(Finding(
-                    kind="consumed_rows_mismatch", path=path, row=None, trajectory_id=None,
-                    message=f"group {g.group_id} of {g.shard} logged as rows [{g.row_start}, {g.row_end}), "
-                            f"the shard holds it in rows [{c.row_start}, {c.row_end})"))
+            findings += _consumed_problems(path, log.trainer_version, g, committed.get(key), eta)
         for d in log.dropped_stale:
             # A shard dropped unopened names no groups: all of the committed ones are its dropped groups.
             for gid in d.groups or (shard_groups[d.shard] if d.unread_groups else ()):
@@ -161,6 +151,22 @@ def reconcile(committed: Mapping[GroupKey, CommittedGroup], logs: Sequence[tuple
         trainer_skipped=tuple(skipped),
         published=_published(published, sorted(steps), consumed_at, committed),
     ), findings
+
+
+def _consumed_problems(path: str, trainer_version: int, g: ConsumedGroup, c: CommittedGroup | None,
+                       eta: int | None) -> list[Finding]:
+    """What is wrong with consumed group ``g`` of the log at ``path``: trained beyond η, or logged with other rows
+    than its shard (``c``, when committed) holds it in."""
+    out = []
+    if eta is not None and beyond_eta(trainer_version, g.version, eta):
+        out.append(Finding(kind="consumed_beyond_eta", path=path, row=None, trajectory_id=None,
+                           message=f"group {g.group_id} of {g.shard} (version {g.version}) trained at version "
+                                   f"{trainer_version}: staleness {staleness(trainer_version, g.version)} > eta {eta}"))
+    if c is not None and (c.row_start, c.row_end) != (g.row_start, g.row_end):
+        out.append(Finding(kind="consumed_rows_mismatch", path=path, row=None, trajectory_id=None,
+                           message=f"group {g.group_id} of {g.shard} logged as rows [{g.row_start}, {g.row_end}), "
+                                   f"the shard holds it in rows [{c.row_start}, {c.row_end})"))
+    return out
 
 
 def _accounting(c: Counter[str]) -> GroupAccounting:
