@@ -32,7 +32,7 @@ else is skipped with a reason, never raised (a raise would repeat on every resta
 - whole shard: declared sizes over the trainer's row budget (checked before decoding), a FIFO, device or
   symlink out of the campaign (the store refuses it), groups whose rows are interleaved (consumption logs
   and replay address a group by its row range, so such a shard is skipped rather than reassembled: the
-  writer never produces one), or content written under another name (``shards.identity_problem``);
+  writer never produces one), or content written under another name (``codec.identity_problem``);
 - one group: another size than G, a row longer than the largest bucket, token ids outside the vocabulary,
   policy versions newer than the trainer's, or a version folder other than its oldest policy version;
   or a trajectory whose infrastructure failed (``trainable.infra_problem``): not the policy's doing, so the
