@@ -1,10 +1,11 @@
 """The shard writer: buffers whole GRPO groups and commits them as create-only shards (``codec`` encodes them).
 
-``ShardWriter`` commits a shard when its buffer is big enough **or** old enough (a slow trickle of groups must
-still reach the trainer within ``max_age_s``). It never loses a group it acknowledged: ``add_group`` only
-buffers; a group is acknowledged when the ``flush`` that committed it returns its ``ShardInfo``. A failed
-commit keeps the buffer, so the next flush retries it under the same name: a retried commit that finds its own
-bytes already there counts as done.
+``GroupBuffer`` is the buffering every channel backend shares; ``ShardWriter`` puts its commits in the campaign
+folder (``memory.MemoryWriter`` keeps them in the process). A buffer is committed when it is big enough **or**
+old enough (a slow trickle of groups must still reach the trainer within ``max_age_s``). It never loses a group
+it acknowledged: ``add_group`` only buffers; a group is acknowledged when the ``flush`` that committed it
+returns its ``ShardInfo``. A failed commit keeps the buffer, so the next flush retries it under the same name:
+a retried commit that finds its own bytes already there counts as done.
 
 All groups in a shard share the *oldest policy version* of their tokens, which names the shard's folder, so
 the trainer's version-window listing finds exactly the groups it may still use.
