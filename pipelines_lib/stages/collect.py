@@ -33,7 +33,7 @@ from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.writer import ShardWriter
+from pipelines_lib.trajectory.channel import FolderChannel
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
@@ -76,7 +76,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
                                            tool_latency=config.env.tool_latency, sandbox=sandbox),
-                tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
+                tasks=tasks, writer=FolderChannel(store).writer(worker_id, rc.writer),
                 weights=weights, should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()

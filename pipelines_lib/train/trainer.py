@@ -61,9 +61,10 @@ from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
+from pipelines_lib.trajectory.channel import FolderChannel, GroupSource
 from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
-from pipelines_lib.trajectory.reader import GroupSlice, ShardTailer
+from pipelines_lib.trajectory.reader import GroupSlice
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
 from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
@@ -194,9 +195,9 @@ class StreamingTrainer:
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
 
-    def _tailer_at(self, cursor: TailCursor) -> ShardTailer:
+    def _tailer_at(self, cursor: TailCursor) -> GroupSource:
         self._logged_cursor = cursor.copy()
-        return ShardTailer(self.store, cursor=cursor, needs=self.needs)
+        return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
 
     def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
