@@ -11,6 +11,7 @@ library call it maps to (checked to exist). The read-only commands also run here
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import signal
@@ -227,3 +228,25 @@ def test_the_readme_layout_names_only_paths_that_exist_and_every_library_package
     packages = {f"pipelines_lib/{p.name}/" for p in (ROOT / "pipelines_lib").iterdir()
                 if (p / "__init__.py").exists()}
     assert packages - set(names) == set()
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``pipelines_lib.a.b.c`` is a module, or an attribute path below the longest importable module."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_the_docs_name_only_library_modules_and_objects_that_exist() -> None:
+    named = {(doc, name) for doc in DOCS for name in re.findall(r"`(pipelines_lib(?:\.\w+)+)", doc.read_text())}
+    assert len(named) > 10  # the scan reads the docs
+    assert sorted(f"{doc.relative_to(ROOT)}: {name}" for doc, name in named if not _resolves(name)) == []
