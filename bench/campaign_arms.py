@@ -96,9 +96,9 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import to_mapping
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, EvalResult
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import read_records, summarize
+from pipelines_lib.trajectory.codec import read_shard
 
 ARMS = ("sync", "eta0", "eta1", "eta2")
 COMMON: dict[str, Any] = {"eval.samples": 1}

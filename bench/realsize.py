@@ -25,7 +25,7 @@ Each train part's process returns the compiler's freed heap to the OS after comp
 
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init, compiled as one program
-(``train.mesh.create_sharded``, the way to build a model this size) rather than run as hundreds of eager draws.
+(``mesh.create_sharded``, the way to build a model this size) rather than run as hundreds of eager draws.
 Nothing is downloaded.
 ``--quick`` runs the same parts on a small model in seconds. A part that fails does not stop the others: the
 benchmark records what they measured, then raises ``PartialResult``. A part's subprocess runs ``python -m
@@ -86,7 +86,7 @@ def _available_gib() -> float:
 
 
 def _one_device():  # noqa: ANN202 - JAX is imported in the part's own process only
-    from pipelines_lib.train.mesh import MeshConfig, make_mesh
+    from pipelines_lib.mesh import MeshConfig, make_mesh
 
     return make_mesh(MeshConfig())
 
@@ -94,9 +94,9 @@ def _one_device():  # noqa: ANN202 - JAX is imported in the part's own process o
 def _model(args: dict[str, Any], dtype: str = "float32"):
     from flax import nnx
 
+    from pipelines_lib.mesh import create_sharded
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.train.mesh import create_sharded
 
     cfg = ModelConfig.from_dict({**ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"]).to_dict(),
                                  "dtype": dtype})
@@ -325,7 +325,7 @@ def _run_part(part: str, args: dict[str, Any], ctx: BenchContext) -> dict[str, f
              "update error of bfloat16 compute on float32 master weights (the engine at this size: "
              "`realsize_engine`).",
     method="`bench/realsize.py`: random `Decoder` from Qwen3-0.6B's config values (596 M parameters, float32), built "
-           "by one compiled initialisation (`train.mesh.create_sharded`), each part in its own subprocess, with XLA's "
+           "by one compiled initialisation (`mesh.create_sharded`), each part in its own subprocess, with XLA's "
            "concurrency-optimised CPU scheduler off (`CPU_SCHEDULER_FLAG`) and "
            "the compiler's freed heap returned to the OS after each compile, as in the trainer "
            "(`pipelines_lib.heap`). Train: batch 4 × 256 (GRPO, AdamW) with `StepConfig.remat` (trainer.step.remat: "

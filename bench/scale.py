@@ -103,9 +103,9 @@ def part_mesh(args: dict[str, Any]) -> dict[str, Any]:
     from flax import nnx
 
     from bench.trainer import write_shards
+    from pipelines_lib.mesh import MeshConfig
     from pipelines_lib.stages.train import trainer_for
     from pipelines_lib.storage.store import Store
-    from pipelines_lib.train.mesh import MeshConfig
 
     root = Path(args["root"])
     config = mesh_campaign_config(args["steps"])
@@ -149,9 +149,9 @@ def seed_multiprocess_campaign(folder: Path, *, steps: int, n_processes: int, me
 
     from bench.trainer import write_shards
     from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.mesh import MeshConfig
     from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.storage.store import Store
-    from pipelines_lib.train.mesh import MeshConfig
 
     config = mesh_campaign_config(steps)
     config = dataclasses.replace(
@@ -212,10 +212,10 @@ def rel_diff(params: list[Any], reference: list[Any]) -> float:
 def part_reference(args: dict[str, Any]) -> dict[str, Any]:
     """The streaming trainer on one device over a copy of ``args["seed"]`` (its distributed section dropped)."""
     from pipelines_lib.distributed import DistributedConfig
+    from pipelines_lib.mesh import MeshConfig
     from pipelines_lib.stages.campaign import load_campaign_config
     from pipelines_lib.stages.train import trainer_for
     from pipelines_lib.storage.store import Store
-    from pipelines_lib.train.mesh import MeshConfig
 
     shutil.copytree(args["seed"], args["out"])
     store = Store(args["out"])
@@ -312,9 +312,9 @@ def _adam_bytes_per_device(name: str, n_devices: int) -> dict[str, float]:
     from flax import nnx
     from jax.sharding import AbstractMesh, AxisType
 
+    from pipelines_lib.mesh import state_shardings
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.train.mesh import state_shardings
     from pipelines_lib.train.optim import OptimConfig, make_optimizer
 
     cfg = ModelConfig(**SHAPES[name], max_seq_len=MICRO_BATCH["seq_len"], dtype="bfloat16")
@@ -328,7 +328,7 @@ def _adam_bytes_per_device(name: str, n_devices: int) -> dict[str, float]:
     param_dev = sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
                     for x, s in zip(leaves, jax.tree.leaves(shardings), strict=True))
     opt = jax.eval_shape(make_optimizer(OptimConfig()).init, params)
-    # Adam's two moments have their parameter's shape and dtype and inherit its sharding (train/mesh.py).
+    # Adam's two moments have their parameter's shape and dtype and inherit its sharding (pipelines_lib/mesh.py).
     moments = 2 * param_dev
     assert sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(opt)) >= 2 * total
     # Activations under per-layer remat: each layer's input kept ([rows, seq, d_model]), one layer's internals
@@ -363,9 +363,9 @@ def part_engine(args: dict[str, Any]) -> dict[str, Any]:
 
     from pipelines_lib.engine import JaxEngine, SamplingParams
     from pipelines_lib.engine.config import EngineConfig
+    from pipelines_lib.mesh import MeshConfig
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.train.mesh import MeshConfig
 
     cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=2, d_model=64, n_heads=8, n_kv_heads=4, head_dim=16,
                               d_ff=128, max_seq_len=128)
@@ -463,10 +463,10 @@ def part_throughput(args: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from flax import nnx
 
+    from pipelines_lib.mesh import MeshConfig, create_sharded, make_mesh, shard_batch
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.train.batch import build_train_batch
-    from pipelines_lib.train.mesh import MeshConfig, create_sharded, make_mesh, shard_batch
     from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
     from pipelines_lib.train.step import StepConfig, train_step
 
@@ -528,7 +528,7 @@ PARTS = {"mesh": part_mesh, "fits": part_fits, "reference": part_reference, "eng
            "steps, with `trainer.mesh` set; relative differences are ‖θ_mesh − θ_1‖ / ‖θ_1‖ over all parameters "
            "and |loss_mesh − loss_1| / |loss_1| per step. Fits: `nnx.eval_shape` of the decoder from each "
            "model's public config values in bfloat16 (nothing allocated), shardings from the rules table "
-           "(`train/mesh.py`) on an abstract mesh of `fsdp` = devices; Adam's moments are counted at their "
+           "(`pipelines_lib/mesh.py`) on an abstract mesh of `fsdp` = devices; Adam's moments are counted at their "
            "parameter's sharding; activations: one 4096-token sequence per device with per-layer remat (layer "
            "inputs kept, one layer's q/k/v/MLP products and float32 scores, float32 logits). A slice fits when "
            "the total is below 90 % of its chips' memory (v5e 16 GiB, v6e 32 GiB, H100 80 GiB, v5p 95 GiB). "

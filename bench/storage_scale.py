@@ -42,12 +42,14 @@ import psutil
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.records import CampaignManifest
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 FULL_SIZES = (1_000, 5_000, 20_000)
@@ -116,11 +118,11 @@ def _peak_memory_run(cmd: list[str]) -> tuple[float, float, float, int]:
     return time.perf_counter() - start, peak / 2**20, peak_pss / 2**20, proc.returncode
 
 
-def _drain(tailer: ShardTailer, lo: int, hi: int) -> tuple[int, int]:
-    """Hand out everything in ``[lo, hi]``; returns (calls, groups)."""
+def _drain(tailer: ShardTailer, window: Window) -> tuple[int, int]:
+    """Hand out everything in ``window``; returns (calls, groups)."""
     calls = groups = 0
     while True:
-        got = tailer.next_groups(BATCH_GROUPS, min_version=lo, max_version=hi)
+        got = tailer.next_groups(BATCH_GROUPS, window)
         calls += 1
         groups += len(got)
         tailer.drain_events()
@@ -133,19 +135,19 @@ def measure_tailer(store: Store) -> dict[str, float]:
     deltas: list[int] = []
     for version in range(VERSIONS):
         before = tailer.cursor.copy()
-        while tailer.next_groups(BATCH_GROUPS, min_version=max(0, version - ETA), max_version=version):
+        while tailer.next_groups(BATCH_GROUPS, Window(version=version, eta=ETA)):
             tailer.drain_events()
             deltas.append(len(tailer.cursor.delta_json(before)))
             before = tailer.cursor.copy()
-    lo, hi = VERSIONS - 1 - ETA, VERSIONS - 1
+    last = Window(version=VERSIONS - 1, eta=ETA)
     polls = []
     for _ in range(IDLE_POLLS):
         start = time.perf_counter()
-        tailer.next_groups(BATCH_GROUPS, min_version=lo, max_version=hi)
+        tailer.next_groups(BATCH_GROUPS, last)
         polls.append(time.perf_counter() - start)
-    fresh = ShardTailer(store, needs=NEEDS, cursor=TailCursor(retired_below=lo))
+    fresh = ShardTailer(store, needs=NEEDS, cursor=TailCursor(retired_below=last.start))
     start, cpu = time.perf_counter(), time.process_time()
-    calls, groups = _drain(fresh, lo, hi)
+    calls, groups = _drain(fresh, last)
     drain_s, drain_cpu_s = time.perf_counter() - start, time.process_time() - cpu
     return {"cursor_bytes": len(tailer.cursor.to_json()), "cursor_delta_bytes": statistics.mean(deltas),
             "tail_poll_ms": statistics.median(polls) * 1e3, "window_drain_s": drain_s,

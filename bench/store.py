@@ -34,11 +34,12 @@ import pyarrow.compute as pc
 
 from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
-from pipelines_lib.storage.shards import COMPRESSION, ShardWriter, WriterConfig, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import COMPRESSION, encode_shard, read_shard
 from pipelines_lib.trajectory.record import Trajectory, group_min_version, to_table
 from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 QUICK = {"groups": 32, "group_size": 8, "max_len": 2048, "repeats": 3}
 FULL = {"groups": 128, "group_size": 8, "max_len": 2048, "repeats": 5}

@@ -87,9 +87,9 @@ def accelerator() -> tuple[str, Peak]:
 def _model(size: dict[str, Any], dtype: str) -> Any:
     from flax import nnx
 
+    from pipelines_lib.mesh import MeshConfig, create_sharded, make_mesh
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
-    from pipelines_lib.train.mesh import MeshConfig, create_sharded, make_mesh
 
     cfg = dataclasses.replace(ModelConfig.from_hf_config(size["hf"], max_seq_len=size["max_seq_len"]), dtype=dtype)
     return create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), make_mesh(MeshConfig()))
@@ -117,7 +117,7 @@ def measure_train(size: dict[str, Any], peak: Peak) -> dict[str, float]:
     import numpy as np
 
     from bench.realsize import _batch, _uniform_tokens
-    from pipelines_lib.train.mesh import MeshConfig, make_mesh
+    from pipelines_lib.mesh import MeshConfig, make_mesh
     from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
     from pipelines_lib.train.step import Precision, StepConfig, train_step
 
@@ -227,7 +227,7 @@ def _figures(measured: dict[str, float]) -> dict[str, float]:
     measures="Seconds to build the model's random weights on the chip, the first GRPO step (compilation "
              "included) and the model-flops utilisation of the steps after it.",
     method="`bench/tpu.py` `measure_train`, in this process: `ModelConfig.from_hf_config` of Qwen3-0.6B's values, "
-           "`train.mesh.create_sharded` of a random `Decoder` (timed, float32), AdamW, batch 8 × 1024 of uniform "
+           "`pipelines_lib.mesh.create_sharded` of a random `Decoder` (timed, float32), AdamW, batch 8 × 1024 of uniform "
            "ids, `StepConfig(remat='full', precision=float32 masters / bfloat16 compute)`, 1 + 3 steps; MFU as the "
            "module docstring counts it (6·N·tokens + causal attention, median steady step, the chip's peak). "
            "`--quick`: the small model at 2 × 64. Skipped without an accelerator.",

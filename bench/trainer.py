@@ -35,18 +35,18 @@ from flax import nnx
 from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.mesh import shard_node
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, measure_pickup_latency, publish_weights
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.stages.train import trainer_for
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
-from pipelines_lib.train.mesh import shard_node
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 QUICK = {"repeats": 2, "steps": 1}
 FULL = {"repeats": 4, "steps": 4}

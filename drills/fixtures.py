@@ -55,8 +55,8 @@ def seed_trainer_campaign(url: str, config: CampaignConfig, n_groups: int) -> St
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
     from pipelines_lib.stages.campaign import init_campaign
-    from pipelines_lib.storage.shards import ShardWriter, WriterConfig
     from pipelines_lib.trajectory.synthetic import synthetic_group
+    from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
     store = Store(url)
     init_campaign(store, config)

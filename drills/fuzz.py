@@ -134,9 +134,10 @@ def check_config(case: ConfigCase) -> None:
 
 
 def check_shard(data: bytes) -> None:
-    from pipelines_lib.storage.shards import ShardError, decode_shard
     from pipelines_lib.storage.store import Store
-    from pipelines_lib.storage.tailer import ShardTailer
+    from pipelines_lib.trajectory.codec import ShardError, decode_shard
+    from pipelines_lib.trajectory.reader import ShardTailer
+    from pipelines_lib.trajectory.window import Window
 
     try:
         table, provenance = decode_shard(data, SHARD_WHERE)
@@ -149,7 +150,7 @@ def check_shard(data: bytes) -> None:
         store = Store(d)
         store.create(SHARD_WHERE, data)
         tailer = ShardTailer(store)
-        groups = tailer.next_groups(10_000, min_version=0, max_version=0)
+        groups = tailer.next_groups(10_000, Window(version=0, eta=0))
         events = tailer.drain_events()
         if readable:
             # A readable shard may still be one the trainer must not use (a copy, interleaved groups): then
@@ -380,7 +381,7 @@ def _not_utf8(data: bytes) -> bool:
 
 
 def _valid_shard(n_groups: int, seed: int) -> bytes:
-    from pipelines_lib.storage.shards import encode_shard
+    from pipelines_lib.trajectory.codec import encode_shard
     from pipelines_lib.trajectory.record import to_table
     from pipelines_lib.trajectory.synthetic import synthetic_group
 
@@ -404,7 +405,7 @@ def _with_meta(data: bytes, key: bytes, value: bytes) -> bytes:
 def shard_inputs() -> Any:
     import hypothesis.strategies as st
 
-    from pipelines_lib.storage.shards import SHARD_META_KEY
+    from pipelines_lib.trajectory.codec import SHARD_META_KEY
     from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 
     valid = st.tuples(st.integers(1, 3), st.integers(0, 1000)).map(lambda t: _valid_shard(*t))

@@ -110,7 +110,7 @@ def _apply(edit: Edit, root: Path) -> None:
 
 def _replace_shard_meta(path: Path, value: int) -> None:
     from drills.fuzz import _with_meta
-    from pipelines_lib.storage.shards import SHARD_META_KEY
+    from pipelines_lib.trajectory.codec import SHARD_META_KEY
     from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 
     key = (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2]

@@ -94,10 +94,10 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
     from pipelines_lib.records import consumption_logs
     from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.stages.train import train
-    from pipelines_lib.storage.shards import ShardWriter, WriterConfig
     from pipelines_lib.storage.store import Store
     from pipelines_lib.trajectory.schema import INFRA_STATUSES
     from pipelines_lib.trajectory.trainable import INFRA_REASON
+    from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
     if n_groups % 3 != 0:
         raise ValueError(f"n_groups must be a multiple of 3 (the plan's period), got {n_groups}")

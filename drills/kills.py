@@ -44,8 +44,8 @@ from pipelines_lib.records import (
 )
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardError, read_shard
 
 # -- publication (the trainer is the publisher) --------------------------------------------------------------
 
@@ -193,7 +193,7 @@ def drill_rollout_config() -> Any:
     """The tiny campaign with a shard per 2 groups, so kills land between, during and after commits. No trainer
     runs in this drill, so the per-version backpressure is off (it would wait for a version that never comes)."""
     from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.storage.shards import WriterConfig
+    from pipelines_lib.trajectory.writer import WriterConfig
 
     base = CampaignConfig.tiny()
     return dataclasses.replace(base, rollout=dataclasses.replace(

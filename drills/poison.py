@@ -39,8 +39,8 @@ import pyarrow as pa
 from pipelines_lib import records
 from pipelines_lib.records import CampaignManifest, Publication
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import encode_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import encode_shard
 from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
@@ -204,7 +204,7 @@ def _plant_copy_other_version(store: Store, good: list[str]) -> tuple[str, ...]:
 
 
 def _plant_reencoded_copy(store: Store, good: list[str]) -> tuple[str, ...]:
-    from pipelines_lib.storage.shards import read_shard
+    from pipelines_lib.trajectory.codec import read_shard
 
     table, _ = read_shard(store, good[0])
     _shard(store, table, worker=POISON_WORKER, seq=0)  # same groups, provenance forged to match its new name
@@ -465,8 +465,9 @@ def _device(path: Path) -> bool:
     return True
 
 
-_TAIL = ("from pipelines_lib.storage.store import Store; from pipelines_lib.storage.tailer import ShardTailer; "
-         "t = ShardTailer(Store({url!r})); g = t.next_groups(8, min_version=0, max_version=0); "
+_TAIL = ("from pipelines_lib.storage.store import Store; from pipelines_lib.trajectory.reader import ShardTailer; "
+         "from pipelines_lib.trajectory.window import Window; "
+         "t = ShardTailer(Store({url!r})); g = t.next_groups(8, Window(version=0, eta=0)); "
          "print(len(g), 'groups;', [e.reason for e in t.drain_events()])")
 
 

@@ -114,8 +114,8 @@ def scan(folder: Path, secrets: dict[str, str], *, skip: tuple[Path, ...] = ()) 
 
 
 def _synthetic_rollouts(store: Any, config: Any) -> None:
-    from pipelines_lib.storage.shards import ShardWriter
     from pipelines_lib.trajectory.synthetic import synthetic_group
+    from pipelines_lib.trajectory.writer import ShardWriter
 
     writer = ShardWriter(store, worker_id="drill.0")
     for i in range(3):

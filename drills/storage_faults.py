@@ -40,10 +40,11 @@ from drills.faultproxy import FaultPlan, FaultProxy
 from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.retry import RetryPolicy
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 DRILL_RETRY = RetryPolicy(attempts=8, base_delay_s=0.05, max_delay_s=0.5, deadline_s=60.0)
 OUTAGE_STALL_S = 300.0
@@ -132,7 +133,7 @@ def run_fault_workload(store: Store, proxy: FaultProxy, *, n_objects: int = 60, 
     writer.flush()
     committed = [g for info in writer.committed for g in info.group_ids]
     tailer = ShardTailer(store)
-    got = [g.group_id for g in tailer.next_groups(10 * n_groups + 1, min_version=0, max_version=0)]
+    got = [g.group_id for g in tailer.next_groups(10 * n_groups + 1, Window(version=0, eta=0))]
     counts = Counter(got)
     return WorkloadResult(
         objects_created=n_objects, objects_read_back=found, objects_lost=n_objects - found,

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
+from pipelines_lib.trajectory.codec import ShardError, read_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,15 +37,16 @@ from pipelines_lib.configio import ConfigError, from_mapping, load_yaml, nest_do
 from pipelines_lib.dataset import DatasetConfig
 from pipelines_lib.distributed import DistributedConfig
 from pipelines_lib.engine.config import EngineConfig
+from pipelines_lib.envs import env_class
 from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.orchestrator import RolloutConfig
-from pipelines_lib.storage.shards import WriterConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
+from pipelines_lib.trajectory.writer import WriterConfig
 
 Placement = Literal["separate", "colocated"]
 PLACEMENTS: tuple[str, ...] = typing.get_args(Placement)
@@ -96,6 +97,18 @@ class CampaignConfig:
         if self.trainer.seq_buckets[-1] < min(self.rollout.max_tokens, self.engine.max_seq_len):
             raise ValueError(f"trainer.seq_buckets (largest {self.trainer.seq_buckets[-1]}) cannot hold a "
                              f"trajectory of rollout.max_tokens={self.rollout.max_tokens}")
+        self._check_env_dataset()
+
+    def _check_env_dataset(self) -> None:
+        """The env and the dataset name the same tasks: the env's own source, or a file whose rows it scores (the
+        warm start's demonstrations and the sandbox follow ``env.name``, the episodes each task's env)."""
+        declared = env_class(self.env.name).dataset_source()
+        if self.dataset.builtin_env is not None and self.dataset.source != declared:
+            raise ValueError(f"dataset.source={self.dataset.source!r} is another env's tasks than env.name="
+                             f"{self.env.name!r}, whose dataset source is {declared!r}")
+        if self.dataset.env_name != self.env.name:
+            raise ValueError(f"dataset.env_name={self.dataset.env_name!r} differs from env.name={self.env.name!r}: "
+                             f"set both to the env that scores the dataset's tasks")
 
     @classmethod
     def tiny(cls) -> CampaignConfig:

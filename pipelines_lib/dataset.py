@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines_lib.envs import env_class
-from pipelines_lib.envs.base import Task, split_of
+from pipelines_lib.envs.base import BUILTIN_SOURCE, Task, split_of
 from pipelines_lib.records import DatasetSuccess, SplitInfo
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -72,8 +72,13 @@ class DatasetConfig:
         unknown = set(self.columns) - set(TASK_FIELDS)
         if unknown:
             raise ValueError(f"DatasetConfig.columns has unknown task fields {sorted(unknown)}; valid: {TASK_FIELDS}")
-        if self.source.startswith("builtin:"):
-            env_class(self.source.split(":", 1)[1])  # validates the name against the registry
+        if self.builtin_env is not None:
+            env_class(self.builtin_env)  # validates the name against the registry
+
+    @property
+    def builtin_env(self) -> str | None:
+        """The env whose own generator ``source`` names (``builtin:<env>``); None for a file source."""
+        return self.source.removeprefix(BUILTIN_SOURCE) if self.source.startswith(BUILTIN_SOURCE) else None
 
     @classmethod
     def tiny(cls) -> DatasetConfig:
@@ -142,8 +147,8 @@ def _row_to_task(row: dict[str, Any], config: DatasetConfig) -> Task:
 def build_splits(config: DatasetConfig, storage_options: dict[str, Any] | None = None
                  ) -> tuple[dict[str, list[Task]], list[str]]:
     """Tasks per split and the list of bad-row reports (no IO to the campaign)."""
-    if config.source.startswith("builtin:"):
-        cls = env_class(config.source.split(":", 1)[1])
+    if config.builtin_env is not None:
+        cls = env_class(config.builtin_env)
         return {
             "train": cls.generate_tasks(seed=config.seed, n=config.n_train, split="train"),
             "heldout": cls.generate_tasks(seed=config.seed, n=config.n_heldout, split="heldout"),

@@ -23,11 +23,12 @@ from pipelines_lib.audit import AuditReport, audit_campaign
 from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
 from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 VERSIONS = 5
@@ -73,7 +74,7 @@ def run_demo(out_url: str | None = None, *, echo: Callable[[str], None] = print)
                                             worker_id=w.worker_id, policy_version=version, seed=g))
             w.flush()
         for k in range(STEPS_PER_VERSION):
-            groups = tailer.next_groups(BATCH_GROUPS, min_version=max(0, version - ETA), max_version=version)
+            groups = tailer.next_groups(BATCH_GROUPS, Window(version=version, eta=ETA))
             if not groups:
                 break
             step += 1

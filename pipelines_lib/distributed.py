@@ -13,7 +13,7 @@ host_copy(tree)                                            a full host (numpy) c
 ```
 
 All processes run the same program on the same data: they tail the same shards in the same order, build the
-same global batch and each feeds the rows its devices hold (``train.mesh.shard_batch``). ``agree`` turns a
+same global batch and each feeds the rows its devices hold (``mesh.shard_batch``). ``agree`` turns a
 silent divergence (a process that listed a shard the others did not) into an error naming the processes.
 
 Failure: a process that dies stops sending heartbeats to the coordination service; after

@@ -3,7 +3,8 @@
 ```
 flows -> tasks -> pipelines_lib/stages -> core -> pipelines_lib/records -> storage/layout -> storage
 ```
-Walked statically (``ast``), so a lazy import inside a function counts as much as a top-level one.
+The library's floors are the table in docs/ARCHITECTURE.md §1, read here. Walked statically (``ast``), so a lazy
+import inside a function counts as much as a top-level one.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/model/tokenizer.py": "tokenizer files of a model folder",
     "pipelines_lib/model/weights.py": "model_config.json inside an Orbax folder",
     "pipelines_lib/model/hf_import.py": "a Hugging Face checkpoint's config and index",
-    "pipelines_lib/storage/shards.py": "provenance metadata inside an Arrow shard",
-    "pipelines_lib/storage/tailer.py": "the tail cursor, a string field of records",
+    "pipelines_lib/trajectory/codec.py": "provenance metadata inside an Arrow shard",
+    "pipelines_lib/trajectory/cursor.py": "the tail cursor, a string field of records",
     "pipelines_lib/telemetry/trace.py": "telemetry events (JSON lines), not records",
     "pipelines_lib/audit/export.py": "metadata of an exported Parquet file, outside the campaign folder",
     "flows/commands.py": "the repository's work-pool job templates (rollstream deploy)",
@@ -109,6 +110,33 @@ def test_the_library_never_imports_orchestration_or_the_harness() -> None:
     bad = sorted(f"{m} imports {i}" for m, p in LIB_MODULES.items() for i in _imports(p)
                  if i.split(".")[0] in UPPER)
     assert bad == []
+
+
+def _floors() -> dict[str, int]:
+    """``{package or top-level module of pipelines_lib: floor}`` from the floors table of docs/ARCHITECTURE.md."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    return {name: int(floor) for floor, cell in re.findall(r"^\| (\d+) \| (.*) \|$", text, re.M)
+            for name in re.findall(r"`(\w+)`", cell)}
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_library_package_has_a_floor() -> None:
+    floors = _floors()
+    assert floors["storage"] == 0 and "trajectory" in floors  # the table is read
+    assert sorted({_top(m) for m in LIB_MODULES if m != "pipelines_lib"} - set(floors)) == []
+
+
+def test_imports_between_library_packages_point_down_the_floors() -> None:
+    floors = _floors()
+    top = max(floors.values())
+    up = sorted(f"{m} (floor {floors[_top(m)]}) imports {t} (floor {floors[_top(t)]})"
+                for m, targets in _graph().items() if m != "pipelines_lib"
+                for t in targets if t != "pipelines_lib" and _top(t) != _top(m)
+                and not floors[_top(t)] < floors[_top(m)] and not floors[_top(t)] == floors[_top(m)] == top)
+    assert up == []
 
 
 def test_core_modules_never_import_the_stages_or_the_campaign_config() -> None:

@@ -21,17 +21,26 @@ import pytest
 
 from pipelines_lib.audit import AuditReport, audit_campaign, pool
 from pipelines_lib.audit.export import export_parquet
-from pipelines_lib.audit.lineage import CommittedGroup, reconcile
+from pipelines_lib.audit.lineage import CommittedGroup, eta_bounds, reconcile
 from pipelines_lib.audit.stats import summarize
-from pipelines_lib.records import CampaignManifest, ConsumedGroup, ConsumptionLog, DroppedStale, Publication
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import (
+    CampaignManifest,
+    ConsumedGroup,
+    ConsumptionLog,
+    DroppedStale,
+    ForkParent,
+    Publication,
+)
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
-from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig, encode_shard
 from pipelines_lib.storage.store import TEMP_MARKER, Store
+from pipelines_lib.trajectory.codec import encode_shard
 from pipelines_lib.trajectory.record import Turn, to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.validate import validate_table, validate_tables
+from pipelines_lib.trajectory.writer import ShardInfo, ShardWriter, WriterConfig
 
 PLANTED = "trajectories/v00000000/bad-00000000.arrow"
 
@@ -40,14 +49,14 @@ def _group(pid: str, version: int, worker: str) -> list:
     return synthetic_group(prompt_id=pid, group_size=2, worker_id=worker, policy_version=version, seed=3)
 
 
-def _manifest(store: Store) -> None:
-    """A ``campaign.json`` that records no config: the audit then skips the trainer's checks (group size etc.)."""
-    CampaignManifest(kind="test", schema_version=SCHEMA_VERSION, code_version="test", created_at="t",
-                     config={}).write(store)
+def _manifest(store: Store, config: CampaignConfig | None = None) -> None:
+    """A ``campaign.json``; without a config the audit skips the trainer's checks (group size, η etc.)."""
+    CampaignManifest(kind="campaign" if config else "test", schema_version=SCHEMA_VERSION, code_version="test",
+                     created_at="t", config=config.to_dict() if config else {}).write(store)
 
 
-def _base(store: Store) -> list[ShardInfo]:
-    _manifest(store)
+def _base(store: Store, config: CampaignConfig | None = None) -> list[ShardInfo]:
+    _manifest(store, config)
     infos = []
     for worker in ("w0", "w1"):
         w = ShardWriter(store, worker_id=worker, config=WriterConfig(max_groups=2))
@@ -319,6 +328,45 @@ def test_summary_statistics_by_hand() -> None:
     # p95 sits at position 0.95 * (5 - 1) = 3.8 of the sorted values: 4 + 0.8 * (10 - 4)
     assert (s.count, s.mean, s.p50, s.p95, s.max) == (5, 4.0, 3.0, pytest.approx(4 + 0.8 * 6), 10.0)
     assert summarize(np.empty(0)).mean is None
+
+
+def test_audit_names_a_group_trained_beyond_eta(local_store: Store) -> None:
+    """η = 1 in the config snapshot: step 3 at trainer version 1 takes a v0 group (staleness 1, allowed); a planted
+    step 4 at version 2 takes another v0 group: staleness 2 > 1, which the audit must name."""
+    infos = _base(local_store, CampaignConfig.tiny().with_overrides({"rollout.group_size": 2, "rollout.eta": 1}))
+    _clean_lineage(local_store, infos)
+    w0v0, w0v1, w1v0, w1v1 = sorted(infos, key=lambda i: i.path.rsplit("/", 1)[-1])
+    _log(4, 2, [(w0v1, 0)]).write(local_store)  # staleness 1: inside the bound
+    report = audit_campaign(local_store)
+    assert report.ok, report.render_text()
+    _log(5, 2, [(w1v0, 1)]).write(local_store)  # dropped at step 3, and now trained at staleness 2
+    report = audit_campaign(local_store)
+    assert report.violation_counts == {"accounted_twice": 1, "consumed_beyond_eta": 1}
+    [f] = [f for f in report.violations if f.kind == "consumed_beyond_eta"]
+    assert f.path == layout.consumed_log(5)
+    assert f.message == (f"group {w1v0.group_ids[1]} of {w1v0.path} (version 0) trained at version 2: "
+                         "staleness 2 > eta 1")
+
+
+def test_a_fork_holds_the_steps_up_to_its_fork_point_to_the_parents_eta() -> None:
+    """Parent η 2, forked at step 3 with η 0: staleness 2 at step 3 is the parent's business and allowed, staleness
+    1 at step 4 is the fork's and is not."""
+    parent = ForkParent(url="file:///parent", step=3, version=1, config_diff={"rollout.eta": {"parent": 2, "fork": 0}})
+    campaign = {"kind": "campaign", "config": {"rollout": {"eta": 0}}}
+    findings: list = []
+    etas = eta_bounds(campaign, [parent], findings)
+    assert etas == [(3, 0), (-1, 2)] and findings == []
+    committed = {(f"s{v}", f"g{v}"): CommittedGroup(version=v, prompt_id="p", row_start=0, row_end=2, usable=True)
+                 for v in (0, 1)}
+
+    def log(step: int, trainer_version: int, v: int) -> tuple[str, ConsumptionLog]:
+        return layout.consumed_log(step), ConsumptionLog(
+            step=step, trainer_version=trainer_version, created_at="x", groups=[ConsumedGroup(
+                group_id=f"g{v}", shard=f"s{v}", row_start=0, row_end=2, version=v, staleness=trainer_version - v)])
+
+    _, found = reconcile(committed, [log(3, 2, 0), log(4, 2, 1)], [], etas)
+    assert [(f.kind, f.path) for f in found] == [("consumed_beyond_eta", layout.consumed_log(4))]
+    assert eta_bounds({"kind": "demo", "config": {"eta": 1}}, [], findings) == [] and findings == []
 
 
 def test_reconcile_without_logs_or_publications_has_no_lineage() -> None:

@@ -22,7 +22,7 @@ ROLLSTREAM = str(Path(sys.executable).with_name("rollstream"))
 
 
 def _broken(store: Store) -> None:
-    from pipelines_lib.storage.shards import encode_shard
+    from pipelines_lib.trajectory.codec import encode_shard
 
     store.create(PLANTED, encode_shard(_bad_table(_turn_out_of_range), {}))
 

@@ -39,6 +39,13 @@ def test_exponent_notation_without_a_dot_is_a_number(tmp_path: Path) -> None:
     ("rollout:\n  max_concurrency: 6\n", "max_concurrency must be a multiple of group_size=4 no larger than 65536, got 6"),
     ("trainer:\n  advantage: ppo\n", "TrainerConfig.advantage must be one of ['drgrpo', 'grpo', 'rloo'], got 'ppo'"),
     ("env:\n  name: arithmetc\n", "did you mean 'arithmetic'?"),
+    # the env and the dataset must name the same tasks
+    ("env:\n  name: twostep\n",
+     "dataset.source='builtin:arithmetic' is another env's tasks than env.name='twostep', whose dataset source is "
+     "'builtin:twostep'"),
+    ("env:\n  name: twostep\ndataset:\n  source: builtin:twostep\n",
+     "dataset.env_name='arithmetic' differs from env.name='twostep'"),
+    ("dataset:\n  source: tasks.jsonl\n  env_name: code\n", "dataset.env_name='code' differs from env.name='arithmetic'"),
     ("- a list\n", "top level must be a mapping, got list"),
     ("rollout: [1\n", "expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
     # not finite, or out of range: refused naming the key

@@ -12,6 +12,8 @@ from pipelines_lib.agents import AgentConfig
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import DatasetConfig, prep
 from pipelines_lib.engine import EngineConfig
+from pipelines_lib.engine.backends import ENGINE_BACKENDS
+from pipelines_lib.engine.config import ENGINE_KINDS
 from pipelines_lib.evaluate import EvalConfig, pass_at_k, summarize
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -92,7 +94,8 @@ def test_format_rate_counts_well_formed_answers_over_all_episodes() -> None:
 SMALL = dataclasses.replace(ModelConfig.tiny(), d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 
 
-def test_evaluate_writes_the_results_once(local_store: Store) -> None:
+def test_evaluate_opens_the_configured_engine_backend_and_writes_the_results_once(local_store: Store,
+                                                                                  monkeypatch) -> None:
     # The plain-answer agent keeps prompts short (no tool schemas): one small prefill bucket to compile.
     base = CampaignConfig.tiny()
     config = dataclasses.replace(
@@ -105,7 +108,17 @@ def test_evaluate_writes_the_results_once(local_store: Store) -> None:
     prep(local_store, DatasetConfig(n_train=4, n_heldout=5))
     publish_weights(local_store, Decoder(SMALL, rngs=nnx.Rngs(0)), version=0, step=0)
 
+    assert sorted(ENGINE_BACKENDS) == sorted(ENGINE_KINDS)  # a kind the config accepts always opens
+    opened = []
+    jax_backend = ENGINE_BACKENDS["jax"]
+
+    def recording(store, version, engine_config, scratch, log):
+        opened.append((version, engine_config.mesh))
+        return jax_backend(store, version, engine_config, scratch, log)
+
+    monkeypatch.setitem(ENGINE_BACKENDS, "jax", recording)
     results = evaluate(local_store, config, version=0)
+    assert opened == [(0, config.eval.mesh)]
     assert EvalResult.read(local_store, 0) == results
     assert (results.version, results.tasks, results.k, results.split) == (0, 3, 2, "heldout")
     assert results.pass_at_k is not None and results.wall_s > 0 and results.generated_tokens > 0
@@ -119,4 +132,4 @@ def test_evaluate_writes_the_results_once(local_store: Store) -> None:
 
     before = local_store.read(eval_path(0))
     assert evaluate(local_store, config, version=0) == results
-    assert local_store.read(eval_path(0)) == before
+    assert local_store.read(eval_path(0)) == before and len(opened) == 1

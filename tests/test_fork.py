@@ -32,9 +32,10 @@ from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
 from pipelines_lib.stages.fork import fork_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage.errors import AlreadyExistsError
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from tests.conftest import TRAINED_STEPS, checksums
 
 
@@ -192,7 +193,7 @@ def test_a_fork_on_the_gcs_emulator_resumes_from_its_parents_checkpoint_there(
     trainer = trainer_for(fork, load_campaign_config(fork), log=lambda _: None)
     trainer.restore()  # checkpoint 8 on the parent, then steps 9 and 10 from its logs
     assert (trainer.step, trainer.version, trainer.tailer.cursor.groups_consumed) == (10, 2, 20)
-    got = trainer.tailer.next_groups(2, min_version=0, max_version=2)
+    got = trainer.tailer.next_groups(2, Window(version=2, eta=2))
     assert [g.group_id for g in got] == [g.group_id for g in ConsumptionLog.read(gcs_store, 11).groups]
     assert fork.walk() == ["campaign.json"]
     assert checksums(gcs_store) == before

@@ -15,13 +15,14 @@ from pipelines_lib.engine.scripted import ScriptedEngine
 from pipelines_lib.envs import InfraError, make_env, run_tool
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.orchestrator import RolloutConfig
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
 from pipelines_lib.trajectory.validate import validate_table
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 def arithmetic_episode(tok: ChatTokenizer, *, failures: int, kind: str, retries: int):
@@ -90,7 +91,7 @@ def test_the_tailer_skips_a_group_holding_an_infra_error_with_the_reason(tmp_pat
         writer.add_group(g)
     writer.flush()
     tailer = ShardTailer(store, needs=TrainerNeeds(group_size=4, max_tokens=512, vocab_size=512))
-    got = tailer.next_groups(3, min_version=0, max_version=0)
+    got = tailer.next_groups(3, Window(version=0, eta=0))
     assert [g.group_id for g in got] == ["p0@w0"]
     skipped = [(e.kind, e.groups, e.reason) for e in tailer.drain_events()]
     assert skipped == [

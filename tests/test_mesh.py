@@ -16,11 +16,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
 from bench.scale import CAMPAIGN_DEVICES, MESHES, campaign_args, ends_success, fake_devices_env, run_part
-from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.storage.store import Store
-from pipelines_lib.train.batch import build_train_batch
-from pipelines_lib.train.mesh import (
+from pipelines_lib.mesh import (
     MeshConfig,
     create_sharded,
     logical_spec,
@@ -29,6 +25,10 @@ from pipelines_lib.train.mesh import (
     shard_node,
     state_shardings,
 )
+from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.storage.store import Store
+from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
 from tests.test_campaign_smoke import Bounded, assert_finished

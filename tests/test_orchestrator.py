@@ -11,9 +11,10 @@ import pytest
 
 from pipelines_lib.envs.base import Task
 from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 class VersionedEngine:

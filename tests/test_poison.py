@@ -19,7 +19,9 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, SkippedShard
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError
-from pipelines_lib.storage.shards import (
+from pipelines_lib.storage.store import Store
+from pipelines_lib.telemetry.trace import read_records
+from pipelines_lib.trajectory.codec import (
     MAX_DECODED_BYTES,
     ShardError,
     declared_sizes,
@@ -28,10 +30,10 @@ from pipelines_lib.storage.shards import (
     identity_problem,
     row_budget,
 )
-from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
-from pipelines_lib.telemetry.trace import read_records
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, infra_problem
+from pipelines_lib.trajectory.window import Window
 
 CASES = {c.name: c for c in poison.POISON}
 
@@ -46,7 +48,7 @@ def _needs(config: CampaignConfig) -> TrainerNeeds:
 def test_the_tailer_skips_poison_with_a_reason_and_hands_out_each_group_once(tmp_path: Path, name: str) -> None:
     store, config, poisoned = poison.seed_poison_campaign(tmp_path, CASES[name], publish=False)
     tailer = ShardTailer(store, needs=_needs(config))
-    handed = [g.group_id for g in tailer.next_groups(100, min_version=0, max_version=1)]
+    handed = [g.group_id for g in tailer.next_groups(100, Window(version=1, eta=1))]
     skipped = {g for e in tailer.drain_events() if e.kind == "skipped" and e.reason for g in e.groups}
     assert sorted(handed) == [f"g{i}@w0" for i in range(poison.GOOD_GROUPS)]  # every good group, once
     assert set(poisoned) <= skipped and not set(poisoned) & set(handed)
@@ -62,10 +64,10 @@ def test_the_real_trainer_finishes_over_poison_and_logs_the_skip(tmp_path: Path,
 def test_a_skipped_group_is_in_the_cursor_so_a_resumed_tailer_does_not_skip_it_again(tmp_path: Path) -> None:
     store, config, poisoned = poison.seed_poison_campaign(tmp_path, CASES["group_size_differs"], publish=False)
     first = ShardTailer(store, needs=_needs(config))
-    first.next_groups(2, min_version=0, max_version=0)
+    first.next_groups(2, Window(version=0, eta=0))
     assert [e.groups for e in first.drain_events()] == [poisoned]
     resumed = ShardTailer(store, needs=_needs(config), cursor=TailCursor.from_json(first.cursor.to_json()))
-    assert len(resumed.next_groups(100, min_version=0, max_version=1)) == poison.GOOD_GROUPS - 2
+    assert len(resumed.next_groups(100, Window(version=1, eta=1))) == poison.GOOD_GROUPS - 2
     assert resumed.drain_events() == [] and resumed.cursor.groups_skipped == 1
 
 

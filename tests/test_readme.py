@@ -11,6 +11,7 @@ library call it maps to (checked to exist). The read-only commands also run here
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import signal
@@ -168,3 +169,84 @@ def test_view_serve_serves_the_report_on_loopback(demo_campaign: Store) -> None:
         _, err = proc.communicate(timeout=60)
         watchdog.cancel()
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "infra" / "README.md"]
+REPO_DIRS = ("pipelines_lib", "flows", "tasks", "bench", "drills", "tests", "docs", "infra", "scripts")
+"""Top-level folders of the repository: a path starting with one is a repository path, not a campaign object's."""
+FILE_NAME = re.compile(r"[\w-]+\.(py|md|ya?ml|toml|sh|cfg|json|txt)")
+
+
+def _named_paths(doc: Path) -> list[str]:
+    """Repository paths a document names in backticks: with a file extension (``stages/table.py``,
+    ``prefect.yaml``) or under a top-level folder (``pipelines_lib/trajectory/``). Campaign objects
+    (``train/DONE.json``) are told apart by the extension of the files the repository holds."""
+    out = []
+    for path in re.findall(r"`([\w.-]+(?:/[\w.-]+)*/?)`", doc.read_text()):
+        last = path.rstrip("/").rsplit("/", 1)[-1]
+        if FILE_NAME.fullmatch(last) and not last.endswith(".json") or path.split("/")[0] in REPO_DIRS and "/" in path:
+            out.append(path)
+    return out
+
+
+def _exists(path: str, doc: Path) -> bool:
+    """``path`` from the repository root, the library (``stages/resources.py``) or the document's folder; a bare
+    file name anywhere in the repository."""
+    name = path.rstrip("/")
+    if "/" not in name:
+        return any(".venv" not in p.parts for p in ROOT.rglob(name))
+    return any((base / path).exists() for base in (ROOT, ROOT / "pipelines_lib", doc.parent))
+
+
+def _layout_names(readme: str) -> list[str]:
+    """The files and folders the README's Layout tree names: cells (split at wide gaps) made only of names
+    ending in ``/`` or ``.py``, and ``*.py`` names inside its descriptions; under ``pipelines_lib/`` when
+    indented."""
+    block = re.search(r"## Layout\n\n```\n(.*?)```", readme, re.S).group(1)
+    out = []
+    for line in block.splitlines():
+        base = "pipelines_lib/" if line.startswith("  ") else ""
+        for cell in re.split(r"\s{2,}", line.strip()):
+            parts = [p.strip() for p in cell.split(",")]
+            if all(re.fullmatch(r"[\w-]+(/|\.py)", p) for p in parts):
+                out += [base + p if p != "pipelines_lib/" else p for p in parts]
+        out += [base + name for name in re.findall(r"[(+ ]([\w]+\.py)\b", line)]
+    return out
+
+
+def test_the_docs_name_only_paths_that_exist() -> None:
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in DOCS for path in _named_paths(doc)
+               if not _exists(path, doc)]
+    assert missing == []
+
+
+def test_the_readme_layout_names_only_paths_that_exist_and_every_library_package() -> None:
+    names = _layout_names((ROOT / "README.md").read_text())
+    assert "pipelines_lib/stages/" in names and "pipelines_lib/mesh.py" in names  # the scan reads the tree
+    assert [n for n in names if not (ROOT / n).exists()] == []
+    packages = {f"pipelines_lib/{p.name}/" for p in (ROOT / "pipelines_lib").iterdir()
+                if (p / "__init__.py").exists()}
+    assert packages - set(names) == set()
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``pipelines_lib.a.b.c`` is a module, or an attribute path below the longest importable module."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_the_docs_name_only_library_modules_and_objects_that_exist() -> None:
+    named = {(doc, name) for doc in DOCS for name in re.findall(r"`(pipelines_lib(?:\.\w+)+)", doc.read_text())}
+    assert len(named) > 10  # the scan reads the docs
+    assert sorted(f"{doc.relative_to(ROOT)}: {name}" for doc, name in named if not _resolves(name)) == []

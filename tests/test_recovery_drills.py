@@ -37,8 +37,8 @@ from drills.supervisor import ROOT, KillDrill
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import AuditRecord, run_records
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 
 DRILL_RUN = {"rollout.max_concurrency": 32, "rollout.max_groups_per_version": 8}
 """The smoke preset, with 8 group slots per worker over the engine's 8 sequence slots, and a

@@ -17,8 +17,8 @@ import pytest
 from pipelines_lib.cli import main
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.stages.replay import dump_name, replay
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 from tests.conftest import checksums
 
 

@@ -21,9 +21,10 @@ from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokenizer
 from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.validate import validate_table
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 TOKENIZER = load_tokenizer(ensure_default_tokenizer())
 MODEL_CFG = dataclasses.replace(ModelConfig.tiny(), n_layers=1, max_seq_len=160)

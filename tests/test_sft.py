@@ -13,6 +13,7 @@ from flax import nnx
 
 from pipelines_lib.agents import AgentConfig
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.engine import JaxEngine
 from pipelines_lib.envs import env_class
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
@@ -136,6 +137,6 @@ def test_sft_on_arithmetic_reaches_nontrivial_greedy_success(tok: ChatTokenizer)
     model = Decoder(config.model, rngs=nnx.Rngs(config.sft.seed))
     sft_train(model, rows, config.sft, pad_id=tok.pad_id)
     tasks = env_class("arithmetic").generate_tasks(seed=0, n=32, split="heldout")
-    results = score(model, tok, tasks, config)
+    results = score(JaxEngine(model, config.engine), tok, tasks, config)
     print(f"held-out greedy success after SFT: {results['greedy_success_rate']:.3f}")
     assert results["greedy_success_rate"] >= 0.5

@@ -11,17 +11,11 @@ import pyarrow as pa
 import pytest
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import (
-    ShardError,
-    ShardWriter,
-    WriterConfig,
-    encode_shard,
-    group_min_version,
-    read_shard,
-)
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import ShardTailer, TailCursor
-from pipelines_lib.trajectory.record import from_table, to_table
+from pipelines_lib.trajectory.codec import ShardError, encode_shard, read_shard
+from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.reader import ShardTailer
+from pipelines_lib.trajectory.record import from_table, group_min_version, to_table
 from pipelines_lib.trajectory.schema import (
     CAMPAIGN_KEY,
     SCHEMA_VERSION,
@@ -29,6 +23,8 @@ from pipelines_lib.trajectory.schema import (
     TRAJECTORY_SCHEMA,
 )
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 class FakeClock:
@@ -174,7 +170,7 @@ def test_tailer_resumes_from_a_serialised_cursor_without_loss_or_repeat(store: S
     batch_sizes = [3, 1, 4, 2, 5, 7, 3, 100]
     for n in batch_sizes:
         tailer = ShardTailer(store, cursor=TailCursor.from_json(cursor_json))  # a fresh process each time
-        seen.extend(g.group_id for g in tailer.next_groups(n, min_version=0, max_version=2))
+        seen.extend(g.group_id for g in tailer.next_groups(n, Window(version=2, eta=2)))
         cursor_json = tailer.cursor.to_json()
     assert seen == expected
     assert len(seen) == 30 and TailCursor.from_json(cursor_json).groups_consumed == 30
@@ -183,10 +179,10 @@ def test_tailer_resumes_from_a_serialised_cursor_without_loss_or_repeat(store: S
 def test_tailer_sees_only_its_window_and_counts_stale_groups(local_store: Store) -> None:
     expected = _write_campaign(local_store, versions=3, workers=1, groups_per_worker=2)
     tailer = ShardTailer(local_store)
-    first = tailer.next_groups(1, min_version=0, max_version=0)
+    first = tailer.next_groups(1, Window(version=0, eta=0))
     assert [g.group_id for g in first] == expected[:1]
     # The trainer moved to version 2 with eta = 0: the rest of v0 and all of v1 are now too stale.
-    rest = tailer.next_groups(10, min_version=2, max_version=2)
+    rest = tailer.next_groups(10, Window(version=2, eta=0))
     assert [g.group_id for g in rest] == expected[4:]
     events = tailer.drain_events()
     # The rest of v0's partly handed-out shard is named; v1's shard, never opened, is counted from its name.
@@ -217,7 +213,7 @@ def test_tailer_reports_bad_shards_and_carries_on(store: Store) -> None:
     store.create(f"{d}/bad-00000004.arrow", encode_shard(broken, {}))
 
     tailer = ShardTailer(store)
-    groups = tailer.next_groups(10, min_version=0, max_version=0)
+    groups = tailer.next_groups(10, Window(version=0, eta=0))
     assert [g.group_id for g in groups] == ["p0@w0"]
     reasons = {e.shard.rsplit("/", 1)[-1]: e.reason for e in tailer.drain_events()}
     assert "unreadable Arrow IPC file" in reasons["bad-00000000.arrow"]
@@ -227,7 +223,7 @@ def test_tailer_reports_bad_shards_and_carries_on(store: Store) -> None:
     assert "prompt_len 0 outside" in reasons["bad-00000004.arrow"]
     assert tailer.cursor.shards_skipped == 5
     # Skipped shards are not retried forever: the next poll is quiet.
-    assert tailer.next_groups(10, min_version=0, max_version=0) == [] and tailer.drain_events() == []
+    assert tailer.next_groups(10, Window(version=0, eta=0)) == [] and tailer.drain_events() == []
 
 
 def test_read_shard_names_the_shard_on_failure(local_store: Store) -> None:

@@ -16,9 +16,10 @@ from pipelines_lib.audit.sql import campaign_tables, render_text
 from pipelines_lib.audit.view import build_view, render_html, sample_groups, write_view
 from pipelines_lib.demo import BATCH_GROUPS, GROUP_SIZE, GROUPS_PER_WORKER, VERSIONS, WORKERS
 from pipelines_lib.storage.errors import AlreadyExistsError
-from pipelines_lib.storage.shards import ShardWriter, encode_shard, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import encode_shard, read_shard
 from pipelines_lib.trajectory.record import to_table
+from pipelines_lib.trajectory.writer import ShardWriter
 from tests.conftest import gcs_options
 from tests.test_audit import _base, _group
 

@@ -26,7 +26,6 @@ from pipelines_lib.rollout.collect import worker_tasks
 from pipelines_lib.rollout.episodes import make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.samplers import ThroughputGauges, interval_gauges
 from pipelines_lib.telemetry.tensorboard import event_file, masked_crc32c
@@ -38,6 +37,7 @@ from pipelines_lib.telemetry.trace import (
     summarize,
     to_chrome_trace,
 )
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 
 class Clock:

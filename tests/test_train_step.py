@@ -11,13 +11,16 @@ import optax
 import pytest
 from flax import nnx
 
+from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder, layer_data, with_dtype
-from pipelines_lib.train.batch import TrainBatch, bucket_length, build_train_batch
+from pipelines_lib.train.batch import TrainBatch, batch_from_groups, bucket_length, build_train_batch
 from pipelines_lib.train.losses import LossConfig
-from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
 from pipelines_lib.train.step import Precision, StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
+from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.record import to_table
+from pipelines_lib.trajectory.synthetic import synthetic_group
 
 ONE_DEVICE = make_mesh(MeshConfig())
 """Where optimizers are placed in tests that are not about meshes."""
@@ -326,7 +329,8 @@ def test_build_train_batch_pads_right_to_the_smallest_bucket() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"tokens": [[1, 2, 3, 4, 5]]}, "exceeds the largest sequence bucket 4"),
+        ({"tokens": [[1, 2, 3, 4, 5]], "loss_masks": [[0, 1, 1, 1, 1]], "behav_logps": [[0.0, -1.0, -1.0, -1.0, -1.0]]},
+         "exceeds the largest sequence bucket 4"),
         ({"loss_masks": [[1, 1, 1]]}, "token 0 has no prefix"),
         ({"loss_masks": [[0, 1]]}, "row 0: 3 tokens but 2 mask entries"),
         ({"advantages": [1.0, 2.0]}, "row counts differ"),
@@ -513,3 +517,32 @@ def test_every_remat_policy_gives_the_same_update(policy: str) -> None:
     m_remat = train_step(remat, sgd(remat), batch, cfg=dataclasses.replace(SEQ_MEAN, remat=policy))
     np.testing.assert_allclose(m_remat["loss"], m_plain["loss"], rtol=1e-6)
     assert_same_gradient(params_of(remat), params_of(plain), init_params)
+
+
+def _group_slice(rewards: list[float], seed: int) -> GroupSlice:
+    """A whole group whose rows are stored in reverse sample order, with the given rewards."""
+    group = [dataclasses.replace(t, reward=r) for t, r in zip(
+        synthetic_group(prompt_id=f"p{seed}", group_size=len(rewards), worker_id="w", policy_version=0, seed=seed),
+        rewards, strict=True)]
+    return GroupSlice(shard="s.arrow", version=0, row_start=0, row_end=len(group), group_id=group[0].group_id,
+                      table=to_table(group[::-1]))
+
+
+def test_batch_from_groups_reads_arrow_rows_in_sample_order_with_group_advantages() -> None:
+    """Rewards [1, 0] give GRPO advantages ±0.5 / (0.5 + 1e-6); the all-equal [0.5, 0.5] group exactly 0. The rows
+    match the ragged-rows path on the same samples, sorted by sample index."""
+    groups = [_group_slice([1.0, 0.0], seed=1), _group_slice([0.5, 0.5], seed=2)]
+    batch, loss_tokens = batch_from_groups(groups, group_size=2, advantage="grpo", seq_buckets=(64, 128),
+                                           batch_size=6, pad_id=0)
+    rows = [r for g in groups for r in sorted(g.table.to_pylist(), key=lambda r: r["sample_idx"])]
+    a = 0.5 / (0.5 + 1e-6)
+    expected = build_train_batch([r["tokens"] for r in rows], [r["loss_mask"] for r in rows],
+                                 [r["logprobs"] for r in rows], [a, -a, 0.0, 0.0], seq_buckets=(64, 128),
+                                 batch_size=6)
+    for name in ("tokens_bt", "positions_bt", "loss_mask_bt", "behav_logp_bt"):
+        np.testing.assert_array_equal(getattr(batch, name), getattr(expected, name), err_msg=name)
+    np.testing.assert_allclose(batch.advantages_bt, expected.advantages_bt, rtol=1e-6)
+    assert batch.advantages_bt[2:].max() == 0.0 and batch.advantages_bt[2:].min() == 0.0
+    assert loss_tokens == sum(sum(r["loss_mask"]) for r in rows)
+    with pytest.raises(ValueError, match="has 2 samples, the campaign's group_size is 3"):
+        batch_from_groups(groups, group_size=3, advantage="grpo", seq_buckets=(128,), batch_size=6, pad_id=0)

@@ -25,6 +25,7 @@ from flax import nnx
 
 from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, publish_weights
@@ -32,14 +33,14 @@ from pipelines_lib.records import CheckpointMeta, DoneMarker, Publication
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter, WriterConfig, read_shard
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
-from pipelines_lib.train.mesh import MeshConfig, make_mesh
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError
+from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_DEVICE = make_mesh(MeshConfig())

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pipelines_lib.audit.view import build_view, write_view
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 

@@ -318,40 +318,21 @@ async def run_episode(
         sampling = dataclasses.replace(sampling, stop_ids=tokenizer.stop_ids)
     started_at = utc_now_iso()
     limit = min(engine.max_seq_len, max_tokens)
-    for attempt in range(infra_retries + 1):
-        out = _Outcome(clock=clock)
-        agent.clear()
-        with telemetry.span("episode", group=group_id, sample=sample_idx, version=engine.policy_version,
-                            attempt=attempt) as episode:
-            try:
-                async with asyncio.timeout(episode_timeout_s) as deadline:
-                    await _Turns(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
-                                 tool_timeout_s=tool_timeout_s, out=out).run()
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                out.status = "timeout"
-            episode.tags["status"] = out.status
-        if out.status not in INFRA_STATUSES:
-            break
-        log.warning("episode %s/%s: attempt %d of %d failed: %s", group_id, sample_idx, attempt + 1,
-                    infra_retries + 1, out.reason)
-    if out.status in INFRA_STATUSES:
-        out.reason = f"{out.reason} ({infra_retries + 1} attempt{'s' if infra_retries else ''})"
+
+    def attempt() -> _Turns:
+        return _Turns(env=env, task=task, agent=agent, engine=engine, sampling=sampling, limit=limit,
+                      tool_timeout_s=tool_timeout_s, out=_Outcome(clock=clock))
+
+    out = await _attempts(attempt, episode_timeout_s=episode_timeout_s, infra_retries=infra_retries,
+                          group_id=group_id, sample_idx=sample_idx)
     if not agent.tokens:  # env.reset failed or the deadline passed first: record the bare task prompt
         agent.start([{"role": "user", "content": task.prompt}], {})
         if agent.prompt_len > limit:
             agent.clip_prompt(limit)
     if out.status not in ("ok", "max_turns", "max_tokens"):
         out.reward, out.reward_parts = None, {}
-    engine_info = {
-        "engine": type(engine).__name__,
-        "max_seq_len": engine.max_seq_len,
-        "max_tokens": max_tokens,
-        "agent": agent.config.kind,
-        "parser": agent.config.parser,
-        "sampling": dataclasses.asdict(sampling),
-    }
+    engine_info = {"engine": type(engine).__name__, "max_seq_len": engine.max_seq_len, "max_tokens": max_tokens,
+                   "agent": agent.config.kind, "parser": agent.config.parser, "sampling": dataclasses.asdict(sampling)}
     return Trajectory(
         group_id=group_id,
         prompt_id=group_id,  # the prompt instance (task + epoch): keeps trajectory ids unique
@@ -376,3 +357,29 @@ async def run_episode(
         engine_info=json.dumps(engine_info, sort_keys=True),
         status_reason=out.reason,
     )
+
+
+async def _attempts(attempt: Callable[[], _Turns], *, episode_timeout_s: float, infra_retries: int,
+                    group_id: str, sample_idx: int) -> _Outcome:
+    """Run the episode (``attempt`` makes a fresh one), again from the start after an infrastructure failure (at
+    most ``infra_retries`` times, each attempt under its own deadline); the last attempt's outcome."""
+    for n in range(infra_retries + 1):
+        turns = attempt()
+        out = turns.out
+        turns.agent.clear()
+        with telemetry.span("episode", group=group_id, sample=sample_idx, version=turns.engine.policy_version,
+                            attempt=n) as episode:
+            try:
+                async with asyncio.timeout(episode_timeout_s) as deadline:
+                    await turns.run()
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                out.status = "timeout"
+            episode.tags["status"] = out.status
+        if out.status not in INFRA_STATUSES:
+            return out
+        log.warning("episode %s/%s: attempt %d of %d failed: %s", group_id, sample_idx, n + 1,
+                    infra_retries + 1, out.reason)
+    out.reason = f"{out.reason} ({infra_retries + 1} attempt{'s' if infra_retries else ''})"
+    return out

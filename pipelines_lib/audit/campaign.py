@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pipelines_lib import records
-from pipelines_lib.audit.lineage import CommittedGroup, GroupKey, reconcile
+from pipelines_lib.audit.lineage import CommittedGroup, EtaBounds, GroupKey, eta_bounds, reconcile
 from pipelines_lib.audit.pool import results
 from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Finding, Lineage
 from pipelines_lib.audit.unit import Gathered, Tally, Unit, prefetch
@@ -343,9 +343,10 @@ class _Progress:
 
 
 def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publication],
-             read_ahead: int) -> tuple[int, Lineage | None]:
-    """The committed groups (their count) reconciled with the consumption logs and publications; unreadable or
-    misnamed logs and lineage's own findings join ``acc.findings``."""
+             read_ahead: int, etas: EtaBounds) -> tuple[int, Lineage | None]:
+    """The committed groups (their count) reconciled with the consumption logs, publications and the staleness
+    bound each step trained under (``etas``); unreadable or misnamed logs and lineage's own findings join
+    ``acc.findings``."""
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
     log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
     acc.findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
@@ -354,7 +355,7 @@ def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publi
     logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", acc.findings)
     committed = acc.committed_groups()
     acc.committed.clear()
-    lineage, lineage_findings = reconcile(committed, logs, entries)
+    lineage, lineage_findings = reconcile(committed, logs, entries, etas)
     acc.findings += lineage_findings
     return len(committed), lineage
 
@@ -400,7 +401,8 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     if progress is not None and since is not None:
         progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
     acc.duplicates()
-    groups, lineage = _lineage(store, acc, visible, entries, read_ahead)
+    etas = eta_bounds(campaign, [p for _, p in listing.chain], acc.findings)
+    groups, lineage = _lineage(store, acc, visible, entries, read_ahead, etas)
     return _report(store, acc, listing, groups=groups, lineage=lineage, campaign=campaign,
                    seconds=clock() - start, max_listed=max_listed)
 

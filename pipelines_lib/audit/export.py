@@ -13,13 +13,13 @@ exports of several campaigns can be queried together. A file of that name that i
 else someone left in the folder) is reported ``foreign`` and left alone too.
 
 Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``unit.prefetch``), decoded
-and validated ``BATCH_SHARDS`` at a time (``shards.decode_shards``), and their rows go out in row groups of up to
+and validated ``BATCH_SHARDS`` at a time (``codec.decode_shards``), and their rows go out in row groups of up to
 ``ROW_GROUP_ROWS`` rows as they are read, so a version costs one pass and memory for one row group plus the
 compressed file. Versions are independent work units, exported on
 ``jobs`` worker processes (spawned) when there are several.
 
 A group is exported once: a shard whose content was written under another name (a copy, see
-``shards.identity_problem``) is skipped with that reason, and so is a shard repeating a group id already
+``codec.identity_problem``) is skipped with that reason, and so is a shard repeating a group id already
 exported from the same version.
 """
 
@@ -41,8 +41,8 @@ from pipelines_lib import records
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.shards import ShardError, decode_shards, identity_problem
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardError, decode_shards, identity_problem
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"

@@ -27,8 +27,8 @@ from pipelines_lib import records
 from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
-from pipelines_lib.storage.shards import ShardError, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardError, read_shard
 from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 
 CONSUMED_SCHEMA = pa.schema([("step", pa.int64()), ("trainer_version", pa.int64()), ("group_id", pa.string()),

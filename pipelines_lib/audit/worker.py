@@ -33,8 +33,8 @@ from pipelines_lib.audit.report import BadFile, Finding
 from pipelines_lib.audit.unit import Gathered, Missing, Unit, prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, StorageError
-from pipelines_lib.storage.shards import ShardError, check_declared_sizes, decode_shard, identity_problem
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import ShardError, check_declared_sizes, decode_shard, identity_problem
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionError
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, group_runs
 from pipelines_lib.trajectory.validate import Violation, validate_tables

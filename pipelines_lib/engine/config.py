@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipelines_lib.train.mesh import MeshConfig
+from pipelines_lib.mesh import MeshConfig
 
 MODES = ("continuous", "static")
 ENGINE_KINDS = ("jax", "vllm")

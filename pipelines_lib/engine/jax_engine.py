@@ -83,8 +83,8 @@ from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import Collected, DeviceRunner, Dispatched, steps_for
 from pipelines_lib.engine.scheduler import Call, Counters, Request, Scheduler
+from pipelines_lib.mesh import logical_spec, make_mesh, place_state
 from pipelines_lib.model.decoder import Decoder, init_cache
-from pipelines_lib.train.mesh import logical_spec, make_mesh, place_state
 
 WARMUP_COMPILE_THREADS = 8
 """Most variants ``warmup()`` compiles at once (one per host core at most): compile time, not the device, bounds
@@ -125,7 +125,7 @@ class JaxEngine:
         self.config = config
         self.model_cfg = model.cfg
         self._graphdef, state = nnx.split(model, nnx.Param)
-        # Parameters and cache are committed to the engine's mesh (by the rules table of ``train.mesh``: heads,
+        # Parameters and cache are committed to the engine's mesh (by the rules table of ``pipelines_lib.mesh``: heads,
         # MLP and vocabulary over ``tensor``): jit keys its cache on committedness and shardings, and weights
         # restored by Orbax arrive committed, so uncommitted initial ones would recompile on swap.
         self.mesh = mesh = make_mesh(config.mesh)

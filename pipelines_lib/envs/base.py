@@ -176,6 +176,10 @@ class CountingTool(Tool):
         return await self.inner(arguments)
 
 
+BUILTIN_SOURCE = "builtin:"
+"""Prefix of a ``dataset.source`` naming an env's own task generator."""
+
+
 class BaseTaskEnv(ABC):
     """A task family: generates tasks, poses one per episode, and scores final answers.
 
@@ -188,6 +192,12 @@ class BaseTaskEnv(ABC):
     """Registry key, set by :func:`pipelines_lib.envs.registry.register_env`."""
     runs_code: ClassVar[bool] = False
     """Whether the env runs model code in a ``PythonSandbox`` (its constructor then takes ``sandbox``)."""
+
+    @classmethod
+    def dataset_source(cls) -> str:
+        """The ``dataset.source`` of this env's own tasks: ``builtin:<name>``, ``generate_tasks`` seeded by ``prep``.
+        A campaign on this env reads these, or a file whose rows it scores (``CampaignConfig`` checks which)."""
+        return f"{BUILTIN_SOURCE}{cls.name}"
     max_turns: int
     """Most assistant messages (tool calls included) an agent should generate per episode."""
     system_prompt: str

@@ -1,9 +1,9 @@
 """Scoring a policy on held-out tasks: the same engine, agent, env and episode factory as rollouts.
 
 ```
-stages.evaluate.evaluate(store, config, version=N)         the stage: eval/v<N:08d>.json (records.EvalResult)
-  └─ evaluate_model(model, tokenizer, tasks, cfg, ...)      in memory (the benchmarks call this)
-       JaxEngine(model, engine on cfg.mesh)
+stages.evaluate.evaluate(store, config, version=N)         the stage: eval/v<N:08d>.json (records.EvalResult);
+  │                                                         opens engine.kind's backend (engine.backends) on cfg.mesh
+  └─ evaluate_model(engine, tokenizer, tasks, cfg, ...)     any engine not yet entered (tests pass a JaxEngine)
        per task: 1 greedy episode + k sampled ones           k = cfg.samples, temperature cfg.temperature
        rollout.episodes.make_episode_fn(...) under a semaphore of cfg.max_concurrency
        └─ summarize(...)                                     pure: success, pass@k, rewards, turns, tools, statuses,
@@ -20,7 +20,7 @@ from the campaign seed, the task id and the attempt, so a rerun of the same vers
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import math
 import time
 from collections import Counter
@@ -29,15 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipelines_lib.agents.base import AgentConfig
-from pipelines_lib.engine import JaxEngine
-from pipelines_lib.engine.config import EngineConfig
+from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs import Task
 from pipelines_lib.envs.spec import EnvSpec
-from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.mesh import MeshConfig
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
-from pipelines_lib.train.mesh import MeshConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 
@@ -129,15 +127,15 @@ def summarize(greedy: Sequence[Trajectory], sampled: Sequence[Sequence[Trajector
     return out
 
 
-async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task], cfg: EvalConfig, *,
-                               rollout: RolloutConfig, agent: AgentConfig, engine: EngineConfig,
+async def evaluate_model_async(engine: contextlib.AbstractAsyncContextManager[Engine], tokenizer: ChatTokenizer,
+                               tasks: Sequence[Task], cfg: EvalConfig, *, rollout: RolloutConfig, agent: AgentConfig,
                                seed: int, env: EnvSpec | None = None) -> dict[str, Any]:
     """``evaluate_model`` for callers already inside an event loop."""
     k = cfg.samples
     semaphore = asyncio.Semaphore(cfg.max_concurrency)
     started = time.perf_counter()
-    async with JaxEngine(model, dataclasses.replace(engine, mesh=cfg.mesh)) as jax_engine, env_sandbox(env) as sandbox:
-        episodes = [make_episode_fn(rollout, agent, engine=jax_engine, tokenizer=tokenizer, worker_id="eval",
+    async with engine as served, env_sandbox(env) as sandbox:
+        episodes = [make_episode_fn(rollout, agent, engine=served, tokenizer=tokenizer, worker_id="eval",
                                     temperature=temperature, group_size=k + 1, seed_salt=f"eval.{seed}",
                                     sandbox=sandbox)
                     for temperature in (0.0, cfg.temperature)]
@@ -147,7 +145,7 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
                 return await episodes[min(idx, 1)](task, f"{HELDOUT}.{task.task_id}", idx)
 
         runs = await asyncio.gather(*(asyncio.gather(*(episode(t, i) for i in range(k + 1))) for t in tasks))
-        engine_stats = jax_engine.stats()
+        engine_stats = served.stats()
     return {
         **summarize([r[0] for r in runs], [r[1:] for r in runs]),
         "wall_s": time.perf_counter() - started,
@@ -155,14 +153,14 @@ async def evaluate_model_async(model: Decoder, tokenizer: ChatTokenizer, tasks: 
     }
 
 
-def evaluate_model(model: Decoder, tokenizer: ChatTokenizer, tasks: Sequence[Task], cfg: EvalConfig, *,
-                   rollout: RolloutConfig, agent: AgentConfig, engine: EngineConfig, seed: int,
+def evaluate_model(engine: contextlib.AbstractAsyncContextManager[Engine], tokenizer: ChatTokenizer,
+                   tasks: Sequence[Task], cfg: EvalConfig, *, rollout: RolloutConfig, agent: AgentConfig, seed: int,
                    env: EnvSpec | None = None) -> dict[str, Any]:
     """Run every task greedily once and ``cfg.samples`` times sampled, with ``rollout``'s budgets and the
-    ``agent`` on a ``JaxEngine`` of ``engine``; the metrics of ``summarize``. ``seed`` salts every sample's seed;
+    ``agent`` on ``engine`` (entered here); the metrics of ``summarize``. ``seed`` salts every sample's seed;
     a code env (``env``) runs model code in its configured sandbox."""
-    return asyncio.run(evaluate_model_async(model, tokenizer, tasks, cfg, rollout=rollout, agent=agent,
-                                            engine=engine, seed=seed, env=env))
+    return asyncio.run(evaluate_model_async(engine, tokenizer, tasks, cfg, rollout=rollout, agent=agent, seed=seed,
+                                            env=env))
 
 
 __all__ = ["HELDOUT", "SUCCESS_REWARD", "EvalConfig", "evaluate_model", "evaluate_model_async", "pass_at_k",

@@ -31,8 +31,8 @@ differentiation the scan body can be rematerialised (``REMAT_POLICIES``): the re
 one layer at a time, so at most one layer's activations are alive in the backward pass.
 
 Every parameter names its axes (Flax NNX ``out_sharding`` metadata: ``layers``, ``embed``, ``vocab``,
-``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``train/mesh.py``'s rules table maps the names onto a device
-mesh (``layers`` onto none: each device holds its shards of every layer). The names are metadata only:
+``heads``, ``kv_heads``, ``head_dim``, ``mlp``); ``pipelines_lib/mesh.py``'s rules table maps the names onto a
+device mesh (``layers`` onto none: each device holds its shards of every layer). The names are metadata only:
 nothing is sharded when a decoder is built (``eager_sharding=False``), the stage places it on its mesh.
 """
 

@@ -25,9 +25,9 @@ from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
+from pipelines_lib.mesh import MeshConfig, make_mesh, place_state, sharded_shapes
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
-from pipelines_lib.train.mesh import MeshConfig, make_mesh, place_state, sharded_shapes
 
 STATE_ITEM = "state"
 CONFIG_FILE = "model_config.json"
@@ -64,7 +64,7 @@ def load_config(path_or_url: str) -> ModelConfig:
 
 def load_weights(path_or_url: str, mesh: Mesh | None = None) -> Decoder:
     """The decoder saved by ``save_weights`` at ``path_or_url``, its parameters sharded on ``mesh`` by the rules
-    table (``train.mesh``; each process reads only its own devices' shards), by default on one device whatever
+    table (``pipelines_lib.mesh``; each process reads only its own devices' shards), by default on one device whatever
     mesh saved them."""
     cfg = load_config(path_or_url)
     abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))

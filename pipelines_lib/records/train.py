@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, ClassVar, Self
 from pipelines_lib.records.base import Record, RecordError, _Record
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.window import staleness
 from pipelines_lib.utc import utc_now_iso
 
-if TYPE_CHECKING:  # the tailer brings Arrow: the audit reads consumption logs in a process that never decodes
-    from pipelines_lib.storage.tailer import GroupSlice, TailCursor, TailEvent
+if TYPE_CHECKING:  # the reader brings Arrow: the audit reads consumption logs in a process that never decodes
+    from pipelines_lib.trajectory.reader import GroupSlice
 
 # -- train/consumed/<step>.json ---------------------------------------------------------------------------
 
@@ -98,7 +100,7 @@ class ConsumptionLog(Record):
         return cls(
             step=step, trainer_version=trainer_version, created_at=utc_now_iso(),
             groups=[ConsumedGroup(group_id=g.group_id, shard=g.shard, row_start=g.row_start, row_end=g.row_end,
-                                  version=g.version, staleness=trainer_version - g.version) for g in groups],
+                                  version=g.version, staleness=staleness(trainer_version, g.version)) for g in groups],
             skipped_zero_advantage=list(zero_advantage),
             dropped_stale=[DroppedStale(shard=e.shard, groups=list(e.groups), reason=e.reason,
                                         unread_groups=e.unread_groups)
@@ -111,8 +113,6 @@ class ConsumptionLog(Record):
     def cursor_after_step(self, before: TailCursor, *, where: str) -> TailCursor:
         """The tail cursor after this step, given the one after the step before (version 1 logs hold it whole)."""
         if self.cursor_after is not None:
-            from pipelines_lib.storage.tailer import TailCursor
-
             return TailCursor.from_json(self.cursor_after)
         if self.cursor_delta is None:
             raise RecordError(f"{where}: no tail cursor; a trainer cannot resume from this log")

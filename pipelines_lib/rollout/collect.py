@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pipelines_lib.envs.base import Task
 from pipelines_lib.records import DoneMarker, Publication, StopRequest
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
 
 
 def worker_name(worker_index: int) -> str:

@@ -6,7 +6,7 @@
               │                                                                         group queue
    weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
                                                                              writer task (one thread at a time)
-                                                                             ShardWriter: commit by size or age
+                                                              the channel's GroupSink: commit by size or age
 ```
 
 Episodes wait on tools while the engine generates for others, so the engine's slots stay busy. A group is
@@ -32,10 +32,11 @@ from typing import Any, Literal, Protocol
 from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
-from pipelines_lib.storage.shards import ShardInfo, ShardWriter, WriterConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
-from pipelines_lib.train.advantages import zero_advantage
+from pipelines_lib.trajectory.channel import GroupSink
 from pipelines_lib.trajectory.record import Trajectory
+from pipelines_lib.trajectory.window import Window, admits, zero_advantage
+from pipelines_lib.trajectory.writer import ShardInfo, WriterConfig
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
@@ -65,7 +66,7 @@ class RolloutConfig:
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
-    whose rewards are all equal gives its place back (``train.advantages.zero_advantage``): the
+    whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``): the
     trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
     backpressure_max_wait_s: float = 10.0
     """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
@@ -165,7 +166,7 @@ class RolloutStats:
 
 class Orchestrator:
     def __init__(self, *, config: RolloutConfig, engine: Engine, episode_fn: EpisodeFn,
-                 tasks: Iterator[tuple[Task, str]], writer: ShardWriter, weights: WeightSource | None = None,
+                 tasks: Iterator[tuple[Task, str]], writer: GroupSink, weights: WeightSource | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_commit: Callable[[ShardInfo], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -251,12 +252,13 @@ class Orchestrator:
     async def _wait_for_fresh_weights(self) -> None:
         """η admission: load weights until the engine's version is at least ``latest − η`` (each refresh may
         see a newer latest, which raises the floor)."""
-        if self.engine.policy_version >= self._latest - self.config.eta:
+        if admits(self.engine.policy_version, latest=self._latest, eta=self.config.eta):
             return
         t0 = self.clock()
         with telemetry.span("admission_wait", track="weights", latest=self._latest):
-            while self.engine.policy_version < self._latest - self.config.eta and not self._stopping.is_set():
-                await self._refresh(target=self._latest - self.config.eta)
+            while (not admits(self.engine.policy_version, latest=self._latest, eta=self.config.eta)
+                   and not self._stopping.is_set()):
+                await self._refresh(target=Window(version=self._latest, eta=self.config.eta).start)
         self.stats.swap_pause_s += self.clock() - t0
 
     def _spent(self, version: int) -> int:

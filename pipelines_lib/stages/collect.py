@@ -1,15 +1,13 @@
 """The collect stage: one rollout worker collecting groups for a campaign until the trainer is done.
 
-``collect`` waits for published weights, opens the configured engine on the latest version (``ENGINE_BACKENDS``:
-``jax`` loads the Orbax parameters into a ``JaxEngine``; ``vllm`` serves the version's HF folder from a vLLM
-server, whose log ends up in ``telemetry/engine-<worker id>.log``), takes its share of the train split, skips groups this logical worker already committed in earlier runs (``rollout.collect``), and runs
+``collect`` waits for published weights, opens the configured engine on the latest version
+(``engine.backends``; a vLLM server's log ends up in ``telemetry/engine-<worker id>.log``), takes its share of the train split, skips groups this logical worker already committed in earlier runs (``rollout.collect``), and runs
 the orchestrator with the campaign's episode factory, refreshing weights as ``weights/LATEST`` moves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import tempfile
 import time
@@ -20,11 +18,9 @@ from typing import Any
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import load_split
-from pipelines_lib.engine import JaxEngine
-from pipelines_lib.engine.api import Engine
-from pipelines_lib.engine.vllm_engine import VllmEngine
+from pipelines_lib.engine.backends import open_engine
 from pipelines_lib.model.tokenizer import open_tokenizer
-from pipelines_lib.publish import CampaignHFWeights, CampaignWeights, load_published
+from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.records import DoneMarker, with_parents
 from pipelines_lib.rollout.collect import (
     committed_groups,
@@ -36,35 +32,8 @@ from pipelines_lib.rollout.collect import (
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import ShardWriter
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.mesh import describe_mesh
-
-EngineBackend = Callable[[Store, CampaignConfig, Path, Callable[[str], None]],
-                         tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]]
-"""``(store, config, scratch dir, log) -> (engine to enter, where its new weights come from)``, on LATEST."""
-
-
-def _jax_backend(store: Store, config: CampaignConfig, scratch: Path,
-                 log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
-    model, version = load_published(store)
-    engine = JaxEngine(model, config.engine, policy_version=version)
-    log(f"rollout: JAX engine on mesh {describe_mesh(engine.mesh)}")
-    return engine, CampaignWeights(store)
-
-
-def _vllm_backend(store: Store, config: CampaignConfig, scratch: Path,
-                  log: Callable[[str], None]) -> tuple[contextlib.AbstractAsyncContextManager[Engine], WeightSource]:
-    weights = CampaignHFWeights(store, Path(config.engine.vllm.weights_dir or scratch / "hf"))
-    version = weights.latest()
-    assert version is not None  # collect waited for it
-    engine = VllmEngine(config.engine.vllm, model_dir=weights.load(version), policy_version=version,
-                        max_seq_len=config.engine.max_seq_len, log_path=scratch / "vllm-server.log", log=log)
-    return engine, weights
-
-
-ENGINE_BACKENDS: dict[str, EngineBackend] = {"jax": _jax_backend, "vllm": _vllm_backend}
-"""``engine.kind`` -> how a rollout worker opens it (keys: ``engine.config.ENGINE_KINDS``)."""
+from pipelines_lib.trajectory.channel import FolderChannel
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
@@ -102,13 +71,13 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             log(f"rollout {worker_id}: {shards} shards committed ({commits} groups)")
 
     async def run(scratch: Path) -> Any:
-        opened, published = ENGINE_BACKENDS[config.engine.kind](store, config, scratch, log)
+        opened, published = open_engine(store, CampaignWeights(store).latest(), config.engine, scratch, log)
         async with opened as engine, env_sandbox(config.env) as sandbox:
             orchestrator = Orchestrator(
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
                                            tool_latency=config.env.tool_latency, sandbox=sandbox),
-                tasks=tasks, writer=ShardWriter(store, worker_id=worker_id, config=rc.writer),
+                tasks=tasks, writer=FolderChannel(store).writer(worker_id, rc.writer),
                 weights=published if weights is None else weights, should_stop=lambda: stop_requested(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
@@ -129,4 +98,4 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             "engine": engine_stats if isinstance(engine_stats, dict) else getattr(engine_stats, "__dict__", {})}
 
 
-__all__ = ["ENGINE_BACKENDS", "collect"]
+__all__ = ["collect"]

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.mesh import MeshConfig
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.train.mesh import MeshConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ what is implemented.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -81,14 +81,9 @@ def rloo_advantages(rewards_gk: jax.Array, eps: float) -> jax.Array:
     return rewards_gk - leave_one_out_mean_gk
 
 
-def zero_advantage(rewards: Sequence[float]) -> bool:
-    """Whether one group's rewards are all equal: its advantages are zero under every estimator (the module's
-    rule). The rollout side gives such a group's admission back; the trainer leaves it out of the batch."""
-    return len(set(rewards)) == 1
-
-
 def degenerate_groups(rewards_gk: jax.Array) -> jax.Array:
-    """``bool[n_groups]``: True where every reward in the group is equal (no learning signal)."""
+    """``bool[n_groups]``: True where every reward in the group is equal (no learning signal): the in-graph form
+    of ``trajectory.window.zero_advantage``, which the rollout side and the trainer's batch filter use."""
     return jnp.all(rewards_gk == rewards_gk[:, :1], axis=1)
 
 

@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from pipelines_lib.configio import no_limit
-from pipelines_lib.train.mesh import shard_node
+from pipelines_lib.mesh import shard_node
 
 SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
 
@@ -134,7 +134,7 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig, mesh: Mesh) -> nnx.Optimizer:
     """The ``nnx.Optimizer`` over ``model``'s ``nnx.Param``s that ``step.train_step`` updates, placed on ``mesh``.
 
-    Adam's moments take their parameter's sharding (``train.mesh``); step counters are replicated.
+    Adam's moments take their parameter's sharding (``pipelines_lib.mesh``); step counters are replicated.
     """
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
     # optax creates its step counters uncommitted; the train step returns them committed, and jit keys its

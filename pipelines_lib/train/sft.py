@@ -23,11 +23,11 @@ import numpy as np
 
 from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.heap import trim_heap_after_compiles
+from pipelines_lib.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.train.batch import build_train_batch
 from pipelines_lib.train.losses import LossConfig
-from pipelines_lib.train.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, logprobs_fn, train_step
 

@@ -28,7 +28,7 @@ Data the trainer cannot train on never reaches a step: the tailer is given the t
 longest row, vocabulary; ``TrainerNeeds.of``) and skips anything else with a reason that lands in the step's
 consumption log (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
 
-Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``train.mesh``), loads v0 onto
+Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``pipelines_lib.mesh``), loads v0 onto
 it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
 ``distributed``), every process runs this same loop over the same shards: before each step they check that they
 agree on its groups and cursor (``distributed.agree``; a mismatch is an error, never a silent divergence), every
@@ -47,25 +47,26 @@ from typing import Any
 
 import jax
 import numpy as np
-import pyarrow as pa
 
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
+from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.publish import load_published, publish_weights
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.shards import read_shard
 from pipelines_lib.storage.store import Store
-from pipelines_lib.storage.tailer import GroupSlice, ShardTailer, TailCursor, TailEvent
-from pipelines_lib.train.advantages import compute_advantages, zero_advantage
-from pipelines_lib.train.batch import build_train_batch
+from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
-from pipelines_lib.train.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
+from pipelines_lib.trajectory.channel import FolderChannel, GroupSource
+from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.reader import GroupSlice
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
+from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
 
 
@@ -117,44 +118,6 @@ class TrainerConfig:
 
 class DataTimeoutError(TimeoutError):
     """The trainer waited longer than ``data_timeout_s`` for enough groups."""
-
-
-def _rows(table: pa.Table) -> dict[str, list]:
-    return {
-        c: table.column(c).to_pylist() for c in ("tokens", "loss_mask", "logprobs", "reward", "sample_idx")
-    }
-
-
-def batch_from_groups(groups: list[GroupSlice], *, group_size: int, advantage: str, seq_buckets: tuple[int, ...],
-                      batch_size: int, pad_id: int):
-    """Whole groups of ``group_size`` samples → (TrainBatch of ``batch_size`` rows, loss tokens); advantages per
-    group from the ``advantage`` estimator (exactly zero for an all-equal group, ``advantages.zero_advantage``)."""
-    g_size = group_size
-    tokens, masks, logps, rewards = [], [], [], []
-    for g in groups:
-        rows = _rows(g.table)
-        order = np.argsort(rows["sample_idx"])
-        if len(order) != g_size:
-            raise ValueError(
-                f"{g.shard} rows [{g.row_start}, {g.row_end}): group {g.group_id} has "
-                f"{len(order)} samples, the campaign's group_size is {g_size}"
-            )
-        for i in order:
-            tokens.append(rows["tokens"][i])
-            masks.append(rows["loss_mask"][i])
-            logps.append(rows["logprobs"][i])
-        rewards.append([rows["reward"][i] for i in order])
-    adv_gk, _ = compute_advantages(np.asarray(rewards, np.float32), estimator=advantage)
-    batch = build_train_batch(
-        tokens,
-        masks,
-        logps,
-        np.asarray(adv_gk).reshape(-1).tolist(),
-        seq_buckets=seq_buckets,
-        batch_size=batch_size,
-        pad_id=pad_id,
-    )
-    return batch, int(sum(sum(m) for m in masks))
 
 
 class StreamingTrainer:
@@ -238,9 +201,9 @@ class StreamingTrainer:
                 f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
             )
 
-    def _tailer_at(self, cursor: TailCursor) -> ShardTailer:
+    def _tailer_at(self, cursor: TailCursor) -> GroupSource:
         self._logged_cursor = cursor.copy()
-        return ShardTailer(self.store, cursor=cursor, needs=self.needs)
+        return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
 
     def reload_group(self, g: ConsumedGroup) -> GroupSlice:
         """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
@@ -258,10 +221,8 @@ class StreamingTrainer:
         events: list[TailEvent] = []
         waited_since = None
         while len(groups) < self.tc.batch_groups:
-            lo = max(0, self.version - self.eta)
-            got = self.tailer.next_groups(
-                self.tc.batch_groups - len(groups), min_version=lo, max_version=self.version
-            )
+            window = Window(version=self.version, eta=self.eta)
+            got = self.tailer.next_groups(self.tc.batch_groups - len(groups), window)
             for e in self.tailer.drain_events():
                 events.append(e)
                 if e.kind == "skipped":
@@ -286,9 +247,9 @@ class StreamingTrainer:
             elif now - waited_since > self.tc.data_timeout_s:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
-                    f"{self.store.uri(layout.TRAJECTORIES)}/v{lo:08d}..v{self.version:08d}; have {len(groups)} of "
+                    f"{self.store.uri(layout.TRAJECTORIES)}/v{window.start:08d}..v{self.version:08d}; have {len(groups)} of "
                     f"{self.tc.batch_groups}{self._zero_advantage_summary(zero_adv)} (are rollout workers "
-                    f"running and on weights >= v{lo}?)"
+                    f"running and on weights >= v{window.start}?)"
                 )
             if zero_adv and now - self._last_wait_log >= 10.0:
                 self._last_wait_log = now
@@ -412,4 +373,4 @@ class StreamingTrainer:
         return done.to_dict()
 
 
-__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig", "batch_from_groups"]
+__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig"]

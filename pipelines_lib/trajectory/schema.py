@@ -98,7 +98,7 @@ TOKEN_COLUMNS = ("tokens", "loss_mask", "logprobs", "policy_version")
 
 MINOR_ADDITIONS: dict[str, int] = {"version": 1, "status_reason": 2}
 """Columns added by a minor version: name -> the minor that added it. A shard of an older minor lacks them and
-its reader derives them (``storage.shards.decode_shard``)."""
+its reader derives them (``trajectory.codec.decode_shard``)."""
 
 
 class SchemaVersionError(ValueError):

@@ -54,8 +54,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from pipelines_lib.train.batch import TrainBatch
-
 AXES = ("data", "fsdp", "tensor")
 """Mesh axis names, in device order (``tensor`` innermost: its collectives run on the closest devices)."""
 
@@ -75,6 +73,8 @@ over both data-parallel axes. The stacked layer axis stays whole: the layer scan
 device. The decoder names its parameters' axes with these keys."""
 
 Node = TypeVar("Node")
+Batch = TypeVar("Batch")
+"""A pytree of arrays whose leading axis is rows (a ``train.batch.TrainBatch``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,7 +227,7 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(RULES["batch"], *(None,) * (ndim - 1)))
 
 
-def shard_batch(batch: TrainBatch, mesh: Mesh) -> TrainBatch:
+def shard_batch(batch: Batch, mesh: Mesh) -> Batch:
     """Split the global ``batch``'s rows over the batch axes; each process places only the rows its own devices
     hold (every process passes the same global batch, see the module doc).
 

@@ -1,6 +1,6 @@
 """Tail committed shards in a version window, hand out whole groups, and resume exactly from a cursor.
 
-The streaming trainer calls ``next_groups(n, min_version=V-η, max_version=V)``. The tailer lists only the
+The streaming trainer calls ``next_groups(n, Window(version=V, eta=η))`` (``window``: versions ``[V−η, V]``). The tailer lists only the
 ``trajectories/v…`` folders inside that window (bounded listing), walks their shards in name order (versions
 ascending, then worker, then seq: deterministic for a fixed set of shards) and returns up to ``n`` whole
 groups, remembering how many rows of a partly consumed shard it has handed out.
@@ -32,9 +32,10 @@ else is skipped with a reason, never raised (a raise would repeat on every resta
 - whole shard: declared sizes over the trainer's row budget (checked before decoding), a FIFO, device or
   symlink out of the campaign (the store refuses it), groups whose rows are interleaved (consumption logs
   and replay address a group by its row range, so such a shard is skipped rather than reassembled: the
-  writer never produces one), or content written under another name (``shards.identity_problem``);
+  writer never produces one), or content written under another name (``codec.identity_problem``);
 - one group: another size than G, a row longer than the trainer takes, token ids outside the vocabulary, a
-  reward beyond ``trainable.MAX_ABS_REWARD``, policy versions newer than the trainer's, or a version folder other than its oldest policy version;
+  reward beyond ``trainable.MAX_ABS_REWARD``, policy versions newer than the trainer's, or a version folder other
+  than its oldest policy version;
   or a trajectory whose infrastructure failed (``trainable.infra_problem``): not the policy's doing, so the
   group is kept out of the loss rather than rewarded as a failure.
 
@@ -53,16 +54,22 @@ ways a group can appear twice:
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.shards import ShardError, decode_shard, decode_shards, identity_problem, read_shard
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import (
+    ShardError,
+    decode_shard,
+    decode_shards,
+    identity_problem,
+    read_shard,
+)
+from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.trajectory.trainable import (
     TrainerNeeds,
     clean_groups,
@@ -70,6 +77,7 @@ from pipelines_lib.trajectory.trainable import (
     group_runs,
     infra_problem,
 )
+from pipelines_lib.trajectory.window import Window
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,17 +90,6 @@ class GroupSlice:
     row_end: int
     group_id: str
     table: pa.Table
-
-
-@dataclass(frozen=True, kw_only=True)
-class TailEvent:
-    kind: str
-    """``skipped`` (a shard or group the trainer cannot use) or ``dropped_stale`` (window moved past it)."""
-    shard: str
-    reason: str
-    groups: tuple[str, ...] = ()
-    unread_groups: int = 0
-    """``dropped_stale`` of a shard never opened: how many groups its name declares (their ids are not named)."""
 
 
 DECODE_AHEAD_SHARDS = 64
@@ -118,109 +115,6 @@ def _read_or_error(store: Store, path: str, validate: bool,
 
 Runs = list[tuple[int, int, str]]
 """A shard's groups as ``(row_start, row_end, group_id)`` (``trainable.group_runs``)."""
-
-CURSOR_FORMAT = 2
-"""Format of ``TailCursor.to_json``; format 1 (a list of every handed-out shard name per version) still reads."""
-
-
-def _cursor_error(what: str, e: BaseException) -> ValueError:
-    return ValueError(f"not a rollstream tail {what}: {e!r}")
-
-
-@dataclass
-class TailCursor:
-    """Serialisable progress of a tailer. Versions below ``retired_below`` are never listed again.
-
-    Its size is bounded by writers x versions in the window, whatever the campaign's age: a writer commits its
-    shards in ``seq`` order, so "every shard of writer w in version v up to seq s is done" is one number.
-    """
-
-    marks: dict[int, dict[str, int]] = field(default_factory=dict)
-    """version -> writer -> highest seq of that writer's shards in the version handed out (or skipped)."""
-    partial: dict[str, int] = field(default_factory=dict)
-    """shard path -> rows handed out so far, for a shard not yet finished (the only exceptions to ``marks``)."""
-    retired_below: int = 0
-    groups_consumed: int = 0
-    groups_dropped_stale: int = 0
-    shards_skipped: int = 0
-    groups_skipped: int = 0
-    """Groups the trainer cannot train on (in skipped shards, or skipped one by one)."""
-
-    def is_done(self, sid: layout.ShardId) -> bool:
-        return sid.seq <= self.marks.get(sid.version, {}).get(sid.worker_id, -1)
-
-    def _plain(self) -> dict:
-        return {
-            "format": CURSOR_FORMAT,
-            "marks": {str(v): dict(sorted(w.items())) for v, w in sorted(self.marks.items())},
-            "partial": dict(sorted(self.partial.items())),
-            "retired_below": self.retired_below,
-            "groups_consumed": self.groups_consumed,
-            "groups_dropped_stale": self.groups_dropped_stale,
-            "shards_skipped": self.shards_skipped,
-            "groups_skipped": self.groups_skipped,
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self._plain(), sort_keys=True, separators=(",", ":"))
-
-    def copy(self) -> TailCursor:
-        return TailCursor.from_json(self.to_json())
-
-    @classmethod
-    def from_json(cls, text: str) -> TailCursor:
-        try:
-            raw = json.loads(text)
-            if "done" in raw:  # format 1: every handed-out shard name of each live version
-                marks: dict[int, dict[str, int]] = {}
-                for v, names in raw["done"].items():
-                    for name in names:
-                        sid = layout.parse_shard_path(f"{layout.version_dir(int(v))}/{name}")
-                        if sid is not None:
-                            w = marks.setdefault(sid.version, {})
-                            w[sid.worker_id] = max(w.get(sid.worker_id, -1), sid.seq)
-            else:
-                marks = {int(v): {str(w): int(s) for w, s in ws.items()} for v, ws in raw["marks"].items()}
-            return cls(
-                marks=marks,
-                partial={str(k): int(n) for k, n in raw["partial"].items()},
-                retired_below=int(raw["retired_below"]),
-                groups_consumed=int(raw["groups_consumed"]),
-                groups_dropped_stale=int(raw["groups_dropped_stale"]),
-                shards_skipped=int(raw["shards_skipped"]),
-                groups_skipped=int(raw.get("groups_skipped", 0)),  # cursors saved before groups were skipped
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise _cursor_error("cursor", e) from e
-
-    def delta_json(self, before: TailCursor) -> str:
-        """What changed since ``before``: the marks and partial shards that moved (a partial shard that finished
-        maps to null) and the totals. A consumption log carries this; ``before.after(delta)`` is this cursor."""
-        plain = self._plain()
-        plain["marks"] = {str(v): moved for v, ws in sorted(self.marks.items())
-                          if (moved := {w: s for w, s in sorted(ws.items()) if before.marks.get(v, {}).get(w) != s})}
-        plain["partial"] = {**{p: n for p, n in sorted(self.partial.items()) if before.partial.get(p) != n},
-                            **{p: None for p in sorted(before.partial) if p not in self.partial}}
-        return json.dumps(plain, sort_keys=True, separators=(",", ":"))
-
-    def after(self, delta: str) -> TailCursor:
-        """The cursor that ``delta`` (a ``delta_json``) leads to from this one."""
-        try:
-            raw = json.loads(delta)
-            out = TailCursor.from_json(json.dumps({**raw, "marks": {}, "partial": {}}))
-            out.marks = {v: dict(ws) for v, ws in self.marks.items() if v >= out.retired_below}
-            for v, ws in raw["marks"].items():
-                out.marks.setdefault(int(v), {}).update({str(w): int(s) for w, s in ws.items()})
-            out.partial = dict(self.partial)
-            for path, rows in raw["partial"].items():
-                if rows is None:
-                    out.partial.pop(path, None)
-                else:
-                    out.partial[str(path)] = int(rows)
-            return out
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise _cursor_error("cursor delta", e) from e
-
 
 class ShardTailer:
     def __init__(self, store: Store, *, cursor: TailCursor | None = None, validate: bool = True,
@@ -378,11 +272,12 @@ class ShardTailer:
             pending.sort()
         return new
 
-    def retire_below(self, min_version: int) -> None:
-        """Versions older than ``min_version`` are too stale: account their remaining groups as dropped."""
+    def retire_below(self, window: Window) -> None:
+        """Versions older than the window's start are too stale: account their remaining groups as dropped."""
+        min_version = window.start
         for version in range(self.cursor.retired_below, min_version):
             self._list(version)
-            reason = f"version {version} < window start {min_version}"
+            reason = window.stale_reason(version)
             for sid in self._pending.pop(version):
                 path = sid.path
                 if sid.groups is not None and path not in self.cursor.partial and path not in self._tables:
@@ -411,19 +306,19 @@ class ShardTailer:
             self.cursor.retired_below = min_version
             self._seen = {g: (v, s) for g, (v, s) in self._seen.items() if v >= min_version}
 
-    def next_groups(self, max_groups: int, *, min_version: int, max_version: int) -> list[GroupSlice]:
-        """Up to ``max_groups`` whole groups from versions ``[min_version, max_version]``, in order.
+    def next_groups(self, max_groups: int, window: Window) -> list[GroupSlice]:
+        """Up to ``max_groups`` whole groups from the versions of ``window``, in order.
 
         Shards already listed are handed out first; the window's folders are listed again only when they do not
         fill the request, so emptying a window lists it once per batch that ends short, not once per call."""
         if max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {max_groups}")
-        self.retire_below(min_version)
-        versions = range(max(min_version, self.cursor.retired_below), max_version + 1)
+        self.retire_below(window)
+        versions = range(max(window.start, self.cursor.retired_below), window.version + 1)
         out: list[GroupSlice] = []
-        self._hand_out(out, max_groups, versions, max_version)
+        self._hand_out(out, max_groups, versions, window.version)
         if len(out) < max_groups and any([self._list(v) for v in versions]):
-            self._hand_out(out, max_groups, versions, max_version)
+            self._hand_out(out, max_groups, versions, window.version)
         return out
 
     def _hand_out(self, out: list[GroupSlice], max_groups: int, versions: range, max_version: int) -> None:
