@@ -86,9 +86,12 @@ from pipelines_lib.engine.scheduler import Call, Counters, Request, Scheduler
 from pipelines_lib.mesh import logical_spec, make_mesh, place_state
 from pipelines_lib.model.decoder import Decoder, init_cache
 
-WARMUP_COMPILE_THREADS = 8
+WARMUP_COMPILE_THREADS = 4
 """Most variants ``warmup()`` compiles at once (one per host core at most): compile time, not the device, bounds
-a warm-up, and XLA compiles one program on about one core."""
+a warm-up, and XLA compiles one program on about one core. Half of the eight threads the TPU runtime of the JAX
+we pin compiles on: in a colocated campaign the trainer compiles its step while the engine warms up, and a
+process whose compilations filled that pool (eight warm-up threads and the trainer) stopped making progress
+there; on its own the engine warmed up its 36 variants in 25 s with eight."""
 
 
 class EngineClosedError(RuntimeError):
