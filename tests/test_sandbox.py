@@ -100,8 +100,9 @@ def test_the_default_isolation_is_bubblewrap_and_a_missing_one_refuses_to_start(
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap on PATH
     with pytest.raises(SandboxUnavailable, match="install the system package `bubblewrap`.*isolation: none"):
         PythonSandbox(FAST)
+    tool = make_tool("python", config=FAST)  # the tool starts its sandbox at first use, and refuses there
     with pytest.raises(SandboxUnavailable):
-        make_tool("python", config=FAST)
+        asyncio.run(tool({"code": "print(1)"}))
 
 
 def test_an_interpreter_the_sandbox_cannot_start_refuses_to_start_naming_it() -> None:
@@ -571,7 +572,7 @@ def test_a_code_campaign_refuses_to_start_without_isolation_unless_configured_un
 
     path = os.path.join(tmp_path, "campaign.yaml")
     with open(path, "w") as f:
-        f.write("env:\n  name: code\n")
+        f.write("dataset:\n  source: builtin:code\n  env_name: code\nenv:\n  name: code\n")
     safe = CampaignConfig.from_yaml(path)
     with open(path, "a") as f:
         f.write("  sandbox:\n    isolation: none\n")
