@@ -82,11 +82,12 @@ class DeviceWeights:
         return self._published.load(version)
 
 
-def _evaluate_all(store: Store, config: CampaignConfig, cache: Path | None) -> dict[int, dict[str, Any]]:
+def _evaluate_all(store: Store, config: CampaignConfig, cache: Path | None,
+                  log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
     """Score every version ``eval.versions`` asks for that has no ``EvalResult`` yet."""
     done = set(records.evaluated_versions(store))
     wanted = versions_to_evaluate(records.published_versions(store), config.eval.versions)
-    return {v: evaluate(store, config, version=v, cache=cache).to_dict() for v in wanted if v not in done}
+    return {v: evaluate(store, config, version=v, cache=cache, log=log).to_dict() for v in wanted if v not in done}
 
 
 def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | None,
@@ -123,7 +124,7 @@ def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = 
     out["prep"] = prep(store, config)
     out["warm_start"] = warm_start(store, config, cache=cache, log=log)
     out["train"], out["collect"], out["handed_over"] = _collect_and_train(store, config, cache=cache, log=log)
-    out["evaluate"] = _evaluate_all(store, config, cache)
+    out["evaluate"] = _evaluate_all(store, config, cache, log)
     if with_audit:
         out["audit"] = audit(store)
     out["wall_s"] = round(time.perf_counter() - started, 3)
