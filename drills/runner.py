@@ -356,10 +356,9 @@ def render_report(record: dict[str, Any]) -> str:
            "`bench/results.json`.", "",
            f"**Last full drill.** {run['date']}, {run['seconds']:.0f} s; {m.get('cpus')} CPUs, {m.get('memory_gb')} GiB, "
            f"load {m.get('load_1min')}, Python {m.get('python')}.", "",
-           *[f"**Rerun since.** {r['date']}: {', '.join(r['drills'])}, full sizes; load "
-             f"{r['machine'].get('load_1min')}. Their figures and sections below are from that run." for r in
-             record.get("reruns", [])],
-           *([""] if record.get("reruns") else []),
+           *[line for r in record.get("reruns", []) for line in (  # a paragraph each
+               f"**Rerun since.** {r['date']}: {', '.join(r['drills'])}, full sizes; load "
+               f"{r['machine'].get('load_1min')}. Their figures and sections below are from that run.", "")],
            "| figure | value | how it was measured |", "|---|---|---|"]
     for key in sorted(figures):
         how = MEASURED.get(key, "")
