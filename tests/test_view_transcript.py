@@ -26,7 +26,8 @@ def test_each_turn_reads_as_the_text_of_its_own_tokens(tok: ChatTokenizer) -> No
     assert [t["role"] for t in turns] == ["system", "user", "assistant", "tool", "assistant"]
     for t in turns:
         assert "".join(s for _, s in t["parts"]) == tok.decode(row["tokens"][t["start"] : t["end"]])
-    assert "".join(s for t in turns for _, s in t["parts"]) == tok.decode(row["tokens"])  # nothing lost between turns
+    # Nothing is lost between turns.
+    assert "".join(s for t in turns for _, s in t["parts"]) == tok.decode(row["tokens"])
     system, user, call, result, answer = turns
     assert prompt_text(turns, row["prompt_len"]) == user_text(user) != ""
     assert "calculator" in user_text(system)
@@ -35,7 +36,8 @@ def test_each_turn_reads_as_the_text_of_its_own_tokens(tok: ChatTokenizer) -> No
     assert [kind for kind, _ in result["parts"]] == ["markup", "tool_result", "markup"]
     assert result["tool_name"] == "calculator"
     assert [s for kind, s in answer["parts"] if kind == "text"] == [f"<answer>{answer_of(row, tok)}</answer>"]
-    assert [t["versions"] for t in turns] == [[], [], [3, 3], [], [3, 3]]  # only generated turns have a version
+    # Only generated turns have a policy version.
+    assert [t["versions"] for t in turns] == [[], [], [3, 3], [], [3, 3]]
     assert [t["ended"] for t in turns] == [None, None, "stop", None, "stop"]
 
 
@@ -51,24 +53,33 @@ def answer_of(row: dict, tok: ChatTokenizer) -> str:
 def test_tool_calls_results_and_turn_headers_are_set_apart_from_text() -> None:
     text = '<|im_start|>assistant\nLet me look.<tool_call>{"name": "search"}</tool_call><|im_end|>'
     assert turn_parts(text, CHATML) == [
-        ["markup", "<|im_start|>assistant\n"], ["text", "Let me look."],
-        ["tool_call", '<tool_call>{"name": "search"}</tool_call>'], ["markup", "<|im_end|>"]]
+        ["markup", "<|im_start|>assistant\n"],
+        ["text", "Let me look."],
+        ["tool_call", '<tool_call>{"name": "search"}</tool_call>'],
+        ["markup", "<|im_end|>"],
+    ]
     # The separator before a tool message, and the generation prompt after it, are markup; the result is apart.
     text = "\n<|im_start|>tool\n<tool_response>Papare: city in Kavire</tool_response><|im_end|>\n<|im_start|>assistant\n"
     assert turn_parts(text, CHATML) == [
-        ["markup", "\n<|im_start|>tool\n"], ["tool_result", "<tool_response>Papare: city in Kavire</tool_response>"],
-        ["markup", "<|im_end|>\n<|im_start|>assistant\n"]]
+        ["markup", "\n<|im_start|>tool\n"],
+        ["tool_result", "<tool_response>Papare: city in Kavire</tool_response>"],
+        ["markup", "<|im_end|>\n<|im_start|>assistant\n"],
+    ]
     # Another template's header (role between two control tokens); a tool call cut by a length limit runs to the end.
     llama = parts_pattern(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
     assert turn_parts("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", llama) == [
-        ["markup", "<|start_header_id|>user<|end_header_id|>\n\n"], ["text", "Hi"], ["markup", "<|eot_id|>"]]
+        ["markup", "<|start_header_id|>user<|end_header_id|>\n\n"],
+        ["text", "Hi"],
+        ["markup", "<|eot_id|>"],
+    ]
     assert turn_parts('ok <tool_call>{"na', CHATML) == [["text", "ok "], ["tool_call", '<tool_call>{"na']]
 
 
 def test_a_generation_cut_by_a_length_limit_is_marked_cut(tok: ChatTokenizer) -> None:
     row = _row(tok)
-    row["tokens"], row["loss_mask"], row["policy_version"] = (row[c][:-1] for c in ("tokens", "loss_mask",
-                                                                                     "policy_version"))
+    row["tokens"], row["loss_mask"], row["policy_version"] = (
+        row[c][:-1] for c in ("tokens", "loss_mask", "policy_version")
+    )
     row["turns"][-1] = {**row["turns"][-1], "end": len(row["tokens"])}
     assert transcript(row, tok)[-1]["ended"] == "cut"
 
@@ -77,12 +88,14 @@ def test_a_trajectory_of_another_tokenizer_keeps_its_ids_undecoded(tok: ChatToke
     row = {**_row(tok), "tokenizer_hash": "another tokenizer"}
     turns = transcript(row, tok)
     assert [t["parts"] for t in turns] == [None] * 5 and [t["ended"] for t in turns] == [None] * 5
-    assert turns[2]["versions"] == [3, 3] and turns[3]["tool_name"] == "calculator"  # the record itself still shows
+    # The record itself still shows.
+    assert turns[2]["versions"] == [3, 3] and turns[3]["tool_name"] == "calculator"
     assert transcript(_row(tok), None)[0]["parts"] is None
 
 
 def test_the_campaign_view_decodes_with_the_campaigns_tokenizer_and_gives_grpo_advantages(
-        chat_campaign: Store, tok: ChatTokenizer) -> None:
+    chat_campaign: Store, tok: ChatTokenizer
+) -> None:
     view = campaign_view(chat_campaign)
     assert view.tokenizer == {"hash": tok.tokenizer_hash} and view.advantage == "grpo"
     trajectories = [t for g in view.groups for t in g["trajectories"]]
