@@ -30,7 +30,7 @@ from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import artifacts, entry, settings
+from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
@@ -146,7 +146,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
         # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
-        out["view"] = store.uri(write_view(store, campaign_view(store, cache=settings().cache)))
+        out["view"] = store.uri(write_view(store, campaign_view(store, cache=launcher.settings.cache)))
         log.info("report and learning curve: %s", out["view"])
     artifacts.publish_telemetry(url, store)
     return out
