@@ -36,12 +36,13 @@ from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
 from flows.runs import label_run
 from pipelines_lib import records
-from pipelines_lib.audit.view import build_view, write_view
+from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
 from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
+from pipelines_lib.stages.view import campaign_view
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 from tasks.colocated import colocated_campaign
@@ -145,7 +146,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
         # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
-        out["view"] = store.uri(write_view(store, build_view(store)))
+        out["view"] = store.uri(write_view(store, campaign_view(store, cache=launcher.settings.cache)))
         log.info("report and learning curve: %s", out["view"])
     artifacts.publish_telemetry(url, store)
     return out

@@ -139,13 +139,17 @@ def _view_args(p: argparse.ArgumentParser) -> None:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, build_view, render_html, serve, write_view
+    from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, render_html, serve, write_view
+    from pipelines_lib.stages.view import campaign_view
 
     store = open_campaign_store(args, args.url)
     try:
-        view = build_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, progress=to_stderr)
+        view = campaign_view(store, max_groups=args.max_groups or DEFAULT_MAX_GROUPS, cache=args.settings.cache,
+                             progress=to_stderr)
     except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
         raise CommandError(str(e)) from e
+    if view.tokenizer is None:
+        to_stderr(f"rollstream view: turns shown as token ids ({view.tokenizer_note})")
     for shard, reason in view.summary["skipped_shards"]:
         to_stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
     path = write_view(store, view)

@@ -152,3 +152,54 @@ def campaign(tmp_path) -> Store:
     store = Store(str(tmp_path / "my_campaign"))
     init_campaign.fn(store.url, CampaignConfig.from_mapping(SMALL_CAMPAIGN).to_dict())
     return store
+
+
+CHAT_ENVS = ("arithmetic", "multihop")
+CHAT_SAMPLES = ("right", "wrong", "no_tool", "max_turns")
+"""``chat_group``'s four samples: the env's demonstration, the same with a wrong final answer, an answer without
+calling a tool, and the first tool call over and over until the episode runs out of turns."""
+
+
+def chat_group(env_name: str, task_index: int, *, tok, version: int, worker_id: str = "w0") -> list:
+    """One GRPO group of real episodes (real env, tools and tokenizer; scripted responses through ``ScriptedEngine``
+    at policy ``version``) on the ``task_index``-th train task of ``env_name``."""
+    import asyncio
+
+    from pipelines_lib.agents import AgentConfig, make_agent, run_episode
+    from pipelines_lib.engine.api import SamplingParams
+    from pipelines_lib.engine.scripted import ScriptedEngine
+    from pipelines_lib.envs import make_env
+
+    env = make_env(env_name)
+    task = type(env).generate_tasks(seed=0, n=task_index + 1, split="train")[task_index]
+    said = [m["content"] for m in env.demonstration(task) if m["role"] == "assistant"]
+    scripts = {"right": said, "wrong": [*said[:-1], "<answer>wrong</answer>"], "no_tool": [said[-1]],
+               "max_turns": lambda prompt, i: said[0]}
+    group = []
+    for idx, name in enumerate(CHAT_SAMPLES):
+        engine = ScriptedEngine(scripts[name], tokenizer=tok, policy_version=version)
+        group.append(asyncio.run(run_episode(
+            env=make_env(env_name), task=task, agent=make_agent(AgentConfig(kind="tool"), tok), engine=engine,
+            tokenizer=tok, sampling=SamplingParams(max_new_tokens=64), group_id=f"{env_name}-v{version}-t{task_index}",
+            sample_idx=idx, group_size=len(CHAT_SAMPLES), worker_id=worker_id, episode_timeout_s=30.0,
+            tool_timeout_s=5.0, max_tokens=1024)))
+    return group
+
+
+@pytest.fixture(scope="session")
+def chat_campaign(tmp_path_factory: pytest.TempPathFactory, tok) -> Store:
+    """A training campaign (``campaign.json`` of the tiny preset: the default tokenizer, the ``grpo`` estimator) whose
+    shards hold ``chat_group`` groups: per env of ``CHAT_ENVS``, two tasks at policy version 0 and two at 1."""
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.stages.campaign import init_campaign
+    from pipelines_lib.trajectory.writer import ShardWriter
+
+    store = Store(str(tmp_path_factory.mktemp("chat") / "chat"))
+    init_campaign(store, CampaignConfig.from_mapping(SMALL_CAMPAIGN))
+    writer = ShardWriter(store, worker_id="w0")
+    for env_name in CHAT_ENVS:
+        for version in (0, 1):
+            for k in (0, 1):
+                writer.add_group(chat_group(env_name, 2 * version + k, tok=tok, version=version))
+    writer.flush()
+    return store

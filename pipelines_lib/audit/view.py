@@ -1,15 +1,18 @@
 """``rollstream view``: one self-contained HTML page for browsing a campaign, written into its folder.
 
 ``build_view`` reads the campaign through ``audit.sql.campaign_tables`` and returns a ``View``: summary
-numbers (``summary``, pure), the learning-curve PNG and the sampled groups. ``render_html`` turns that into
-one page with no external resources (styles, script, data and the PNG are inline), so it opens from a bucket
-download, a file:// URL or ``--serve`` alike. ``write_view`` commits it create-only as
-``view/<utc>/report.html`` next to ``view/<utc>/learning_curve.png``.
+numbers (``summary``, pure), the learning-curve PNG and the sampled groups, each trajectory's turns decoded
+(``audit.transcript``) by the tokenizer it is given (the campaign's: ``stages.view.campaign_view`` opens it and
+the campaign's advantage estimator). ``render_html`` turns that into one page (``audit.page``) with no external
+resources (styles, script, data and the PNG are inline), so it opens from a bucket download, a file:// URL or
+``--serve`` alike. ``write_view`` commits it create-only as ``view/<utc>/report.html`` next to
+``view/<utc>/learning_curve.png``.
 
 The page: the learning curve; reward and staleness distributions per policy version; drop/skip accounting;
-a list of groups (search by prompt id, filter by status and version) whose rows open into their trajectories,
-each turn with its role, tool, latency and error, and every token coloured by loss mask (policy tokens boxed)
-and by the policy version that produced it.
+a list of trajectories (search their text, filter by env, version, failure kind and reward) whose rows open
+their group: each trajectory's turns as text, labelled by role, with tool calls and results set apart, reward,
+advantage, stop reason and the policy versions of each generated turn, and every token coloured by loss mask
+(policy tokens boxed) and by the policy version that produced it.
 
 Size is bounded: at most ``max_groups`` groups go into the page, sampled evenly across versions (the first
 groups of each version in shard order), and the page says how many of how many it shows. Tables are exact
@@ -27,19 +30,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
+from pipelines_lib.audit.page import PAGE
 from pipelines_lib.audit.sql import CampaignTables, campaign_tables
+from pipelines_lib.audit.transcript import decodes, parts_pattern, prompt_text, transcript, vocabulary
+from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.records import CampaignManifest, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 DEFAULT_MAX_GROUPS = 400
-"""Groups embedded in a page. A page costs about 30 bytes per embedded token (the demo campaign: 345 KB for 240
-trajectories, 10,105 tokens, plot included), so 400 groups of 4 samples of 300 tokens make about 14 MB."""
+"""Groups embedded in a page. A page costs about 30 bytes per embedded token, decoded text included (160 scripted
+arithmetic and multihop episodes, 29,175 tokens: 26 bytes a token decoded, 20 as bare ids, plus the plot and the
+page's code), so 400 groups of 4 samples of 300 tokens make about 14 MB."""
 
 VIEW_DIR = "view"
+
+Advantages = Callable[[np.ndarray], np.ndarray]
+"""``rewards float[n_groups, group_size] -> advantages float[n_groups, group_size]``: the campaign's estimator."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +64,14 @@ class View:
     curve_png: bytes
     parent: dict[str, Any] | None = None
     """For a fork: ``campaign.json``'s ``parent`` (URL, step, version, changed settings), shown under the title."""
+    tokenizer: dict[str, str] | None = None
+    """``{"hash"}`` of the tokenizer the turns were decoded with; None: nothing decoded."""
+    tokenizer_note: str = "none given"
+    """Why there is no tokenizer, for the page."""
+    vocab: dict[int, str] | None = None
+    """Each id in the page's tokens -> its own text (the token boxes), when there is a tokenizer."""
+    advantage: str | None = None
+    """Name of the estimator that gave each trajectory its ``advantage``; None: none computed."""
 
 
 def sample_groups(group_versions: list[tuple[str, int]], max_groups: int) -> list[str]:
@@ -97,31 +116,66 @@ def summarize(tables: CampaignTables) -> dict[str, Any]:
             "skipped_shards": tables.skipped}
 
 
-def _group_records(trajectories: pa.Table, chosen: list[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class ViewParts:
+    """What the campaign's own parts add to a view: the tokenizer its ids belong to, its advantage estimator."""
+
+    tokenizer: ChatTokenizer | None = None
+    tokenizer_note: str = "none given"
+    """Why ``tokenizer`` is None, for the page."""
+    advantage: str | None = None
+    """The estimator's name (``trainer.advantage``)."""
+    advantages: Advantages | None = None
+
+
+def _trajectory_record(r: dict[str, Any], parts: ViewParts, pattern: Any) -> dict[str, Any]:
+    turns = transcript(r, parts.tokenizer, pattern)
+    return {
+        "trajectory_id": r["trajectory_id"], "sample_idx": r["sample_idx"], "worker_id": r["worker_id"],
+        "env": r["env_name"], "task_id": r["task_id"], "reward": r["reward"], "reward_parts": dict(r["reward_parts"]),
+        "advantage": None, "status": r["status"], "status_reason": r["status_reason"], "prompt_len": r["prompt_len"],
+        "tokens": r["tokens"], "loss_mask": r["loss_mask"], "policy_version": r["policy_version"],
+        "logprobs": [round(x, 3) for x in r["logprobs"]], "turns": turns,
+        "decoded": decodes(r, parts.tokenizer), "prompt": prompt_text(turns, r["prompt_len"]),
+    }
+
+
+def _add_advantages(groups: list[dict[str, Any]], advantages: Advantages) -> None:
+    """Each trajectory's advantage within its (whole) group, one estimator call per group size."""
+    by_size: dict[int, list[dict[str, Any]]] = {}
+    for g in groups:
+        by_size.setdefault(len(g["trajectories"]), []).append(g)
+    for same in by_size.values():
+        rewards = np.array([[t["reward"] for t in g["trajectories"]] for g in same], np.float32)
+        for g, row in zip(same, np.asarray(advantages(rewards)).tolist(), strict=True):
+            for t, a in zip(g["trajectories"], row, strict=True):
+                t["advantage"] = a
+
+
+def _group_records(trajectories: pa.Table, chosen: list[str], parts: ViewParts) -> list[dict[str, Any]]:
     keep = set(chosen)
     rows = [r for r in trajectories.to_pylist() if f"{r['shard']}#{r['group_id']}" in keep]
+    pattern = None if parts.tokenizer is None else parts_pattern(parts.tokenizer.hf.all_special_tokens)
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:
         key = f"{r['shard']}#{r['group_id']}"
         g = groups.setdefault(key, {"group_id": r["group_id"], "prompt_id": r["prompt_id"], "version": r["version"],
                                     "shard": r["shard"], "env": r["env_name"], "trajectories": []})
-        g["trajectories"].append({
-            "trajectory_id": r["trajectory_id"], "sample_idx": r["sample_idx"], "worker_id": r["worker_id"],
-            "reward": r["reward"], "reward_parts": dict(r["reward_parts"]), "status": r["status"],
-            "prompt_len": r["prompt_len"], "tokens": r["tokens"], "loss_mask": r["loss_mask"],
-            "policy_version": r["policy_version"], "logprobs": [round(x, 3) for x in r["logprobs"]],
-            "turns": r["turns"],
-        })
+        g["trajectories"].append(_trajectory_record(r, parts, pattern))
     ordered = [groups[k] for k in chosen if k in groups]
     for g in ordered:
         g["trajectories"].sort(key=lambda t: t["sample_idx"])
         g["mean_reward"] = sum(t["reward"] for t in g["trajectories"]) / len(g["trajectories"])
         g["statuses"] = sorted({t["status"] for t in g["trajectories"]})
+    if parts.advantages is not None:
+        _add_advantages(ordered, parts.advantages)
     return ordered
 
 
-def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS,
-               progress: Callable[[str], None] | None = None) -> View:
+def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS, progress: Callable[[str], None] | None = None,
+               parts: ViewParts | None = None) -> View:
+    """The view of the campaign at ``store``; ``parts`` (default: none) decode its turns and give advantages."""
+    parts = parts or ViewParts()
     store = with_parents(store)
     tables = campaign_tables(store, progress=progress)
     summary = summarize(tables)
@@ -135,9 +189,14 @@ def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS,
                            GROUP BY ALL ORDER BY min(shard), k""").to_pylist()
     chosen = sample_groups([(r["k"], r["version"]) for r in keys], max_groups)
     parent = CampaignManifest.read(store).parent if store.exists(CampaignManifest.PATH) else None
-    return View(campaign=layout.campaign_id(store.url), summary=summary,
-                groups=_group_records(tables.tables["trajectories"], chosen), total_groups=len(keys), curve_png=png,
-                parent=None if parent is None else parent.to_dict())
+    groups = _group_records(tables.tables["trajectories"], chosen, parts)
+    tok = parts.tokenizer
+    return View(campaign=layout.campaign_id(store.url), summary=summary, groups=groups, total_groups=len(keys),
+                curve_png=png, parent=None if parent is None else parent.to_dict(),
+                tokenizer=None if tok is None else {"hash": tok.tokenizer_hash}, tokenizer_note=parts.tokenizer_note,
+                vocab=None if tok is None else vocabulary(tok, (i for g in groups for t in g["trajectories"]
+                                                                for i in t["tokens"])),
+                advantage=parts.advantage if parts.advantages is not None else None)
 
 
 def _json_for_script(obj: Any) -> str:
@@ -147,9 +206,10 @@ def _json_for_script(obj: Any) -> str:
 
 def render_html(view: View) -> str:
     data = {"campaign": view.campaign, "summary": view.summary, "groups": view.groups,
-            "total_groups": view.total_groups, "parent": view.parent}
+            "total_groups": view.total_groups, "parent": view.parent, "tokenizer": view.tokenizer,
+            "tokenizer_note": view.tokenizer_note, "vocab": view.vocab, "advantage": view.advantage}
     png = base64.b64encode(view.curve_png).decode()
-    return (_PAGE.replace("__TITLE__", html.escape(f"rollstream: {view.campaign}"))
+    return (PAGE.replace("__TITLE__", html.escape(f"rollstream: {view.campaign}"))
             .replace("__PNG__", png).replace("__DATA__", _json_for_script(data)))
 
 
@@ -183,143 +243,3 @@ def serve(page: str, *, port: int, announce: Callable[[str], None]) -> None:
         announce(f"serving on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)")
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-
-
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<style>
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}
-.bar{display:inline-block;height:10px;background:#4a90d9;vertical-align:middle}
-#groups tbody tr{cursor:pointer}#groups tbody tr:hover{background:#eef5ff}
-.tok{display:inline-block;font:12px monospace;padding:0 2px;margin:1px;border-radius:2px;background:#eee;color:#555}
-.tok.loss{border:1px solid #222;color:#000}
-.turn{border-left:4px solid #999;margin:.4em 0;padding:.2em .6em}
-.turn.assistant{border-color:#2a7}.turn.tool{border-color:#d80}.turn.user,.turn.system{border-color:#58c}
-.err{color:#b00}.meta{color:#666;font-size:12px}
-.traj{border:1px solid #ddd;margin:.6em 0;padding:.4em .8em}
-</style></head><body>
-<h1 id="title"></h1><p id="overview" class="meta"></p>
-<h2>Learning curve</h2><img id="curve" alt="learning curve" src="data:image/png;base64,__PNG__">
-<div id="evals"></div>
-<h2>Reward per policy version</h2><div id="per-version"></div>
-<h2>Staleness of consumed groups per version</h2><div id="staleness"></div>
-<h2>Drops and skips</h2><div id="accounting"></div>
-<h2>Groups</h2>
-<p>prompt <input id="q" placeholder="search prompt id"> status <select id="status"><option value="">any</option></select>
-version <select id="version"><option value="">any</option></select> <span id="shown" class="meta"></span></p>
-<table id="groups"><thead><tr><th class="l">group</th><th class="l">prompt</th><th>version</th><th>samples</th>
-<th>mean reward</th><th class="l">statuses</th></tr></thead><tbody></tbody></table>
-<p><button id="prev">previous</button> <span id="page"></span> <button id="next">next</button></p>
-<div id="detail"></div>
-<script type="application/json" id="data">__DATA__</script>
-<script>
-"use strict";
-const D = JSON.parse(document.getElementById("data").textContent);
-const S = D.summary, PAGE = 50;
-const el = (tag, attrs = {}, ...kids) => {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) { if (k === "text") e.textContent = v; else e.setAttribute(k, v); }
-  for (const k of kids) e.append(k);
-  return e;
-};
-const fmt = v => typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(4)) : String(v ?? "");
-function table(rows, cols, left = []) {
-  const t = el("table"), h = el("tr");
-  cols.forEach(c => h.append(el("th", {class: left.includes(c) ? "l" : "", text: c})));
-  t.append(el("thead", {}, h));
-  const b = el("tbody");
-  rows.forEach(r => { const tr = el("tr"); cols.forEach(c => tr.append(el("td", {class: left.includes(c) ? "l" : ""},
-    r[c] instanceof Node ? r[c] : fmt(r[c])))); b.append(tr); });
-  t.append(b);
-  return t;
-}
-const bar = (n, max) => el("span", {class: "bar", style: `width:${Math.round(120 * n / Math.max(max, 1))}px`});
-document.getElementById("title").textContent = `Campaign ${D.campaign}` +
-  (D.parent ? ` (forked from ${D.parent.url} at step ${D.parent.step}, version ${D.parent.version})` : "");
-document.getElementById("overview").textContent =
-  `${S.accounting.groups_committed} groups committed; the list below shows ${D.groups.length} of ${D.total_groups}` +
-  (D.groups.length < D.total_groups ? " (sampled evenly across versions)" : "");
-if (S.evals.length) document.getElementById("evals").append(table(S.evals, ["version", "step", "metric", "value"], ["metric"]));
-function histogram(rewards) {
-  const bins = new Map(); rewards.forEach(r => bins.set(fmt(r), (bins.get(fmt(r)) || 0) + 1));
-  const max = Math.max(...bins.values()), span = el("span");
-  [...bins.entries()].slice(0, 8).forEach(([k, n]) => span.append(el("span", {class: "meta", text: ` ${k}: `}), bar(n, max), ` ${n}`));
-  return span;
-}
-document.getElementById("per-version").append(table(S.per_version.map(r => ({...r, "reward distribution": histogram(r.rewards)})),
-  ["version", "groups", "trajectories", "mean_reward", "success_rate", "reward distribution"], ["reward distribution"]));
-const maxStale = Math.max(1, ...S.staleness.map(r => r.groups));
-document.getElementById("staleness").append(table(S.staleness.map(r => ({...r, "": bar(r.groups, maxStale)})),
-  ["version", "staleness", "groups", ""], [""]));
-document.getElementById("accounting").append(table(Object.entries(S.accounting).map(([k, v]) => ({what: k, count: v})),
-  ["what", "count"], ["what"]));
-if (S.skipped_shards.length) document.getElementById("accounting").append(
-  table(S.skipped_shards.map(([s, r]) => ({shard: s, reason: r})), ["shard", "reason"], ["shard", "reason"]));
-const statusSel = document.getElementById("status"), versionSel = document.getElementById("version");
-[...new Set(D.groups.flatMap(g => g.statuses))].sort().forEach(s => statusSel.append(el("option", {value: s, text: s})));
-[...new Set(D.groups.map(g => g.version))].sort((a, b) => a - b).forEach(v => versionSel.append(el("option", {value: v, text: v})));
-let page = 0;
-function filtered() {
-  const q = document.getElementById("q").value.toLowerCase(), st = statusSel.value, v = versionSel.value;
-  return D.groups.filter(g => g.prompt_id.toLowerCase().includes(q) && (!st || g.statuses.includes(st)) &&
-    (v === "" || String(g.version) === v));
-}
-function versionColour(v) { return v < 0 ? "#eee" : `hsl(${(v * 47) % 360},70%,82%)`; }
-function tokens(t, start, end) {
-  const div = el("div");
-  for (let i = start; i < end; i++) {
-    const s = el("span", {class: t.loss_mask[i] ? "tok loss" : "tok", "data-i": i, "data-mask": t.loss_mask[i],
-      "data-version": t.policy_version[i], title: `#${i} version ${t.policy_version[i]} logprob ${t.logprobs[i]}`,
-      text: t.tokens[i]});
-    if (t.loss_mask[i]) s.style.background = versionColour(t.policy_version[i]);
-    div.append(s);
-  }
-  return div;
-}
-function openGroup(g) {
-  const d = document.getElementById("detail"); d.replaceChildren();
-  d.append(el("h2", {text: `Group ${g.group_id}`}),
-    el("p", {class: "meta", text: `prompt ${g.prompt_id} · version ${g.version} · ${g.shard} · env ${g.env}`}));
-  for (const t of g.trajectories) {
-    const box = el("div", {class: "traj", "data-trajectory": t.trajectory_id});
-    const parts = Object.entries(t.reward_parts).map(([k, v]) => `${k}=${fmt(v)}`).join(", ");
-    box.append(el("h3", {text: `sample ${t.sample_idx}: reward ${fmt(t.reward)} (${parts || "no parts"}) · ${t.status}`}),
-      el("p", {class: "meta", text: `${t.trajectory_id} · worker ${t.worker_id} · ${t.tokens.length} tokens, prompt ${t.prompt_len}`}));
-    const turns = t.turns.length ? t.turns : [{role: "sequence", start: 0, end: t.tokens.length}];
-    for (const u of turns) {
-      const head = `${u.role}${u.tool_name ? " → " + u.tool_name : ""}` +
-        (u.latency_s != null ? ` · ${fmt(u.latency_s)} s` : "") + ` · tokens ${u.start}–${u.end}`;
-      const turn = el("div", {class: `turn ${u.role}`}, el("div", {class: "meta", text: head}));
-      if (u.error) turn.append(el("div", {class: "err", text: `error: ${u.error}`}));
-      turn.append(tokens(t, u.start, u.end));
-      box.append(turn);
-    }
-    d.append(box);
-  }
-}
-function render() {
-  const rows = filtered(), pages = Math.max(1, Math.ceil(rows.length / PAGE));
-  page = Math.min(page, pages - 1);
-  const body = document.querySelector("#groups tbody"); body.replaceChildren();
-  rows.slice(page * PAGE, (page + 1) * PAGE).forEach(g => {
-    const tr = el("tr", {"data-group": g.group_id});
-    [g.group_id, g.prompt_id, g.version, g.trajectories.length, fmt(g.mean_reward), g.statuses.join(", ")]
-      .forEach((v, i) => tr.append(el("td", {class: i < 2 || i === 5 ? "l" : "", text: v})));
-    tr.addEventListener("click", () => openGroup(g));
-    body.append(tr);
-  });
-  document.getElementById("page").textContent = `page ${page + 1} of ${pages}`;
-  document.getElementById("shown").textContent = `${rows.length} groups match`;
-}
-document.getElementById("prev").addEventListener("click", () => { page = Math.max(0, page - 1); render(); });
-document.getElementById("next").addEventListener("click", () => { page += 1; render(); });
-// "input" only on the search box: its "change" fires on blur, i.e. when a row is clicked, and re-rendering
-// then would swallow that click.
-[[document.getElementById("q"), "input"], [statusSel, "change"], [versionSel, "change"]]
-  .forEach(([x, ev]) => x.addEventListener(ev, () => { page = 0; render(); }));
-render();
-</script></body></html>
-"""
