@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     result = state.result()
     audit = result.get("audit", {})
     print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit,
-                  result.get("view")))
+                  result.get("view"), _options(args)))
     return 0 if audit.get("ok") else 1
 
 

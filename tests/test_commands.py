@@ -20,6 +20,7 @@ from drills.fixtures import eval_result, trained_campaign
 from pipelines_lib import cli
 from pipelines_lib.cli import build_parser, render_status
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.hints import hint_command
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage.store import Store
 
@@ -102,10 +103,11 @@ def test_status_is_a_table_by_default_and_json_on_request(tmp_path: Path) -> Non
     assert table.stdout.splitlines()[0].split() == ["stage", "state", "detail"]
     rows = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()[1:7]}
     assert rows["evaluate"][:2] == ["done", "evaluated"] and rows["audit"][:2] == ["to", "do"]
-    assert table.stdout.strip().endswith("to do: audit (rollstream recover runs them)")
+    assert table.stdout.strip().endswith(f"to do: audit; run them with: {hint_command(['recover', store.url])}")
     as_json = rollstream("status", store.url, "--json")
     assert json.loads(as_json.stdout)["todo"] == ["audit"]
-    assert render_status(campaign_status(store)) == table.stdout.rstrip("\n")
+    assert render_status(campaign_status(store), recover=hint_command(["recover", store.url])) == \
+        table.stdout.rstrip("\n")
 
 
 def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefect_api: str) -> None:
