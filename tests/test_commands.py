@@ -110,10 +110,21 @@ def test_status_is_a_table_by_default_and_json_on_request(tmp_path: Path) -> Non
         table.stdout.rstrip("\n")
 
 
+def test_a_stage_run_logs_each_line_with_its_run_name(prefect_api: str, campaign: Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The library (Orbax's absl) is imported before the flow starts: its logging must not replace Prefect's format.
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    result = rollstream("stage", "prep", campaign.url)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "Finished in state" in line]
+    assert lines and all("Task run 'prep" in line or "Flow run '" in line for line in lines), lines
+    assert "INFO:prefect" not in result.stderr
+
+
 def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefect_api: str) -> None:
     from prefect import flow, get_run_logger, task
 
-    from flows.commands import verbose_logging
+    from flows.commands import flow_logging
 
     @task
     def commit() -> None:
@@ -137,10 +148,10 @@ def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefec
     level, lines = logger.level, Lines()
     logger.addHandler(lines)
     try:
-        verbose_logging(False)
+        flow_logging(False)
         stage()
         assert lines.lines == ["progress"]
-        verbose_logging(True)
+        flow_logging(True)
         stage()
         assert lines.lines == ["progress", "committed a shard", "progress"]
     finally:
