@@ -31,7 +31,7 @@ from typing import Any
 
 from drills.blackhole import BlackHole
 from drills.fuzz import CONFIG_BOMB
-from pipelines_lib.cli import storage_option_args
+from pipelines_lib.hints import storage_option_args
 from pipelines_lib.settings import DEFAULTS, ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from drills.faultproxy import FaultPlan, FaultProxy
-from pipelines_lib.cli import storage_option_args
+from pipelines_lib.hints import storage_option_args
 from pipelines_lib.records import ConsumptionLog
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.retry import RetryPolicy

@@ -22,7 +22,9 @@ Command line: ``rollstream run URL [--preset tiny|smoke|tpu_demo] [--config FILE
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -39,6 +41,7 @@ from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
 from pipelines_lib.evaluate import versions_to_evaluate
+from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records import EvalResult
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
@@ -63,9 +66,10 @@ def expand_campaign_url(url: str, when: dt.datetime) -> str:
 
 
 def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], progress: TrainProgress,
-                   poll_s: float) -> dict[str, Any]:
+                   poll_s: float, recover: str) -> dict[str, Any]:
     """The trainer's result, following its progress; on its failure, or the monitor's, the stages are stopped and
-    waited for before the error surfaces, so that the run never ends while its stage threads still work."""
+    waited for before the error surfaces, so that the run never ends while its stage threads still work.
+    ``recover`` is the command that continues the campaign, for the warning when every rollout worker stopped."""
     log = get_run_logger()
     warned = False
     while True:
@@ -83,7 +87,7 @@ def _wait_training(trainer: PrefectFuture, collectors: list[PrefectFuture], prog
             return trainer.result()
         if not warned and collectors and all(c.state.is_final() for c in collectors):
             log.warning("all rollout workers have stopped before the trainer finished; it will wait for data "
-                        "up to trainer.data_timeout_s, then fail (recover with `python -m flows.recover`)")
+                        "up to trainer.data_timeout_s, then fail (recover with: %s)", recover)
             warned = True
 
 
@@ -127,7 +131,8 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         if "train" in stages:
             progress = TrainProgress(store, max_steps=config.trainer.max_steps, log=log.info, warn=log.warning,
                                      key=f"progress-{artifacts.campaign_slug(url)}-train")
-            out["train"] = _wait_training(launcher.submit("train"), collectors, progress, poll_s)
+            recover = hint_command(["recover", store.url], launcher.storage_options)
+            out["train"] = _wait_training(launcher.submit("train"), collectors, progress, poll_s, recover)
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
         out["collect"] = [c.result() for c in collectors]
     if "evaluate" in stages:
@@ -189,8 +194,10 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
 
 
-def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None = None) -> str:
-    """What a person wants after a campaign: did it learn, where is everything, how to look at it."""
+def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None = None,
+            storage_options: dict[str, Any] | None = None) -> str:
+    """What a person wants after a campaign: did it learn, where is everything, how to look at it (commands that
+    run as printed from any directory, with the ``storage_options`` the campaign was opened with)."""
     evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
              f"({audit.get('report')})"]
@@ -203,10 +210,12 @@ def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None
     lines += [
         f"campaign folder:  {store.url}",
         *([f"report + curve:   {view} (learning_curve.png next to it)"] if view else []),
-        f"audit it:         .venv/bin/rollstream audit {store.url}",
-        f"Perfetto trace:   .venv/bin/rollstream trace {store.url} --out trace.json  (open in https://ui.perfetto.dev)",
-        "Prefect UI:       .venv/bin/prefect server start, then rerun with "
-        "PREFECT_API_URL=http://127.0.0.1:4200/api to keep runs and artifacts",
+        f"audit it:         {hint_command(['audit', store.url], storage_options)}",
+        f"Perfetto trace:   {hint_command(['trace', store.url, '--out', 'trace.json'], storage_options)}"
+        "  (open in https://ui.perfetto.dev)",
+        f"Prefect UI:       {shlex.quote(str(Path(sys.executable).absolute().with_name('prefect')))} server start, "
+        "then rerun with PREFECT_API_URL=http://127.0.0.1:4200/api to keep runs and artifacts",
+        *filter(None, [secrets_note(storage_options)]),
     ]
     return "\n".join(lines)
 

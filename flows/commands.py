@@ -41,8 +41,16 @@ def add_verbose(p: argparse.ArgumentParser) -> None:
                    help="also log each stage's detail lines (one per committed shard); default: progress lines only")
 
 
-def verbose_logging(verbose: bool) -> None:
-    """Show the stage tasks' DEBUG lines (per-shard commits) when ``verbose``; Prefect is imported by now."""
+def flow_logging(verbose: bool) -> None:
+    """Prefect's log handlers, set up before a command that starts a flow imports the library, and the stage tasks'
+    DEBUG lines (per-shard commits) when ``verbose``.
+
+    Order matters: absl (imported with Orbax) calls ``logging.basicConfig()`` on its first log line when the root
+    logger has no handler yet, and Prefect then keeps that plain handler, whose lines lose the run names
+    (``INFO:prefect.task_runs:Finished in state Completed()``)."""
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
     if verbose:
         logging.getLogger("prefect.task_runs").setLevel(logging.DEBUG)
 
@@ -75,6 +83,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    flow_logging(args.verbose)
     try:
         overrides = parse_overrides(args.set)
     except ConfigError as e:
@@ -100,7 +109,6 @@ def _run(args: argparse.Namespace) -> int:
     # A process pool smaller than workers + trainer would queue a stage behind ones that wait for it.
     run = campaign if args.runner == "threads" else campaign.with_options(
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
-    verbose_logging(args.verbose)
     t0 = time.monotonic()
     state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
                 workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
@@ -110,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     result = state.result()
     audit = result.get("audit", {})
     print(summary(entry(args.url, _options(args)).store(args.url, _options(args)), time.monotonic() - t0, audit,
-                  result.get("view")))
+                  result.get("view"), _options(args)))
     return 0 if audit.get("ok") else 1
 
 
@@ -128,6 +136,7 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 
 def _recover(args: argparse.Namespace) -> int:
+    flow_logging(args.verbose)
     from pipelines_lib.stages.campaign import campaign_status
 
     status = campaign_status(args.settings.store(args.url, _options(args)))
@@ -136,7 +145,6 @@ def _recover(args: argparse.Namespace) -> int:
 
     from flows.recover import recover
 
-    verbose_logging(args.verbose)
     state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
                     return_state=True)
     if (code := _ended(state, f"recover run {args.url}")) is not None:
@@ -172,6 +180,7 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
 
 
 def _stage(args: argparse.Namespace) -> int:
+    flow_logging(args.verbose)
     from pipelines_lib.stages.table import STAGE_NAMES
 
     if args.name not in STAGE_NAMES:
@@ -186,7 +195,6 @@ def _stage(args: argparse.Namespace) -> int:
 
     from flows.stages import STAGE_FLOWS
 
-    verbose_logging(args.verbose)
     state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
                                    return_state=True)
     if (code := _ended(state, f"{args.name} run {args.url}")) is not None:

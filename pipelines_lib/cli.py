@@ -40,6 +40,7 @@ from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, NoReturn
 
 from pipelines_lib.configio import ConfigError
+from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records.base import RecordError
 from pipelines_lib.settings import Settings, apply_process_defaults
 from pipelines_lib.storage import layout
@@ -102,12 +103,6 @@ def _storage_option(text: str) -> tuple[str, Any]:
         return key, json.loads(value)
     except ValueError:
         return key, value
-
-
-def storage_option_args(options: dict[str, Any] | None) -> list[str]:
-    """``{"token": "anon"}`` -> ``["-o", "token=anon"]``: storage options as a child command's arguments."""
-    return [a for k, v in (options or {}).items()
-            for a in ("-o", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]
 
 
 def add_storage_options(p: argparse.ArgumentParser) -> None:
@@ -316,9 +311,12 @@ def _fork(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     parent = result["parent"]
     changed = ", ".join(f"{k}={v['fork']}" for k, v in parent["config_diff"].items()) or "nothing"
+    options = dict(args.storage_option)
     print(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
           f"(version {parent['version']}) into {result['campaign']}; changed: {changed}\n"
-          f"run it with: rollstream recover {result['campaign']}")
+          f"run it with: {hint_command(['recover', result['campaign']], options)}")
+    if note := secrets_note(options):
+        print(note)
     return 0
 
 
@@ -330,8 +328,9 @@ def _status_args(p: argparse.ArgumentParser) -> None:
     add_storage_options(p)
 
 
-def render_status(status: dict[str, Any]) -> str:
-    """``campaign_status`` as a table: one row per stage, done or to do, with what the folder holds."""
+def render_status(status: dict[str, Any], *, recover: str) -> str:
+    """``campaign_status`` as a table: one row per stage, done or to do, with what the folder holds; ``recover``
+    is the command that runs what is to do (``hints.hint_command``)."""
     versions, evaluated = status["published_versions"], status["evaluated_versions"]
     checkpoint = status["latest_checkpoint"] or "none"
     detail = {
@@ -348,7 +347,7 @@ def render_status(status: dict[str, Any]) -> str:
         rows.insert(1, ("init", "to do", "no campaign.json"))
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
-    lines.append(f"to do: {', '.join(todo)} (rollstream recover runs them)" if todo else "to do: nothing")
+    lines.append(f"to do: {', '.join(todo)}; run them with: {recover}" if todo else "to do: nothing")
     if status["ignored"]:
         lines.append(f"ignored (not names a stage writes): {', '.join(status['ignored'])}")
     return "\n".join(lines)
@@ -362,8 +361,15 @@ def _versions(vs: list[int]) -> str:
 def _status(args: argparse.Namespace) -> int:
     from pipelines_lib.stages.campaign import campaign_status
 
-    status = campaign_status(open_campaign_store(args, args.url))
-    print(json.dumps(status, indent=2, default=str) if args.json else render_status(status))
+    store = open_campaign_store(args, args.url)
+    status = campaign_status(store)
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    options = dict(args.storage_option)
+    print(render_status(status, recover=hint_command(["recover", store.url], options)))
+    if status["todo"] and (note := secrets_note(options)):
+        print(note)
     return 0
 
 

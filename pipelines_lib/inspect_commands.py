@@ -34,8 +34,9 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder: a local path, file://... or gs://bucket/prefix")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--progress-every", type=int, default=100, metavar="N", help="a progress line every N shards")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
-                   help="worker processes, one version folder at a time each (default: one per CPU)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes, one version folder at a time each; 1: none, this process decodes "
+                        "(default: by size: none for a small campaign, one per 1000 shards up to one per CPU)")
     p.add_argument("--since", type=int, default=None, metavar="VERSION",
                    help="incremental: reuse kept results (--keep) of unchanged version folders below VERSION")
     p.add_argument("--keep", action="store_true",

@@ -47,6 +47,9 @@ PROCESS_DEFAULTS: Mapping[str, str] = {
     # tensorstore (Orbax) sets no request timeout: a stalled GCS request would wait for TCP to give up.
     "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
     "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "1",
+    # transformers (the tokenizer's only use of it) warns at import that PyTorch is missing, which rollstream never
+    # needs: one line in every stage's log that reads like a fault. Its "advisory" warnings are only such notes.
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
 }
 """Environment defaults of the libraries underneath (gcsfs, Prefect, tensorstore), set by every entry point."""
 

@@ -439,6 +439,23 @@ def test_an_audit_worker_that_dies_or_hangs_stops_the_audit_naming_its_version_f
     assert time.monotonic() - start < 30  # the hung worker was killed, not waited for
 
 
+@pytest.mark.parametrize(("shards", "cpus", "jobs"), [(0, 8, 1), (40, 8, 1), (pool.SHARDS_PER_WORKER - 1, 8, 1),
+                                                    (2 * pool.SHARDS_PER_WORKER, 2, 2), (10**6, 4, 4), (10**6, 1, 1)])
+def test_auto_jobs_stays_in_one_process_until_each_worker_has_enough_shards(shards: int, cpus: int, jobs: int) -> None:
+    assert pool.auto_jobs(shards, cpus) == jobs
+
+
+def test_the_default_audit_of_a_small_campaign_starts_no_worker_and_a_large_one_does(local_store: Store,
+                                                                                     monkeypatch) -> None:
+    _base(local_store)
+    monkeypatch.setattr(pool, "WORKER_COMMAND", ("-c", "import sys; sys.exit(3)"))  # any worker started fails
+    assert _same_report(audit_campaign(local_store, jobs=None), audit_campaign(local_store))
+    monkeypatch.setattr(pool, "SHARDS_PER_WORKER", 1)
+    monkeypatch.setattr(pool.os, "cpu_count", lambda: 2)
+    with pytest.raises(pool.AuditWorkerError, match="exited with code 3"):
+        audit_campaign(local_store, jobs=None)
+
+
 def test_export_on_worker_processes_writes_the_same_rows_with_small_shards_in_one_row_group(
         local_store: Store, tmp_path) -> None:
     _base(local_store)

@@ -25,8 +25,8 @@ import yaml
 from prefect import get_client
 
 from flows.campaign import campaign
-from pipelines_lib.cli import storage_option_args
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.hints import storage_option_args
 from pipelines_lib.records import AuditRecord, RunRecord
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.campaign import campaign_status

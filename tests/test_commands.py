@@ -20,6 +20,7 @@ from drills.fixtures import eval_result, trained_campaign
 from pipelines_lib import cli
 from pipelines_lib.cli import build_parser, render_status
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.hints import hint_command
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage.store import Store
 
@@ -102,16 +103,28 @@ def test_status_is_a_table_by_default_and_json_on_request(tmp_path: Path) -> Non
     assert table.stdout.splitlines()[0].split() == ["stage", "state", "detail"]
     rows = {line.split()[0]: line.split()[1:] for line in table.stdout.splitlines()[1:7]}
     assert rows["evaluate"][:2] == ["done", "evaluated"] and rows["audit"][:2] == ["to", "do"]
-    assert table.stdout.strip().endswith("to do: audit (rollstream recover runs them)")
+    assert table.stdout.strip().endswith(f"to do: audit; run them with: {hint_command(['recover', store.url])}")
     as_json = rollstream("status", store.url, "--json")
     assert json.loads(as_json.stdout)["todo"] == ["audit"]
-    assert render_status(campaign_status(store)) == table.stdout.rstrip("\n")
+    assert render_status(campaign_status(store), recover=hint_command(["recover", store.url])) == \
+        table.stdout.rstrip("\n")
+
+
+def test_a_stage_run_logs_each_line_with_its_run_name(prefect_api: str, campaign: Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The library (Orbax's absl) is imported before the flow starts: its logging must not replace Prefect's format.
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    result = rollstream("stage", "prep", campaign.url)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "Finished in state" in line]
+    assert lines and all("Task run 'prep" in line or "Flow run '" in line for line in lines), lines
+    assert "INFO:prefect" not in result.stderr
 
 
 def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefect_api: str) -> None:
     from prefect import flow, get_run_logger, task
 
-    from flows.commands import verbose_logging
+    from flows.commands import flow_logging
 
     @task
     def commit() -> None:
@@ -135,10 +148,10 @@ def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefec
     level, lines = logger.level, Lines()
     logger.addHandler(lines)
     try:
-        verbose_logging(False)
+        flow_logging(False)
         stage()
         assert lines.lines == ["progress"]
-        verbose_logging(True)
+        flow_logging(True)
         stage()
         assert lines.lines == ["progress", "committed a shard", "progress"]
     finally:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.cli import storage_option_args
+from pipelines_lib.hints import storage_option_args
 from pipelines_lib.records import run_records
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.store import Store

@@ -45,8 +45,8 @@ DRILL_RUN = {"rollout.max_concurrency": 32, "rollout.max_groups_per_version": 8}
 budget of 8 groups per worker and version (the trainer uses 4 per version; more only compete for the 2 cores)."""
 GROUP_SLOTS = 32 // 4
 
-_COLLECT = ("import sys; from flows.commands import verbose_logging; from flows.stages import collect_flow; "
-            "verbose_logging(True); "  # the per-shard commit lines the drill reads are detail (DEBUG) lines
+_COLLECT = ("import sys; from flows.commands import flow_logging; from flows.stages import collect_flow; "
+            "flow_logging(True); "  # the per-shard commit lines the drill reads are detail (DEBUG) lines
             "collect_flow(sys.argv[1], worker_index=int(sys.argv[2]), num_workers=2)")
 _TRAIN = "import sys; from flows.stages import train_flow; train_flow(sys.argv[1])"
 _COMMITTED = re.compile(r"rollout (?P<wid>rollout0\.\w+): committed (?P<path>\S+) \((?P<n>\d+) groups")

@@ -89,6 +89,32 @@ print(json.dumps(counts))
 """
 
 
+_OPEN_TOKENIZER = """
+import os, sys
+from pipelines_lib.settings import apply_process_defaults
+if sys.argv[1] == "entry":
+    apply_process_defaults(os.environ)
+from pipelines_lib.model.tokenizer import open_tokenizer
+open_tokenizer(None)
+"""
+
+
+def test_an_entry_point_opens_the_tokenizer_without_transformers_pytorch_notice() -> None:
+    def stderr(how: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+        done = subprocess.run([sys.executable, "-c", _OPEN_TOKENIZER, how], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stderr
+
+    notice = "PyTorch was not found"
+    assert notice not in stderr("entry")
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # the control: without the entry point's defaults transformers prints it here
+        assert notice in stderr("bare")
+
+
 def test_a_second_process_with_the_same_shapes_loads_the_engine_from_the_compilation_cache(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     # Cache every program, however fast it compiled (JAX skips those under a second by default).

@@ -134,6 +134,32 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     assert trainer.idle_s > 0
 
 
+def test_steps_on_all_equal_reward_groups_say_once_why_their_loss_is_zero(tmp_path) -> None:
+    config = small_config(max_steps=3)
+    store = seed_campaign(str(tmp_path / "c"), config, n_groups=0)
+    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
+    for i in range(6):
+        group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
+                                vocab_size=config.model.vocab_size, max_len=60)
+        writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
+    writer.flush()
+    logs: list[str] = []
+    trainer = trainer_for(store, config, log=logs.append)
+    trainer.run()
+    said = [line for line in logs if "all-equal rewards" in line]
+    assert said == ["trainer: all 2 groups of step 1 had all-equal rewards (mean 0.00): zero advantage, so the loss "
+                    "and its gradient are 0: nothing to learn from until a group's samples differ in reward "
+                    "(said once)"]
+    assert [m["loss"] for m in trainer.metrics] == [0.0, 0.0, 0.0]
+
+
+def test_groups_with_a_learning_signal_say_nothing_about_zero_advantage(tmp_path) -> None:
+    config = small_config(max_steps=2)
+    logs: list[str] = []
+    trainer_for(seed_campaign(str(tmp_path / "c"), config), config, log=logs.append).run()
+    assert not [line for line in logs if "all-equal rewards" in line]
+
+
 def test_a_stream_of_all_equal_reward_groups_does_not_keep_the_trainer_waiting(tmp_path) -> None:
     """A collapsed policy's workers commit group after group with all-equal rewards: the trainer must time out on
     the wait for a trainable group while they still arrive, not wait for the stream to end."""

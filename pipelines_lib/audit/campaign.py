@@ -361,16 +361,17 @@ def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publi
 
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
-                   read_ahead: int = 8, max_listed: int = 1000, jobs: int = 1, since: int | None = None,
+                   read_ahead: int = 8, max_listed: int = 1000, jobs: int | None = 1, since: int | None = None,
                    keep: bool = False, unit_timeout_s: float = 3600.0,
                    clock: Callable[[], float] = time.monotonic) -> AuditReport:
     """Audit the campaign at ``store``, one version folder per work unit, in this process (``jobs`` = 1) or on
-    ``jobs`` worker processes, each given at most ``unit_timeout_s`` a folder. Raises ``NotACampaignError`` when it
+    ``jobs`` worker processes (None: as many as the campaign's size pays for, ``pool.auto_jobs``), each given at
+    most ``unit_timeout_s`` a folder. Raises ``NotACampaignError`` when it
     has no ``campaign.json``, ``pool.AuditWorkerError`` when a worker dies or overruns.
 
     ``keep`` writes each folder's result under ``audit/versions/`` (``AuditVersionResult``); with ``since``,
     folders below that version reuse a kept result of the same shards instead of being read again."""
-    if progress_every < 1 or read_ahead < 1 or jobs < 1 or not unit_timeout_s > 0:
+    if progress_every < 1 or read_ahead < 1 or (jobs is not None and jobs < 1) or not unit_timeout_s > 0:
         raise ValueError(f"progress_every, read_ahead and jobs must be >= 1 and unit_timeout_s > 0, got "
                          f"{progress_every}, {read_ahead}, {jobs}, {unit_timeout_s}")
     start = clock()

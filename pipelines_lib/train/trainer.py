@@ -174,6 +174,7 @@ class StreamingTrainer:
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
         self._last_wait_log = -1e9
+        self._said_no_signal = False
         self.busy_s = 0.0
         self.tokens_trained = 0
         self.pad_id = 0
@@ -271,6 +272,17 @@ class StreamingTrainer:
         return (f"; {len(zero_adv)} groups read meanwhile had all-equal rewards (mean "
                 f"{np.mean([z.reward for z in zero_adv]):.2f}), no learning signal")
 
+    def _say_why_no_signal(self, groups: list[GroupSlice]) -> None:
+        """Once per trainer: why a step's loss and update are zero, when every group it trained on had all-equal
+        rewards (``skip_zero_advantage`` off, as in the smoke preset, and a policy that solves nothing yet)."""
+        rewards = [g.table.column("reward").to_pylist() for g in groups]
+        if self._said_no_signal or not all(zero_advantage(r) for r in rewards):
+            return
+        self._said_no_signal = True
+        self.log(f"trainer: all {len(groups)} groups of step {self.step} had all-equal rewards (mean "
+                 f"{np.mean([r[0] for r in rewards]):.2f}): zero advantage, so the loss and its gradient are 0: "
+                 "nothing to learn from until a group's samples differ in reward (said once)")
+
     # -- one step ----------------------------------------------------------------------------------------
     def batch(self, groups: list[GroupSlice]):
         """``batch_from_groups`` with this trainer's sizes and estimator."""
@@ -354,6 +366,7 @@ class StreamingTrainer:
                 f"reward {record.mean_reward:.3f} staleness<= {record.staleness_max} "
                 f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s"
             )
+            self._say_why_no_signal(groups)
         wall = self.clock() - t_start
         done = DoneMarker(
             steps=self.step,

@@ -1,0 +1,113 @@
+"""Hints a person pastes (``audit it: …`` after a campaign, ``run them with: …`` under ``status``) run as printed:
+from another directory, with the storage options the campaign was opened with, secrets left out and named."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines_lib.hints import PLACEHOLDER, hint_command, rollstream_command, secrets_note
+from pipelines_lib.storage.store import Store
+from tests.conftest import gcs_options
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _paste(line: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a printed command line as a shell would, from ``cwd``, with this checkout importable (as an install
+    of it would be)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def _hint(summary: str, label: str) -> str:
+    return next(line for line in summary.splitlines() if line.startswith(label)).removeprefix(label).strip()
+
+
+def test_a_console_script_is_named_by_its_absolute_path_and_anything_else_by_this_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "bin" / "rollstream"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    assert rollstream_command("bin/rollstream") == [str(script)]
+    assert rollstream_command("/somewhere/flows/campaign.py") == [sys.executable, "-m", "pipelines_lib.cli"]
+
+
+def test_secret_options_are_replaced_and_named_while_auth_methods_and_endpoints_are_kept() -> None:
+    options = {
+        "endpoint_url": "http://127.0.0.1:4443",
+        "token": "anon",
+        "project": "p",
+        "credentials": "/home/me/key.json",
+        "session_token": "abc123",
+    }
+    line = hint_command(["audit", "gs://b/c"], options)
+    args = shlex.split(line)
+    assert args[-10:] == [
+        "-o",
+        "endpoint_url=http://127.0.0.1:4443",
+        "-o",
+        "token=anon",
+        "-o",
+        "project=p",
+        "-o",
+        f"credentials={PLACEHOLDER}",
+        "-o",
+        f"session_token={PLACEHOLDER}",
+    ]
+    assert "abc123" not in line and "key.json" not in line
+    assert secrets_note(options) == (
+        f"secret storage options not printed: credentials, session_token; replace "
+        f"{PLACEHOLDER} in the commands above with your own"
+    )
+    assert secrets_note({"token": "anon"}) is None
+
+
+def test_the_end_of_run_audit_hint_runs_as_printed_from_another_directory(
+    demo_campaign: Store, tmp_path: Path
+) -> None:
+    from flows.campaign import summary
+
+    printed = summary(demo_campaign, 1.0, {"ok": True, "report": "ok"})
+    audit = _hint(printed, "audit it:")
+    assert shlex.split(audit)[0] == sys.executable and demo_campaign.url in audit
+    result = _paste(audit, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+def test_the_status_recover_hint_names_the_campaign_and_its_options(
+    demo_campaign: Store, tmp_path: Path
+) -> None:
+    # `status` itself through the same renderer: the command it prints differs from it only in the subcommand.
+    status_line = hint_command(["status", demo_campaign.url])
+    result = _paste(status_line, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == (
+        f"to do: prep, warm_start, collect, train, evaluate, audit; run them with: "
+        f"{hint_command(['recover', demo_campaign.url])}"
+    )
+
+
+def test_a_gs_campaign_hint_carries_the_endpoint_and_runs_as_printed(
+    demo_campaign: Store, gcs_emulator: str, gcs_store: Store, tmp_path: Path
+) -> None:
+    from flows.campaign import summary
+
+    for rel in demo_campaign.walk():
+        gcs_store.create(rel, demo_campaign.read(rel))
+    options = gcs_options(gcs_emulator)
+    printed = summary(gcs_store, 1.0, {"ok": True, "report": "ok"}, storage_options=options)
+    audit = _hint(printed, "audit it:")
+    assert f"endpoint_url={gcs_emulator}" in shlex.split(audit)
+    assert secrets_note(options) is None and "secret" not in printed
+    result = _paste(audit, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
