@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
+import pyarrow.dataset as ds
 
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
 from pipelines_lib.audit.sql import CampaignTables, campaign_tables
@@ -97,9 +97,11 @@ def summarize(tables: CampaignTables) -> dict[str, Any]:
             "skipped_shards": tables.skipped}
 
 
-def _group_records(trajectories: pa.Table, chosen: list[str]) -> list[dict[str, Any]]:
+def _group_records(trajectories: ds.Dataset, chosen: list[str]) -> list[dict[str, Any]]:
     keep = set(chosen)
-    rows = [r for r in trajectories.to_pylist() if f"{r['shard']}#{r['group_id']}" in keep]
+    shards = sorted({k.partition("#")[0] for k in chosen})  # a filter on ``shard`` opens only these files
+    rows = [r for r in trajectories.to_table(filter=ds.field("shard").isin(shards)).to_pylist()
+            if f"{r['shard']}#{r['group_id']}" in keep]
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:
         key = f"{r['shard']}#{r['group_id']}"
