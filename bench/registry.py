@@ -27,6 +27,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.replay",
     "bench.rollout",
     "bench.scale",
+    "bench.sql",
     "bench.store",
     "bench.storage_scale",
     "bench.telemetry",

@@ -39,7 +39,7 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from bench.rollout import GROUP_SIZE, NEW_TOKENS, PROFILES, forced_call_episode_fn, measure_window
 from pipelines_lib import records
 from pipelines_lib.audit import audit_campaign
-from pipelines_lib.audit.sql import read_trajectories
+from pipelines_lib.audit.sql import scan_trajectories
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.dataset import prep
 from pipelines_lib.engine.jax_engine import JaxEngine
@@ -216,7 +216,7 @@ def run_vllm_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
         thread.join(600)
     if errors:
         raise RuntimeError("the vLLM campaign's rollout worker failed") from errors[0]
-    table, _ = read_trajectories(store)
+    table = scan_trajectories(store).dataset.to_table(columns=["policy_version"])
     versions = {v for row in table.column("policy_version").to_pylist() for v in row if v >= 0}
     fresh = [log.metrics["prox_behav_logp_abs_diff_p99"] for log in records.consumption_logs(store)
              if all(g.staleness == 0 for g in log.groups)]

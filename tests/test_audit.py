@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -391,6 +392,10 @@ def test_export_writes_one_dataset_partitioned_by_version_with_the_same_rows(sto
             pa.ipc.open_file(pa.BufferReader(store.read(layout.shard_path(version, w, version, 2))))
             .read_all().select(TRAJECTORY_SCHEMA.names) for w in ("w0", "w1")])
         assert table.to_pylist() == expected.to_pylist()
+    # DuckDB reads the same partitions, the version from the folder name.
+    rows = duckdb.sql(f"SELECT version, count(*) AS n, count(DISTINCT group_id) AS g FROM read_parquet("
+                      f"'{out.local_path()}/*/*.parquet', hive_partitioning = true) GROUP BY 1 ORDER BY 1").fetchall()
+    assert rows == [(0, 8, 4), (1, 8, 4)]
     # Create-only and idempotent: a rerun writes nothing; a version that gained a shard is reported stale.
     assert [r.status for r in export_parquet(store, out)] == ["unchanged", "unchanged"]
     ShardWriter(store, worker_id="w2", config=WriterConfig(max_groups=1)).add_group(_group("new", 1, "w2"))

@@ -22,7 +22,7 @@ from flax import nnx, traverse_util
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import hf_config, save_hf_checkpoint
-from pipelines_lib.model.hf_import import load_hf_checkpoint
+from pipelines_lib.model.hf_import import load_hf_checkpoint, read_hf_config
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, tokenizer_files_hash
 from tests.test_hf_import import FAMILIES, FIXTURES
 from tests.test_vllm_engine import vllm_python
@@ -60,6 +60,19 @@ def test_config_is_transformers_5_layout_and_tokenizer_files_travel(tmp_path: Pa
     assert tokenizer_files_hash(folder) == tokenizer_files_hash(tokenizer)
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["eos_token_id"] == config["eos_token_id"] == 2  # <|im_end|> of the default tokenizer
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_config_classes_read_each_config_json_as_our_mapping_does(family: str, tmp_path: Path) -> None:
+    import transformers
+
+    cfg = read_hf_config(FIXTURES / family)
+    for name, folder in (("fixture", FIXTURES / family), ("export", tmp_path)):
+        if name == "export":
+            (tmp_path / "config.json").write_text(json.dumps(hf_config(cfg)))
+        theirs = transformers.AutoConfig.from_pretrained(folder)  # normalises rope, fills defaults
+        assert theirs.model_type == cfg.extra["hf_model_type"]  # the family's own class (Qwen3Config, ...)
+        assert ModelConfig.from_hf_config(theirs.to_dict(), max_seq_len=cfg.max_seq_len) == cfg, name
 
 
 def test_a_config_with_no_hf_equivalent_is_refused() -> None:

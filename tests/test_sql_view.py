@@ -12,19 +12,21 @@ import pyarrow as pa
 import pytest
 
 from pipelines_lib import cli
-from pipelines_lib.audit.sql import campaign_tables, render_text
+from pipelines_lib.audit.sql import campaign_tables, render_text, shard_paths
 from pipelines_lib.audit.view import build_view, render_html, sample_groups, write_view
 from pipelines_lib.demo import BATCH_GROUPS, GROUP_SIZE, GROUPS_PER_WORKER, VERSIONS, WORKERS
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import encode_shard, read_shard
 from pipelines_lib.trajectory.record import to_table
+from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 from pipelines_lib.trajectory.writer import ShardWriter
 from tests.conftest import gcs_options
 from tests.test_audit import _base, _group
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TRUNCATED = "trajectories/v00000001/cut-00000000.arrow"
+OLD_MINOR = "trajectories/v00000002/w9-00000000.arrow"
 
 
 def readme_queries() -> list[str]:
@@ -48,7 +50,7 @@ def test_readme_has_five_auditor_queries_and_each_answers_on_a_real_campaign(dem
     # Success rates match a plain read of every shard.
     rewards: dict[int, list[float]] = {}
     tables = campaign_tables(demo_campaign)
-    for shard in set(tables.tables["trajectories"].column("shard").to_pylist()):
+    for shard in set(tables.tables["trajectories"].to_table(columns=["shard"]).column("shard").to_pylist()):
         table, prov = read_shard(demo_campaign, shard)
         rewards.setdefault(prov["version"], []).extend(table.column("reward").to_pylist())
     assert [r["success_rate"] for r in per_version] == \
@@ -71,6 +73,55 @@ def test_a_truncated_shard_is_skipped_and_reported_not_fatal(local_store: Store,
     assert f"skipped unreadable shard {TRUNCATED}" in err and "unreadable Arrow IPC file" in err
     skipped, _ = run_sql(capsys, local_store.url, "SELECT shard FROM skipped_shards")
     assert skipped == [{"shard": TRUNCATED}]
+
+
+def _eager_read(store: Store) -> pa.Table:
+    """Every readable shard decoded whole and concatenated: what ``trajectories`` held before it was a scan."""
+    parts = []
+    for path in shard_paths(store):
+        if path != TRUNCATED:
+            table, _ = read_shard(store, path)
+            n = table.num_rows
+            parts.append(table.append_column("shard", pa.array([path] * n))
+                         .append_column("campaign", pa.array(["campaign"] * n)))
+    return pa.concat_tables(parts)
+
+
+def test_the_lazy_trajectories_table_holds_what_reading_every_shard_gives(local_store: Store) -> None:
+    _base(local_store)
+    old = to_table(_group("old", 2, "w9")).drop_columns(["version"])
+    old = old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"1.0"})
+    local_store.create(OLD_MINOR, encode_shard(old, {"worker_id": "w9"}))  # read with ``version`` derived
+    local_store.create(TRUNCATED, encode_shard(to_table(_group("cut", 1, "cut")), {})[:-100])
+    tables = campaign_tables(local_store)
+    order = [("shard", "ascending"), ("trajectory_id", "ascending")]
+    got = tables.tables["trajectories"].to_table().sort_by(order)
+    expected = _eager_read(local_store).sort_by(order)
+    assert got.num_rows == 8 + 8 + 2 and got.select(expected.column_names).to_pylist() == expected.to_pylist()
+    assert got.column("version").to_pylist()[-2:] == [2, 2]  # the 1.0 shard's, derived from its tokens
+    per_shard: dict[str, float] = {}
+    for row in expected.select(["shard", "reward"]).to_pylist():
+        per_shard[row["shard"]] = per_shard.get(row["shard"], 0.0) + row["reward"]
+    assert tables.query("SELECT shard, sum(reward) AS r FROM trajectories GROUP BY 1 ORDER BY 1").to_pylist() == \
+        [{"shard": shard, "r": pytest.approx(r)} for shard, r in sorted(per_shard.items())]
+    [(shard, reason)] = tables.skipped
+    assert shard == TRUNCATED and "unreadable Arrow IPC file" in reason
+
+
+def test_a_query_reads_only_the_columns_and_shards_it_names(local_store: Store) -> None:
+    _base(local_store)
+    tables = campaign_tables(local_store)
+    plan = tables.query("EXPLAIN SELECT version, avg(reward) FROM trajectories GROUP BY 1").column(1)[0].as_py()
+    scan = plan[plan.index("PYTHON_ARROW_SCAN"):]  # the scan's box: its projections, then "~N rows"
+    assert set(re.findall(r"\w+", scan.split("Projections:")[1].split("~")[0])) == {"version", "reward"}, plan
+    # A filter on ``shard`` reaches the scan: files of the other shards are never opened, even once gone.
+    first, *others = shard_paths(local_store)
+    for path in others:
+        local_store.local_path(path).unlink()
+    rows = tables.query(f"SELECT count(*) AS n FROM trajectories WHERE shard = '{first}'").to_pylist()
+    assert rows == [{"n": 4}]  # one writer's shard: 2 groups of 2
+    with pytest.raises(Exception, match="No such file|not found|Failed to open"):
+        tables.query("SELECT count(*) FROM trajectories")
 
 
 def test_sql_reads_a_bucket_through_storage_options(gcs_store: Store, gcs_emulator: str, capsys) -> None:

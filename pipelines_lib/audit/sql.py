@@ -1,6 +1,6 @@
 """SQL over a campaign folder: DuckDB on the campaign's shards, consumption logs and evaluations.
 
-``campaign_tables`` reads the folder (local or ``gs://``) once into Arrow tables that DuckDB queries in place::
+``campaign_tables`` opens the folder (local or ``gs://``) as tables that DuckDB queries in place::
 
     trajectories   one row per trajectory: every shard column (``version`` is the group's policy version),
                    plus ``shard`` (path in the folder) and ``campaign`` (the campaign id)
@@ -11,25 +11,35 @@
     skipped_shards shards that did not read or validate: shard, reason (they are left out of ``trajectories``)
 
 A shard that does not read (truncated, foreign, newer major schema) is skipped and listed, never fatal: an
-auditor still gets answers from the rest. Everything is held in memory, so this suits campaigns up to a few
-million trajectories; ``export`` writes Parquet for anything larger.
+auditor still gets answers from the rest. To know which, every shard is decoded and validated once when the
+folder is opened, a batch at a time, and dropped. ``trajectories`` is then a ``pyarrow.dataset`` over the
+readable shard files, not a table in memory: a query reads the files again, only the columns it names
+(projection pushdown), and a filter on ``shard``, ``campaign`` or a shard column reaches the scan (filter
+pushdown; ``shard`` and ``campaign`` are each file's partition expression, so a filter on them skips files
+unopened). Memory stays that of a batch plus DuckDB's working set: the ``sql`` benchmark's
+``sql.rss_mb_20k_shards`` (peak RSS of a process opening a 20 k-shard campaign and running a query over every
+row). The other tables are small and built in memory. Shards are create-only, so the files scanned are the
+bytes checked; a storage error during the scan fails the query (the check's reads are retried, the scan's are
+not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from pipelines_lib import records
 from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardError, read_shard
-from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.codec import decode_shards
+from pipelines_lib.trajectory.schema import MINOR_ADDITIONS, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 CONSUMED_SCHEMA = pa.schema([("step", pa.int64()), ("trainer_version", pa.int64()), ("group_id", pa.string()),
                              ("shard", pa.string()), ("version", pa.int64()), ("staleness", pa.int64())])
@@ -40,13 +50,21 @@ EVALS_SCHEMA = pa.schema([("version", pa.int64()), ("greedy_success_rate", pa.fl
 SKIPPED_SCHEMA = pa.schema([("shard", pa.string()), ("reason", pa.string())])
 TRAJECTORIES_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("shard", pa.string(), nullable=False)).append(
     pa.field("campaign", pa.string(), nullable=False))
+SCAN_BATCH_SHARDS = 256
+SCAN_BATCH_BYTES = 64 * 2**20
+"""Shards checked together when the folder is opened: ``decode_shards`` validates a batch in one pass (per-call
+overheads dominate a small shard), and the batch's file bytes bound what the check holds at once."""
+SCAN_PROGRESS_EVERY = 100
+LAST_ADDITION = max(MINOR_ADDITIONS.values())
+"""A shard of this minor or newer holds every column in its file; an older one's reader derives some."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CampaignTables:
-    """The campaign as named Arrow tables (see the module docstring for their columns)."""
+    """The campaign as named tables (see the module docstring for their columns): ``trajectories`` a lazy
+    ``pyarrow.dataset``, the others Arrow tables."""
 
-    tables: dict[str, pa.Table]
+    tables: dict[str, pa.Table | ds.Dataset]
 
     @property
     def skipped(self) -> list[tuple[str, str]]:
@@ -57,8 +75,10 @@ class CampaignTables:
         """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name."""
         import duckdb  # imported here: only ``rollstream sql`` and the viewer pay for it
 
+        # No progress bar: DuckDB draws it on stdout once a query runs for 2 s, into ``rollstream sql --json``.
         con = duckdb.connect(":memory:")
         try:
+            con.execute("SET enable_progress_bar = false")
             for name, table in self.tables.items():
                 con.register(name, table)
             return con.sql(sql).to_arrow_table()
@@ -77,41 +97,113 @@ def shard_paths(store: Store) -> list[str]:
     return sorted(out, key=lambda p: layout.parse_shard_path(p))
 
 
-def read_trajectories(store: Store, *, progress: Callable[[str], None] | None = None,
-                      progress_every: int = 100) -> tuple[pa.Table, list[tuple[str, str]]]:
-    """All readable shards as one table with ``shard`` and ``campaign`` columns; (shard, reason) of the others."""
-    campaign = layout.campaign_id(store.url)
-    parts, skipped = [], []
-    paths = shard_paths(store)
-    for i, path in enumerate(paths, 1):
+@dataclass(frozen=True, kw_only=True)
+class ScannedShards:
+    """What ``scan_trajectories`` found: the readable shards as one lazy dataset, the others, and the groups of
+    the shards it was asked to list."""
+
+    dataset: ds.Dataset
+    """``TRAJECTORIES_SCHEMA``; scanning it reads the shard files again, only the columns and shards asked for."""
+    skipped: list[tuple[str, str]]
+    """(shard, reason) of each shard that did not read or validate."""
+    groups_of: dict[str, list[str]]
+    """Group ids of each shard named in ``list_groups``, in row order."""
+
+
+class _WholeObjects(pafs.FSSpecHandler):
+    """A bucket under pyarrow, each object fetched in one request when the scan opens it: a request costs more
+    than a shard's bytes, and gcsfs's default (adaptive prefetching) leaves a background task per file behind."""
+
+    def open_input_file(self, path: str) -> pa.PythonFile:
+        return pa.PythonFile(self.fs.open(path, mode="rb", cache_type="all"), mode="r")
+
+
+def _filesystem(store: Store) -> pafs.FileSystem:
+    if store.local_path() is not None:
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(_WholeObjects(store.fs))
+
+
+def _shard_batches(store: Store, paths: list[str]) -> Iterator[list[tuple[str, bytes | NotFoundError]]]:
+    """``(path, bytes)`` of every shard (the error in place of one that is gone), ``SCAN_BATCH_SHARDS`` or
+    ``SCAN_BATCH_BYTES`` at a time."""
+    batch: list[tuple[str, bytes | NotFoundError]] = []
+    size = 0
+    for path in paths:
         try:
-            table, _ = read_shard(store, path)
-        except (ShardError, NotFoundError) as e:
-            skipped.append((path, str(e)))
-            if progress is not None:
-                progress(f"skipped {path}: {e}")
-            continue
-        n = table.num_rows
-        parts.append(table.replace_schema_metadata(None)
-                     .append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([path] * n, pa.string()))
-                     .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string())))
-        if progress is not None and i % progress_every == 0:
-            progress(f"read {i}/{len(paths)} shards")
-    table = pa.concat_tables(parts) if parts else TRAJECTORIES_SCHEMA.empty_table()
-    return table.cast(TRAJECTORIES_SCHEMA), skipped
+            data: bytes | NotFoundError = store.read(path)
+        except NotFoundError as e:
+            data = e
+        batch.append((path, data))
+        size += len(data) if isinstance(data, bytes) else 0
+        if len(batch) >= SCAN_BATCH_SHARDS or size >= SCAN_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
-def _log_rows(logs: list[ConsumptionLog], trajectories: pa.Table) -> tuple[list[dict], list[dict]]:
-    """Rows of ``consumed`` and ``dropped``; a shard dropped unopened names no group, so its groups are the ones
-    ``trajectories`` holds for it."""
-    consumed, dropped = [], []
+def _checked(store: Store, batch: list[tuple[str, bytes | NotFoundError]]) -> Iterator[tuple[str, pa.Table | Exception]]:
+    """``(path, decoded table or why not)`` of each shard of ``batch``, decoded and validated together."""
+    readable = [(path, data) for path, data in batch if isinstance(data, bytes)]
+    decoded = iter(decode_shards([(data, store.uri(path)) for path, data in readable]))
+    for path, data in batch:
+        got = data if isinstance(data, NotFoundError) else next(decoded)
+        yield path, got if isinstance(got, Exception) else got[0]
+
+
+def _minor(table: pa.Table) -> int:
+    """The minor schema version a decoded shard was written with (``check_schema`` accepted it)."""
+    return int(table.schema.metadata[SCHEMA_VERSION_KEY].split(b".")[1])
+
+
+def scan_trajectories(store: Store, *, progress: Callable[[str], None] | None = None,
+                      list_groups: Collection[str] = ()) -> ScannedShards:
+    """Check every shard (``decode_shards``, a batch at a time, then dropped) and return the readable ones as a
+    dataset over their files. A shard of an older minor (lacking a column its reader derives) is held in memory:
+    only its decoded form has every column."""
+    campaign = layout.campaign_id(store.url)
+    skipped: list[tuple[str, str]] = []
     groups_of: dict[str, list[str]] = {}
-    if any(d.unread_groups for log in logs for d in log.dropped_stale):
-        for shard, gid in zip(trajectories.column("shard").to_pylist(), trajectories.column("group_id").to_pylist(),
-                              strict=True):
-            groups_of.setdefault(shard, [])
-            if gid not in groups_of[shard]:
-                groups_of[shard].append(gid)
+    files: dict[Store, list[tuple[str, str]]] = {}  # holder -> (its path of the file, shard)
+    held: list[pa.Table] = []
+    paths = shard_paths(store)
+    for done, (path, table) in enumerate(
+            (checked for batch in _shard_batches(store, paths) for checked in _checked(store, batch)), 1):
+        if progress is not None and done % SCAN_PROGRESS_EVERY == 0:
+            progress(f"read {done}/{len(paths)} shards")
+        if isinstance(table, Exception):
+            skipped.append((path, str(table)))
+            if progress is not None:
+                progress(f"skipped {path}: {table}")
+            continue
+        if path in list_groups:
+            groups_of[path] = list(dict.fromkeys(table.column("group_id").to_pylist()))
+        if _minor(table) >= LAST_ADDITION:  # the file has every column
+            holder = store.holder(path)
+            files.setdefault(holder, []).append((holder.object_path(path), path))
+        else:
+            n = table.num_rows
+            held.append(table.append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([path] * n, pa.string()))
+                        .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string()))
+                        .cast(TRAJECTORIES_SCHEMA))
+    parts = [ds.FileSystemDataset.from_paths(
+        [file for file, _ in shards], schema=TRAJECTORIES_SCHEMA, format=ds.IpcFileFormat(),
+        filesystem=_filesystem(holder),
+        # Each file's shard and campaign as its partition expression: the scan fills both columns in, and a
+        # filter on them skips the other files unopened.
+        partitions=[(ds.field("shard") == shard) & (ds.field("campaign") == campaign) for _, shard in shards])
+        for holder, shards in files.items()]
+    if held or not parts:
+        parts.append(ds.dataset(pa.concat_tables(held) if held else TRAJECTORIES_SCHEMA.empty_table()))
+    return ScannedShards(dataset=ds.dataset(parts) if len(parts) > 1 else parts[0], skipped=skipped,
+                         groups_of=groups_of)
+
+
+def _log_rows(logs: list[ConsumptionLog], groups_of: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
+    """Rows of ``consumed`` and ``dropped``; a shard dropped unopened names no group, so its groups are the ones
+    the shard holds (``groups_of``)."""
+    consumed, dropped = [], []
     for log in logs:
         consumed += [{"step": log.step, "trainer_version": log.trainer_version, "group_id": g.group_id,
                       "shard": g.shard, "version": g.version, "staleness": g.staleness} for g in log.groups]
@@ -134,15 +226,18 @@ def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = No
     """Read the campaign at ``store`` (a fork over its parents' history) into the tables ``rollstream sql`` and the
     viewer query."""
     store = records.with_parents(store)
-    trajectories, skipped = read_trajectories(store, progress=progress)
-    consumed, dropped = _log_rows(records.consumption_logs(store), trajectories)
+    logs = records.consumption_logs(store)
+    scanned = scan_trajectories(store, progress=progress,
+                                list_groups={d.shard for log in logs for d in log.dropped_stale if not d.groups})
+    consumed, dropped = _log_rows(logs, scanned.groups_of)
     evals = [_eval_row(EvalResult.read(store, v)) for v in records.evaluated_versions(store)]
     return CampaignTables(tables={
-        "trajectories": trajectories,
+        "trajectories": scanned.dataset,
         "consumed": pa.Table.from_pylist(consumed, schema=CONSUMED_SCHEMA),
         "dropped": pa.Table.from_pylist(dropped, schema=DROPPED_SCHEMA),
         "evals": pa.Table.from_pylist(sorted(evals, key=lambda r: r["version"]), schema=EVALS_SCHEMA),
-        "skipped_shards": pa.Table.from_pylist([{"shard": s, "reason": r} for s, r in skipped], schema=SKIPPED_SCHEMA),
+        "skipped_shards": pa.Table.from_pylist([{"shard": s, "reason": r} for s, r in scanned.skipped],
+                                             schema=SKIPPED_SCHEMA),
     })
 
 

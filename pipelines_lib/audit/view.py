@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
+import pyarrow.dataset as ds
 
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
 from pipelines_lib.audit.page import PAGE
@@ -152,9 +152,11 @@ def _add_advantages(groups: list[dict[str, Any]], advantages: Advantages) -> Non
                 t["advantage"] = a
 
 
-def _group_records(trajectories: pa.Table, chosen: list[str], parts: ViewParts) -> list[dict[str, Any]]:
+def _group_records(trajectories: ds.Dataset, chosen: list[str], parts: ViewParts) -> list[dict[str, Any]]:
     keep = set(chosen)
-    rows = [r for r in trajectories.to_pylist() if f"{r['shard']}#{r['group_id']}" in keep]
+    shards = sorted({k.partition("#")[0] for k in chosen})  # a filter on ``shard`` opens only these files
+    rows = [r for r in trajectories.to_table(filter=ds.field("shard").isin(shards)).to_pylist()
+            if f"{r['shard']}#{r['group_id']}" in keep]
     pattern = None if parts.tokenizer is None else parts_pattern(parts.tokenizer.hf.all_special_tokens)
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:

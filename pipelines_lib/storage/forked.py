@@ -72,6 +72,10 @@ class ForkStore(Store):
         owner = self._owner(rel) if rel and self.inherits(rel) else None
         return (owner or self.own).local_path(rel)
 
+    def holder(self, rel: str) -> Store:
+        owner = self._owner(rel) if rel and self.inherits(rel) else None
+        return self.own if owner is None or owner is self.own else owner.holder(rel)
+
     def read(self, rel: str) -> bytes:
         owner = self._owners.get(rel)
         if owner is not None or not self.inherits(rel):

@@ -148,6 +148,15 @@ class Store:
         """Filesystem path for local campaigns, ``None`` elsewhere."""
         return Path(self._path(rel)) if self.protocol == "file" else None
 
+    def holder(self, rel: str) -> Store:
+        """The store whose own folder holds ``rel``: this one (a fork's view answers with the folder it resolves
+        ``rel`` to), for a reader that opens the object with another client (pyarrow)."""
+        return self
+
+    def object_path(self, rel: str) -> str:
+        """``rel`` as a path of this store's filesystem (``fs`` for a bucket; a local path for a local store)."""
+        return self._path(rel)
+
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")
         if ".." in rel.split("/"):

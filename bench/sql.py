@@ -1,0 +1,81 @@
+"""Benchmark ``sql``: peak memory and seconds of one ``rollstream sql`` query against the number of shards.
+
+The campaign is the ``storage_scale`` one (``bench.storage_scale.build_campaign``: ``ShardWriter`` shards of one
+group of 4 trajectories over 20 versions, generation not timed). A child process opens the folder with
+``audit.sql.campaign_tables`` and runs README's first auditor query (success rate per policy version); the child
+times that, and its peak resident set is what ``os.wait4`` reports for it (``ru_maxrss``), interpreter and
+libraries included: what a user running the query pays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.storage_scale import build_campaign, label
+
+FULL_SIZES = (1_000, 20_000)
+QUICK_SIZES = (100, 1_000)
+QUERY = ("SELECT version, count(*) AS trajectories, avg(CASE WHEN reward > 0 THEN 1 ELSE 0 END) AS success_rate "
+         "FROM trajectories GROUP BY 1 ORDER BY 1")
+"""README's first auditor question: two of the shard's columns, every row."""
+CHILD = """
+import json, sys, time
+from pipelines_lib.audit.sql import campaign_tables
+from pipelines_lib.storage.store import Store
+start = time.perf_counter()
+rows = campaign_tables(Store(sys.argv[1])).query(sys.argv[2]).to_pylist()
+print(json.dumps({"s": time.perf_counter() - start, "trajectories": sum(r["trajectories"] for r in rows)}))
+"""
+"""What the child runs: imports are not timed, opening the folder and the query are."""
+
+
+def run_query(folder: Path) -> tuple[float, float, int]:
+    """(seconds, peak RSS in MB, trajectories counted) of ``QUERY`` over ``folder`` in a fresh process."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(folder), QUERY], stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"})
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the largest of all children so far
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench sql: the query over {folder} exited {proc.returncode}")
+    got = json.loads(out)
+    return got["s"], usage.ru_maxrss / 1024, got["trajectories"]  # ru_maxrss is in KiB on Linux
+
+
+def measure(ctx: BenchContext, n_shards: int) -> dict[str, float]:
+    folder = ctx.scratch / f"campaign-{label(n_shards)}"
+    build_campaign(folder, n_shards)
+    ctx.progress(f"bench sql: {n_shards} shards written")
+    seconds, rss_mb, trajectories = run_query(folder)
+    if trajectories != n_shards * 4:
+        raise RuntimeError(f"bench sql: the query counted {trajectories} trajectories in {n_shards} shards of 4")
+    ctx.progress(f"bench sql: {n_shards} shards queried in {seconds:.1f} s, peak {rss_mb:.0f} MB")
+    return {"shards": n_shards, "s": seconds, "rss_mb": rss_mb}
+
+
+@register_bench(
+    "sql",
+    title="SQL over a campaign: peak memory and time of one query against the number of shards",
+    measures="Peak resident memory and seconds of one `rollstream sql` query (success rate per version: two "
+             "columns of every trajectory) over a campaign of 1 k and 20 k shards.",
+    method="A synthetic campaign per size (the `storage_scale` one: `ShardWriter`, one group of 4 trajectories per "
+           "shard, 20 versions; generation not timed). A child process runs `campaign_tables(store).query(...)`: "
+           "seconds from opening the folder to the rows (imports not timed), and its peak RSS from `os.wait4` "
+           "(`ru_maxrss`, interpreter and libraries included). Quick mode: 100 and 1 k shards.",
+    goals=(Goal(key="sql.rss_mb_20k_shards", op="<=", value=500, why="memory bounded: shards scanned lazily"),),
+)
+def bench_sql(ctx: BenchContext) -> BenchResult:
+    sizes = QUICK_SIZES if ctx.quick else FULL_SIZES
+    rows = [measure(ctx, n) for n in sizes]
+    figures = {f"sql.{key}_{label(int(row['shards']))}_shards": float(value)
+               for row in rows for key, value in row.items() if key != "shards"}
+    notes = (f"Sizes {', '.join(label(n) for n in sizes)} shards of 4 trajectories of at most 32 generated tokens; "
+             f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}.")
+    return BenchResult(figures=figures, labels={"sql.device": "cpu"},
+                       rows=[{k: round(v, 3) for k, v in r.items()} for r in rows], notes=notes)
