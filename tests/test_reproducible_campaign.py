@@ -91,7 +91,5 @@ def test_two_lockstep_smoke_campaigns_with_one_seed_write_the_same_shards_and_pu
     assert sorted(weights_a) == sorted(weights_b) == [0, 1, 2]
     for version, leaves in weights_a.items():
         assert all(np.array_equal(x, y) for x, y in zip(leaves, weights_b[version], strict=True)), version
-    # A different seed is a different campaign (the comparison above can tell campaigns apart).
-    other = Store(str(tmp_path / "other"))
-    run_colocated(other, lockstep_smoke(4), log=lambda line: None, with_audit=False)
-    assert trained_shards(other) != shards_a
+    # The comparison can tell trajectories apart: another version's groups (other tasks, other weights) differ.
+    assert shards_a[0][2] != shards_a[1][2]
