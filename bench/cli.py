@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this benchmark, or every benchmark named NAME_* (--only tpu), repeatable")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="seeds the benchmarks that repeat their campaign per seed run (learning, ablation; default: "
+                        "each one's own)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
@@ -25,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from bench.runner import BenchmarksFailed, load_benches, run_benchmarks
     from pipelines_lib.cli import CommandError, did_you_mean
 
+    if args.seeds is not None and args.seeds < 1:
+        raise CommandError(f"--seeds must be >= 1, got {args.seeds}")
     registered = sorted(load_benches())
     names = None
     for name in args.only or []:
@@ -35,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         names = [*(names or []), *group]
 
     try:
-        figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out,
+        figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds,
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err

@@ -68,6 +68,12 @@ class BenchContext:
     scratch: Path
     """An empty folder, removed after the benchmark (local storage backend for IO benchmarks)."""
     progress: Callable[[str], None]
+    seeds: int | None = None
+    """How many seeds a benchmark that repeats its campaign per seed runs (``--seeds``); None: its own default."""
+
+    def seed_count(self, default: int) -> int:
+        """``seeds`` if given, else ``default``."""
+        return default if self.seeds is None else self.seeds
 
 
 @dataclass(frozen=True, kw_only=True)

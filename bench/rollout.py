@@ -84,8 +84,9 @@ from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ChatTokenizer, open_tokenizer
 from pipelines_lib.rollout.collect import worker_tasks
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.rollout.episodes import sample_seed
-from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator, RolloutConfig
+from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig

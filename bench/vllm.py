@@ -48,7 +48,7 @@ from pipelines_lib.envs.arithmetic import ArithmeticEnv
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_export import save_hf_checkpoint
 from pipelines_lib.model.tokenizer import load_tokenizer, tokenizer_dir
-from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.train import train

@@ -42,7 +42,7 @@ from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
@@ -56,7 +56,9 @@ PLACEMENTS: tuple[str, ...] = typing.get_args(Placement)
 @dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
     seed: int = 0
-    """Seed of evaluation sampling and anything else campaign-wide."""
+    """Seed of rollout and evaluation sampling (each episode's key is derived from it, the task and the sample
+    index). The dataset, the warm start and the trainer have their own (``dataset.seed``, ``sft.seed``,
+    ``trainer.seed``); ``rollstream bench --seeds`` sets all four to one value."""
     workers: int = 2
     """Rollout workers started by the campaign flow."""
     tokenizer: str | None = None
@@ -98,6 +100,39 @@ class CampaignConfig:
             raise ValueError(f"trainer.seq_buckets (largest {self.trainer.seq_buckets[-1]}) cannot hold a "
                              f"trajectory of rollout.max_tokens={self.rollout.max_tokens}")
         self._check_env_dataset()
+        if self.rollout.mode == "lockstep":
+            self._check_lockstep()
+
+    def _check_lockstep(self) -> None:
+        """What makes a lockstep campaign's trainer batches a function of the seeds alone (``lockstep()``)."""
+        per_version = self.trainer.batch_groups * self.trainer.publish_every
+        problems = [
+            (self.workers != 1, f"workers={self.workers} (two workers' groups would reach the trainer in the "
+                                f"order they finish): set workers=1"),
+            (self.engine.kind != "jax", f"engine.kind={self.engine.kind!r} (only the jax engine samples each "
+                                        f"request from its own key, whatever shares its batch)"),
+            (self.trainer.skip_zero_advantage, "trainer.skip_zero_advantage=true (a version's groups might not "
+                                               "fill its batches, and the worker waits for the next version)"),
+            (self.rollout.max_groups_per_version != per_version,
+             f"rollout.max_groups_per_version={self.rollout.max_groups_per_version}, not trainer.batch_groups x "
+             f"publish_every = {per_version} (the groups of one version are the batches trained on it)"),
+        ]
+        bad = [why for failed, why in problems if failed]
+        if bad:
+            raise ValueError(f"rollout.mode='lockstep' with {'; '.join(bad)}; CampaignConfig.lockstep() sets "
+                             f"these up")
+
+    def lockstep(self) -> CampaignConfig:
+        """This campaign made reproducible on one machine (``rollout.mode: lockstep``): one rollout worker that runs
+        each version's groups, exactly the batches the trainer takes on that version, after it is published; every
+        group trained on (``trainer.skip_zero_advantage: false``). Two runs with the same seeds write the same shard
+        rows and publish the same weights (``tests/test_reproducible_campaign.py``); it gives up the overlap of
+        rollout and training that ``async`` has."""
+        return dataclasses.replace(
+            self, workers=1,
+            rollout=dataclasses.replace(self.rollout, mode="lockstep",
+                                        max_groups_per_version=self.trainer.batch_groups * self.trainer.publish_every),
+            trainer=dataclasses.replace(self.trainer, skip_zero_advantage=False))
 
     def _check_env_dataset(self) -> None:
         """The env and the dataset name the same tasks: the env's own source, or a file whose rows it scores (the

@@ -14,7 +14,7 @@ from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.scripted import ScriptedEngine
 from pipelines_lib.envs import InfraError, make_env, run_tool
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.rollout.orchestrator import RolloutConfig
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.record import to_table

@@ -20,7 +20,8 @@ from pipelines_lib.envs.arithmetic import ArithmeticEnv
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokenizer
-from pipelines_lib.rollout.orchestrator import Orchestrator, RolloutConfig
+from pipelines_lib.rollout.config import RolloutConfig
+from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.validate import validate_table

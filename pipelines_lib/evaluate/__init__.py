@@ -34,8 +34,8 @@ from pipelines_lib.envs import Task
 from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.mesh import MeshConfig
 from pipelines_lib.model.tokenizer import ChatTokenizer
+from pipelines_lib.rollout.config import MAX_CONCURRENCY, RolloutConfig
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
-from pipelines_lib.rollout.orchestrator import MAX_CONCURRENCY, RolloutConfig
 from pipelines_lib.trajectory.record import Trajectory
 
 

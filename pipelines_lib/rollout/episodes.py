@@ -22,7 +22,8 @@ from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
 from pipelines_lib.envs.tools.sandbox import PythonSandbox
 from pipelines_lib.model.tokenizer import ChatTokenizer
-from pipelines_lib.rollout.orchestrator import EpisodeFn, RolloutConfig
+from pipelines_lib.rollout.config import RolloutConfig
+from pipelines_lib.rollout.orchestrator import EpisodeFn
 from pipelines_lib.trajectory.record import Trajectory
 
 

@@ -17,6 +17,12 @@ is a bug and stops the run, after the groups already finished are flushed.
 ``mode="sync"`` is the baseline in the same code path: a batch of ``max_concurrency // G`` groups starts
 together and the next batch starts only after the slowest trajectory of this one; weights are refreshed
 between batches. Put the engine in static mode for lockstep generation as well.
+
+``mode="lockstep"`` makes a worker's groups a function of the seeds alone (a campaign that reproduces bit for bit on
+one machine): on each policy version it runs exactly ``max_groups_per_version`` groups, hands them to the writer in
+the order they were started and commits them, then waits (at most ``lockstep_wait_s``) until a newer version is
+published and loads it. Which version a group samples from, its sampling key (seeded per episode, never by what
+else is in flight) and its place in the shard stream no longer depend on timing.
 """
 
 from __future__ import annotations
@@ -27,106 +33,20 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
 from pipelines_lib.trajectory.channel import GroupSink
 from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.window import Window, admits, zero_advantage
-from pipelines_lib.trajectory.writer import ShardInfo, WriterConfig
+from pipelines_lib.trajectory.writer import ShardInfo
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
-
-
-MAX_CONCURRENCY = 65_536
-"""Most episodes one process keeps in flight (rollout or evaluation): beyond this the event loop, not the engine,
-is the bottleneck, and a typo such as ``4e11`` would only exhaust memory."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    group_size: int = 4
-    """G: samples per prompt; their rewards are normalised together."""
-    max_concurrency: int = 16
-    """Episodes in flight at once (a multiple of group_size). Enough of them hide tool latency: at least the
-    engine's throughput (trajectories/s) × the time an episode spends in flight (generation plus tool calls),
-    more for a long-tailed tool, whose slow calls keep their places. The telemetry gauge
-    ``engine_active_slots`` below the engine's slots means too few; ``engine_prefix_reuse`` falling as this
-    grows means the KV pool cannot keep every conversation's prefix (raise ``engine.num_blocks``)."""
-    mode: Literal["async", "sync"] = "async"
-    """``async``: groups start whenever episode slots free up; ``sync``: the baseline, a batch of max_concurrency/G groups at a time, the next only after the slowest trajectory."""
-    eta: int = 1
-    """Staleness bound η: a group starts only on weights no older than latest − η."""
-    target_groups: int | None = None
-    """Stop after this many groups committed by this worker; None runs until the trainer's done marker."""
-    max_groups_per_version: int | None = None
-    """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
-    next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
-    whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``): the
-    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
-    backpressure_max_wait_s: float = 10.0
-    """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
-    groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
-    budget must never stall it."""
-    weight_poll_s: float = 0.5
-    """How often LATEST is checked for new weights."""
-    stop_poll_s: float = 1.0
-    """How often the trainer's done marker is checked."""
-    temperature: float = 1.0
-    """Sampling temperature of rollouts (0 = greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens (0 = off)."""
-    max_new_tokens: int = 48
-    """Per generation call (one assistant turn)."""
-    max_tokens: int = 256
-    """Per trajectory, prompt included (also capped by the engine's KV-cache length)."""
-    episode_timeout_s: float = 120.0
-    """Deadline of one episode; past it the sample gets status ``timeout``."""
-    tool_timeout_s: float = 10.0
-    """Deadline of one tool call; past it the tool result is a timeout error."""
-    failure_reward: float = 0.0
-    """Reward recorded for a sample that failed (timeout, env error): the group still completes."""
-    infra_retries: int = 2
-    """Reruns of an episode that failed for an infrastructure reason (sandbox start, a dependency's timeout,
-    storage, the engine); one that still fails is recorded as such and its group is kept out of the loss."""
-    writer: WriterConfig = field(default_factory=WriterConfig)
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            # GRPO's advantage is a sample's reward against its group's: a group of one has no baseline.
-            raise ValueError(f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
-        if (not self.group_size <= self.max_concurrency <= MAX_CONCURRENCY
-                or self.max_concurrency % self.group_size):
-            raise ValueError(f"RolloutConfig.max_concurrency must be a multiple of group_size={self.group_size} "
-                             f"no larger than {MAX_CONCURRENCY}, got {self.max_concurrency}")
-        if not self.temperature >= 0:
-            raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
-        if self.mode not in ("async", "sync"):
-            raise ValueError(f"RolloutConfig.mode must be 'async' or 'sync', got {self.mode!r}")
-        if self.eta < 0:
-            raise ValueError(f"RolloutConfig.eta must be >= 0, got {self.eta}")
-        if self.max_groups_per_version is not None and self.max_groups_per_version < 1:
-            raise ValueError(f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}")
-        if self.target_groups is not None and self.target_groups < 1:
-            raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
-        for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s", "backpressure_max_wait_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
-        if self.infra_retries < 0:
-            raise ValueError(f"RolloutConfig.infra_retries must be >= 0, got {self.infra_retries}")
-        if self.max_new_tokens < 1 or self.max_tokens < 2:
-            raise ValueError(f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}")
-
-    @classmethod
-    def tiny(cls) -> RolloutConfig:
-        return cls(group_size=4, max_concurrency=16, max_new_tokens=40, max_tokens=128,
-                   writer=WriterConfig(max_groups=4, max_age_s=2.0))
 
 
 class WeightSource(Protocol):
@@ -295,10 +215,13 @@ class Orchestrator:
             telemetry.gauge("episodes_in_flight", self._in_flight)
 
     async def _group(self, task: Task, group_id: str, done: asyncio.Queue, version: int) -> None:
+        await done.put(await self._run_group(task, group_id, version))
+
+    async def _run_group(self, task: Task, group_id: str, version: int) -> list[Trajectory]:
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
         if zero_advantage([t.reward for t in group]):
             self._refunded[version] += 1
-        await done.put(list(group))
+        return list(group)
 
     async def _write(self, done: asyncio.Queue) -> None:
         """The only code touching the writer: commits groups as they finish, and by age on a trickle."""
@@ -308,9 +231,11 @@ class Orchestrator:
                 group = await asyncio.wait_for(done.get(), timeout) if timeout is not None else await done.get()
             except TimeoutError:
                 group = None
-            if group is _FLUSH:
+            if group is _FLUSH or group is _COMMIT:
                 self._account(await asyncio.to_thread(self.writer.flush))
-                return
+                if group is _FLUSH:
+                    return
+                continue
             if group is None:
                 self._account(await asyncio.to_thread(self.writer.flush_due))
                 continue
@@ -390,6 +315,50 @@ class Orchestrator:
                 return
             await asyncio.gather(*(self._group(task, gid, done, self.engine.policy_version) for task, gid in batch))
 
+    async def _run_lockstep(self, done: asyncio.Queue) -> None:
+        """``max_groups_per_version`` groups on each version (at most ``max_concurrency`` episodes at once), handed
+        to the writer in start order and committed, then the next version."""
+        slots = asyncio.Semaphore(self.config.max_concurrency // self.config.group_size)
+
+        async def run_group(task: Task, group_id: str, version: int) -> list[Trajectory]:
+            async with slots:
+                return await self._run_group(task, group_id, version)
+
+        while True:
+            version = self.engine.policy_version
+            batch = []
+            while len(batch) < (self.config.max_groups_per_version or 0) and (item := self._next_task()) is not None:
+                batch.append(item)
+            if not batch:
+                return
+            self.stats.groups_started += len(batch)
+            self.stats.versions_started[version] += len(batch)
+            for group in await asyncio.gather(*(run_group(task, gid, version) for task, gid in batch)):
+                await done.put(group)
+            await done.put(_COMMIT)  # shard boundaries follow the batch, never the writer's clock
+            if not await self._next_version(version):
+                return
+
+    async def _next_version(self, version: int) -> bool:
+        """Load the first version published after ``version``, waiting at most ``lockstep_wait_s``; False when the
+        run stops first."""
+        if self.weights is None:
+            raise ValueError("rollout mode 'lockstep' needs a weight source (it waits for each next version)")
+        t0 = self.clock()
+        with telemetry.span("lockstep_wait", track="weights", version=version):
+            while not self._stopping.is_set():
+                await self._refresh()
+                if self.engine.policy_version > version:
+                    break
+                if self.clock() - t0 > self.config.lockstep_wait_s:
+                    raise TimeoutError(f"lockstep rollout: no version after v{version} was published within "
+                                       f"{self.config.lockstep_wait_s:g}s (rollout.lockstep_wait_s); is the trainer "
+                                       f"running?")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+        self.stats.swap_pause_s += self.clock() - t0
+        return self.engine.policy_version > version
+
     async def run(self) -> RolloutStats:
         t0 = self.clock()
         done: asyncio.Queue = asyncio.Queue()
@@ -398,7 +367,8 @@ class Orchestrator:
         if self.config.mode == "async":
             helpers.append(asyncio.create_task(self._poll_weights()))
         try:
-            await (self._run_async(done) if self.config.mode == "async" else self._run_sync(done))
+            runs = {"async": self._run_async, "sync": self._run_sync, "lockstep": self._run_lockstep}
+            await runs[self.config.mode](done)
             if self._target_reached():
                 self.stats.stop_reason = self.stats.stop_reason or "target reached"
         finally:
@@ -411,3 +381,6 @@ class Orchestrator:
 
 
 _FLUSH: Any = object()
+"""Writer queue sentinel: commit what is buffered and stop."""
+_COMMIT: Any = object()
+"""Writer queue sentinel: commit what is buffered and go on (lockstep: after each version's groups)."""

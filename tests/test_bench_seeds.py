@@ -1,0 +1,54 @@
+"""Figures over seeds and the claims they support (``bench.seeds``), and how the ablation judges its claims."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.ablation import claims, over_seed_figures
+from bench.seeds import Claim, OverSeeds, seed_args, seed_overrides
+from pipelines_lib.config import CampaignConfig
+
+
+def test_a_figure_over_seeds_reports_mean_min_spread_and_a_t_interval() -> None:
+    gains = OverSeeds((90.0, 80.0, 85.0))
+    # t(0.975, 2) = 4.303; sd = 5; half width 4.303 * 5 / sqrt(3) = 12.42
+    assert gains.figures("learning.heldout_gain_pts") == {
+        "learning.heldout_gain_pts": 85.0, "learning.heldout_gain_pts_min": 80.0,
+        "learning.heldout_gain_pts_spread": 10.0, "learning.heldout_gain_pts_ci_low": pytest.approx(72.58),
+        "learning.heldout_gain_pts_ci_high": pytest.approx(97.42)}
+    assert OverSeeds((70.0,)).interval() == (70.0, 70.0)
+    with pytest.raises(ValueError, match="one finite value per seed"):
+        OverSeeds((float("nan"),))
+
+
+def test_a_claim_holds_only_where_the_whole_interval_of_the_paired_difference_does() -> None:
+    sync, close, far = [95.0, 96.0, 94.0], [94.0, 95.5, 93.0], [90.0, 97.0, 80.0]
+    assert Claim.within("close", sync, close, 3.0).supported
+    assert not Claim.within("far", sync, far, 3.0).supported  # mean gap 6, interval reaches past 3
+    assert Claim.worse("lower", sync, [60.0, 70.0, 65.0]).supported
+    assert not Claim.worse("level", sync, [96.0, 95.0, 94.0]).supported
+    assert not Claim.within("one seed", [95.0], [95.0], 3.0).supported  # no interval, no claim
+    assert "NOT supported" in Claim.within("one seed", [95.0], [95.0], 3.0).render()
+
+
+def test_the_ablation_pairs_arms_by_seed_for_its_gaps_and_claims() -> None:
+    def arm(final: float, wall: float) -> dict[str, float]:
+        return {"final_success": final, "wall_s": wall, "steps": 30.0}
+
+    per_seed = [{"sync": arm(0.95, 100.0), "eta4": arm(0.94, 40.0), "eta4_nocorr": arm(0.60, 40.0)},
+                {"sync": arm(0.90, 120.0), "eta4": arm(0.89, 36.0), "eta4_nocorr": arm(0.65, 36.0)},
+                {"sync": arm(0.97, 110.0), "eta4": arm(0.955, 44.0), "eta4_nocorr": arm(0.55, 44.0)}]
+    figures = over_seed_figures(per_seed)
+    assert figures["ablation.seeds"] == 3.0
+    assert figures["ablation.eta4_gap_pts"] == pytest.approx(1.17)  # gaps 1, 1, 1.5
+    assert figures["ablation.eta4.final_pts_min"] == pytest.approx(89.0)
+    assert figures["ablation.seed1.eta4_nocorr.final_success"] == 0.65
+    assert figures["ablation.eta4_over_sync_wallclock"] == pytest.approx((0.4 + 0.3 + 0.4) / 3)
+    judged = claims({name: [100 * s[name]["final_success"] for s in per_seed] for name in per_seed[0]})
+    assert [c.supported for c in judged] == [True, True]
+
+
+def test_seed_n_sets_every_seed_of_a_campaign() -> None:
+    config = CampaignConfig.tiny().with_overrides(seed_overrides(7))
+    assert (config.seed, config.dataset.seed, config.sft.seed, config.trainer.seed) == (7, 7, 7, 7)
+    assert seed_args(7)[:2] == ["--set", "seed=7"]
