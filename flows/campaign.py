@@ -6,6 +6,7 @@
          TrainProgress polls the folder: terminal line + progress artifact per trainer step
       -> evaluate published versions (all, or v0 and the last) -> eval table artifact per version
       -> learning curve artifact -> audit (+ markdown artifact) -> view/<utc>/report.html + learning_curve.png
+      -> the campaign's gpu:<slot>:<campaign> concurrency limits deleted (flows.runs.release_campaign_limits)
 ```
 
 ``run_stages`` is the part after init, for any subset of stages in that order: the campaign flow runs
@@ -36,7 +37,7 @@ from flows import artifacts, entry
 from flows.launch import Launcher
 from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
-from flows.runs import label_run
+from flows.runs import label_run, release_campaign_limits
 from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
@@ -47,7 +48,7 @@ from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.stages.view import campaign_view
 from pipelines_lib.storage.errors import StorageError
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, normalize_url
 from tasks.colocated import colocated_campaign
 from tasks.init import init_campaign
 
@@ -153,6 +154,8 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
         out["view"] = store.uri(write_view(store, campaign_view(store, cache=launcher.settings.cache)))
         log.info("report and learning curve: %s", out["view"])
+        # The campaign is finished: its per-campaign slots go (a recovery would create them again).
+        out["released_limits"] = release_campaign_limits(url, config)
     artifacts.publish_telemetry(url, store)
     return out
 
@@ -183,6 +186,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
         poll_s: seconds between progress polls of the campaign folder.
     """
     campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
+    normalize_url(campaign_url)  # a URL without its bucket (an unset variable at deploy time) fails here, first
     settings = entry(campaign_url, storage_options)
     label_run(campaign_url, "campaign", preset)
     config = CampaignConfig.build(preset=preset, config_path=config_path,

@@ -225,6 +225,9 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
                    help="deploy only this deployment (repeatable; default: all), e.g. nightly-local")
     p.add_argument("--pool-type", choices=sorted(POOL_TEMPLATES), default="process",
                    help="type of the work pools created when missing (process: one machine; kubernetes: a cluster)")
+    p.add_argument("--arm", action="append", default=[], metavar="DEPLOYMENT",
+                   help="activate this deployment's schedules (repeatable, e.g. nightly); the file deploys every "
+                        "schedule paused, so a deploy without --arm pauses them")
 
 
 def unresolved_variables(spec: dict[str, Any], names: list[str]) -> dict[str, list[str]]:
@@ -250,6 +253,11 @@ def _deploy(args: argparse.Namespace) -> int:
         if name not in declared:
             raise CommandError(f"{args.prefect_file}: no deployment {name!r}{did_you_mean(name, declared)}; "
                                f"declared: {', '.join(declared)}")
+    scheduled = [d["name"] for d in spec["deployments"] if d.get("schedules")]
+    for name in args.arm:
+        if name not in names or name not in scheduled:
+            raise CommandError(f"--arm {name}: not a deployment with schedules among those deployed "
+                               f"({', '.join(n for n in names if n in scheduled) or 'none'})")
     if missing := unresolved_variables(spec, names):
         raise CommandError("unresolved variables, set them first: " + "; ".join(
             f"{var} (used by {', '.join(who)})" for var, who in missing.items()))
@@ -269,9 +277,47 @@ def _deploy(args: argparse.Namespace) -> int:
                 print(f"created work pool {pool} ({args.pool_type}, {template})", file=sys.stderr)
     prefect = Path(sys.executable).with_name("prefect")
     selection = ["--all"] if args.name is None else [a for n in names for a in ("--name", n)]
-    return 0 if subprocess.run([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(args.prefect_file),
-                                *selection], timeout=600).returncode == 0 else 1
+    if subprocess.run([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(args.prefect_file),
+                       *selection], timeout=600).returncode != 0:
+        return 1
+    from flows.heal import register_zombie_automation
+
+    zombies = register_zombie_automation()
+    print(f"automation {zombies.name!r}: {zombies.description}")
+    print(arm_schedules([n for n in names if n in scheduled], args.arm))
+    return 0
 
 
-DEPLOY = Command(HELP="create the work pools if missing and deploy infra/prefect.yaml (refuses unset variables)",
+def arm_schedules(scheduled: list[str], arm: list[str]) -> str:
+    """Activate the schedules of the deployments in ``arm``; returns one line per schedule of ``scheduled``
+    (deployment names), saying whether it is armed and what it runs."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterName,
+        FlowFilter,
+        FlowFilterName,
+    )
+
+    lines = []
+    with get_client(sync_client=True) as client:
+        deployments = client.read_deployments(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=scheduled)),
+            flow_filter=FlowFilter(name=FlowFilterName(like_="rollstream-")))
+        flows = {d.flow_id: client.read_flow(d.flow_id).name for d in deployments}
+        for deployment in sorted(deployments, key=lambda d: d.name):
+            for schedule in client.read_deployment_schedules(deployment.id):
+                if deployment.name in arm and not schedule.active:
+                    client.update_deployment_schedule(deployment.id, schedule.id, active=True)
+                armed = deployment.name in arm or schedule.active
+                when = getattr(schedule.schedule, "cron", None) or str(schedule.schedule)
+                tz = getattr(schedule.schedule, "timezone", None) or "UTC"
+                lines.append(f"{'ARMED ' if armed else 'paused'} {flows[deployment.flow_id]}/{deployment.name}: "
+                             f"{when} {tz} -> {deployment.parameters.get('campaign_url')}"
+                             + ("" if armed else f"  (arm: rollstream deploy --arm {deployment.name})"))
+    return "\n".join(lines or ["no deployment with a schedule was deployed"])
+
+
+DEPLOY = Command(HELP="create the work pools if missing, deploy infra/prefect.yaml (refuses unset variables), "
+                      "arm the schedules named by --arm and say which are armed",
                  add_arguments=_deploy_args, run=_deploy)

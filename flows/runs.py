@@ -6,7 +6,11 @@ label_run(url, stage, preset)   this run's tags += campaign:<name>, stage:<stage
                                 (deployment runs too: the UI filters a campaign's runs by tag)
 campaign_limit(key, url)        <key>:<name>, a global concurrency limit of 1 created if missing: a campaign and
                                 its recovery never hold one slot twice, two campaigns never block each other
-abandon_runs(url)               Running campaign/recover runs of the same campaign -> Crashed, naming this run
+release_campaign_limits(url, c) deletes the campaign's <key>:<name> limits once it is finished (they would pile
+                                up, three a night); a later recovery creates them again
+abandon_runs(url)               Running campaign/recover runs of the same campaign -> Crashed, naming this run;
+                                refused while one is a deployment run (tag WATCH_TAG): heartbeats watch those,
+                                and Prefect's zombie automation (flows.heal) crashes them once they fall silent
 ```
 ``<name>`` is the campaign folder's last name (``artifacts.campaign_slug``). Every call talks to the Prefect API
 through a client with its own request timeout.
@@ -33,9 +37,17 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from flows.artifacts import campaign_slug
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.stages.table import STAGES, resources_for
 
 ORCHESTRATING_FLOWS = ("rollstream-campaign", "rollstream-recover")
 """Flows whose abandoned runs a recovery takes over (stage runs end on their own, or hold their slot)."""
+WATCH_TAG = "rollstream"
+"""The tag of every deployment of infra/prefect.yaml: its runs send heartbeats that the zombie automation watches."""
+
+
+class StillRunning(RuntimeError):
+    """A deployment run of the campaign is Running: Prefect, not a recovery, decides whether its process is gone."""
 
 
 def campaign_tag(campaign_url: str) -> str:
@@ -62,9 +74,31 @@ def campaign_limit(key: str, campaign_url: str) -> str:
     return name
 
 
+def campaign_limit_names(campaign_url: str, config: CampaignConfig) -> list[str]:
+    """Every ``<key>:<campaign>`` limit this campaign's stages may create (one per accelerator slot)."""
+    keys = {resources_for(s.name, config, worker_index=i).concurrency_key
+            for s in STAGES for i in range(config.workers if s.name == "collect" else 1)}
+    return sorted(f"{key}:{campaign_slug(campaign_url)}" for key in keys if key)
+
+
+def release_campaign_limits(campaign_url: str, config: CampaignConfig) -> list[str]:
+    """Delete this finished campaign's concurrency limits; returns the names that existed. Called once every
+    stage has ended, so no slot is held."""
+    deleted = []
+    with get_client(sync_client=True) as client:
+        for name in campaign_limit_names(campaign_url, config):
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_global_concurrency_limit_by_name(name)
+                deleted.append(name)
+    return deleted
+
+
 def abandon_runs(campaign_url: str) -> list[dict[str, Any]]:
     """Mark Running campaign or recover runs of this campaign (other than this run) Crashed, with a message naming
-    this run; returns what was marked. Called by a recovery, which the user starts because the run is gone."""
+    this run; returns what was marked. Called by a recovery, which the user starts because the run is gone.
+
+    A deployment run (tag ``WATCH_TAG``) is never marked by hand: its heartbeats say whether its process lives,
+    and the zombie automation crashes it when they stop (which starts the heal flow). Raises ``StillRunning``."""
     me = f"{flow_run.name} ({flow_run.id})"
     with get_client(sync_client=True) as client:
         running: list[FlowRun] = client.read_flow_runs(
@@ -72,6 +106,12 @@ def abandon_runs(campaign_url: str) -> list[dict[str, Any]]:
             flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[campaign_tag(campaign_url)]),
                                           state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
         abandoned = [r for r in running if str(r.id) != str(flow_run.id)]
+        if watched := [r for r in abandoned if WATCH_TAG in r.tags]:
+            raise StillRunning(
+                "deployment run(s) of this campaign still Running: "
+                + ", ".join(f"{r.name} ({r.id})" for r in watched)
+                + "; Prefect sets a run Crashed once its heartbeats stop (automation 'rollstream: crash zombie runs', "
+                "then the heal deployment recovers), or cancel it first: prefect flow-run cancel <id>")
         for run in abandoned:
             client.set_flow_run_state(run.id, Crashed(message=f"abandoned; recovered by flow run {me}"), force=True)
             get_run_logger().warning("flow run %s (%s) of this campaign was still Running: marked Crashed, "

@@ -348,6 +348,12 @@ def render_status(status: dict[str, Any], *, recover: str) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
     lines.append(f"to do: {', '.join(todo)}; run them with: {recover}" if todo else "to do: nothing")
+    heal = status["heal"]
+    if heal["budget_spent_at"]:
+        lines.append(f"automatic recovery: BUDGET SPENT at {heal['budget_spent_at']} after {heal['recoveries']} "
+                     f"recoveries (last crash: {heal['last_crashed_run']}); nothing recovers it but `rollstream recover`")
+    elif heal["recoveries"]:
+        lines.append(f"automatic recovery: {heal['recoveries']} so far (last crash: {heal['last_crashed_run']})")
     if status["ignored"]:
         lines.append(f"ignored (not names a stage writes): {', '.join(status['ignored'])}")
     return "\n".join(lines)

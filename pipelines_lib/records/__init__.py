@@ -12,6 +12,7 @@ EvalResult          eval/v<N:08d>.json                              evaluate.eva
 DoneMarker          train/DONE.json                                 train.trainer
 StopRequest         rollout/STOP-<utc>.json                         rollout.collect.request_stop
 RunRecord           runs/<key>-<flow_run_id>[-failed-<n>].json      tasks.common.stage_run
+HealAttempt         heal/<attempt:04d>.json                         stages.campaign.claim_heal_attempt
 AuditRecord         audit/<utc>.json (+ .txt)                       tasks.audit (an ``audit.AuditReport``)
 AuditVersionResult  audit/versions/v<N>-<digest>-<newest>.json      audit.campaign (one version folder's result)
 ```
@@ -44,7 +45,7 @@ from pipelines_lib.records.campaign import (
     with_parents,
 )
 from pipelines_lib.records.evaluate import EvalResult, evaluated_versions
-from pipelines_lib.records.runs import RunRecord, StopRequest, run_records
+from pipelines_lib.records.runs import HealAttempt, RunRecord, StopRequest, heal_attempts, run_records
 from pipelines_lib.records.train import (
     CheckpointMeta,
     ConsumedGroup,
@@ -71,6 +72,7 @@ __all__ = [
     "DroppedStale",
     "EvalResult",
     "ForkParent",
+    "HealAttempt",
     "Publication",
     "Record",
     "RecordError",
@@ -84,6 +86,7 @@ __all__ = [
     "consumption_steps",
     "evaluated_versions",
     "fork_chain",
+    "heal_attempts",
     "published_versions",
     "run_records",
     "with_parents",

@@ -1,13 +1,14 @@
 """Records of stage runs: ``RunRecord`` (``runs/``, one per stage run inside a flow run, listed by
-``run_records``) and ``StopRequest`` (``rollout/STOP-<utc>.json``, which stops the rollout workers started
-before it)."""
+``run_records``), ``StopRequest`` (``rollout/STOP-<utc>.json``, which stops the rollout workers started
+before it) and ``HealAttempt`` (``heal/<n>.json``, one per automatic recovery after a crash, listed by
+``heal_attempts``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipelines_lib.records.base import Record
+from pipelines_lib.records.base import Record, RecordError
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -74,3 +75,38 @@ class RunRecord(Record):
 def run_records(store: Store) -> list[RunRecord]:
     """Every run record in the folder, in name order."""
     return [RunRecord.at(store, f"{layout.RUNS}/{n}") for n in store.list(layout.RUNS) if n.endswith(".json")]
+
+
+# -- heal/<attempt:04d>.json ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealAttempt(Record):
+    """One crash of the campaign's orchestrating flow run, answered automatically: a recovery started, or none
+    because the campaign's retry budget was spent. Create-only: two answers to crashes never share a number."""
+
+    attempt: int
+    crashed_flow_run_id: str
+    crashed_flow_run_name: str
+    healer_flow_run_id: str
+    at: str
+    outcome: str
+    """``recover`` (a recovery was started) or ``budget spent`` (``max_attempts`` recoveries were started before)."""
+    max_attempts: int
+
+    KEY: ClassVar[tuple[str, ...]] = ("attempt",)
+    OUTCOMES: ClassVar[tuple[str, ...]] = ("recover", "budget spent")
+
+    def __post_init__(self) -> None:
+        if self.outcome not in self.OUTCOMES:
+            raise RecordError(f"HealAttempt.outcome must be one of {self.OUTCOMES}, got {self.outcome!r}")
+
+    @classmethod
+    def path_of(cls, attempt: int) -> str:  # type: ignore[override]
+        return layout.heal_attempt(attempt)
+
+
+def heal_attempts(store: Store) -> list[HealAttempt]:
+    """Every heal record of the campaign, oldest first."""
+    numbers = sorted(n for name in store.list(layout.HEAL) if (n := layout.parse_heal_name(name)) is not None)
+    return [HealAttempt.read(store, n) for n in numbers]

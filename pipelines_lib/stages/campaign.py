@@ -3,7 +3,8 @@
 ``init_campaign`` writes the config snapshot once (create-only; a rerun with the same config is a no-op, a
 different config is refused: one URL, one experiment). ``campaign_status`` reads only markers and pointers;
 its ``todo`` lists the stages of the stage table whose marker record is missing, which is exactly what the
-recover flow runs.
+recover flow runs. ``claim_heal_attempt`` numbers the automatic recoveries after crashes (``heal/``), so a
+campaign that keeps crashing stops being recovered once its budget is spent; ``campaign_status`` shows them.
 Names that are not what a stage writes (a stray ``eval/notes.json``) are ignored and listed under ``ignored``.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker
+from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker, HealAttempt
 from pipelines_lib.stages.table import STAGES
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError
@@ -78,9 +79,37 @@ def _numbered(store: Store, folder: str, parse: Callable[[str], int | None], ign
     return sorted(out)
 
 
+def claim_heal_attempt(store: Store, *, max_attempts: int, crashed_flow_run_id: str, crashed_flow_run_name: str,
+                       healer_flow_run_id: str) -> HealAttempt:
+    """Record the next automatic answer to a crash: ``recover`` while fewer than ``max_attempts`` recoveries were
+    started, else ``budget spent``. Create-only numbering: two healers racing each get their own attempt."""
+    if max_attempts < 0:
+        raise ValueError(f"max_attempts must be >= 0, got {max_attempts}")
+    attempt = len(records.heal_attempts(store)) + 1
+    while True:
+        claim = HealAttempt(attempt=attempt, crashed_flow_run_id=crashed_flow_run_id,
+                            crashed_flow_run_name=crashed_flow_run_name, healer_flow_run_id=healer_flow_run_id,
+                            at=utc_now_iso(), outcome="recover" if attempt <= max_attempts else "budget spent",
+                            max_attempts=max_attempts)
+        try:
+            claim.write(store)
+            return claim
+        except AlreadyExistsError:
+            attempt += 1
+
+
+def _heal_status(store: Store) -> dict[str, Any]:
+    attempts = records.heal_attempts(store)
+    spent = [a for a in attempts if a.outcome == "budget spent"]
+    return {"recoveries": sum(a.outcome == "recover" for a in attempts),
+            "budget_spent_at": spent[0].at if spent else None,
+            "last_crashed_run": attempts[-1].crashed_flow_run_name if attempts else None}
+
+
 def campaign_status(store: Store) -> dict[str, Any]:
     """What each stage has committed (a fork: with its parent's history); ``todo`` lists the stages a recovery
     must run, in order."""
+    heal = _heal_status(store)  # this folder's own crashes (a fork does not inherit its parent's budget)
     store = records.with_parents(store)
     versions = records.published_versions(store)
     entries = {store.pointer_entry(layout.WEIGHTS_LATEST, v) for v in versions}
@@ -106,6 +135,7 @@ def campaign_status(store: Store) -> dict[str, Any]:
         "missing_eval": [v for v in versions if v not in evaluated],
         "shards": sum(len(store.list(f"{layout.TRAJECTORIES}/{d}")) for d in store.list(layout.TRAJECTORIES)),
         "ignored": ignored,
+        "heal": heal,
     }
     # What a recovery must run: every stage whose marker record is missing, in table order; init first when
     # there is no campaign.json at all.

@@ -12,6 +12,7 @@ eval/v<version:08d>.json                 rollout/STOP-<utc>.json
 runs/<key>-<flow_run_id>[-failed-<attempt>].json
 audit/<utc>.json, audit/<utc>.txt        telemetry/
 audit/versions/v<version:08d>-<shards digest>-<newest published>.json   one version folder's audit result
+heal/<attempt:04d>.json                  one automatic recovery after a crash (or its refusal: budget spent)
 ```
 What each JSON object holds is a typed record in ``pipelines_lib.records``. A fork's folder holds only what it
 wrote; ``inherited`` names the parent's objects it reads as its own (``storage.forked``).
@@ -41,6 +42,7 @@ EVAL = "eval"
 RUNS = "runs"
 AUDIT = "audit"
 TELEMETRY = "telemetry"
+HEAL = "heal"
 ROLLOUT_STOPS = "rollout"
 """``rollout/STOP-<utc>.json`` markers: rollout workers started before such a marker stop (the campaign writes
 one when its trainer fails for good, so in-process workers do not run forever); later workers ignore it."""
@@ -52,6 +54,7 @@ _CONSUMED_RE = re.compile(r"^(?P<step>\d{8})\.json$")
 _EVAL_RE = re.compile(r"^v(?P<version>\d{8})\.json$")
 _CHECKPOINT_RE = re.compile(r"^(?P<step>\d{8})(\.\d+)?$")
 _STOP_RE = re.compile(r"^STOP-(?P<utc>[0-9TZ]+)\.json$")
+_HEAL_RE = re.compile(r"^(?P<attempt>\d{4})\.json$")
 _POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
 
 
@@ -176,6 +179,18 @@ def parse_stop_name(name: str) -> str | None:
     """The compact UTC time of a stop marker's name, or None for any other name."""
     m = _STOP_RE.match(name)
     return m["utc"] if m else None
+
+
+def heal_attempt(attempt: int) -> str:
+    if not 1 <= attempt <= 9999:
+        raise ValueError(f"heal attempt must be in 1..9999, got {attempt}")
+    return f"{HEAL}/{attempt:04d}.json"
+
+
+def parse_heal_name(name: str) -> int | None:
+    """The attempt number of a heal record's name, or None for any other name."""
+    m = _HEAL_RE.match(name)
+    return int(m["attempt"]) if m else None
 
 
 def run_record(key: str, flow_run_id: str, *, failed_attempt: str | None = None) -> str:

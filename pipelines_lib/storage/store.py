@@ -82,9 +82,16 @@ def pointer_entry_problem(name: str, payload: Any, *, key: str = "version") -> s
 
 
 def normalize_url(url: str) -> str:
-    """A plain path becomes an absolute ``file://`` URL; trailing slashes go."""
+    """A plain path becomes an absolute ``file://`` URL; trailing slashes go.
+
+    An object-store URL without a bucket (``gs:///campaigns/x``, what ``gs://{{ $ROLLSTREAM_BUCKET }}/...``
+    becomes when the variable is unset) is refused: fsspec would read its first folder as the bucket."""
     if "://" not in url:
         url = "file://" + str(Path(url).expanduser().resolve())
+    protocol, rest = url.split("://", 1)
+    if protocol != "file" and (not rest or rest.startswith("/")):
+        raise ValueError(f"{url}: no bucket (nothing between '{protocol}://' and the path); "
+                         "is a variable that names it unset?")
     return url.rstrip("/")
 
 
