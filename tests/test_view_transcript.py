@@ -11,6 +11,7 @@ from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.stages.view import campaign_view
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import to_table
+from pipelines_lib.trajectory.schema import TOKEN_COLUMNS
 from tests.conftest import chat_group
 
 
@@ -80,9 +81,7 @@ def test_tool_calls_results_and_turn_headers_are_set_apart_from_text(tok: ChatTo
 
 def test_a_generation_cut_by_a_length_limit_is_marked_cut(tok: ChatTokenizer) -> None:
     row = _row(tok)
-    row["tokens"], row["loss_mask"], row["policy_version"] = (
-        row[c][:-1] for c in ("tokens", "loss_mask", "policy_version")
-    )
+    row.update({c: row[c][:-1] for c in TOKEN_COLUMNS})  # the stop token is gone: a length limit cut the turn
     row["turns"][-1] = {**row["turns"][-1], "end": len(row["tokens"])}
     assert transcript(row, tok)[-1]["ended"] == "cut"
 
