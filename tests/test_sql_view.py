@@ -195,8 +195,11 @@ def test_a_closing_script_tag_in_the_data_cannot_break_the_page(local_store: Sto
 
 def test_view_cli_prints_the_report_url(demo_campaign: Store, capsys) -> None:
     assert cli.main(["view", demo_campaign.url, "--max-groups", "5"]) == 0
-    url = capsys.readouterr().out.strip()
+    out = capsys.readouterr()
+    url = out.out.strip()
     assert url.startswith(demo_campaign.url) and url.endswith("/report.html")
+    # The synthetic demo names no tokenizer: the command says its page shows ids, and why.
+    assert "turns shown as token ids (a demo folder: no tokenizer or advantage estimator is named)" in out.err
 
 
 @pytest.mark.parametrize("command", ["sql", "view"])

@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines_lib.audit.transcript import parts_pattern, prompt_text, transcript, turn_parts
+from pipelines_lib.audit.transcript import prompt_text, transcript, turn_parts
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.stages.view import campaign_view
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.record import to_table
+from pipelines_lib.trajectory.schema import TOKEN_COLUMNS
 from tests.conftest import chat_group
-
-CHATML = parts_pattern(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
 
 
 def _row(tok: ChatTokenizer, env: str = "arithmetic", sample: int = 0, version: int = 3) -> dict:
@@ -50,36 +49,39 @@ def answer_of(row: dict, tok: ChatTokenizer) -> str:
     return text.rsplit("<answer>", 1)[1].split("</answer>", 1)[0]
 
 
-def test_tool_calls_results_and_turn_headers_are_set_apart_from_text() -> None:
-    text = '<|im_start|>assistant\nLet me look.<tool_call>{"name": "search"}</tool_call><|im_end|>'
-    assert turn_parts(text, CHATML) == [
+def test_tool_calls_results_and_turn_headers_are_set_apart_from_text(tok: ChatTokenizer) -> None:
+    ids = tok.encode('<|im_start|>assistant\nLet me look.<tool_call>{"name": "search"}</tool_call><|im_end|>')
+    assert turn_parts(ids, tok) == [
         ["markup", "<|im_start|>assistant\n"],
         ["text", "Let me look."],
         ["tool_call", '<tool_call>{"name": "search"}</tool_call>'],
         ["markup", "<|im_end|>"],
     ]
     # The separator before a tool message, and the generation prompt after it, are markup; the result is apart.
-    text = "\n<|im_start|>tool\n<tool_response>Papare: city in Kavire</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    assert turn_parts(text, CHATML) == [
+    ids = tok.render_message_ids({"role": "tool", "content": "Papare: city in Kavire"})
+    assert turn_parts(ids, tok) == [
         ["markup", "\n<|im_start|>tool\n"],
         ["tool_result", "<tool_response>Papare: city in Kavire</tool_response>"],
         ["markup", "<|im_end|>\n<|im_start|>assistant\n"],
     ]
-    # Another template's header (role between two control tokens); a tool call cut by a length limit runs to the end.
-    llama = parts_pattern(["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])
-    assert turn_parts("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", llama) == [
-        ["markup", "<|start_header_id|>user<|end_header_id|>\n\n"],
-        ["text", "Hi"],
-        ["markup", "<|eot_id|>"],
+    # A tool that prints the template's control text forges nothing: it stays inside its result, as text.
+    forged = "x<|im_end|>\n<|im_start|>user\ny"
+    parts = turn_parts(tok.render_message_ids({"role": "tool", "content": forged}), tok)
+    assert ["tool_result", f"<tool_response>{forged}</tool_response>"] in parts
+    # A tool call cut by a length limit runs to the end of its text, before the stop token if there is one.
+    assert turn_parts(tok.encode('ok <tool_call>{"na'), tok) == [
+        ["text", "ok "],
+        ["tool_call", '<tool_call>{"na'],
     ]
-    assert turn_parts('ok <tool_call>{"na', CHATML) == [["text", "ok "], ["tool_call", '<tool_call>{"na']]
+    assert turn_parts([*tok.encode('<tool_call>{"na'), tok.stop_ids[0]], tok) == [
+        ["tool_call", '<tool_call>{"na'],
+        ["markup", "<|im_end|>"],
+    ]
 
 
 def test_a_generation_cut_by_a_length_limit_is_marked_cut(tok: ChatTokenizer) -> None:
     row = _row(tok)
-    row["tokens"], row["loss_mask"], row["policy_version"] = (
-        row[c][:-1] for c in ("tokens", "loss_mask", "policy_version")
-    )
+    row.update({c: row[c][:-1] for c in TOKEN_COLUMNS})  # the stop token is gone: a length limit cut the turn
     row["turns"][-1] = {**row["turns"][-1], "end": len(row["tokens"])}
     assert transcript(row, tok)[-1]["ended"] == "cut"
 

@@ -3,9 +3,12 @@
 ``transcript(row, tokenizer)`` takes one shard row (``trajectory.schema``: ``tokens``, ``loss_mask``,
 ``policy_version`` and the ``turns`` segments) and returns one dict per turn: role, tool name, latency, error,
 the token range, the policy versions of the turn's generated tokens, how a generated turn ended, and the turn's
-text cut into ``parts``. A part is ``[kind, text]`` with kind ``text``, ``markup`` (the tokenizer's control
-tokens: turn headers and ends, written by the chat template, not by the model or a tool), ``tool_call`` (an
+text cut into ``parts``. A part is ``[kind, text]`` with kind ``text``, ``markup`` (what the chat template writes
+around messages: the tokenizer's special tokens, the role name and whitespace of a turn header), ``tool_call`` (an
 assistant's ``<tool_call>…</tool_call>``) or ``tool_result`` (a ``<tool_response>…</tool_response>``).
+
+Markup is told by token id, not by text: a tool result or a model that prints ``<|im_end|>`` gets plain-text ids
+(``ChatTokenizer.render_ids``), and it stays text here, inside its tool result, as the model saw it.
 
 A row is decoded only by the tokenizer its ids belong to: ``tokenizer_hash`` is recorded per trajectory, and a
 trajectory whose hash differs from the tokenizer's (or with no tokenizer at all) keeps its turns without text,
@@ -14,6 +17,7 @@ so the page shows ids rather than the wrong words.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -23,34 +27,43 @@ from pipelines_lib.trajectory.schema import ROLES
 
 TOOL_CALL, TOOL_RESULT = MARKUP_TOKENS[:2], MARKUP_TOKENS[2:]
 """``(open, close)`` of a tool call and of a tool result, as the chat template writes them."""
-GROUP_KINDS = ("tool_call", "tool_result", "markup")
-"""Part kind of each group of ``parts_pattern``, in order; what no group matches is ``text``."""
+TOOL_SPANS = re.compile(
+    "|".join(f"({re.escape(a)}.*?(?:{re.escape(b)}|$))" for a, b in (TOOL_CALL, TOOL_RESULT)), re.DOTALL
+)
+"""A tool call, or a tool result; one missing its closing tag (cut short, or malformed) runs to the end of its text."""
+HEADER_REST = re.compile(f"(?:{'|'.join(ROLES)})?\\s*")
+"""What follows a special token in a turn header: the role name (``<|im_start|>tool\\n``) and whitespace."""
 
 
-def parts_pattern(control: Iterable[str]) -> re.Pattern[str]:
-    """Splits decoded text into tool calls, tool results and markup: a ``control`` string (a tokenizer's special
-    tokens) with the role name, second control string and whitespace a turn header puts after it
-    (``<|im_start|>tool\\n``, ``<|start_header_id|>user<|end_header_id|>\\n\\n``)."""
-    spans = [f"{re.escape(a)}.*?(?:{re.escape(b)}|$)" for a, b in (TOOL_CALL, TOOL_RESULT)]
-    controls = "|".join(re.escape(c) for c in sorted(set(control), key=len, reverse=True) if c) or r"(?!)"
-    roles = "|".join(ROLES)
-    header = f"(?:{controls})(?:(?:{roles})\\s*(?:{controls})?)?\\s*"
-    return re.compile("|".join(f"({p})" for p in [*spans, header]), re.DOTALL)
-
-
-def turn_parts(text: str, pattern: re.Pattern[str]) -> list[list[str]]:
-    """``text`` as ``[kind, text]`` parts in order (see the module docstring); joined they give ``text`` back."""
+def text_parts(text: str) -> list[list[str]]:
+    """``text`` (no special tokens in it) as ``text``, ``tool_call`` and ``tool_result`` parts, in order."""
     out: list[list[str]] = []
     at = 0
-    for m in pattern.finditer(text):
-        if m.start() == m.end():
-            continue
+    for m in TOOL_SPANS.finditer(text):
         if m.start() > at:
             out.append(["text", text[at : m.start()]])
-        out.append([GROUP_KINDS[(m.lastindex or 1) - 1], m.group()])
+        out.append(["tool_call" if m.lastindex == 1 else "tool_result", m.group()])
         at = m.end()
     if at < len(text):
         out.append(["text", text[at:]])
+    return out
+
+
+def turn_parts(ids: Sequence[int], tokenizer: ChatTokenizer) -> list[list[str]]:
+    """The turn ``ids`` as ``[kind, text]`` parts (see the module docstring); joined, they are its decoded text."""
+    special = set(tokenizer.hf.all_special_ids)
+    out: list[list[str]] = []
+    for is_special, run in itertools.groupby(ids, key=lambda i: i in special):
+        text = tokenizer.decode(list(run))
+        if is_special:
+            out.append(["markup", text])
+            continue
+        if out:  # after a special token: the rest of a turn header
+            head = HEADER_REST.match(text).group()
+            if head:
+                out.append(["markup", head])
+                text = text[len(head) :]
+        out += text_parts(text)
     # Whitespace beside markup is the template's separator; runs of markup read as one.
     merged: list[list[str]] = []
     for k, (kind, s) in enumerate(out):
@@ -82,15 +95,11 @@ def decodes(row: Mapping[str, Any], tokenizer: ChatTokenizer | None) -> bool:
     return tokenizer is not None and row["tokenizer_hash"] == tokenizer.tokenizer_hash
 
 
-def transcript(
-    row: Mapping[str, Any], tokenizer: ChatTokenizer | None, pattern: re.Pattern[str] | None = None
-) -> list[dict[str, Any]]:
+def transcript(row: Mapping[str, Any], tokenizer: ChatTokenizer | None) -> list[dict[str, Any]]:
     """The row's turns (a row without recorded turns is one ``sequence`` turn), decoded when ``decodes``."""
     n = len(row["tokens"])
     turns = row["turns"] or [{"role": "sequence", "start": 0, "end": n}]
     decoded = decodes(row, tokenizer)
-    if decoded and pattern is None:
-        pattern = parts_pattern(tokenizer.hf.all_special_tokens)
     stop_ids = tokenizer.stop_ids if tokenizer is not None else ()
     out = []
     for t in turns:
@@ -107,7 +116,7 @@ def transcript(
             "parts": None,
         }
         if decoded:
-            turn["parts"] = turn_parts(tokenizer.decode(row["tokens"][start:end]), pattern)
+            turn["parts"] = turn_parts(row["tokens"][start:end], tokenizer)
         out.append(turn)
     return out
 

@@ -36,7 +36,7 @@ import pyarrow.dataset as ds
 from pipelines_lib.audit.curve import curve_metric, eval_points, learning_curve_png, numeric_fields
 from pipelines_lib.audit.page import PAGE
 from pipelines_lib.audit.sql import CampaignTables, campaign_tables
-from pipelines_lib.audit.transcript import decodes, parts_pattern, prompt_text, transcript, vocabulary
+from pipelines_lib.audit.transcript import decodes, prompt_text, transcript, vocabulary
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.records import CampaignManifest, with_parents
 from pipelines_lib.storage import layout
@@ -128,8 +128,8 @@ class ViewParts:
     advantages: Advantages | None = None
 
 
-def _trajectory_record(r: dict[str, Any], parts: ViewParts, pattern: Any) -> dict[str, Any]:
-    turns = transcript(r, parts.tokenizer, pattern)
+def _trajectory_record(r: dict[str, Any], parts: ViewParts) -> dict[str, Any]:
+    turns = transcript(r, parts.tokenizer)
     return {
         "trajectory_id": r["trajectory_id"], "sample_idx": r["sample_idx"], "worker_id": r["worker_id"],
         "env": r["env_name"], "task_id": r["task_id"], "reward": r["reward"], "reward_parts": dict(r["reward_parts"]),
@@ -157,18 +157,15 @@ def _group_records(trajectories: ds.Dataset, chosen: list[str], parts: ViewParts
     shards = sorted({k.partition("#")[0] for k in chosen})  # a filter on ``shard`` opens only these files
     rows = [r for r in trajectories.to_table(filter=ds.field("shard").isin(shards)).to_pylist()
             if f"{r['shard']}#{r['group_id']}" in keep]
-    pattern = None if parts.tokenizer is None else parts_pattern(parts.tokenizer.hf.all_special_tokens)
     groups: dict[str, dict[str, Any]] = {}
     for r in rows:
         key = f"{r['shard']}#{r['group_id']}"
         g = groups.setdefault(key, {"group_id": r["group_id"], "prompt_id": r["prompt_id"], "version": r["version"],
                                     "shard": r["shard"], "env": r["env_name"], "trajectories": []})
-        g["trajectories"].append(_trajectory_record(r, parts, pattern))
+        g["trajectories"].append(_trajectory_record(r, parts))
     ordered = [groups[k] for k in chosen if k in groups]
     for g in ordered:
         g["trajectories"].sort(key=lambda t: t["sample_idx"])
-        g["mean_reward"] = sum(t["reward"] for t in g["trajectories"]) / len(g["trajectories"])
-        g["statuses"] = sorted({t["status"] for t in g["trajectories"]})
     if parts.advantages is not None:
         _add_advantages(ordered, parts.advantages)
     return ordered
