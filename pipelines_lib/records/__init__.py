@@ -43,7 +43,7 @@ from pipelines_lib.records.campaign import (
     fork_chain,
     with_parents,
 )
-from pipelines_lib.records.evaluate import EvalResult, evaluated_versions
+from pipelines_lib.records.evaluate import EvalResult, evaluated_versions, versions_to_evaluate
 from pipelines_lib.records.runs import RunRecord, StopRequest, run_records
 from pipelines_lib.records.train import (
     CheckpointMeta,
@@ -53,6 +53,7 @@ from pipelines_lib.records.train import (
     DroppedStale,
     SkippedShard,
     ZeroAdvantageGroup,
+    committed_checkpoints,
     consumption_logs,
     consumption_steps,
 )
@@ -80,9 +81,11 @@ __all__ = [
     "StopRequest",
     "ZeroAdvantageGroup",
     "audit_version_results",
+    "committed_checkpoints",
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",
+    "versions_to_evaluate",
     "fork_chain",
     "published_versions",
     "run_records",
