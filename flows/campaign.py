@@ -41,9 +41,8 @@ from flows.runs import label_run, release_campaign_limits
 from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
-from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.hints import hint_command, secrets_note
-from pipelines_lib.records import EvalResult
+from pipelines_lib.records import EvalResult, versions_to_evaluate
 from pipelines_lib.rollout.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.stages.view import campaign_view

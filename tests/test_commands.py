@@ -121,6 +121,23 @@ def test_a_stage_run_logs_each_line_with_its_run_name(prefect_api: str, campaign
     assert "INFO:prefect" not in result.stderr
 
 
+def test_status_of_a_finished_campaign_loads_neither_jax_nor_the_model_code(tmp_path: Path) -> None:
+    # With JAX and the model code `status` took seconds to start; without them it answers in well under one.
+    store = Store(str(tmp_path / "c"))
+    trained_campaign(store, CampaignConfig.tiny().with_overrides({"eval.versions": "ends"}))
+    eval_result(0).write(store)
+    eval_result(2).write(store)
+    probe = ("import sys; from pipelines_lib.cli import main; code = main(['status', sys.argv[1]]); "
+             "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'orbax', 'transformers'}); "
+             "print('loaded:', loaded, file=sys.stderr); sys.exit(code)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", probe, store.url], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert "evaluate    done" in result.stdout  # the evaluation stage's marker was read (eval.versions: ends)
+    assert result.stderr.strip().splitlines()[-1] == "loaded: []"
+
+
 def test_verbose_shows_the_stage_tasks_debug_lines_and_default_hides_them(prefect_api: str) -> None:
     from prefect import flow, get_run_logger, task
 

@@ -26,8 +26,7 @@ from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.evaluate import versions_to_evaluate
-from pipelines_lib.records import RunRecord, StopRequest
+from pipelines_lib.records import RunRecord, StopRequest, versions_to_evaluate
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError

@@ -19,6 +19,7 @@ from pipelines_lib.audit import audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.view import build_view, render_html
 from pipelines_lib.cli import main
+from pipelines_lib.hints import hint_command
 from pipelines_lib.records import (
     CampaignManifest,
     ConsumptionLog,
@@ -170,7 +171,7 @@ def test_fork_command_creates_the_fork_and_refuses_a_model_change(trained_campai
     url = str(tmp_path / "f")
     assert main(["fork", trained_campaign.url, "--from-step", "8", url, "--set", "trainer.optim.lr=0.001"]) == 0
     out = capsys.readouterr().out
-    assert f"forked {trained_campaign.url} at step 8" in out and f"rollstream recover {Store(url).url}" in out
+    assert f"forked {trained_campaign.url} at step 8" in out and f"run it with: {hint_command(['recover', Store(url).url])}" in out
     manifest = CampaignManifest.read(Store(url))
     assert manifest.parent is not None and manifest.parent.config_diff["trainer.optim.lr"]["fork"] == 0.001
     assert main(["fork", trained_campaign.url, "--from-step", "8", str(tmp_path / "g"), "--set",

@@ -4,6 +4,7 @@ demonstrations with the real decoder, tokenizer, env generator and train step (s
 from __future__ import annotations
 
 import dataclasses
+import struct
 from pathlib import Path
 
 import jax
@@ -25,6 +26,7 @@ from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig, demonstration_rows, mean_nll, sft_train
+from tests.test_telemetry import _read_tfrecords
 
 LLAMA_FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "llama"
 # The tiny model's vocabulary (the default tokenizer's) with every other dimension shrunk for compile speed.
@@ -92,6 +94,17 @@ def test_warm_start_trains_and_publishes_version_0_deterministically(tmp_path: P
     b, _ = load_published(Store(str(tmp_path / "b")), 0)
     assert_same(a, b)
     assert not np.array_equal(params(a)[0], params(Decoder(SMALL, rngs=nnx.Rngs(0)))[0])  # it trained
+
+
+def test_warm_start_writes_the_sft_loss_per_step_for_tensorboard(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    warm_start(store, small_config(n_demos=8, steps=3, batch_size=4), log=lambda _: None)
+    records = [r for name in store.list("telemetry/tb/warm_start")
+               for r in _read_tfrecords(store.read(f"telemetry/tb/warm_start/{name}"))]
+    nll = [r for r in records if b"\x0a\x07sft.nll" in r]
+    # one scalar a step, x = the SFT step (field 2, varint), y = a finite positive nll (the last 4 bytes, float)
+    assert sorted(r[9:11] for r in nll) == [b"\x10\x01", b"\x10\x02", b"\x10\x03"]
+    assert all(0 < struct.unpack("<f", r[-4:])[0] < 20 for r in nll)
 
 
 def test_warm_start_is_a_no_op_when_version_0_exists(local_store: Store) -> None:

@@ -29,12 +29,12 @@ from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import CheckpointMeta, DoneMarker, Publication
+from pipelines_lib.records import CheckpointMeta, DoneMarker, Publication, committed_checkpoints
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import DataTimeoutError
@@ -198,7 +198,8 @@ _TRAIN_SCRIPT = """
 import sys
 from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.checkpoint import committed_checkpoints, restore_latest, save_checkpoint
+from pipelines_lib.records import committed_checkpoints
+from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.stages.train import train
 store = Store(sys.argv[1])

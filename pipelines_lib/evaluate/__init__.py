@@ -68,12 +68,6 @@ SUCCESS_REWARD = 1.0
 HELDOUT = "heldout"
 
 
-def versions_to_evaluate(published: Sequence[int], choice: Literal["all", "ends"]) -> list[int]:
-    """The published versions ``EvalConfig.versions`` asks for, in order."""
-    published = sorted(published)
-    return published if choice == "all" or len(published) <= 2 else [published[0], published[-1]]
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one task from ``n`` samples of which ``c`` are correct (Chen et al. 2021, eq. 1):
     ``1 - C(n - c, k) / C(n, k)``, the chance that k samples drawn without replacement include a correct one."""

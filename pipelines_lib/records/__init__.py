@@ -44,7 +44,7 @@ from pipelines_lib.records.campaign import (
     fork_chain,
     with_parents,
 )
-from pipelines_lib.records.evaluate import EvalResult, evaluated_versions
+from pipelines_lib.records.evaluate import EvalResult, evaluated_versions, versions_to_evaluate
 from pipelines_lib.records.runs import HealAttempt, RunRecord, StopRequest, heal_attempts, run_records
 from pipelines_lib.records.train import (
     CheckpointMeta,
@@ -54,6 +54,7 @@ from pipelines_lib.records.train import (
     DroppedStale,
     SkippedShard,
     ZeroAdvantageGroup,
+    committed_checkpoints,
     consumption_logs,
     consumption_steps,
 )
@@ -82,9 +83,11 @@ __all__ = [
     "StopRequest",
     "ZeroAdvantageGroup",
     "audit_version_results",
+    "committed_checkpoints",
     "consumption_logs",
     "consumption_steps",
     "evaluated_versions",
+    "versions_to_evaluate",
     "fork_chain",
     "heal_attempts",
     "published_versions",

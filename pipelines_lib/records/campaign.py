@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pipelines_lib.records.base import Record, _Record
 from pipelines_lib.storage import layout
@@ -43,6 +43,12 @@ class CampaignManifest(Record):
     """Set for a fork (``stages.fork``); absent in campaigns started from scratch and in older manifests."""
 
     PATH: ClassVar[str] = layout.CAMPAIGN_JSON
+
+    @property
+    def eval_versions(self) -> Literal["all", "ends"]:
+        """Which published versions the campaign evaluates: its config's ``eval.versions`` (``EvalConfig``), read
+        without building the config (that imports the model code); ``all`` in configs from before the setting."""
+        return self.config.get("eval", {}).get("versions", "all")
 
 
 def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:

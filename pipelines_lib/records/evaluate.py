@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pipelines_lib.records.base import Record
 from pipelines_lib.storage import layout
@@ -39,3 +40,9 @@ class EvalResult(Record):
 
 def evaluated_versions(store: Store) -> list[int]:
     return sorted(v for n in store.list(layout.EVAL) if (v := layout.parse_eval_name(n)) is not None)
+
+
+def versions_to_evaluate(published: Sequence[int], choice: Literal["all", "ends"]) -> list[int]:
+    """The published versions ``EvalConfig.versions`` asks for, in order."""
+    published = sorted(published)
+    return published if choice == "all" or len(published) <= 2 else [published[0], published[-1]]

@@ -141,6 +141,16 @@ def consumption_logs(store: Store) -> list[ConsumptionLog]:
 # -- train/checkpoints/<step>/meta.json -------------------------------------------------------------------
 
 
+def committed_checkpoints(store: Store) -> list[str]:
+    """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
+    out = []
+    for name in store.list(layout.CHECKPOINTS):
+        folder = f"{layout.CHECKPOINTS}/{name}"
+        if layout.checkpoint_step(name) is not None and store.exists(layout.checkpoint_committed(folder)):
+            out.append(folder)
+    return sorted(out, key=lambda f: layout.checkpoint_step(f) or 0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointMeta(Record):
     """What a checkpoint holds besides the Orbax state; its folder is committed by ``COMMITTED`` after it."""

@@ -13,18 +13,24 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines_lib import records
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker, HealAttempt
+from pipelines_lib.records import (
+    CampaignManifest,
+    DatasetSuccess,
+    DoneMarker,
+    HealAttempt,
+    committed_checkpoints,
+)
 from pipelines_lib.stages.table import STAGES
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.checkpoint import committed_checkpoints
-from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.utc import utc_now_iso
+
+if TYPE_CHECKING:
+    from pipelines_lib.config import CampaignConfig
 
 
 class CampaignMismatchError(ValueError):
@@ -42,6 +48,9 @@ def code_version() -> str:
 
 
 def init_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
+    # imported here: Arrow, which `rollstream status` (campaign_status) does not need
+    from pipelines_lib.trajectory.schema import SCHEMA_VERSION
+
     snapshot = CampaignManifest(schema_version=SCHEMA_VERSION, code_version=code_version(), created_at=utc_now_iso(),
                                 config=config.to_dict())
     try:
@@ -64,6 +73,9 @@ def load_campaign_config(store: Store) -> CampaignConfig:
     manifest = CampaignManifest.read(store)
     if manifest.kind != "campaign":
         raise ValueError(f"{store.uri(layout.CAMPAIGN_JSON)}: a {manifest.kind} folder, not a training campaign")
+    # imported here: the config imports the model code (JAX), which `rollstream status` must not load
+    from pipelines_lib.config import CampaignConfig
+
     return CampaignConfig.from_mapping(manifest.config)
 
 

@@ -33,9 +33,9 @@ from flax import nnx
 
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import CampaignWeights
+from pipelines_lib.records import versions_to_evaluate
 from pipelines_lib.rollout.collect import request_stop, worker_name
 from pipelines_lib.stages.audit import audit
 from pipelines_lib.stages.campaign import init_campaign

@@ -29,11 +29,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipelines_lib.config import CampaignConfig
-from pipelines_lib.records import CampaignManifest, CheckpointMeta, ConsumptionLog, ForkParent, with_parents
+from pipelines_lib.records import (
+    CampaignManifest,
+    CheckpointMeta,
+    ConsumptionLog,
+    ForkParent,
+    committed_checkpoints,
+    with_parents,
+)
 from pipelines_lib.stages.campaign import CampaignMismatchError, code_version, load_campaign_config
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.checkpoint import committed_checkpoints
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.utc import utc_now_iso
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.mesh import MeshConfig
-from pipelines_lib.model.config import ModelConfig
+if TYPE_CHECKING:  # annotations only: the stage table imports this module, and `rollstream status` the table
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.mesh import MeshConfig
+    from pipelines_lib.model.config import ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,7 @@
 """The stage table: the one declaration of the campaign's stages, in run order.
 
 ```
-Stage(name, fn, done_marker, pool, resources, retries, per)
-  fn           the stage function (pipelines_lib.stages.<name>)
+Stage(name, done_marker, pool, resources, retries, per)
   done_marker  the marker record that says it is done: a retry or recovery that finds it skips the stage
                (None: never done; the audit is done once a record exists and every other stage is done)
   pool         the work pool its deployment runs on; resources sizes one run from the campaign config
@@ -11,20 +10,19 @@ Stage(name, fn, done_marker, pool, resources, retries, per)
 ```
 The Prefect flows and tasks, the launcher's deployment names, ``campaign_status`` (and so the recover flow) and
 ``infra/prefect.yaml`` all follow it (``tests/test_stage_table.py`` checks the last one). Adding a stage is one
-entry here plus its function, its task and its flow.
+entry here plus its function (``pipelines_lib.stages.<name>``), its task and its flow.
+
+The table imports no stage function and no model code: ``rollstream status`` reads it, and must not load JAX.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pipelines_lib import records
-from pipelines_lib.config import CampaignConfig
-from pipelines_lib.evaluate import versions_to_evaluate
 from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker, Publication
-from pipelines_lib.stages import audit, collect, evaluate, prep, train, warm_start
 from pipelines_lib.stages.resources import (
     ACCEL_POOL,
     CPU_POOL,
@@ -38,15 +36,17 @@ from pipelines_lib.stages.resources import (
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
+if TYPE_CHECKING:
+    from pipelines_lib.config import CampaignConfig
+
 
 def _evaluated(store: Store) -> bool:
     # Evaluation is done once training is, and every version the campaign's ``eval.versions`` asks for (all
     # published ones, or the ends) has its EvalResult.
     if not DoneMarker.exists(store):
         return False
-    choice = (CampaignConfig.from_mapping(CampaignManifest.read(store).config).eval.versions
-              if store.exists(CampaignManifest.PATH) else "all")
-    wanted = versions_to_evaluate(records.published_versions(store), choice)
+    choice = CampaignManifest.read(store).eval_versions if store.exists(CampaignManifest.PATH) else "all"
+    wanted = records.versions_to_evaluate(records.published_versions(store), choice)
     return set(wanted) <= set(records.evaluated_versions(store))
 
 
@@ -60,7 +60,6 @@ def _audited(store: Store) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class Stage:
     name: str
-    fn: Callable[..., Any]
     done_marker: Callable[[Store], bool] | None
     pool: str
     resources: Callable[..., Resources]
@@ -81,16 +80,16 @@ class Stage:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage(name="prep", fn=prep.prep, done_marker=lambda s: s.exists(DatasetSuccess.PATH), pool=CPU_POOL,
+    Stage(name="prep", done_marker=lambda s: s.exists(DatasetSuccess.PATH), pool=CPU_POOL,
           resources=cpu_light),
-    Stage(name="warm_start", fn=warm_start.warm_start, done_marker=lambda s: Publication.exists(s, 0),
+    Stage(name="warm_start", done_marker=lambda s: Publication.exists(s, 0),
           pool=ACCEL_POOL, resources=warm_start_resources),
-    Stage(name="collect", fn=collect.collect, done_marker=DoneMarker.exists, pool=ACCEL_POOL,
+    Stage(name="collect", done_marker=DoneMarker.exists, pool=ACCEL_POOL,
           resources=collect_resources, per="worker"),
-    Stage(name="train", fn=train.train, done_marker=DoneMarker.exists, pool=ACCEL_POOL, resources=train_resources),
-    Stage(name="evaluate", fn=evaluate.evaluate, done_marker=_evaluated, pool=CPU_POOL,
+    Stage(name="train", done_marker=DoneMarker.exists, pool=ACCEL_POOL, resources=train_resources),
+    Stage(name="evaluate", done_marker=_evaluated, pool=CPU_POOL,
           resources=evaluate_resources, per="version"),
-    Stage(name="audit", fn=audit.audit, done_marker=_audited, pool=CPU_POOL, resources=cpu_light),
+    Stage(name="audit", done_marker=_audited, pool=CPU_POOL, resources=cpu_light),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}

@@ -25,7 +25,7 @@ from flax import nnx
 from pipelines_lib.distributed import barrier, is_writer
 from pipelines_lib.model.weights import _path as orbax_path
 from pipelines_lib.model.weights import unrolled_layers
-from pipelines_lib.records import CheckpointMeta
+from pipelines_lib.records import CheckpointMeta, committed_checkpoints
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
@@ -68,16 +68,6 @@ def save_checkpoint(
     return folder
 
 
-def committed_checkpoints(store: Store) -> list[str]:
-    """Committed checkpoint folders, oldest first (names other than ``<step:08d>[.<attempt>]`` are ignored)."""
-    out = []
-    for name in store.list(layout.CHECKPOINTS):
-        folder = f"{layout.CHECKPOINTS}/{name}"
-        if layout.checkpoint_step(name) is not None and store.exists(layout.checkpoint_committed(folder)):
-            out.append(folder)
-    return sorted(out, key=lambda f: layout.checkpoint_step(f) or 0)
-
-
 def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer, before_step: int | None = None
                    ) -> tuple[str, CheckpointMeta] | None:
     """Restore the newest committed checkpoint (of a step before ``before_step``, when given) into
@@ -104,4 +94,4 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer,
     return folder, CheckpointMeta.read(store, folder)
 
 
-__all__ = ["committed_checkpoints", "restore_latest", "save_checkpoint"]
+__all__ = ["restore_latest", "save_checkpoint"]

@@ -21,6 +21,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from pipelines_lib import telemetry
 from pipelines_lib.envs import env_class, make_env
 from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.mesh import MeshConfig, make_mesh, shard_batch, shard_node
@@ -139,6 +140,9 @@ def sft_train(
         )
         metrics = train_step(model, optimizer, shard_batch(batch, mesh), cfg=SFT_STEP)
         losses.append(float(metrics["nll"]))
+        # per step, as the trainer's train.* gauges: TensorBoard shows the warm start's curve before GRPO's
+        telemetry.gauge("sft.nll", losses[-1], step=step + 1)
+        telemetry.gauge("sft.grad_norm", float(metrics["grad_norm"]), step=step + 1)
         if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
             window = losses[-log_every:]
             log(
