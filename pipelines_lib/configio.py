@@ -16,7 +16,7 @@ here, but as it stands it accepts ``trainer.max_stepz`` (a typo) and a 70-bit ``
 word, and reports a wrong type as a four-line block ending in a URL where this says
 ``trainer.max_steps: expected int, got str 'many'``. Making it refuse what this module refuses needs the same
 hooks on every dataclass (extra keys forbidden with a "did you mean", 64-bit integers, finite floats but
-``no_limit`` knobs), i.e. this module again inside validators; 7 tests of ``tests/test_config.py`` and the
+``no_limit`` knobs), i.e. this module again inside validators; 7 checks in 5 tests of ``tests/test_config.py`` and the
 500-example fuzz of ``tests/test_fuzz_config.py`` pin the messages. Config loading is not on a hot path.
 """
 
