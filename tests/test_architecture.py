@@ -54,6 +54,7 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/engine/vllm_supervisor.py": "the dtype in config.json of the model folder the server loads",
     "bench/realsize.py": "a child process's JSON output",
     "bench/scale.py": "a child process's JSON output and arguments",
+    "bench/sql.py": "a child process's JSON output",
 }
 BAD_INPUT_PLANTERS = {
     "drills/poison.py": "plants junk under record paths (names no stage writes) to check that readers skip it",

@@ -16,6 +16,7 @@ from pipelines_lib.audit.sql import campaign_tables, render_text, shard_paths
 from pipelines_lib.audit.view import build_view, render_html, sample_groups, write_view
 from pipelines_lib.demo import BATCH_GROUPS, GROUP_SIZE, GROUPS_PER_WORKER, VERSIONS, WORKERS
 from pipelines_lib.storage.errors import AlreadyExistsError
+from pipelines_lib.storage.forked import ForkStore
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import encode_shard, read_shard
 from pipelines_lib.trajectory.record import to_table
@@ -122,6 +123,19 @@ def test_a_query_reads_only_the_columns_and_shards_it_names(local_store: Store) 
     assert rows == [{"n": 4}]  # one writer's shard: 2 groups of 2
     with pytest.raises(Exception, match="No such file|not found|Failed to open"):
         tables.query("SELECT count(*) FROM trajectories")
+
+
+def test_a_forks_table_scans_its_parents_shard_files_where_they_lie(local_store: Store, tmp_path: Path) -> None:
+    _base(local_store)  # the parent: versions 0 and 1
+    own = Store(str(tmp_path / "fork"))  # the fork's own folder: one group of version 2
+    writer = ShardWriter(own, worker_id="w6")
+    writer.add_group(_group("mine", 2, "w6"))
+    writer.flush()
+    view = ForkStore(own, below=local_store, inherits=lambda rel: True)
+    assert view.holder(shard_paths(local_store)[0]) is local_store
+    rows = campaign_tables(view).query("SELECT version, campaign, count(*) AS n FROM trajectories GROUP BY ALL "
+                                       "ORDER BY 1").to_pylist()
+    assert rows == [{"version": v, "campaign": "fork", "n": n} for v, n in ((0, 8), (1, 8), (2, 2))]
 
 
 def test_sql_reads_a_bucket_through_storage_options(gcs_store: Store, gcs_emulator: str, capsys) -> None:
