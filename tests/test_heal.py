@@ -58,7 +58,7 @@ def test_a_crashed_nightly_run_is_recovered_in_its_own_folder_until_the_budget_i
     assert recovery.deployment_id == recover_id
     assert recovery.parameters == {"campaign_url": folder, "storage_options": None, "use_deployments": True}
 
-    again = heal(flow_run_id=str(crashed.id), max_attempts=1, return_state=True)
+    again = heal(flow_run_id=f"prefect.flow-run.{crashed.id}", max_attempts=1, return_state=True)  # as triggered
     assert again.is_failed() and "crashed after 1 automatic recoveries" in again.message
     with get_client(sync_client=True) as client:
         assert sum(r.deployment_id == recover_id for r in client.read_flow_runs()) == 1  # the 2nd crash: nothing

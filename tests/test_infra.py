@@ -182,7 +182,7 @@ def test_prefect_yaml_smoke_campaign_runs_on_request_only_and_heal_answers_crash
     [trigger] = deployments["heal"]["triggers"]
     assert trigger["expect"] == ["prefect.flow-run.Crashed"]
     assert trigger["match_related"]["prefect.resource.name"] == [campaign.name, recover.name]
-    assert trigger["parameters"] == {"flow_run_id": "{{ flow_run.id }}"}
+    assert trigger["parameters"] == {"flow_run_id": "{{ event.resource.id }}"}
     assert heal.name not in trigger["match_related"]["prefect.resource.name"]  # a crashed healer is not healed
     # Every deployment carries the tag the zombie automation watches.
     assert all(WATCH_TAG in d["tags"] for d in spec["deployments"])
