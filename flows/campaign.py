@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
+from prefect.states import Crashed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import artifacts, entry
-from flows.launch import Launcher
+from flows.launch import Launcher, StageRunCrashed
 from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
 from flows.runs import label_run, release_campaign_limits
@@ -168,7 +170,7 @@ def run_name() -> str:
 def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None = None,
              overrides: CampaignOverrides | None = None, workers: int | None = None,
              storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
-             poll_s: float = 5.0) -> dict[str, Any]:
+             poll_s: float = 5.0) -> dict[str, Any] | State:
     """Run (or continue: every stage is idempotent) the campaign at ``campaign_url``.
 
     Args:
@@ -194,7 +196,18 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
-    return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
+    try:
+        return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
+    except StageRunCrashed as e:
+        return crashed(e)
+
+
+def crashed(error: StageRunCrashed) -> State:
+    """The final state of an orchestrating flow whose stage run lost its process: Crashed, as the flow's own lost
+    process would be, so that the heal trigger (``flows.heal``) recovers the campaign; a stage's Failed stays
+    Failed (its code or its data, which a retry would meet again)."""
+    get_run_logger().error("%s; ending Crashed: the heal automation recovers the campaign", error)
+    return Crashed(message=str(error))
 
 
 def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None = None,

@@ -299,6 +299,8 @@ def arm_schedules(scheduled: list[str], arm: list[str]) -> str:
         FlowFilterName,
     )
 
+    if not scheduled:
+        return "no deployment with a schedule was deployed"
     lines = []
     with get_client(sync_client=True) as client:
         deployments = client.read_deployments(
@@ -315,7 +317,7 @@ def arm_schedules(scheduled: list[str], arm: list[str]) -> str:
                 lines.append(f"{'ARMED ' if armed else 'paused'} {flows[deployment.flow_id]}/{deployment.name}: "
                              f"{when} {tz} -> {deployment.parameters.get('campaign_url')}"
                              + ("" if armed else f"  (arm: rollstream deploy --arm {deployment.name})"))
-    return "\n".join(lines or ["no deployment with a schedule was deployed"])
+    return "\n".join(lines)
 
 
 DEPLOY = Command(HELP="create the work pools if missing, deploy infra/prefect.yaml (refuses unset variables), "

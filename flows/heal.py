@@ -43,6 +43,7 @@ MISSED_BEATS = 3
 RECOVER_DEPLOYMENT = "rollstream-recover/recover"
 BUDGET_SPENT_EVENT = "rollstream.campaign.heal-budget-spent"
 DEFAULT_MAX_ATTEMPTS = 3
+RUN_RESOURCE = "prefect.flow-run."
 
 
 class HealBudgetSpent(RuntimeError):
@@ -99,16 +100,17 @@ def register_zombie_automation(heartbeat_s: int | None = None) -> AutomationCore
 
 
 def run_name() -> str:
-    return f"heal-{str(flow_run.parameters['flow_run_id'])[:8]}"
+    return f"heal-{str(flow_run.parameters['flow_run_id']).removeprefix(RUN_RESOURCE)[:8]}"
 
 
 @flow(name="rollstream-heal", flow_run_name=run_name)
 def heal(flow_run_id: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str, Any]:
     """Answer the crash of campaign or recover flow run ``flow_run_id``: start the recover deployment for its
-    campaign, unless ``max_attempts`` recoveries of it were started already (then raise ``HealBudgetSpent``)."""
+    campaign, unless ``max_attempts`` recoveries of it were started already (then raise ``HealBudgetSpent``).
+    ``flow_run_id`` may be the run's event resource id (``prefect.flow-run.<id>``), as the trigger passes it."""
     log = get_run_logger()
     with get_client(sync_client=True) as client:
-        crashed = client.read_flow_run(UUID(flow_run_id))
+        crashed = client.read_flow_run(UUID(flow_run_id.removeprefix(RUN_RESOURCE)))
     params = crashed.parameters
     # A campaign run's URL may hold {date}: the folder is the one of the crashed run's scheduled time.
     url = expand_campaign_url(params["campaign_url"], crashed.expected_start_time or dt.datetime.now(dt.UTC))

@@ -46,6 +46,11 @@ class StageRunFailed(RuntimeError):
     """A stage's deployment run ended in a state other than Completed."""
 
 
+class StageRunCrashed(StageRunFailed):
+    """A stage's deployment run ended Crashed: its process is gone (Prefect's zombie automation says so when its
+    heartbeats stop), not its code; the orchestrating flow then ends Crashed too, which the heal trigger answers."""
+
+
 @task(name="run-deployment", task_run_name="{key}")
 def run_stage_deployment(stage: str, key: str, parameters: dict[str, Any], job_variables: dict[str, Any],
                          settings: Settings) -> dict[str, Any]:
@@ -53,7 +58,7 @@ def run_stage_deployment(stage: str, key: str, parameters: dict[str, Any], job_v
     run = run_deployment(DEPLOYMENTS[stage], parameters=parameters, job_variables=job_variables, timeout=None)
     if run.state is None or not run.state.is_completed():
         state = run.state.name if run.state else "unknown"
-        raise StageRunFailed(f"{key}: flow run {run.name} ({run.id}) of {DEPLOYMENTS[stage]} ended {state}: "
+        raise (StageRunCrashed if run.state and run.state.is_crashed() else StageRunFailed)(f"{key}: flow run {run.name} ({run.id}) of {DEPLOYMENTS[stage]} ended {state}: "
                              f"{run.state.message if run.state else ''}")
     store = open_store(parameters["campaign_url"], parameters.get("storage_options"), settings)
     manifest = RunRecord.read(store, key, str(run.id)).manifest

@@ -16,13 +16,14 @@ import sys
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import State
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import entry
 from flows.artifacts import campaign_slug
-from flows.campaign import STAGE_ORDER, run_stages
-from flows.launch import Launcher
+from flows.campaign import STAGE_ORDER, crashed, run_stages
+from flows.launch import Launcher, StageRunCrashed
 from flows.runs import abandon_runs, label_run
 from pipelines_lib.stages.campaign import campaign_status
 from tasks.common import open_campaign
@@ -42,7 +43,7 @@ def run_name() -> str:
 
 @flow(name="rollstream-recover", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
 def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
-            poll_s: float = 5.0) -> dict[str, Any]:
+            poll_s: float = 5.0) -> dict[str, Any] | State:
     """Run the stages the campaign folder lacks; returns the status before, the runs it took over (marked Crashed)
     and the manifests of what ran."""
     log = get_run_logger()
@@ -57,7 +58,10 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
     _, config = open_campaign(campaign_url, storage_options, settings)
     launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
                         use_deployments=use_deployments)
-    return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
+    try:
+        return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
+    except StageRunCrashed as e:
+        return crashed(e)
 
 
 if __name__ == "__main__":  # the same command line as `rollstream recover`

@@ -53,6 +53,8 @@ def test_audit_subprocess_on_the_gcs_emulator_with_storage_options(gcs_store: St
 @pytest.mark.parametrize(("url", "message"), [
     ("nope://bucket/campaign", "nope://bucket/campaign: cannot open storage: Protocol not known: nope"),
     ("/definitely/not/a/campaign", "file:///definitely/not/a/campaign: not a campaign (no campaign.json)"),
+    # what gs://{{ $ROLLSTREAM_BUCKET }}/... becomes with the variable unset: never the bucket "campaigns"
+    ("gs:///campaigns/nightly", "gs:///campaigns/nightly: cannot open storage: gs:///campaigns/nightly: no bucket"),
 ])
 def test_bad_urls_exit_2_with_one_line_naming_the_url(url: str, message: str) -> None:
     result = subprocess.run([ROLLSTREAM, "audit", url], capture_output=True, text=True, timeout=60)

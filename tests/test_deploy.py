@@ -157,4 +157,4 @@ def test_deploy_registers_prefects_zombie_detection_and_the_heal_trigger(prefect
     assert healer.match_related.get("prefect.resource.name") == ["rollstream-campaign", "rollstream-recover"]
     [run] = healing[0].actions
     assert run.type == "run-deployment" and run.deployment_id == heal.id
-    assert run.parameters == {"flow_run_id": "{{ flow_run.id }}"}
+    assert run.parameters == {"flow_run_id": "{{ event.resource.id }}"}

@@ -1,5 +1,6 @@
-"""Flow runs as Prefect shows them, against a real (ephemeral) Prefect API: tags, per-campaign concurrency limits,
-and a recovery taking over its campaign's abandoned run."""
+"""Flow runs as Prefect shows them, against a real (ephemeral) Prefect API: tags, per-campaign concurrency limits
+(created per slot, deleted once the campaign is finished), and a recovery taking over its campaign's abandoned run
+(but never a deployment run, which Prefect's heartbeats watch)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from prefect.runtime import flow_run
 from prefect.states import Running
 
 from flows.campaign import campaign
-from flows.runs import abandon_runs, campaign_limit, campaign_tag, label_run
+from flows.runs import (
+    WATCH_TAG,
+    abandon_runs,
+    campaign_limit,
+    campaign_limit_names,
+    campaign_tag,
+    label_run,
+    release_campaign_limits,
+)
+from pipelines_lib.config import CampaignConfig
 
 
 @flow(name="rollstream-recover")
@@ -40,3 +50,29 @@ def test_each_campaign_gets_its_own_slot_limit_of_one_created_once(prefect_api: 
     with get_client(sync_client=True) as client:
         limits = {lim.name: lim.limit for lim in client.read_global_concurrency_limits(limit=100)}
     assert limits["gpu:trainer:exp7"] == 1 and limits["gpu:trainer:exp8"] == 1
+
+
+def test_a_recovery_leaves_a_running_deployment_run_to_its_heartbeats_and_says_so(prefect_api: str) -> None:
+    url = "gs://bucket/campaigns/exp9"
+    with get_client(sync_client=True) as client:
+        watched = client.create_flow_run(campaign, name="exp9-campaign", tags=[campaign_tag(url), WATCH_TAG],
+                                         state=Running())
+    state = _recovering(url, return_state=True)
+    assert state.is_failed() and f"exp9-campaign ({watched.id})" in state.message
+    assert "heartbeats stop" in state.message
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(watched.id).state.type == StateType.RUNNING
+
+
+def test_a_finished_campaigns_slot_limits_are_deleted_and_no_other_campaigns(prefect_api: str) -> None:
+    config = CampaignConfig.smoke()
+    names = campaign_limit_names("runs/done7", config)
+    assert names == sorted(["gpu:trainer:done7"] + [f"gpu:rollout{i}:done7" for i in range(config.workers)])
+    for name in names:
+        campaign_limit(name.rsplit(":", 1)[0], "runs/done7")
+    campaign_limit("gpu:trainer", "runs/other7")
+    assert release_campaign_limits("runs/done7", config) == names
+    with get_client(sync_client=True) as client:
+        left = {lim.name for lim in client.read_global_concurrency_limits(limit=200)}
+    assert not left & set(names) and "gpu:trainer:other7" in left
+    assert release_campaign_limits("runs/done7", config) == []  # a second release finds nothing, and says so

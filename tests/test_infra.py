@@ -67,6 +67,7 @@ def test_prefect_yaml_schedules_a_nightly_campaign_over_the_stage_deployments(na
     assert nightly["parameters"]["campaign_url"].startswith(root)
     assert nightly["entrypoint"] == "flows/campaign.py:campaign"
     assert nightly["schedules"][0]["cron"] == "0 2 * * *" and nightly["parameters"]["use_deployments"] is True
+    assert nightly["schedules"][0]["active"] is False  # armed only on request (rollstream deploy --arm)
     assert "{date}" in nightly["parameters"]["campaign_url"]
     CampaignConfig.from_yaml(INFRA.parent / nightly["parameters"]["config_path"])
 
@@ -164,3 +165,24 @@ def test_a_slice_too_small_for_the_model_is_refused() -> None:
     with pytest.raises(ValueError, match=r"v5e 2x2 has 4 × 16 GiB"):
         resources_for("train", config, accelerator="v5e", topology="2x2")
     assert resources_for("train", config, accelerator="v5e").device_slice.hosts > 1
+
+
+def test_prefect_yaml_smoke_campaign_runs_on_request_only_and_heal_answers_crashes_of_orchestrating_flows() -> None:
+    from flows.campaign import campaign
+    from flows.heal import heal
+    from flows.recover import recover
+    from flows.runs import WATCH_TAG
+
+    spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    smoke = deployments["smoke"]
+    assert "schedules" not in smoke and smoke["parameters"]["preset"] == "smoke"
+    assert "{datetime}" in smoke["parameters"]["campaign_url"]
+    assert deployments["heal"]["entrypoint"] == "flows/heal.py:heal"
+    [trigger] = deployments["heal"]["triggers"]
+    assert trigger["expect"] == ["prefect.flow-run.Crashed"]
+    assert trigger["match_related"]["prefect.resource.name"] == [campaign.name, recover.name]
+    assert trigger["parameters"] == {"flow_run_id": "{{ event.resource.id }}"}
+    assert heal.name not in trigger["match_related"]["prefect.resource.name"]  # a crashed healer is not healed
+    # Every deployment carries the tag the zombie automation watches.
+    assert all(WATCH_TAG in d["tags"] for d in spec["deployments"])

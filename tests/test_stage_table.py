@@ -38,7 +38,7 @@ def test_infra_prefect_yaml_deploys_each_stage_on_its_pool() -> None:
     spec = yaml.safe_load((INFRA / "prefect.yaml").read_text())
     deployments = {d["name"]: d for d in spec["deployments"]}
     stage_deployments = {s.deployment.split("/")[1]: s for s in STAGES}
-    assert set(deployments) == set(stage_deployments) | {"nightly", "nightly-local", "recover"}
+    assert set(deployments) == set(stage_deployments) | {"nightly", "nightly-local", "smoke", "recover", "heal"}
     tiny = CampaignConfig.tiny()
     for name, s in stage_deployments.items():
         path, attr = deployments[name]["entrypoint"].split(":")
