@@ -33,7 +33,7 @@ def test_heal_claims_are_numbered_create_only_and_the_budget_counts_recoveries(t
                               healer_flow_run_id="y").attempt == 6
     status = campaign_status(store)["heal"]
     assert status["recoveries"] == 2 and status["budget_spent_at"] == claims[2].at
-    assert "automatic recovery: BUDGET SPENT" in render_status(campaign_status(store))
+    assert "automatic recovery: BUDGET SPENT" in render_status(campaign_status(store), recover="rollstream recover")
     with pytest.raises(ValueError, match="HealAttempt.outcome must be one of"):
         HealAttempt(attempt=7, crashed_flow_run_id="z", crashed_flow_run_name="z", healer_flow_run_id="z",
                     at="2026-01-01T00:00:00+00:00", outcome="maybe", max_attempts=2)
