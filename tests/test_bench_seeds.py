@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.ablation import claims, over_seed_figures
+from bench.learning import SeedRun, seed_figures
 from bench.seeds import Claim, OverSeeds, seed_args, seed_overrides
 from pipelines_lib.config import CampaignConfig
 
@@ -52,3 +53,19 @@ def test_seed_n_sets_every_seed_of_a_campaign() -> None:
     config = CampaignConfig.tiny().with_overrides(seed_overrides(7))
     assert (config.seed, config.dataset.seed, config.sft.seed, config.trainer.seed) == (7, 7, 7, 7)
     assert seed_args(7)[:2] == ["--set", "seed=7"]
+
+
+def test_the_learning_benchmark_reports_every_seed_and_the_worst_one() -> None:
+    def run(seed: int, v0: float, last: float, wall: float) -> SeedRun:
+        evals = {0: {"step": 0, "greedy": v0, "pass_at_k": 0.6}, 15: {"step": 30, "greedy": last, "pass_at_k": 0.97}}
+        return SeedRun(seed=seed, wall_s=wall, evals=evals, steps=list(range(1, 31)), rewards=[0.5] * 30)
+
+    runs = [run(0, 0.0, 0.95, 300.0), run(1, 0.01, 0.78, 320.0), run(2, 0.0, 0.90, 410.0)]
+    figures = seed_figures(runs)
+    assert figures["learning.seeds"] == 3.0
+    assert figures["learning.heldout_gain_pts_min"] == pytest.approx(77.0)
+    assert figures["learning.heldout_gain_pts_spread"] == pytest.approx(18.0)
+    assert figures["learning.seed1.final_success"] == 0.78
+    assert figures["learning.final_success_min"] == 0.78
+    assert figures["learning.wallclock_s"] == 410.0  # the longest wait, not the mean
+    assert runs[1].row(4)["gain (pts)"] == "+77.0" and runs[1].row(4)["trainer steps"] == 30
