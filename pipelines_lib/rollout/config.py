@@ -35,7 +35,8 @@ class RolloutConfig:
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
     whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``): the
-    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
+    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit.
+    In ``lockstep`` mode: exactly this many groups per version, none given back."""
     lockstep_wait_s: float = 600.0
     """``lockstep`` only: the longest wait for the next version after a version's groups are committed; past it the
     worker fails saying which version it waited for."""
