@@ -187,7 +187,7 @@ def plot_seeds(path: Path, runs: Sequence[SeedRun], title: str) -> None:
         for i, run in enumerate(runs):
             color = f"C{i % 10}"
             ax.plot(run.steps, run.rewards, "-", color=color, alpha=0.45, linewidth=1)
-            ax.plot([e["step"] for e in run.evals.values()], [e["greedy"] for e in run.evals.values()], "o-",
+            ax.plot([e["step"] for e in run.evals.values()], [e["greedy"] for e in run.evals.values()], "o",
                     color=color, label=f"seed {run.seed} held-out greedy", markersize=4)
         ax.set_xlabel("trainer step")
         ax.set_ylim(0, 1)
@@ -238,7 +238,7 @@ def learning(ctx: BenchContext) -> BenchResult:
     args = [a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item)]
     runs = [seed_run(ctx, seed, args) for seed in range(ctx.seed_count(2 if ctx.quick else DEFAULT_SEEDS))]
     plot_seeds(ctx.plot_dir / "learning_curve.png", runs,
-               "warm start + streaming GRPO per seed (lines: train batch mean reward; dots: held-out, v0 and last)")
+               "per seed: train batch mean reward (lines), held-out greedy at v0 and last (dots)")
     k = load_campaign_config(Store(str(ctx.scratch / "seed0"))).eval.samples
     gains = OverSeeds(tuple(r.gain_pts for r in runs))
     return BenchResult(figures=seed_figures(runs), rows=[r.row(k) for r in runs], plots=["learning_curve.png"],

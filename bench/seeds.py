@@ -63,13 +63,20 @@ class OverSeeds:
     def figures(self, key: str) -> dict[str, float]:
         """``key`` (the mean), ``key_min``, ``key_spread``, ``key_ci_low``, ``key_ci_high``."""
         low, high = self.interval()
-        return {key: round(self.mean, 2), f"{key}_min": round(self.min, 2), f"{key}_spread": round(self.spread, 2),
-                f"{key}_ci_low": round(low, 2), f"{key}_ci_high": round(high, 2)}
+        return {
+            key: round(self.mean, 2),
+            f"{key}_min": round(self.min, 2),
+            f"{key}_spread": round(self.spread, 2),
+            f"{key}_ci_low": round(low, 2),
+            f"{key}_ci_high": round(high, 2),
+        }
 
     def text(self, unit: str = "") -> str:
         low, high = self.interval()
-        return (f"{self.mean:.1f}{unit} (95 % CI {low:.1f} to {high:.1f}; min {self.min:.1f}, spread "
-                f"{self.spread:.1f}; n = {len(self.values)})")
+        return (
+            f"{self.mean:.1f}{unit} (95 % CI {low:.1f} to {high:.1f}; min {self.min:.1f}, spread "
+            f"{self.spread:.1f}; n = {len(self.values)})"
+        )
 
 
 @dataclass(frozen=True)

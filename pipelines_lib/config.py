@@ -48,6 +48,9 @@ from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
 from pipelines_lib.trajectory.writer import WriterConfig
 
+LOCKSTEP_MAX_AGE_S = 86_400.0
+"""``lockstep()``'s shard age limit: longer than any version's groups take, so shards are cut by the commit alone."""
+
 Placement = Literal["separate", "colocated"]
 PLACEMENTS: tuple[str, ...] = typing.get_args(Placement)
 """Values of ``CampaignConfig.placement``."""
@@ -127,11 +130,13 @@ class CampaignConfig:
         each version's groups, exactly the batches the trainer takes on that version, after it is published; every
         group trained on (``trainer.skip_zero_advantage: false``). Two runs with the same seeds write the same shard
         rows and publish the same weights (``tests/test_reproducible_campaign.py``); it gives up the overlap of
-        rollout and training that ``async`` has."""
+        rollout and training that ``async`` has. The shard writer's age limit is lifted to a day: the commit after each
+        version's groups is the flush, and a flush by age would cut shards where the clock says."""
+        per_version = self.trainer.batch_groups * self.trainer.publish_every
         return dataclasses.replace(
             self, workers=1,
-            rollout=dataclasses.replace(self.rollout, mode="lockstep",
-                                        max_groups_per_version=self.trainer.batch_groups * self.trainer.publish_every),
+            rollout=dataclasses.replace(self.rollout, mode="lockstep", max_groups_per_version=per_version,
+                                        writer=dataclasses.replace(self.rollout.writer, max_age_s=LOCKSTEP_MAX_AGE_S)),
             trainer=dataclasses.replace(self.trainer, skip_zero_advantage=False))
 
     def _check_env_dataset(self) -> None:

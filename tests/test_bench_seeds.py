@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.ablation import claims, over_seed_figures
+from bench.learning import SeedRun, seed_figures
 from bench.seeds import Claim, OverSeeds, seed_args, seed_overrides
 from pipelines_lib.config import CampaignConfig
 
@@ -13,9 +14,12 @@ def test_a_figure_over_seeds_reports_mean_min_spread_and_a_t_interval() -> None:
     gains = OverSeeds((90.0, 80.0, 85.0))
     # t(0.975, 2) = 4.303; sd = 5; half width 4.303 * 5 / sqrt(3) = 12.42
     assert gains.figures("learning.heldout_gain_pts") == {
-        "learning.heldout_gain_pts": 85.0, "learning.heldout_gain_pts_min": 80.0,
-        "learning.heldout_gain_pts_spread": 10.0, "learning.heldout_gain_pts_ci_low": pytest.approx(72.58),
-        "learning.heldout_gain_pts_ci_high": pytest.approx(97.42)}
+        "learning.heldout_gain_pts": 85.0,
+        "learning.heldout_gain_pts_min": 80.0,
+        "learning.heldout_gain_pts_spread": 10.0,
+        "learning.heldout_gain_pts_ci_low": pytest.approx(72.58),
+        "learning.heldout_gain_pts_ci_high": pytest.approx(97.42),
+    }
     assert OverSeeds((70.0,)).interval() == (70.0, 70.0)
     with pytest.raises(ValueError, match="one finite value per seed"):
         OverSeeds((float("nan"),))
@@ -35,9 +39,11 @@ def test_the_ablation_pairs_arms_by_seed_for_its_gaps_and_claims() -> None:
     def arm(final: float, wall: float) -> dict[str, float]:
         return {"final_success": final, "wall_s": wall, "steps": 30.0}
 
-    per_seed = [{"sync": arm(0.95, 100.0), "eta4": arm(0.94, 40.0), "eta4_nocorr": arm(0.60, 40.0)},
-                {"sync": arm(0.90, 120.0), "eta4": arm(0.89, 36.0), "eta4_nocorr": arm(0.65, 36.0)},
-                {"sync": arm(0.97, 110.0), "eta4": arm(0.955, 44.0), "eta4_nocorr": arm(0.55, 44.0)}]
+    per_seed = [
+        {"sync": arm(0.95, 100.0), "eta4": arm(0.94, 40.0), "eta4_nocorr": arm(0.60, 40.0)},
+        {"sync": arm(0.90, 120.0), "eta4": arm(0.89, 36.0), "eta4_nocorr": arm(0.65, 36.0)},
+        {"sync": arm(0.97, 110.0), "eta4": arm(0.955, 44.0), "eta4_nocorr": arm(0.55, 44.0)},
+    ]
     figures = over_seed_figures(per_seed)
     assert figures["ablation.seeds"] == 3.0
     assert figures["ablation.eta4_gap_pts"] == pytest.approx(1.17)  # gaps 1, 1, 1.5
@@ -52,3 +58,22 @@ def test_seed_n_sets_every_seed_of_a_campaign() -> None:
     config = CampaignConfig.tiny().with_overrides(seed_overrides(7))
     assert (config.seed, config.dataset.seed, config.sft.seed, config.trainer.seed) == (7, 7, 7, 7)
     assert seed_args(7)[:2] == ["--set", "seed=7"]
+
+
+def test_the_learning_benchmark_reports_every_seed_and_the_worst_one() -> None:
+    def run(seed: int, v0: float, last: float, wall: float) -> SeedRun:
+        evals = {
+            0: {"step": 0, "greedy": v0, "pass_at_k": 0.6},
+            15: {"step": 30, "greedy": last, "pass_at_k": 0.97},
+        }
+        return SeedRun(seed=seed, wall_s=wall, evals=evals, steps=list(range(1, 31)), rewards=[0.5] * 30)
+
+    runs = [run(0, 0.0, 0.95, 300.0), run(1, 0.01, 0.78, 320.0), run(2, 0.0, 0.90, 410.0)]
+    figures = seed_figures(runs)
+    assert figures["learning.seeds"] == 3.0
+    assert figures["learning.heldout_gain_pts_min"] == pytest.approx(77.0)
+    assert figures["learning.heldout_gain_pts_spread"] == pytest.approx(18.0)
+    assert figures["learning.seed1.final_success"] == 0.78
+    assert figures["learning.final_success_min"] == 0.78
+    assert figures["learning.wallclock_s"] == 410.0  # the longest wait, not the mean
+    assert runs[1].row(4)["gain (pts)"] == "+77.0" and runs[1].row(4)["trainer steps"] == 30

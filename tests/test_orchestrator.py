@@ -245,3 +245,40 @@ def test_backpressure_never_stalls_a_trainer_that_needs_more_groups(tmp_path) ->
                         weights=pub, writer=ShardWriter(store, worker_id="w0"))
     stats = asyncio.run(asyncio.wait_for(orch.run(), 30))
     assert stats.groups_committed == 6 and stats.backpressure_s >= 0.1  # two extra budgets were granted
+
+
+def test_lockstep_commits_each_versions_groups_in_start_order_then_waits_for_the_next_version(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()
+    # Later groups finish first: the shards must still hold them in the order they started.
+    latency = lambda task, idx: 0.03 if int(task.task_id[1:]) % 3 == 0 else 0.002  # noqa: E731
+    committed: list[int] = []
+
+    def on_commit(info) -> None:  # the trainer: publishes the next version once a version's groups are in
+        committed.append(info.n_groups)
+        pub.version += 1
+
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, mode="lockstep",
+                                             max_groups_per_version=3, weight_poll_s=0.01),
+                        engine=engine, episode_fn=make_episode(engine, latency, log), tasks=tasks(9),
+                        writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=8, max_age_s=3600.0)),
+                        weights=pub, on_commit=on_commit)
+    stats = asyncio.run(orch.run())
+    assert committed == [3, 3, 3] and engine.swaps == [1, 2, 3]
+    for version in range(3):
+        (name,) = store.list(f"trajectories/v{version:08d}")
+        table, _ = read_shard(store, f"trajectories/v{version:08d}/{name}")
+        assert list(dict.fromkeys(table.column("group_id").to_pylist())) == [f"t{i}.e0" for i in
+                                                                            range(3 * version, 3 * version + 3)]
+    assert {v for kind, _, _, v in log if kind == "start"} == {0, 1, 2}
+    assert stats.stop_reason == "tasks exhausted"
+
+
+def test_lockstep_fails_naming_the_version_it_waited_past_when_none_comes(tmp_path) -> None:
+    engine = VersionedEngine()
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, mode="lockstep", max_groups_per_version=1,
+                                             weight_poll_s=0.01, lockstep_wait_s=0.1),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.001, []), tasks=tasks(4),
+                        writer=ShardWriter(Store(str(tmp_path / "c")), worker_id="w0"), weights=Publisher())
+    with pytest.raises(TimeoutError, match=r"no version after v0 was published within 0.1s \(rollout.lockstep_wait_s\)"):
+        asyncio.run(orch.run())

@@ -26,7 +26,8 @@ PROCESS_OR_CLOCK = ("trajectory_id", "worker_id", "timings")
 
 def lockstep_smoke(seed: int) -> CampaignConfig:
     smoke = CampaignConfig.smoke().with_overrides(
-        {"seed": seed, "dataset.seed": seed, "sft.seed": seed, "trainer.seed": seed, "eval.versions": "ends"})
+        {"seed": seed, "dataset.seed": seed, "sft.seed": seed, "trainer.seed": seed, "eval.versions": "ends"}
+    )
     return dataclasses.replace(smoke.lockstep(), placement="colocated")
 
 
@@ -42,30 +43,47 @@ def shard_rows(store: Store, path: str) -> list[dict[str, Any]]:
 def trained_shards(store: Store) -> list[tuple[int, int, list[dict[str, Any]]]]:
     """(version, seq, rows) of every shard of the versions the trainer trained on, in shard order."""
     trained = {g.version for log in records.consumption_logs(store) for g in log.groups}
-    shards = sorted(sid for v in trained for name in store.list(layout.version_dir(v))
-                    if (sid := layout.parse_shard_path(f"{layout.version_dir(v)}/{name}")))
+    shards = sorted(
+        sid
+        for v in trained
+        for name in store.list(layout.version_dir(v))
+        if (sid := layout.parse_shard_path(f"{layout.version_dir(v)}/{name}"))
+    )
     return [(sid.version, sid.seq, shard_rows(store, sid.path)) for sid in shards]
 
 
 def steps(store: Store) -> list[list[tuple[str, int, int, int, int]]]:
     """Per trainer step, the groups it trained on: id, shard (version, seq), rows."""
-    return [[(g.group_id, sid.version, sid.seq, g.row_start, g.row_end) for g in log.groups
-             if (sid := layout.parse_shard_path(g.shard))] for log in records.consumption_logs(store)]
+    return [
+        [
+            (g.group_id, sid.version, sid.seq, g.row_start, g.row_end)
+            for g in log.groups
+            if (sid := layout.parse_shard_path(g.shard))
+        ]
+        for log in records.consumption_logs(store)
+    ]
 
 
 def weights(store: Store) -> dict[int, list[np.ndarray]]:
     published = CampaignWeights(store)
-    return {v: [np.asarray(leaf) for leaf in jax.tree.leaves(published.load(v))]
-            for v in records.published_versions(store)}
+    return {
+        v: [np.asarray(leaf) for leaf in jax.tree.leaves(published.load(v))]
+        for v in records.published_versions(store)
+    }
 
 
 def test_lockstep_needs_one_worker_every_group_trained_and_a_version_budget_of_its_batches() -> None:
     lockstep = CampaignConfig.smoke().lockstep()
-    assert (lockstep.workers, lockstep.rollout.max_groups_per_version, lockstep.trainer.skip_zero_advantage) \
-        == (1, 4, False)
+    assert (
+        lockstep.workers,
+        lockstep.rollout.max_groups_per_version,
+        lockstep.trainer.skip_zero_advantage,
+    ) == (1, 4, False)
     with pytest.raises(ValueError, match=r"workers=2 .*set workers=1"):
         dataclasses.replace(lockstep, workers=2)
-    with pytest.raises(ValueError, match=r"max_groups_per_version=16, not trainer.batch_groups x publish_every = 4"):
+    with pytest.raises(
+        ValueError, match=r"max_groups_per_version=16, not trainer.batch_groups x publish_every = 4"
+    ):
         lockstep.with_overrides({"rollout.max_groups_per_version": 16})
     with pytest.raises(ValueError, match=r"skip_zero_advantage=true"):
         lockstep.with_overrides({"trainer.skip_zero_advantage": True})
@@ -74,7 +92,8 @@ def test_lockstep_needs_one_worker_every_group_trained_and_a_version_budget_of_i
 
 
 def test_two_lockstep_smoke_campaigns_with_one_seed_write_the_same_shards_and_publish_the_same_weights(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     stores = []
     for run in ("a", "b"):
         store = Store(str(tmp_path / run))

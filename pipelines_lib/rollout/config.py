@@ -35,7 +35,8 @@ class RolloutConfig:
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
     whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``): the
-    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit."""
+    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit.
+    In ``lockstep`` mode: exactly this many groups per version, none given back."""
     lockstep_wait_s: float = 600.0
     """``lockstep`` only: the longest wait for the next version after a version's groups are committed; past it the
     worker fails saying which version it waited for."""
@@ -72,36 +73,57 @@ class RolloutConfig:
         if self.group_size < 2:
             # GRPO's advantage is a sample's reward against its group's: a group of one has no baseline.
             raise ValueError(f"RolloutConfig.group_size must be >= 2, got {self.group_size}")
-        if (not self.group_size <= self.max_concurrency <= MAX_CONCURRENCY
-                or self.max_concurrency % self.group_size):
-            raise ValueError(f"RolloutConfig.max_concurrency must be a multiple of group_size={self.group_size} "
-                             f"no larger than {MAX_CONCURRENCY}, got {self.max_concurrency}")
+        if (
+            not self.group_size <= self.max_concurrency <= MAX_CONCURRENCY
+            or self.max_concurrency % self.group_size
+        ):
+            raise ValueError(
+                f"RolloutConfig.max_concurrency must be a multiple of group_size={self.group_size} "
+                f"no larger than {MAX_CONCURRENCY}, got {self.max_concurrency}"
+            )
         if not self.temperature >= 0:
             raise ValueError(f"RolloutConfig.temperature must be >= 0, got {self.temperature}")
         if self.mode not in ("async", "sync", "lockstep"):
             raise ValueError(f"RolloutConfig.mode must be 'async', 'sync' or 'lockstep', got {self.mode!r}")
         if self.mode == "lockstep" and self.max_groups_per_version is None:
-            raise ValueError("RolloutConfig.mode='lockstep' needs max_groups_per_version (the groups run on each "
-                             "version), got None")
+            raise ValueError(
+                "RolloutConfig.mode='lockstep' needs max_groups_per_version (the groups run on each "
+                "version), got None"
+            )
         if self.eta < 0:
             raise ValueError(f"RolloutConfig.eta must be >= 0, got {self.eta}")
         if self.max_groups_per_version is not None and self.max_groups_per_version < 1:
-            raise ValueError(f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}")
+            raise ValueError(
+                f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}"
+            )
         if self.target_groups is not None and self.target_groups < 1:
             raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
-        for name in ("weight_poll_s", "stop_poll_s", "episode_timeout_s", "tool_timeout_s", "backpressure_max_wait_s",
-                     "lockstep_wait_s"):
+        for name in (
+            "weight_poll_s",
+            "stop_poll_s",
+            "episode_timeout_s",
+            "tool_timeout_s",
+            "backpressure_max_wait_s",
+            "lockstep_wait_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.infra_retries < 0:
             raise ValueError(f"RolloutConfig.infra_retries must be >= 0, got {self.infra_retries}")
         if self.max_new_tokens < 1 or self.max_tokens < 2:
-            raise ValueError(f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}")
+            raise ValueError(
+                f"RolloutConfig.max_new_tokens/max_tokens too small: {self.max_new_tokens}/{self.max_tokens}"
+            )
 
     @classmethod
     def tiny(cls) -> RolloutConfig:
-        return cls(group_size=4, max_concurrency=16, max_new_tokens=40, max_tokens=128,
-                   writer=WriterConfig(max_groups=4, max_age_s=2.0))
+        return cls(
+            group_size=4,
+            max_concurrency=16,
+            max_new_tokens=40,
+            max_tokens=128,
+            writer=WriterConfig(max_groups=4, max_age_s=2.0),
+        )
 
 
 __all__ = ["MAX_CONCURRENCY", "RolloutConfig"]
