@@ -208,7 +208,7 @@ def test_a_campaign_whose_monitor_gives_up_stops_its_stages_and_waits_for_them(p
         expected = (RuntimeError, trainer_error) if trainer_error else (
             StorageError, r"^storage exists .*/train/consumed/00000001.json: ")
         with pytest.raises(expected[0], match=expected[1]):
-            _wait_training(trainer, [worker], progress, poll_s=0.02)
+            _wait_training(trainer, [worker], progress, poll_s=0.02, recover="rollstream recover")
         # Only once both had ended: no stage thread outlives the run.
         assert trainer.state.is_final() and worker.state.is_final()
         requested_at = StopRequest.times(campaign)[0]
@@ -225,7 +225,8 @@ def test_a_failed_trainer_stops_the_rollout_workers_before_its_error_surfaces(pr
         worker = _rollout_worker.submit(campaign.url, utc_compact())
         progress = TrainProgress(campaign, max_steps=4, log=print)
         with pytest.raises(RuntimeError, match="trainer crashed"):
-            _wait_training(_failing_trainer.submit(), [worker], progress, poll_s=0.02)
+            _wait_training(_failing_trainer.submit(), [worker], progress, poll_s=0.02,
+                           recover="rollstream recover")
         assert worker.state.is_final()
         return worker.result()
 
