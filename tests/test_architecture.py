@@ -183,3 +183,21 @@ def test_only_records_parse_campaign_json() -> None:
                 if by_hand or (owner == "json" and name in ("loads", "load") and rel not in JSON_PARSERS_ELSEWHERE):
                     found.append(f"{rel}:{node.lineno}: {owner or '...'}.{name}")
     assert found == []
+
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+"""Sizes a reader can hold at once; a module or function past them is split along a seam it already has."""
+
+
+def test_every_library_module_and_function_stays_small_enough_to_read() -> None:
+    too_big = []
+    for name, path in LIB_MODULES.items():
+        source = path.read_text()
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            too_big.append(f"module {name}: {lines} lines (max {MAX_MODULE_LINES})")
+        too_big += [f"function {name}.{node.name} (line {node.lineno}): {length} lines (max {MAX_FUNCTION_LINES})"
+                    for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and (length := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES]
+    assert not too_big, "\n".join(too_big)

@@ -18,10 +18,10 @@ import pytest
 
 from drills.fixtures import eval_result, trained_campaign
 from pipelines_lib import cli
-from pipelines_lib.cli import build_parser, render_status
+from pipelines_lib.cli import build_parser
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.hints import hint_command
-from pipelines_lib.stages.campaign import campaign_status
+from pipelines_lib.stages.campaign import campaign_status, render_status
 from pipelines_lib.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

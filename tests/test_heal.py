@@ -13,9 +13,8 @@ from prefect.states import Crashed
 
 from flows.campaign import campaign, expand_campaign_url
 from flows.heal import BUDGET_SPENT_EVENT, heal
-from pipelines_lib.cli import render_status
 from pipelines_lib.records import HealAttempt, heal_attempts
-from pipelines_lib.stages.campaign import campaign_status, claim_heal_attempt
+from pipelines_lib.stages.campaign import campaign_status, claim_heal_attempt, render_status
 from pipelines_lib.storage.store import Store
 
 

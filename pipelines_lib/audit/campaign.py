@@ -67,7 +67,8 @@ from pipelines_lib.records import (
 )
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.store import TEMP_MARKER, Store, pointer_entry_problem
+from pipelines_lib.storage.layout import pointer_entry_problem
+from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.needs import TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
 

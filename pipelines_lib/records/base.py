@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, get_type_hints
 
-from pipelines_lib.storage.store import Store, json_problem
+from pipelines_lib.storage.errors import json_problem
+from pipelines_lib.storage.store import Store
 
 
 class RecordError(ValueError):

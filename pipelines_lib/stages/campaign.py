@@ -155,3 +155,38 @@ def campaign_status(store: Store) -> dict[str, Any]:
     todo += [s.name for s in STAGES if not s.done(store)]
     status["todo"] = todo
     return status
+
+
+def render_status(status: dict[str, Any], *, recover: str) -> str:
+    """``campaign_status`` as a table: one row per stage, done or to do, with what the folder holds; ``recover``
+    is the command that runs what is to do (``hints.hint_command``)."""
+    versions, evaluated = status["published_versions"], status["evaluated_versions"]
+    checkpoint = status["latest_checkpoint"] or "none"
+    detail = {
+        "prep": f"{'' if status['dataset'] else 'no '}{layout.DATASET_SUCCESS}",
+        "warm_start": "v0 published" if status["warm_start"] else "v0 not published",
+        "collect": f"{status['shards']} shards",
+        "train": f"step {status['train_steps']}, checkpoint {checkpoint}, published {_versions(versions)}",
+        "evaluate": f"evaluated {_versions(evaluated)}",
+        "audit": "audited after the last stage" if "audit" not in status["todo"] else "",
+    }
+    todo = status["todo"]
+    rows = [("stage", "state", "detail")] + [(s, "to do" if s in todo else "done", d) for s, d in detail.items()]
+    if "init" in todo:
+        rows.insert(1, ("init", "to do", "no campaign.json"))
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
+    lines.append(f"to do: {', '.join(todo)}; run them with: {recover}" if todo else "to do: nothing")
+    heal = status["heal"]
+    if heal["budget_spent_at"]:
+        lines.append(f"automatic recovery: BUDGET SPENT at {heal['budget_spent_at']} after {heal['recoveries']} "
+                     f"recoveries (last crash: {heal['last_crashed_run']}); nothing recovers it but `rollstream recover`")
+    elif heal["recoveries"]:
+        lines.append(f"automatic recovery: {heal['recoveries']} so far (last crash: {heal['last_crashed_run']})")
+    if status["ignored"]:
+        lines.append(f"ignored (not names a stage writes): {', '.join(status['ignored'])}")
+    return "\n".join(lines)
+
+
+def _versions(vs: list[int]) -> str:
+    return ", ".join(f"v{v}" for v in vs) if vs else "none"

@@ -29,3 +29,10 @@ class NotFoundError(StorageError, FileNotFoundError):
 class NotAnObjectError(StorageError):
     """The name exists but is nothing a campaign holds: a FIFO, device, socket or folder, or a symlink leading
     outside the campaign folder. Never retried; readers skip it with this reason and audits report it."""
+
+
+def json_problem(e: ValueError | RecursionError) -> str:
+    """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
+    ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it
+    with ``ValueError`` and report this."""
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)

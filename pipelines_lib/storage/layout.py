@@ -26,6 +26,7 @@ import datetime as dt
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 CAMPAIGN_JSON = "campaign.json"
 TRAJECTORIES = "trajectories"
@@ -56,6 +57,27 @@ _CHECKPOINT_RE = re.compile(r"^(?P<step>\d{8})(\.\d+)?$")
 _STOP_RE = re.compile(r"^STOP-(?P<utc>[0-9TZ]+)\.json$")
 _HEAL_RE = re.compile(r"^(?P<attempt>\d{4})\.json$")
 _POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
+
+
+def parse_pointer_entry(name: str) -> int | None:
+    """The value a pointer entry's name carries (``000000000007.json`` -> 7); None for any other name."""
+    m = _POINTER_ENTRY_RE.match(name)
+    return None if m is None else int(m["value"])
+
+
+def pointer_entry_problem(name: str, payload: Any, *, key: str = "version") -> str | None:
+    """Why pointer entry ``name`` holding ``payload`` must not count (None: it is valid)."""
+    named = parse_pointer_entry(name)
+    if named is None:
+        return "not a pointer entry name (<value:012d>.json)"
+    if not isinstance(payload, dict):
+        return f"content is {type(payload).__name__}, not a JSON object"
+    value = payload.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{key!r} must be an integer >= 0, got {value!r}"
+    if value != named:
+        return f"name says {key} {named}, content says {value}"
+    return None
 
 
 def campaign_id(url: str) -> str:
@@ -267,8 +289,7 @@ def inherited(rel: str, *, step: int, version: int) -> bool:
     if f"{top}/{name}" == CHECKPOINTS:
         return len(parts) == 2 or _at_most(checkpoint_step(parts[2]), step)
     if f"{top}/{name}" == f"{WEIGHTS_LATEST}.d":
-        m = _POINTER_ENTRY_RE.match(parts[2]) if len(parts) > 2 else None
-        return len(parts) == 2 or (m is not None and int(m["value"]) <= version)
+        return len(parts) == 2 or _at_most(parse_pointer_entry(parts[2]), version)
     if top == "weights":
         return _at_most(parse_version_dir(name), version)
     if top == EVAL:

@@ -37,7 +37,6 @@ import functools
 import json
 import logging
 import os
-import re
 import stat
 import threading
 import time
@@ -46,7 +45,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError, StorageError
+from pipelines_lib.storage.errors import (
+    AlreadyExistsError,
+    NotAnObjectError,
+    NotFoundError,
+    StorageError,
+    json_problem,
+)
+from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
 from pipelines_lib.storage.retry import RetryPolicy, call_with_deadline, is_transient, jitter
 
 if TYPE_CHECKING:
@@ -57,28 +63,10 @@ T = TypeVar("T")
 TEMP_MARKER = ".tmp-"
 """Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
 
-_POINTER_ENTRY_RE = re.compile(r"^(?P<value>\d{12})\.json$")
-
-
 SETTLED_S = 1.0
 """How long a local folder must have been unchanged before ``list_if_changed`` trusts its modification time."""
 
 _log = logging.getLogger(__name__)
-
-
-def pointer_entry_problem(name: str, payload: Any, *, key: str = "version") -> str | None:
-    """Why pointer entry ``name`` holding ``payload`` must not count (None: it is valid)."""
-    m = _POINTER_ENTRY_RE.match(name)
-    if m is None:
-        return "not a pointer entry name (<value:012d>.json)"
-    if not isinstance(payload, dict):
-        return f"content is {type(payload).__name__}, not a JSON object"
-    value = payload.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return f"{key!r} must be an integer >= 0, got {value!r}"
-    if value != int(m["value"]):
-        return f"name says {key} {int(m['value'])}, content says {value}"
-    return None
 
 
 def normalize_url(url: str) -> str:
@@ -388,9 +376,9 @@ class Store:
         """
         names = self.list(f"{rel}.d")
         for name in names:
-            if _POINTER_ENTRY_RE.match(name) is None:
+            if parse_pointer_entry(name) is None:
                 self._report(f"{rel}.d/{name}", "not a pointer entry name (<value:012d>.json)")
-        for name in sorted((n for n in names if _POINTER_ENTRY_RE.match(n)), reverse=True):
+        for name in sorted((n for n in names if parse_pointer_entry(n) is not None), reverse=True):
             entry = f"{rel}.d/{name}"
             try:
                 payload: Any = self.read_json(entry)
@@ -416,7 +404,7 @@ class Store:
     def pointer_keys(self, rel: str) -> list[int]:
         """Every value pointer ``rel`` has been advanced to (by entry name; ``read_pointer`` also checks the
         content), ascending."""
-        return sorted(int(m["value"]) for n in self.list(f"{rel}.d") if (m := _POINTER_ENTRY_RE.match(n)))
+        return sorted(v for n in self.list(f"{rel}.d") if (v := parse_pointer_entry(n)) is not None)
 
     @staticmethod
     def pointer_entry(rel: str, value: int) -> str:
@@ -441,13 +429,6 @@ def _under_skipped(rel: str, skip: Callable[[str], bool]) -> bool:
     """Whether a folder holding ``rel`` (relative to the root) is one ``skip`` accepts."""
     parts = rel.split("/")
     return any(skip("/".join(parts[:k])) for k in range(1, len(parts)))
-
-
-def json_problem(e: ValueError | RecursionError) -> str:
-    """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
-    ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it
-    with ``ValueError`` and report this."""
-    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 
 def _file_kind(mode: int) -> str:

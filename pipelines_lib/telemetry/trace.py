@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
-from pipelines_lib.storage.store import Store, json_problem
+from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, json_problem
+from pipelines_lib.storage.store import Store
 
 _log = logging.getLogger(__name__)
 
