@@ -215,6 +215,7 @@ POOL_TEMPLATES = {"process": {"rollstream-cpu": "process-job-template.json",
                   "kubernetes": {"rollstream-cpu": "kubernetes-cpu-job-template.json",
                                  "rollstream-accel": "kubernetes-accel-job-template.json"}}
 """Work-pool type -> pool -> its base job template (next to the prefect file)."""
+NOTIFY_VARIABLE = "ROLLSTREAM_NOTIFY_BLOCK"
 _VARIABLE = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 
 
@@ -228,6 +229,9 @@ def _deploy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arm", action="append", default=[], metavar="DEPLOYMENT",
                    help="activate this deployment's schedules (repeatable, e.g. nightly); the file deploys every "
                         "schedule paused, so a deploy without --arm pauses them")
+    p.add_argument("--notify", default=os.environ.get(NOTIFY_VARIABLE) or None, metavar="BLOCK",
+                   help="notification block told when a campaign's automatic recoveries are spent: BLOCK_TYPE/NAME "
+                        f"or NAME, e.g. slack-webhook/ops (default: ${NOTIFY_VARIABLE}; neither: nobody is told)")
 
 
 def unresolved_variables(spec: dict[str, Any], names: list[str]) -> dict[str, list[str]]:
@@ -265,6 +269,13 @@ def _deploy(args: argparse.Namespace) -> int:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
 
+    from flows.heal import notification_block, register_budget_notification, register_zombie_automation
+
+    if args.notify:  # a misspelt block fails before anything is deployed, not after
+        try:
+            notification_block(args.notify)
+        except ValueError as e:
+            raise CommandError(f"--notify {args.notify}: {e}") from e
     pools = sorted({d["work_pool"]["name"] for d in spec["deployments"] if d["name"] in names})
     with get_client(sync_client=True) as client:
         for pool in pools:
@@ -280,10 +291,13 @@ def _deploy(args: argparse.Namespace) -> int:
     if subprocess.run([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(args.prefect_file),
                        *selection], timeout=600).returncode != 0:
         return 1
-    from flows.heal import register_zombie_automation
-
     zombies = register_zombie_automation()
     print(f"automation {zombies.name!r}: {zombies.description}")
+    if notify := register_budget_notification(args.notify):
+        print(f"automation {notify.name!r}: {notify.description} (notification block {args.notify})")
+    else:
+        print(f"no notification block: a campaign whose automatic recoveries are spent notifies nobody (only "
+              f"`rollstream status` shows it); name one with --notify BLOCK or ${NOTIFY_VARIABLE}")
     print(arm_schedules([n for n in names if n in scheduled], args.arm))
     return 0
 

@@ -10,6 +10,8 @@ worker killed ─> its flow runs stop sending heartbeats (Prefect's flow engine,
 heal         ─> heal/<n>.json claimed in the campaign folder (create-only numbering)
                  n <= max_attempts: the recover deployment is started for that campaign
                  else: ERROR log + event rollstream.campaign.heal-budget-spent; `rollstream status` shows it
+             ─> automation "rollstream: heal budget spent" (NOTIFY, registered by `rollstream deploy --notify BLOCK`):
+                 the operator's notification block (Slack, e-mail, webhook...) gets the campaign and the commands
 ```
 Deployment runs carry the ``rollstream`` tag (``infra/prefect.yaml``), so heartbeats watch them; a run started
 from the command line is not watched, and ``flows.runs.abandon_runs`` still takes it over by hand.
@@ -25,7 +27,7 @@ from prefect import flow, get_client, get_run_logger
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.events import emit_event
-from prefect.events.actions import ChangeFlowRunState
+from prefect.events.actions import ChangeFlowRunState, SendNotification
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 from prefect.runtime import flow_run
@@ -42,6 +44,7 @@ MISSED_BEATS = 3
 """Heartbeats a run may miss before it counts as gone."""
 RECOVER_DEPLOYMENT = "rollstream-recover/recover"
 BUDGET_SPENT_EVENT = "rollstream.campaign.heal-budget-spent"
+NOTIFY = "rollstream: heal budget spent"
 DEFAULT_MAX_ATTEMPTS = 3
 RUN_RESOURCE = "prefect.flow-run."
 
@@ -99,6 +102,66 @@ def register_zombie_automation(heartbeat_s: int | None = None) -> AutomationCore
     return automation
 
 
+def notification_block(name: str) -> UUID:
+    """The id of the notification block document ``name``: ``BLOCK_TYPE/NAME`` (as ``prefect block ls`` shows it,
+    e.g. ``slack-webhook/ops``) or a bare ``NAME`` that one notification block holds."""
+    with get_client(sync_client=True) as client:
+        documents = [d for d in client.read_block_documents(include_secrets=False) if not d.is_anonymous]
+    named = [d for d in documents if name in (d.name, f"{d.block_type.slug if d.block_type else ''}/{d.name}")]
+    notifying = [d for d in named if d.block_schema and "notify" in d.block_schema.capabilities]
+    if len(notifying) == 1:
+        return notifying[0].id
+    slugs = sorted(f"{d.block_type.slug if d.block_type else '?'}/{d.name}" for d in notifying or named)
+    if len(notifying) > 1:
+        raise ValueError(f"notification block {name!r} is ambiguous: {', '.join(slugs)}; name one of them")
+    if named:
+        raise ValueError(f"block {name!r} ({', '.join(slugs)}) cannot send notifications; name a notification "
+                         "block (slack-webhook, custom-webhook, email, ...)")
+    raise ValueError(f"no notification block {name!r} on this Prefect API; create one first, e.g. "
+                     "`prefect block create slack-webhook` (`prefect block ls` lists them)")
+
+
+def budget_spent_automation(block_id: UUID) -> AutomationCore:
+    """Tell a person, through notification block ``block_id``, each time a campaign's heal budget is spent: nothing
+    recovers that campaign until someone does (the heal flow run only fails, and its ERROR is one log line)."""
+    return AutomationCore(
+        name=NOTIFY,
+        description="A campaign that crashed after its last automatic recovery is reported to a person.",
+        trigger=EventTrigger(
+            expect={BUDGET_SPENT_EVENT},
+            match=ResourceSpecification({"prefect.resource.id": "rollstream.campaign.*"}),
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
+        actions=[
+            SendNotification(
+                block_document_id=block_id,
+                subject="rollstream: {{ event.resource.name }} crashed again; automatic recovery stopped",
+                body=(
+                    "Campaign {{ event.payload.campaign_url }} crashed (flow run "
+                    "{{ event.payload.crashed_flow_run_name }}, {{ event.payload.crashed_flow_run_id }}) after "
+                    "{{ event.payload.attempts }} automatic recoveries, at {{ event.occurred }}. "
+                    "Nothing recovers it until a person does.\n"
+                    "What happened: {{ event.payload.status_command }}\n"
+                    "Once the cause is fixed: {{ event.payload.recover_command }}"
+                ),
+            )
+        ],
+    )
+
+
+def register_budget_notification(block_name: str | None) -> AutomationCore | None:
+    """Create ``NOTIFY`` for notification block ``block_name``, replacing an older one of that name; with no block,
+    remove it, so that a deploy that names none notifies nobody, as it says."""
+    automation = budget_spent_automation(notification_block(block_name)) if block_name else None
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(NOTIFY):
+            client.delete_automation(old.id)
+        if automation:
+            client.create_automation(automation)
+    return automation
+
+
 def run_name() -> str:
     return f"heal-{str(flow_run.parameters['flow_run_id']).removeprefix(RUN_RESOURCE)[:8]}"
 
@@ -142,7 +205,15 @@ def heal(flow_run_id: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str
                     "prefect.resource.name": crashed.name,
                 }
             ],
-            payload={"attempts": max_attempts, "campaign_url": url},
+            # what a notification tells a person (budget_spent_automation's templates)
+            payload={
+                "attempts": max_attempts,
+                "campaign_url": url,
+                "crashed_flow_run_id": str(crashed.id),
+                "crashed_flow_run_name": crashed.name,
+                "status_command": f"rollstream status {url}",
+                "recover_command": f"rollstream recover {url}",
+            },
         )
         raise HealBudgetSpent(message)
     recovery = run_deployment(

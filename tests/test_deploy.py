@@ -1,5 +1,6 @@
 """``rollstream deploy`` against a real Prefect API: work pools created when missing, the deployment and its
-schedule registered by ``prefect deploy`` (paused unless ``--arm``ed, and said so), the zombie and heal automations;
+schedule registered by ``prefect deploy`` (paused unless ``--arm``ed, and said so), the zombie and heal automations
+and the notification of a spent heal budget (or the line saying nobody is notified);
 unset ``{{ $VAR }}`` references refused before anything is created, and ``infra/prefect.yaml`` deployed by plain
 ``prefect deploy`` without its variables arms nothing and runs nothing."""
 
@@ -13,13 +14,14 @@ import sys
 from pathlib import Path
 
 from prefect import get_client
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.client.schemas.objects import StateType
 from prefect.events.schemas.automations import Posture
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.campaign import campaign
-from flows.heal import ZOMBIES
+from flows.heal import BUDGET_SPENT_EVENT, NOTIFY, ZOMBIES
 from flows.runs import WATCH_TAG
 from pipelines_lib import cli
 
@@ -43,10 +45,14 @@ def test_deploy_creates_the_missing_pool_and_registers_the_local_nightly_with_it
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # for the `prefect deploy` child process
     monkeypatch.setenv("ROLLSTREAM_HOME", str(ROOT))
     monkeypatch.delenv("ROLLSTREAM_BUCKET", raising=False)  # the local variant does not need a bucket
+    monkeypatch.delenv("ROLLSTREAM_NOTIFY_BLOCK", raising=False)
     monkeypatch.chdir(ROOT)
     assert cli.main(["deploy", "--name", "nightly-local"]) == 0
     out = capsys.readouterr()
     assert "created work pool rollstream-cpu (process" in out.err
+    # No block named: the deploy succeeds and says who is told of a spent heal budget (nobody), and how to change it.
+    assert ("no notification block: a campaign whose automatic recoveries are spent notifies nobody (only "
+            "`rollstream status` shows it); name one with --notify BLOCK or $ROLLSTREAM_NOTIFY_BLOCK") in out.out
     with get_client(sync_client=True) as client:
         pool = client.read_work_pool("rollstream-cpu")
         deployment = client.read_deployment_by_name("rollstream-campaign/nightly-local")
@@ -130,20 +136,47 @@ def test_plain_prefect_deploy_without_the_bucket_arms_nothing_and_its_runs_refus
     assert "gs:///campaigns/nightly-" in str(state.message) and "no bucket" in str(state.message)
 
 
-def test_deploy_registers_prefects_zombie_detection_and_the_heal_trigger(prefect_api: str, monkeypatch,
-                                                                          capsys) -> None:
+def test_deploy_refuses_an_unknown_notification_block_before_deploying_anything(prefect_api: str, monkeypatch,
+                                                                                  capsys) -> None:
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)
     monkeypatch.setenv("ROLLSTREAM_HOME", str(ROOT))
     monkeypatch.chdir(ROOT)
+    assert cli.main(["deploy", "--name", "smoke", "--notify", "slack-webhook/nobody"]) == 2
+    err = capsys.readouterr().err
+    assert "rollstream deploy: --notify slack-webhook/nobody: no notification block 'slack-webhook/nobody'" in err
+    monkeypatch.setenv("ROLLSTREAM_NOTIFY_BLOCK", "pager")  # the variable is the option's default
+    assert cli.main(["deploy", "--name", "smoke"]) == 2
+    assert "--notify pager: no notification block 'pager'" in capsys.readouterr().err
+    with get_client(sync_client=True) as client:
+        assert not [d for d in client.read_deployments() if d.name == "smoke"]
+
+
+def test_deploy_registers_prefects_zombie_detection_the_heal_trigger_and_the_budget_notification(
+        prefect_api: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)
+    monkeypatch.setenv("ROLLSTREAM_HOME", str(ROOT))
+    monkeypatch.chdir(ROOT)
+    pager = CustomWebhookNotificationBlock(name="pager", url="http://127.0.0.1:9/pager").save("deploy-pager",
+                                                                                              overwrite=True)
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):  # the deploying process's heartbeat
-        assert cli.main(["deploy", "--name", "recover", "--name", "heal"]) == 0
-        assert "automation 'rollstream: crash zombie runs'" in capsys.readouterr().out
+        assert cli.main(["deploy", "--name", "recover", "--name", "heal", "--notify", "deploy-pager"]) == 0
+        out = capsys.readouterr().out
+        assert "automation 'rollstream: crash zombie runs'" in out
+        assert f"automation {NOTIFY!r}: " in out and "(notification block deploy-pager)" in out
+        monkeypatch.setenv("ROLLSTREAM_NOTIFY_BLOCK", "custom-webhook/deploy-pager")
         assert cli.main(["deploy", "--name", "recover", "--name", "heal"]) == 0  # a redeploy replaces, never adds
     with get_client(sync_client=True) as client:
         heal = client.read_deployment_by_name("rollstream-heal/heal")
         zombies = client.read_automations_by_name(ZOMBIES)
         healing = client.read_automations_by_name("rollstream: heal crashed campaigns")
-    assert len(zombies) == 1 and len(healing) == 1
+        notifying = client.read_automations_by_name(NOTIFY)
+        for automation in notifying:  # the other tests of this session spend budgets without a webhook listening
+            client.delete_automation(automation.id)
+    assert len(zombies) == 1 and len(healing) == 1 and len(notifying) == 1
+    # A spent heal budget (the heal flow's event) sends the named block a notification.
+    assert notifying[0].trigger.expect == {BUDGET_SPENT_EVENT}
+    [notify] = notifying[0].actions
+    assert notify.type == "send-notification" and notify.block_document_id == pager
     zombie, healer = zombies[0].trigger, healing[0].trigger
     # Prefect's heartbeat mechanism, on rollstream's deployment runs only: silent for 3 beats -> Crashed.
     assert zombie.posture == Posture.Proactive and zombie.after == {"prefect.flow-run.heartbeat"}
