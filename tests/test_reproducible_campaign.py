@@ -72,19 +72,22 @@ def weights(store: Store) -> dict[int, list[np.ndarray]]:
     }
 
 
-def test_lockstep_needs_one_worker_every_group_trained_and_a_version_budget_of_its_batches() -> None:
+def test_lockstep_needs_one_worker_whole_prefills_every_group_trained_and_a_version_budget_of_its_batches() -> None:
     lockstep = CampaignConfig.smoke().lockstep()
     assert (
         lockstep.workers,
         lockstep.rollout.max_groups_per_version,
         lockstep.trainer.skip_zero_advantage,
-    ) == (1, 4, False)
+        lockstep.engine.prefix_reuse,
+    ) == (1, 4, False, False)
     with pytest.raises(ValueError, match=r"workers=2 .*set workers=1"):
         dataclasses.replace(lockstep, workers=2)
     with pytest.raises(
         ValueError, match=r"max_groups_per_version=16, not trainer.batch_groups x publish_every = 4"
     ):
         lockstep.with_overrides({"rollout.max_groups_per_version": 16})
+    with pytest.raises(ValueError, match=r"prefix_reuse=true"):
+        lockstep.with_overrides({"engine.prefix_reuse": True})
     with pytest.raises(ValueError, match=r"skip_zero_advantage=true"):
         lockstep.with_overrides({"trainer.skip_zero_advantage": True})
     with pytest.raises(ValueError, match=r"needs max_groups_per_version"):
