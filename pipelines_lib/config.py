@@ -164,8 +164,9 @@ class CampaignConfig:
             rollout=RolloutConfig(group_size=4, max_concurrency=32, eta=1, max_new_tokens=40, max_tokens=192,
                                   temperature=1.0, max_groups_per_version=16,
                                   writer=WriterConfig(max_groups=4, max_age_s=2.0)),
-            # 60 steps: over 5 seeds at 30 the endings spread 83-98 % and the lowest was still climbing (v8 69 %,
-            # v16 87 %, v20 89 % in a 40-step run of seed 0); a step costs ~4 s on 2 quiet cores.
+            # 60 steps: over 3 seeds at 30 the endings spread 83-98 % and the lowest was still climbing (seed 0:
+            # v8 69 %, v16 87 %, v20 89 % in a 40-step run); a step costs 2-4 s on 2 cores. Over 5 seeds at 60
+            # steps the endings spread 70-98 % (BENCHMARKS.md, `learning`): seeds 3 and 4 plateau.
             trainer=TrainerConfig(batch_groups=8, max_steps=60, checkpoint_every=10, publish_every=2,
                                   seq_buckets=(192,),
                                   # One optimizer step per batch, so PPO's clip never binds and Adam's step size alone
@@ -177,10 +178,10 @@ class CampaignConfig:
                                                     total_steps=1000, grad_clip_norm=1.0)),
             # Measured on this preset (2 shared cores): the warm start learns to call the tool and copy its result
             # (~80 % of held-out answers hold the right digits after 250 steps), but 70 % of its demonstrations
-            # write that number as a float, so v0's greedy answers are floats: 0 % success, pass@4 ~25 %.
-            # Streaming GRPO removes the habit from reward alone within a few steps and then sharpens copying.
-            # At 60 % flawed, v0 answered 2-22 % of the tasks correctly depending on the seed: the warm start, not
-            # GRPO, then decided much of a seed's gain. Clean demonstrations would give a v0 near 88 %, with
+            # write that number as a float, so v0's greedy answers are mostly floats: 0-22 % success over 5 seeds
+            # (0 % for 2 of them), pass@4 20-78 %. Streaming GRPO removes the habit from reward alone within a few
+            # steps and then sharpens copying. At 60 % flawed, 2 of 3 seeds' v0 already solved 22 %, and the warm
+            # start rather than GRPO decided much of their gain. Clean demonstrations would give a v0 near 88 %, with
             # nothing for a 10-minute demo to show; see ``pipelines_lib/envs/arithmetic.py`` for flaws that do
             # not work (they stop the tiny model learning to copy).
             sft=SFTConfig(n_demos=1024, steps=250, batch_size=16, error_rate=0.7,
