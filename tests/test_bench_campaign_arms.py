@@ -61,7 +61,11 @@ def test_shared_config_is_the_preset_with_the_sizes_and_only_the_profiles_tool_l
     assert heavy.env.tool_latency == LatencyProfile.heavy() and light.env.tool_latency == LatencyProfile.light()
     assert dataclasses.replace(heavy, env=light.env) == light  # nothing else differs between profiles
     assert heavy.eval.n_tasks == 256 and heavy.eval.samples == 1
-    assert (heavy.rollout, heavy.trainer) == (CampaignConfig.tiny().rollout, CampaignConfig.tiny().trainer)
+    tiny = CampaignConfig.tiny()
+    # The preset's rollout; its trainer and warm start at the recipe the arms were measured with.
+    assert heavy.rollout == tiny.rollout
+    assert heavy.trainer == dataclasses.replace(tiny.trainer, max_steps=30, checkpoint_every=5)
+    assert heavy.sft == dataclasses.replace(tiny.sft, error_rate=0.6)
     with pytest.raises(ValueError, match="valid: \\['heavy', 'light'\\]"):
         shared_config(campaign_arms.FULL, "real")
 

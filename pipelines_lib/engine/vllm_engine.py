@@ -231,8 +231,10 @@ class VllmEngine:
     # -- supervision ---------------------------------------------------------------------------------------
     async def _on_failure(self) -> None:
         """A request failed: check the launched server (once, whoever notices first), behind the closed gate, so
-        that requests wait for the verdict instead of failing one after another against a dead server."""
-        if self.server is None or (self._restart is not None and not self._restart.done()):
+        that requests wait for the verdict instead of failing one after another against a dead server. Once the
+        engine is stopped (``_fatal``) nothing is checked or restarted again: a request that was in flight when the
+        verdict came would otherwise start another life of a server that was given up on."""
+        if self.server is None or self._fatal is not None or (self._restart is not None and not self._restart.done()):
             return
         self._close("server check")
         self._restart = asyncio.get_running_loop().create_task(self._check_server())
