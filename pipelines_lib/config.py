@@ -116,6 +116,8 @@ class CampaignConfig:
                                         f"request from its own key, whatever shares its batch)"),
             (self.engine.prefix_reuse, "engine.prefix_reuse=true (whether a prompt reuses cached keys/values, "
                                        "computed in other chunks, depends on what else the pool held)"),
+            (not self.engine.fixed_shapes, "engine.fixed_shapes=false (a call's row bucket and span, hence its "
+                                           "program and rounding, follow what else it holds)"),
             (self.trainer.skip_zero_advantage, "trainer.skip_zero_advantage=true (a version's groups might not "
                                                "fill its batches, and the worker waits for the next version)"),
             (self.rollout.max_groups_per_version != per_version,
@@ -131,13 +133,14 @@ class CampaignConfig:
         """This campaign made reproducible on one machine (``rollout.mode: lockstep``): one rollout worker that runs
         each version's groups, exactly the batches the trainer takes on that version, after it is published; every
         group trained on (``trainer.skip_zero_advantage: false``); every prompt prefilled whole
-        (``engine.prefix_reuse: false``: a reused prefix's rounding depends on what the pool still held). Two runs with the same seeds write the same shard
+        (``engine.prefix_reuse: false``: a reused prefix's rounding depends on what the pool still held) and every
+        engine call at one shape (``engine.fixed_shapes``: what shares a call picks none of its program). Two runs with the same seeds write the same shard
         rows and publish the same weights (``tests/test_reproducible_campaign.py``); it gives up the overlap of
         rollout and training that ``async`` has. The shard writer's age limit is lifted to a day: the commit after each
         version's groups is the flush, and a flush by age would cut shards where the clock says."""
         per_version = self.trainer.batch_groups * self.trainer.publish_every
         return dataclasses.replace(
-            self, workers=1, engine=dataclasses.replace(self.engine, prefix_reuse=False),
+            self, workers=1, engine=dataclasses.replace(self.engine, prefix_reuse=False, fixed_shapes=True),
             rollout=dataclasses.replace(self.rollout, mode="lockstep", max_groups_per_version=per_version,
                                         writer=dataclasses.replace(self.rollout.writer, max_age_s=LOCKSTEP_MAX_AGE_S)),
             trainer=dataclasses.replace(self.trainer, skip_zero_advantage=False))

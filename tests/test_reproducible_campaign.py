@@ -72,14 +72,15 @@ def weights(store: Store) -> dict[int, list[np.ndarray]]:
     }
 
 
-def test_lockstep_needs_one_worker_whole_prefills_every_group_trained_and_a_version_budget_of_its_batches() -> None:
+def test_lockstep_needs_one_worker_whole_prefills_fixed_shapes_every_group_trained_and_a_version_budget() -> None:
     lockstep = CampaignConfig.smoke().lockstep()
     assert (
         lockstep.workers,
         lockstep.rollout.max_groups_per_version,
         lockstep.trainer.skip_zero_advantage,
         lockstep.engine.prefix_reuse,
-    ) == (1, 4, False, False)
+        lockstep.engine.fixed_shapes,
+    ) == (1, 4, False, False, True)
     with pytest.raises(ValueError, match=r"workers=2 .*set workers=1"):
         dataclasses.replace(lockstep, workers=2)
     with pytest.raises(
@@ -88,6 +89,8 @@ def test_lockstep_needs_one_worker_whole_prefills_every_group_trained_and_a_vers
         lockstep.with_overrides({"rollout.max_groups_per_version": 16})
     with pytest.raises(ValueError, match=r"prefix_reuse=true"):
         lockstep.with_overrides({"engine.prefix_reuse": True})
+    with pytest.raises(ValueError, match=r"fixed_shapes=false"):
+        lockstep.with_overrides({"engine.fixed_shapes": False})
     with pytest.raises(ValueError, match=r"skip_zero_advantage=true"):
         lockstep.with_overrides({"trainer.skip_zero_advantage": True})
     with pytest.raises(ValueError, match=r"needs max_groups_per_version"):
@@ -115,3 +118,12 @@ def test_two_lockstep_smoke_campaigns_with_one_seed_write_the_same_shards_and_pu
         assert all(np.array_equal(x, y) for x, y in zip(leaves, weights_b[version], strict=True)), version
     # The comparison can tell trajectories apart: another version's groups (other tasks, other weights) differ.
     assert shards_a[0][2] != shards_a[1][2]
+
+
+def test_fixed_shapes_run_one_decode_program_and_one_prefill_program_per_prompt_bucket() -> None:
+    engine = CampaignConfig.smoke().lockstep().engine
+    assert engine.row_buckets == (engine.num_slots,) and engine.attention_spans == (engine.blocks_per_sequence,)
+    assert (engine.decode_variants, engine.prefill_variants) == (1, len(engine.prefill_buckets))
+    assert (engine.rows_for(1), engine.span_for(1)) == (engine.num_slots, engine.blocks_per_sequence)
+    unfixed = dataclasses.replace(engine, fixed_shapes=False)
+    assert unfixed.decode_variants > 1 and unfixed.rows_for(1) == 1

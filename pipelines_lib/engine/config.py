@@ -119,6 +119,12 @@ class EngineConfig:
     cache. The reused rows were computed in other prefill chunks, so logits can differ from a fresh prefill
     by float rounding (as they do between batch sizes): "the same seed gives the same tokens whatever ran
     before" holds up to rounding. False prefills every prompt in full."""
+    fixed_shapes: bool = False
+    """Run every decode step over all slots and the whole context, and every batched prefill over all slots: one
+    decode program and one prefill program per prompt bucket. A request's numbers then never depend on what
+    shares its call (a smaller row bucket or a shorter span is another compiled program, whose rounding differs
+    in the last bits and now and then flips a sampled token), at the price of computing the padding. For
+    reproducible runs (``rollout.mode: lockstep`` requires it); off, a call's cost follows what it holds."""
     decode_steps: int | None = None
     """Decode steps one device call runs (a loop on the device; stop ids, ``max_new_tokens`` and the context
     are checked inside it), between which the host admits and retires requests. More steps spread the host's
@@ -194,8 +200,8 @@ class EngineConfig:
         covering at least ``MIN_SPAN_POSITIONS`` and below ``blocks_per_sequence``, then it. A step attends over
         at most twice what its longest sequence holds, and the count grows with log2 of the context."""
         first = -(-MIN_SPAN_POSITIONS // self.block_size)
-        spans = [1 << i for i in range(self.blocks_per_sequence.bit_length())
-                 if first <= 1 << i < self.blocks_per_sequence]
+        spans = [] if self.fixed_shapes else [1 << i for i in range(self.blocks_per_sequence.bit_length())
+                                              if first <= 1 << i < self.blocks_per_sequence]
         return (*spans, self.blocks_per_sequence)
 
     @property
@@ -203,7 +209,7 @@ class EngineConfig:
         """Batch sizes a decode step or a batched prefill runs with (one compilation each, per span or bucket):
         powers of four below ``num_slots``, then it. A step runs the smallest one holding its rows, so its cost
         follows the slots occupied (padded at most fourfold), with few variants: 64 slots give 1, 4, 16, 64."""
-        rows = [4**i for i in range(self.num_slots.bit_length()) if 4**i < self.num_slots]
+        rows = [] if self.fixed_shapes else [4**i for i in range(self.num_slots.bit_length()) if 4**i < self.num_slots]
         return (*rows, self.num_slots)
 
     @property
