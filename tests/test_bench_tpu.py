@@ -58,6 +58,8 @@ def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) ->
     assert sum("skipped, nothing recorded: no accelerator" in line for line in lines) == 3
 
 
+# The TPU benchmark's code paths at a CPU size (about 40 s each): `make test-all`.
+@pytest.mark.slow
 def test_measure_train_and_engine_run_their_code_paths_at_a_small_size() -> None:
     train = measure_train(QUICK, V5E)
     assert train["model_build_s"] > 0 and train["train_first_step_s"] > train["train_step_s"] > 0
@@ -68,6 +70,8 @@ def test_measure_train_and_engine_run_their_code_paths_at_a_small_size() -> None
         assert engine[f"engine_tokens_per_s_{slots}"] > 0 and engine[f"engine_roofline_fraction_{slots}"] > 0
 
 
+# The TPU benchmark's code paths at a CPU size (about 40 s each): `make test-all`.
+@pytest.mark.slow
 def test_measure_campaign_runs_the_tpu_demo_preset_colocated_at_a_small_size(tmp_path: Path) -> None:
     out = measure_campaign(tmp_path, quick=True)
     assert out["campaign_last_version"] == 1 and out["campaign_wall_s"] > 0

@@ -44,7 +44,10 @@ def test_trainer_killed_while_publishing_leaves_latest_loadable_and_resumes_bit_
     assert result.trained_twice == 0 and result.groups_trained == 2 * result.steps
 
 
-@pytest.mark.parametrize("kills", [1, pytest.param(5, marks=pytest.mark.slow)])
+# About 70 s even at one kill: `make drills` and `make test-all` run it; the default suite kills the trainer and a
+# rollout worker.
+@pytest.mark.slow
+@pytest.mark.parametrize("kills", [1, 5])
 def test_killed_evaluator_leaves_no_partial_result_and_recovers_the_same_figures(tmp_path: Path, kills: int) -> None:
     result = evaluator_kill_drill(tmp_path, kills=kills, seed=7)
     assert result.kills == kills and result.starts == kills + 1

@@ -328,6 +328,9 @@ def test_abort_mode_continues_in_flight_requests_on_the_new_weights(server: Vllm
     assert stats["weight_syncs"] == 1
 
 
+# A real vLLM server killed and restarted (about 50 s): `make test-all`; test_vllm_supervision covers the restart logic
+# against a crashing stand-in server in the default suite.
+@pytest.mark.slow
 def test_a_server_killed_mid_episode_fails_those_episodes_and_is_restarted(server: VllmServer,
                                                                            folders: dict[str, Path]) -> None:
     tokenizer = load_tokenizer(ensure_default_tokenizer())
