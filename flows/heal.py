@@ -37,6 +37,7 @@ from flows import entry
 from flows.artifacts import campaign_slug
 from flows.campaign import expand_campaign_url
 from flows.runs import WATCH_TAG
+from pipelines_lib.hints import hint_command
 from pipelines_lib.stages.campaign import claim_heal_attempt
 
 ZOMBIES = "rollstream: crash zombie runs"
@@ -186,10 +187,11 @@ def heal(flow_run_id: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str
         healer_flow_run_id=str(flow_run.id),
     )
     if claim.outcome != "recover":
+        status, recover = hint_command(["status", url], options), hint_command(["recover", url], options)
         message = (
             f"{url}: flow run {crashed.name} ({crashed.id}) crashed after {max_attempts} automatic "
-            f"recoveries; not recovering it again (rollstream status shows the attempts; "
-            f"`rollstream recover {url}` once the cause is fixed)"
+            f"recoveries; not recovering it again (`{status}` shows the attempts; `{recover}` once the cause "
+            f"is fixed)"
         )
         log.error(message)
         emit_event(
@@ -211,8 +213,8 @@ def heal(flow_run_id: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str
                 "campaign_url": url,
                 "crashed_flow_run_id": str(crashed.id),
                 "crashed_flow_run_name": crashed.name,
-                "status_command": f"rollstream status {url}",
-                "recover_command": f"rollstream recover {url}",
+                "status_command": status,
+                "recover_command": recover,
             },
         )
         raise HealBudgetSpent(message)

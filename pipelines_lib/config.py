@@ -168,7 +168,7 @@ class CampaignConfig:
                                   temperature=1.0, max_groups_per_version=16,
                                   writer=WriterConfig(max_groups=4, max_age_s=2.0)),
             # 60 steps: over 3 seeds at 30 the endings spread 83-98 % and the lowest was still climbing (seed 0:
-            # v8 69 %, v16 87 %, v20 89 % in a 40-step run); a step costs 2-4 s on 2 cores. Over 5 seeds at 60
+            # v8 69 %, v16 87 %, v20 89 % in a 40-step run); a step took 1.6-3.6 s on 2 cores (quiet to loaded). Over 5 seeds at 60
             # steps the endings spread 70-98 % (BENCHMARKS.md, `learning`): seeds 3 and 4 plateau.
             trainer=TrainerConfig(batch_groups=8, max_steps=60, checkpoint_every=10, publish_every=2,
                                   seq_buckets=(192,),
@@ -226,8 +226,8 @@ class CampaignConfig:
         25.4M parameters, the same tokenizer and context. One rollout worker (one engine, 32 slots) shares the chip
         with the trainer; float32 throughout (a TPU's float32 matmuls already run on its bfloat16 units, and the
         warm start and the engines then agree on the dtype). Learning rates are ``tiny()``'s scaled down with the
-        width (SFT 1e-3, GRPO 1e-4): a wider model moves further per Adam step. 30 GRPO steps of 8 groups as in
-        ``tiny()``; v0 and the last version evaluated. Sized to finish, compiles included, within one
+        width (SFT 1e-3, GRPO 1e-4): a wider model moves further per Adam step. 30 GRPO steps of 8 groups (``tiny()``
+        runs 60); v0 and the last version evaluated. Sized to finish, compiles included, within one
         10-minute command on a TPU v5e chip (``tpu_campaign`` benchmark).
         """
         tiny = cls.tiny()

@@ -30,6 +30,7 @@ from flows.heal import (
     notification_block,
     register_budget_notification,
 )
+from pipelines_lib.hints import hint_command
 from pipelines_lib.records import HealAttempt, heal_attempts
 from pipelines_lib.stages.campaign import campaign_status, claim_heal_attempt, render_status
 from pipelines_lib.storage.store import Store
@@ -180,5 +181,6 @@ def test_a_spent_budget_posts_the_campaign_and_the_recover_command_to_the_operat
     [posted] = received
     assert posted["subject"] == f"rollstream: {folder} crashed again; automatic recovery stopped"
     assert f"Campaign {folder} crashed (flow run exp9-campaign, {crashed.id}) after 0 automatic" in posted["body"]
-    assert f"Once the cause is fixed: rollstream recover {folder}" in posted["body"]
-    assert f"What happened: rollstream status {folder}" in posted["body"]
+    # The commands as every hint prints them: the running rollstream by absolute path, the campaign's options.
+    assert posted["body"].endswith(f"What happened: {hint_command(['status', folder])}\n"
+                                   f"Once the cause is fixed: {hint_command(['recover', folder])}")
