@@ -17,7 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${1:-$root/build/tpu-site}
 python=${PYTHON:-python3}
 index=${INDEX_URL:-file:///opt/pypi/simple}
-needs=(flax optax orbax-checkpoint tensorstore pyarrow transformers tokenizers safetensors pyyaml psutil httpx numpy)
+needs=(flax optax orbax-checkpoint tensorstore pyarrow transformers tokenizers safetensors pyyaml psutil httpx numpy google-crc32c)
 
 "$python" -c "import jax" || { echo "tpu_setup: $python cannot import jax; set PYTHON to the machine's Python" >&2; exit 2; }
 mkdir -p "$target"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ablation import claims, over_seed_figures
+from bench.ablation import ARMS, QUICK_ARMS, chosen_arms, claims, over_seed_figures
 from bench.learning import SeedRun, seed_figures
 from bench.seeds import Claim, OverSeeds, seed_args, seed_overrides
 from pipelines_lib.config import CampaignConfig
@@ -77,3 +77,10 @@ def test_the_learning_benchmark_reports_every_seed_and_the_worst_one() -> None:
     assert figures["learning.final_success_min"] == 0.78
     assert figures["learning.wallclock_s"] == 410.0  # the longest wait, not the mean
     assert runs[1].row(4)["gain (pts)"] == "+77.0" and runs[1].row(4)["trainer steps"] == 30
+
+
+def test_the_ablation_runs_the_arms_asked_for_in_its_own_order_and_always_sync() -> None:
+    assert chosen_arms(None, quick=False) == ARMS and chosen_arms(None, quick=True) == QUICK_ARMS
+    assert chosen_arms(["eta4_nocorr", "eta4"], quick=False) == ("sync", "eta4", "eta4_nocorr")
+    with pytest.raises(ValueError, match="unknown ablation arm.s. eta3"):
+        chosen_arms(["eta3"], quick=False)

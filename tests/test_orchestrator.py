@@ -282,3 +282,26 @@ def test_lockstep_fails_naming_the_version_it_waited_past_when_none_comes(tmp_pa
                         writer=ShardWriter(Store(str(tmp_path / "c")), worker_id="w0"), weights=Publisher())
     with pytest.raises(TimeoutError, match=r"no version after v0 was published within 0.1s \(rollout.lockstep_wait_s\)"):
         asyncio.run(orch.run())
+
+
+class FailingWriter(ShardWriter):
+    """A shard writer whose storage refuses every commit."""
+
+    def add_group(self, group):
+        raise OSError("no space left on device")
+
+
+def test_a_failing_writer_stops_the_rollouts_with_its_error(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()  # nobody publishes: the budget's wait would be 60 s
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, max_groups_per_version=2,
+                                             backpressure_max_wait_s=60.0, weight_poll_s=0.01),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.002, log), tasks=tasks(),
+                        weights=pub, writer=FailingWriter(store, worker_id="w0"))
+    # Endless tasks: without the writer's error ending the run, it would wait on version 0's budget, then start
+    # more groups nobody commits, until the 30 s deadline cancelled it (and the flush re-raised the error).
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="no space left"):
+        asyncio.run(asyncio.wait_for(orch.run(), 30))
+    assert time.monotonic() - t0 < 15, "the run went on after its writer failed"
+    assert orch.stats.groups_committed == 0 and orch.stats.groups_started <= 4

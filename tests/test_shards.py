@@ -261,3 +261,36 @@ def test_validation_reports_a_version_that_is_not_the_groups_oldest(local_store:
     local_store.create("trajectories/v00000003/w0-00000000.arrow", encode_shard(bad, {}))
     with pytest.raises(ShardError, match="version 2, but the group's oldest loss-token policy_version is 3"):
         read_shard(local_store, "trajectories/v00000003/w0-00000000.arrow")
+
+
+def test_shards_are_written_and_read_where_pandas_is_not_installed(tmp_path) -> None:
+    # An accelerator machine's Python need not have pandas, and before pyarrow 26 some pyarrow helpers import it: a
+    # shard write that touched one failed there on every group. Run where importing pandas fails.
+    script = f"""
+import sys
+
+class NoPandas:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "pandas":
+            raise ModuleNotFoundError("No module named 'pandas'", name=name)
+
+sys.meta_path.insert(0, NoPandas())
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.record import from_table
+from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+store = Store({str(tmp_path / "c")!r})
+writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1))
+writer.add_group(synthetic_group(prompt_id="p0", group_size=4, worker_id="w0", policy_version=0, seed=0))
+writer.flush()
+[name] = store.list("trajectories/v00000000")
+table, _ = read_shard(store, "trajectories/v00000000/" + name)
+print(len(from_table(table)))
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["4"]

@@ -366,12 +366,22 @@ class Orchestrator:
         helpers = [asyncio.create_task(self._poll_stop())]
         if self.config.mode == "async":
             helpers.append(asyncio.create_task(self._poll_weights()))
+        runs = {"async": self._run_async, "sync": self._run_sync, "lockstep": self._run_lockstep}
+        main = asyncio.create_task(runs[self.config.mode](done))
         try:
-            runs = {"async": self._run_async, "sync": self._run_sync, "lockstep": self._run_lockstep}
-            await runs[self.config.mode](done)
+            # The writer ends before the run only by failing (it returns on _FLUSH alone). Its error is raised at
+            # once: rollouts would otherwise go on, spending the version's budget on groups nobody commits, and the
+            # trainer would wait for groups that never come.
+            await asyncio.wait({main, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if not main.done():
+                writer.result()
+                raise RuntimeError("the trajectory writer stopped before the rollouts ended")
+            await main
             if self._target_reached():
                 self.stats.stop_reason = self.stats.stop_reason or "target reached"
         finally:
+            main.cancel()  # a no-op once it is done
+            await asyncio.gather(main, return_exceptions=True)
             self._stopping.set()
             await done.put(_FLUSH)
             await asyncio.gather(*helpers, return_exceptions=True)

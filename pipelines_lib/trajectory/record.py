@@ -6,6 +6,7 @@ table with ``to_table``; readers that want objects back use ``from_table``. Noth
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain, compress
@@ -85,6 +86,13 @@ def _offsets(lengths: Iterable[int]) -> pa.Array:
     return pa.array(list(accumulate(lengths, initial=0)), pa.int32())
 
 
+@functools.cache
+def _numpy_dtype(type_: pa.DataType) -> np.dtype:
+    """The NumPy dtype of an Arrow primitive type. Not ``DataType.to_pandas_dtype``: before pyarrow 26 it imports
+    pandas, which the library does not need, so every shard write failed where pandas is not installed."""
+    return pa.array([], type_).to_numpy(zero_copy_only=False).dtype
+
+
 def _list_column(values: list[Sequence], type_: pa.ListType) -> pa.Array:
     """A list<number> column: offsets plus one flat NumPy buffer filled straight from the Python sequences.
 
@@ -92,7 +100,7 @@ def _list_column(values: list[Sequence], type_: pa.ListType) -> pa.Array:
     nested lists cost 1.5-2x as much. An out-of-range value raises ``OverflowError`` rather than wrapping.
     """
     offsets = _offsets(map(len, values))
-    flat = np.fromiter(chain.from_iterable(values), dtype=type_.value_type.to_pandas_dtype(), count=offsets[-1].as_py())
+    flat = np.fromiter(chain.from_iterable(values), dtype=_numpy_dtype(type_.value_type), count=offsets[-1].as_py())
     return pa.ListArray.from_arrays(offsets, pa.array(flat, type_.value_type), type=type_)
 
 
