@@ -57,6 +57,17 @@ ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}", "eta8", f"eta8{NO_CORRECTION}", 
 """The headline arms first: each arm's figures are logged as it ends, so a run cut short still has them."""
 QUICK_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 """``--quick`` runs the arms of the headline figures only."""
+
+
+def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
+    """The arms a run takes (``--arms``; by default ``QUICK_ARMS`` when quick, else ``ARMS``), in ``ARMS`` order.
+    Every claim compares with ``sync``, so it is always run."""
+    if not arms:
+        return QUICK_ARMS if quick else ARMS
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"unknown ablation arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
+    return tuple(a for a in ARMS if a in {"sync", *arms})
 COMMON: dict[str, object] = {"eval.samples": 1, "env.tool_latency": to_mapping(PROFILES["heavy"]),
                              "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0}
 """Every arm: one sampled eval attempt (only greedy success is reported), heavy tool latency and deadlines no
@@ -178,7 +189,7 @@ def over_seed_figures(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> 
            Goal(key="ablation.eta4_over_sync_wallclock", op="<=", value=0.5, why="in at most half its wall clock")),
 )
 def ablation(ctx: BenchContext) -> BenchResult:
-    arm_names = QUICK_ARMS if ctx.quick else ARMS
+    arm_names = chosen_arms(ctx.arms, quick=ctx.quick)
     per_seed, curves, warm_s = [], {}, []
     for seed in range(ctx.seed_count(1 if ctx.quick else DEFAULT_SEEDS)):
         seed_ctx = dataclasses.replace(ctx, scratch=ctx.scratch / f"seed{seed}")

@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="seeds the benchmarks that repeat their campaign per seed run (learning, ablation; default: "
                         "each one's own)")
+    p.add_argument("--arms", default=None, metavar="A,B,...",
+                   help="the arms the ablation runs, comma-separated (default: all; --quick: the headline three)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
@@ -39,8 +41,18 @@ def run(args: argparse.Namespace) -> int:
                                f"registered: {', '.join(registered)}")
         names = [*(names or []), *group]
 
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    if arms:
+        from bench.ablation import chosen_arms
+
+        if names is not None and "ablation" not in names:
+            raise CommandError("--arms chooses the ablation's arms; add --only ablation")
+        try:
+            chosen_arms(arms, quick=args.quick)
+        except ValueError as err:
+            raise CommandError(str(err)) from err
     try:
-        figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds,
+        figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err

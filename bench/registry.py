@@ -71,6 +71,9 @@ class BenchContext:
     seeds: int | None = None
     """How many seeds a benchmark that repeats its campaign per seed runs (``--seeds``); None: its own default."""
 
+    arms: tuple[str, ...] | None = None
+    """The arms a benchmark made of arms runs (``--arms``, the ablation); None: all of them."""
+
     def seed_count(self, default: int) -> int:
         """``seeds`` if given, else ``default``."""
         return default if self.seeds is None else self.seeds
