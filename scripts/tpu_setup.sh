@@ -37,12 +37,26 @@ fi
 pythonpath="$root${PYTHONPATH:+:$PYTHONPATH}:$target"
 PYTHONPATH="$pythonpath" "$python" - <<'EOF'
 import sys
+import tempfile
 
 import jax
 
 import bench.tpu  # noqa: F401 - the benchmarks import
 import pipelines_lib.stages.colocated  # noqa: F401 - the colocated runner imports
+from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.synthetic import synthetic_group
+from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
+# One shard written and read back: a library version that imports cleanly can still fail there (a pyarrow that
+# wanted pandas did, on every commit of a campaign).
+with tempfile.TemporaryDirectory() as tmp:
+    store = Store(tmp)
+    writer = ShardWriter(store, worker_id="setup", config=WriterConfig(max_groups=1))
+    writer.add_group(synthetic_group(prompt_id="p0", group_size=2, worker_id="setup", policy_version=0, seed=0))
+    writer.flush()
+    [name] = store.list("trajectories/v00000000")
+    read_shard(store, f"trajectories/v00000000/{name}")
 print(f"tpu_setup: ok; JAX {jax.__version__} from {jax.__file__}", file=sys.stderr, flush=True)
 EOF
 echo "export PYTHONPATH=$pythonpath"
