@@ -45,6 +45,7 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     (("bench", "--only", "storre"), ("rollstream bench: unknown benchmark 'storre'", "did you mean 'store'?")),
     (("bench", "--only", "ablation", "--arms", "sync,eta3"), ("unknown ablation arm(s) eta3", "eta4_nocorr")),
     (("bench", "--only", "learning", "--arms", "eta4"), ("--arms chooses the ablation's arms",)),
+    (("bench", "--only", "learning", "--seeds", "0"), ("--seeds must be >= 1, got 0",)),
     (("run", "{tmp}/c", "--set", "trainer.max_step=4"), ("rollstream run: trainer.max_step", "'max_steps'")),
     (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects key=value",)),
     (("run", "{tmp}/c", "--set", "init_from=null"), ("--set init_from=null:", "--config file")),
