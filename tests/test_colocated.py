@@ -3,10 +3,12 @@ from the trainer's device memory, and the campaign folder it leaves is the one s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -23,7 +25,8 @@ from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import nest_dotted, parse_overrides
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import CampaignWeights, publish_weights
-from pipelines_lib.records import AuditRecord
+from pipelines_lib.records import AuditRecord, StopRequest
+from pipelines_lib.stages import colocated
 from pipelines_lib.stages.colocated import DeviceWeights, run_colocated
 from pipelines_lib.stages.train import train
 from pipelines_lib.storage.errors import NotFoundError
@@ -141,6 +144,25 @@ def test_the_trainer_hands_each_version_over_before_its_pointer_moves_and_the_en
     published = CampaignWeights(store).load(2)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), served, published))
     assert weights.handed_over == 1
+
+
+def test_a_failed_rollout_worker_stops_the_colocated_trainer_with_its_error(tmp_path: Path, monkeypatch) -> None:
+    # The trainer's own deadline (data_timeout_s) is 120 s and would name missing groups; the worker's error must
+    # end the campaign at the trainer's next poll instead, and the error must be the worker's.
+    config = dataclasses.replace(small_trainer_config(4, data_timeout_s=120), placement="colocated")
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 0)
+
+    def failing_collect(*args, **kwargs):
+        time.sleep(0.2)  # the trainer is waiting for groups by then
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(colocated, "collect", failing_collect)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="colocated rollout worker failed: OSError: no space left") as err:
+        run_colocated(store, config, log=lambda line: None)
+    assert time.monotonic() - t0 < 60, "the trainer waited for groups after its worker failed"
+    assert isinstance(err.value.__cause__, OSError)
+    assert StopRequest.times(store), "the other workers were not asked to stop"
 
 
 @pytest.mark.slow

@@ -93,15 +93,32 @@ def _evaluate_all(store: Store, config: CampaignConfig, cache: Path | None,
 def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | None,
                        log: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """Rollout workers on threads while the trainer runs on this one; if the trainer fails, the workers are asked
-    to stop (a stop request, as the campaign flow does) and waited for before the error propagates."""
+    to stop (a stop request, as the campaign flow does) and waited for before the error propagates. A worker that
+    fails stops the trainer at its next wait for groups with that worker's error (the others are asked to stop):
+    the trainer would otherwise wait ``trainer.data_timeout_s`` for groups and then name the wrong cause."""
     weights = DeviceWeights(store)
+    failed: list[BaseException] = []
+
+    def note_failure(worker: Future[dict[str, Any]]) -> None:
+        if not worker.cancelled() and (err := worker.exception()) is not None:
+            failed.append(err)
+
+    def abort() -> BaseException | None:
+        if not failed:
+            return None
+        err = RuntimeError(f"a colocated rollout worker failed: {type(failed[0]).__name__}: {failed[0]}")
+        err.__cause__ = failed[0]
+        return err
+
     with ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="colocated-rollout") as pool:
         workers: list[Future[dict[str, Any]]] = [
             pool.submit(collect, store, config, worker=worker_name(i), worker_index=i, num_workers=config.workers,
                         cache=cache, weights=weights, log=log)
             for i in range(config.workers)]
+        for w in workers:
+            w.add_done_callback(note_failure)
         try:
-            trained = train(store, config, cache=cache, on_publish=weights.hand_over, log=log)
+            trained = train(store, config, cache=cache, on_publish=weights.hand_over, abort=abort, log=log)
         except BaseException as e:
             request_stop(store, f"colocated trainer failed: {type(e).__name__}: {e}")
             raise

@@ -22,30 +22,32 @@ from pipelines_lib.train.trainer import StreamingTrainer
 
 def trainer_for(store: Store, config: CampaignConfig, *, cache: Path | None = None,
                 on_publish: Callable[[int, Decoder], None] | None = None,
+                abort: Callable[[], BaseException | None] | None = None,
                 log: Callable[[str], None] = print) -> StreamingTrainer:
     """The campaign's trainer: its own section, plus the two rollout bounds it shares (η, group size) and the
     tokenizer its publications carry (the default one built under ``cache``, ``Settings.cache``);
-    ``on_publish`` as ``StreamingTrainer`` takes it."""
+    ``on_publish`` and ``abort`` as ``StreamingTrainer`` takes them."""
     return StreamingTrainer(store, config.trainer, eta=config.rollout.eta, group_size=config.rollout.group_size,
                             tokenizer_dir=tokenizer_dir(config.tokenizer, cache=cache), on_publish=on_publish,
-                            log=log)
+                            abort=abort, log=log)
 
 
 def train(
     store: Store, config: CampaignConfig, *, max_steps: int | None = None, cache: Path | None = None,
     process_id: int | None = None, on_publish: Callable[[int, Decoder], None] | None = None,
-    log: Callable[[str], None] = print
+    abort: Callable[[], BaseException | None] | None = None, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Resume, train to ``max_steps`` (default: ``trainer.max_steps``), mark done; returns the summary.
 
     A trainer spanning hosts runs this in one process per host: ``config.distributed`` (``process_id`` overrides
     its ``process_id``) joins them before anything touches JAX, and process 0 alone records telemetry.
-    ``on_publish`` hands each published model to an engine in this process (colocated placement)."""
+    ``on_publish`` hands each published model to an engine in this process, ``abort`` says when the process's
+    rollout workers have failed (colocated placement)."""
     initialize(config.distributed, process_id=process_id)
     if DoneMarker.exists(store):
         return DoneMarker.read(store).to_dict()
     with telemetry.recording(store if is_writer() else None, "trainer"):
-        trainer = trainer_for(store, config, cache=cache, on_publish=on_publish, log=log)
+        trainer = trainer_for(store, config, cache=cache, on_publish=on_publish, abort=abort, log=log)
         trainer.restore()
         return trainer.run(max_steps)
 

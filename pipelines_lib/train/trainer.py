@@ -128,7 +128,8 @@ class StreamingTrainer:
     files of ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication
     with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
     which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
-    the callee copies what it keeps."""
+    the callee copies what it keeps. ``abort()`` is asked at every wait for groups; an exception it returns is
+    raised (colocated placement: the process's rollout workers failed, so no group will come)."""
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class StreamingTrainer:
         group_size: int,
         tokenizer_dir: str | Path | None = None,
         on_publish: Callable[[int, Decoder], None] | None = None,
+        abort: Callable[[], BaseException | None] | None = None,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -149,6 +151,7 @@ class StreamingTrainer:
         self.group_size = group_size
         self.tokenizer_dir = tokenizer_dir
         self.on_publish = on_publish
+        self.abort = abort
         self.log = log
         self.clock = clock
         self.sleep = sleep
@@ -259,6 +262,8 @@ class StreamingTrainer:
                          f"{self._zero_advantage_summary(zero_adv)}; waiting for more")
             if got:
                 continue  # more may be ready: read them before sleeping
+            if self.abort is not None and (reason := self.abort()) is not None:
+                raise reason
             t0 = self.clock()
             with telemetry.span("data_wait", track="trainer", step=self.step + 1, have=len(groups)):
                 self.sleep(self.tc.poll_s)
