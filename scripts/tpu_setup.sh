@@ -43,20 +43,13 @@ import jax
 
 import bench.tpu  # noqa: F401 - the benchmarks import
 import pipelines_lib.stages.colocated  # noqa: F401 - the colocated runner imports
-from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import read_shard
-from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.demo import run_demo
 
-# One shard written and read back: a library version that imports cleanly can still fail there (a pyarrow that
-# wanted pandas did, on every commit of a campaign).
+# `rollstream demo` (shards written, tailed, audited): a library version that imports cleanly can still fail
+# there (a pyarrow that wanted pandas did, on every shard commit of a campaign).
 with tempfile.TemporaryDirectory() as tmp:
-    store = Store(tmp)
-    writer = ShardWriter(store, worker_id="setup", config=WriterConfig(max_groups=1))
-    writer.add_group(synthetic_group(prompt_id="p0", group_size=2, worker_id="setup", policy_version=0, seed=0))
-    writer.flush()
-    [name] = store.list("trajectories/v00000000")
-    read_shard(store, f"trajectories/v00000000/{name}")
+    if not run_demo(tmp, echo=lambda line: None).report.ok:
+        sys.exit("tpu_setup: the store demo's audit failed")
 print(f"tpu_setup: ok; JAX {jax.__version__} from {jax.__file__}", file=sys.stderr, flush=True)
 EOF
 echo "export PYTHONPATH=$pythonpath"

@@ -265,7 +265,8 @@ def test_validation_reports_a_version_that_is_not_the_groups_oldest(local_store:
 
 def test_shards_are_written_and_read_where_pandas_is_not_installed(tmp_path) -> None:
     # An accelerator machine's Python need not have pandas, and before pyarrow 26 some pyarrow helpers import it: a
-    # shard write that touched one failed there on every group. Run where importing pandas fails.
+    # shard write that touched one failed there on every group. `rollstream demo` (shards written, tailed and
+    # audited) runs where importing pandas fails.
     script = f"""
 import sys
 
@@ -275,22 +276,14 @@ class NoPandas:
             raise ModuleNotFoundError("No module named 'pandas'", name=name)
 
 sys.meta_path.insert(0, NoPandas())
-from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import read_shard
-from pipelines_lib.trajectory.record import from_table
-from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
-store = Store({str(tmp_path / "c")!r})
-writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1))
-writer.add_group(synthetic_group(prompt_id="p0", group_size=4, worker_id="w0", policy_version=0, seed=0))
-writer.flush()
-[name] = store.list("trajectories/v00000000")
-table, _ = read_shard(store, "trajectories/v00000000/" + name)
-print(len(from_table(table)))
+from pipelines_lib.demo import run_demo
+report = run_demo({str(tmp_path / "c")!r}, echo=lambda line: None).report
+print(report.ok, report.shards)
 """
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["4"]
+    ok, shards = out.stdout.split()
+    assert ok == "True" and int(shards) > 0, out.stdout
