@@ -97,18 +97,16 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     fails stops the trainer at its next wait for groups with that worker's error (the others are asked to stop):
     the trainer would otherwise wait ``trainer.data_timeout_s`` for groups and then name the wrong cause."""
     weights = DeviceWeights(store)
-    failed: list[BaseException] = []
+    failed: list[BaseException] = []  # the trainer's abort: the first worker's error, wrapped once
 
     def note_failure(worker: Future[dict[str, Any]]) -> None:
         if not worker.cancelled() and (err := worker.exception()) is not None:
-            failed.append(err)
+            wrapped = RuntimeError(f"a colocated rollout worker failed: {type(err).__name__}: {err}")
+            wrapped.__cause__ = err
+            failed.append(wrapped)
 
     def abort() -> BaseException | None:
-        if not failed:
-            return None
-        err = RuntimeError(f"a colocated rollout worker failed: {type(failed[0]).__name__}: {failed[0]}")
-        err.__cause__ = failed[0]
-        return err
+        return failed[0] if failed else None
 
     with ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="colocated-rollout") as pool:
         workers: list[Future[dict[str, Any]]] = [
