@@ -92,7 +92,6 @@ def _one_device():  # noqa: ANN202 - JAX is imported in the part's own process o
 
 
 def _model(args: dict[str, Any], dtype: str = "float32"):
-    from flax import nnx
 
     from pipelines_lib.mesh import create_sharded
     from pipelines_lib.model.config import ModelConfig
@@ -100,7 +99,7 @@ def _model(args: dict[str, Any], dtype: str = "float32"):
 
     cfg = ModelConfig.from_dict({**ModelConfig.from_hf_config(args["hf"], max_seq_len=args["max_seq_len"]).to_dict(),
                                  "dtype": dtype})
-    return create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), _one_device())
+    return create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), _one_device())
 
 
 def _batch(tokens_bt: list[list[int]], behav_logp_bt: list[list[float]] | None = None):

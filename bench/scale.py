@@ -479,7 +479,7 @@ def part_throughput(args: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, axes in {"1": {}, "fsdp": {"fsdp": -1}}.items():
         mesh = make_mesh(MeshConfig(**axes), devices=jax.devices()[:1] if name == "1" else None)
-        model = create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), mesh)
+        model = create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), mesh)
         optimizer = make_nnx_optimizer(model, OptimConfig(lr=1e-4), mesh)
         placed = shard_batch(batch, mesh)
         jax.block_until_ready(train_step(model, optimizer, placed, cfg=StepConfig()))  # compiles

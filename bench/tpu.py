@@ -85,14 +85,13 @@ def accelerator() -> tuple[str, Peak]:
 
 
 def _model(size: dict[str, Any], dtype: str) -> Any:
-    from flax import nnx
 
     from pipelines_lib.mesh import MeshConfig, create_sharded, make_mesh
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder
 
     cfg = dataclasses.replace(ModelConfig.from_hf_config(size["hf"], max_seq_len=size["max_seq_len"]), dtype=dtype)
-    return create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), make_mesh(MeshConfig()))
+    return create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), make_mesh(MeshConfig()))
 
 
 def matmul_params(model: Any) -> int:

@@ -175,7 +175,7 @@ def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
-        model = create_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), mesh)
+        model = create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), mesh)
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
     assert len(lowered) == 1  # not an eager op per parameter, whatever the depth

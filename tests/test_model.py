@@ -14,12 +14,12 @@ import pytest
 from flax import nnx
 
 from pipelines_lib.engine.device import DecodeRows, steps_for
+from pipelines_lib.model.attention import attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
 from pipelines_lib.model.decoder import (
     Decoder,
     KVCache,
     LayerData,
-    attention,
     init_cache,
     rope_inv_freq,
 )
@@ -210,3 +210,18 @@ def test_the_lowered_decode_step_holds_one_layer_body_however_many_layers() -> N
 
     two = dots(2)
     assert two > 0 and dots(4) == two
+
+
+def test_attention_auto_runs_xla_where_flash_cannot_and_flash_says_why() -> None:
+    gemma_like = dataclasses.replace(TINY, attn_logit_softcap=50.0)
+    assert not use_flash("auto", TINY, 100) and not use_flash("xla", TINY, 256)
+    with pytest.raises(ValueError, match="not a multiple of 128"):
+        use_flash("flash", TINY, 100)
+    with pytest.raises(ValueError, match="soft-caps its attention scores"):
+        use_flash("flash", gemma_like, 256)
+    if jax.default_backend() == "cpu":
+        assert not use_flash("auto", TINY, 256)
+        with pytest.raises(ValueError, match="TPU kernel and JAX's backend is 'cpu'"):
+            use_flash("flash", TINY, 256)
+    with pytest.raises(ValueError, match=r"attention must be one of \['auto', 'xla', 'flash'\], got 'pallas'"):
+        use_flash("pallas", TINY, 256)

@@ -4,7 +4,8 @@ One attention implementation serves both uses:
 
 * training / scoring: ``model(tokens_bt, positions_bt) -> logits_btv`` attends over the tokens it is
   given, causally by position (sequences are right-padded, so causal is enough); ``model.final_hidden``
-  is the same forward stopped before the unembedding, for losses that unembed a chunk at a time;
+  is the same forward stopped before the unembedding, for losses that unembed a chunk at a time; on one TPU
+  device its attention can run the Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
   paged ``KVCache``: a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
   a block table
@@ -49,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pipelines_lib.model.attention import attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling
 
 
@@ -117,37 +119,6 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: np.ndarray)
     half = x_bthd.shape[-1] // 2
     rotated = jnp.concatenate([-x_bthd[..., half:], x_bthd[..., :half]], -1)
     return x_bthd * cos + rotated * sin
-
-
-def attention(
-    q_bthd: jax.Array,
-    k_bskd: jax.Array,
-    v_bskd: jax.Array,
-    q_pos_bt: jax.Array,
-    k_pos_bs: jax.Array,
-    *,
-    scale: float,
-    softcap: float | None,
-    window: int | jax.Array | None,
-) -> jax.Array:
-    """softmax(mask(cap(scale · q kᵀ))) v with grouped-query heads.
-
-    Key ``s`` is visible to query ``t`` iff ``k_pos <= q_pos`` (causal) and, unless ``window`` is None,
-    ``q_pos - k_pos < window`` (a scalar array in the layer scan). Scores and softmax run in float32.
-    """
-    b, t, h, d = q_bthd.shape
-    kv_heads = k_bskd.shape[2]
-    q_btkgd = q_bthd.reshape(b, t, kv_heads, h // kv_heads, d)
-    s_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_bskd, preferred_element_type=jnp.float32) * scale
-    if softcap is not None:
-        s_bkgts = softcap * jnp.tanh(s_bkgts / softcap)
-    visible_bts = k_pos_bs[:, None, :] <= q_pos_bt[:, :, None]
-    if window is not None:
-        visible_bts &= q_pos_bt[:, :, None] - k_pos_bs[:, None, :] < window
-    s_bkgts = jnp.where(visible_bts[:, None, None], s_bkgts, jnp.finfo(jnp.float32).min)
-    p_bkgts = jax.nn.softmax(s_bkgts, axis=-1).astype(v_bskd.dtype)
-    o_btkgd = jnp.einsum("bkgts,bskd->btkgd", p_bkgts, v_bskd)
-    return o_btkgd.reshape(b, t, h, d)
 
 
 def unembed_logits(h_xd: jax.Array, w_vd: jax.Array, softcap: float | None) -> jax.Array:
@@ -238,7 +209,7 @@ class Attention(nnx.Module):
 
     def __call__(
         self, x_btd: jax.Array, positions_bt: jax.Array, layer: LayerData, cache: KVCache | None,
-        table_bn: jax.Array | None,
+        table_bn: jax.Array | None, flash: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         b, t, _ = x_btd.shape
         q = self.q_proj(x_btd).reshape(b, t, self.n_heads, self.head_dim)
@@ -248,6 +219,9 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions_bt, layer.inv_freq_f)
         k = apply_rope(k, positions_bt, layer.inv_freq_f)
+        if flash:
+            o = flash_causal_attention(q, k, v, scale=self.scale)
+            return self.o_proj(o.reshape(b, t, -1)), cache
         if cache is None:
             keys, values, k_pos_bs = k, v, positions_bt
         else:
@@ -307,8 +281,9 @@ class Block(nnx.Module):
         layer: LayerData,
         cache: KVCache | None = None,
         table_bn: jax.Array | None = None,
+        flash: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
-        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, layer, cache, table_bn)
+        a, cache = self.attn(self.attn_norm(x_btd), positions_bt, layer, cache, table_bn, flash)
         if self.post_norms:
             a = self.attn_post_norm(a)
         x_btd = x_btd + a
@@ -367,13 +342,15 @@ class Decoder(nnx.Module):
                                    rngs=rngs)
 
     def __call__(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none"
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none",
+        attention: str = "auto",
     ) -> jax.Array:
         """Causal logits_btv (float32) over the given tokens, no cache: ``unembed(final_hidden(...))``."""
-        return self.unembed(self.final_hidden(tokens_bt, positions_bt, remat=remat))
+        return self.unembed(self.final_hidden(tokens_bt, positions_bt, remat=remat, attention=attention))
 
     def final_hidden(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none"
+        self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None, *, remat: str = "none",
+        attention: str = "auto",
     ) -> jax.Array:
         """Final-norm hidden states h_btd over the given tokens, no cache: the forward up to the unembedding.
 
@@ -382,14 +359,17 @@ class Decoder(nnx.Module):
         log-softmax and their gradient are each 0.6 GiB per 1k tokens in float32.
 
         ``remat``: what the backward pass keeps of each layer (a ``REMAT_POLICIES`` name); the values are
-        the same under every policy."""
+        the same under every policy. ``attention``: an ``ATTENTION_KERNELS`` name. The flash kernel masks by
+        index, not position, so where it runs each row must hold positions ``0 .. T-1`` (as ``TrainBatch`` rows
+        do; rope still reads ``positions_bt``); pass ``xla`` for rows that start elsewhere."""
         if positions_bt is None:
             positions_bt = jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape)
+        flash = use_flash(attention, self.cfg, tokens_bt.shape[1])
         graphdef, params = nnx.split(self.layers)
 
         def body(x_btd: jax.Array, xs: tuple[nnx.State, LayerData]) -> tuple[jax.Array, None]:
             params_l, layer = xs
-            return nnx.merge(graphdef, params_l)(x_btd, positions_bt, layer)[0], None
+            return nnx.merge(graphdef, params_l)(x_btd, positions_bt, layer, flash=flash)[0], None
 
         x, _ = jax.lax.scan(_scanned(body, remat), self._embed(tokens_bt), (params, layer_data(self.cfg)))
         return self.final_norm(x)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from pipelines_lib.model.attention import ATTENTION_KERNELS
 from pipelines_lib.model.config import DTYPES
 from pipelines_lib.model.decoder import REMAT_POLICIES, Decoder, with_dtype
 from pipelines_lib.train.batch import TrainBatch
@@ -87,6 +88,12 @@ class StepConfig:
     (least memory, about one more forward pass); ``dots``: the layer's input and its weight matmuls' outputs,
     recomputing only norms, rope, attention and activations (more memory than ``full``, less recomputation).
     The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
+    attention: str = "auto"
+    """How the forward passes compute attention (``model.attention.ATTENTION_KERNELS``): ``auto`` runs the Pallas
+    flash kernel on a single TPU device where the model allows it (no score soft-cap, no sliding layers,
+    sequence length a multiple of 128) and XLA's attention elsewhere; ``xla`` always XLA's; ``flash`` the
+    kernel or an error saying why it cannot run. The same function either way, up to rounding; on a TPU v5e the
+    kernel made a 0.6 B model's step at 8 × 1024 tokens faster (BENCHMARKS.md, ``tpu_train``)."""
     logit_chunk_tokens: int = 256
     """Bound on the float32 logits alive at once when scoring (``losses.token_logp_and_entropy``): the
     vocabulary is unembedded a slice at a time, the slice sized so that its logits (and their softmax and
@@ -101,12 +108,15 @@ class StepConfig:
             raise ValueError(f"StepConfig.logit_chunk_tokens must be >= 1, got {self.logit_chunk_tokens}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"StepConfig.remat must be one of {sorted(REMAT_POLICIES)}, got {self.remat!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"StepConfig.attention must be one of {list(ATTENTION_KERNELS)}, got {self.attention!r}")
 
 
 def _forward_logp_entropy(
-    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, chunk_tokens: int, remat: str = "none"
+    model: Decoder, tokens_bt: jax.Array, positions_bt: jax.Array, *, chunk_tokens: int, remat: str = "none",
+    attention: str = "auto",
 ) -> tuple[jax.Array, jax.Array]:
-    h_btd = model.final_hidden(tokens_bt, positions_bt, remat=remat)
+    h_btd = model.final_hidden(tokens_bt, positions_bt, remat=remat, attention=attention)
     return token_logp_and_entropy(h_btd, tokens_bt, model.unembedding_vd(), softcap=model.cfg.final_logit_softcap,
                                   chunk_tokens=chunk_tokens)
 
@@ -154,14 +164,15 @@ def loss_inputs(model: Decoder, rows: dict[str, jax.Array | None], *, cfg: StepC
     the proximal log-probs defaulting to the current ones (stop-gradient)."""
     logp_bt, entropy_bt = _forward_logp_entropy(
         with_dtype(model, cfg.precision.compute), rows["tokens_bt"], rows["positions_bt"],
-        chunk_tokens=cfg.logit_chunk_tokens, remat=cfg.remat,
+        chunk_tokens=cfg.logit_chunk_tokens, remat=cfg.remat, attention=cfg.attention,
     )
     prox_logp_bt = rows["prox_logp_bt"]
     ref_logp_bt = None
     if ref_model is not None:
         ref_model_c = with_dtype(ref_model, cfg.precision.compute)
         ref_logp_bt = jax.lax.stop_gradient(_forward_logp_entropy(
-            ref_model_c, rows["tokens_bt"], rows["positions_bt"], chunk_tokens=cfg.logit_chunk_tokens)[0])
+            ref_model_c, rows["tokens_bt"], rows["positions_bt"], chunk_tokens=cfg.logit_chunk_tokens,
+            attention=cfg.attention)[0])
     return LossInputs(
         logp_bt=logp_bt,
         prox_logp_bt=jax.lax.stop_gradient(logp_bt) if prox_logp_bt is None else prox_logp_bt,
