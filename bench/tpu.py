@@ -22,10 +22,11 @@ How the figures are counted:
   Rematerialised recomputation is not counted (model flops, not hardware flops). Step time is the median of the
   steady steps after the first. Peak: ``DEVICE_PEAKS`` (v5e: 197 TFLOP/s bfloat16).
 - Engine roofline fraction: decode tokens/s per slot over the step rate the chip's memory bandwidth allows when
-  every slot is busy: ``(tokens/s ÷ slots) × decode_step_bytes / bandwidth``. ``decode_step_bytes`` is what one
-  decode step must read once from HBM: every parameter (in the engine's dtype) plus the keys and values held
-  for every slot at the serve's mean context (prompt + half the new tokens). Padding, cache blocks not yet
-  filled, sampling and the host's work are not counted: they are what keeps an engine below 1.
+  every slot is busy: ``(tokens/s ÷ slots) × decode_step_bytes / bandwidth``, ``decode_step_bytes`` the engine's
+  own count (``pipelines_lib.engine.roofline``) of what one decode step must read once from HBM: every weight (in
+  the engine's dtype; of the embedding only the rows' entries, the unembedding whole) plus the keys and values of
+  every slot at the serve's mean context (prompt + half the new tokens). Padding, cache blocks not yet filled,
+  sampling and the host's work are not counted: they are what keeps an engine below 1.
 """
 
 from __future__ import annotations
@@ -140,24 +141,11 @@ def measure_train(size: dict[str, Any], peak: Peak) -> dict[str, float]:
             "train_mfu": float(np.float64(flops) / step_s / peak.flops)}
 
 
-def decode_step_bytes(model: Any, *, slots: int, context: float) -> float:
-    """Bytes one decode step reads from device memory at least: every parameter once, plus the keys and values
-    of ``context`` tokens for each of ``slots`` rows (in the model's dtype)."""
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    cfg = model.cfg
-    itemsize = np.dtype(cfg.dtype).itemsize
-    weights = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    kv = slots * context * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * itemsize
-    return float(weights + kv)
-
-
 def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
     """Warm-up of the largest slot count (timed), then for each slot count the best of ``serves`` serves of
     ``slots`` requests, all admitted at once, against the bandwidth roofline."""
     from pipelines_lib.engine import EngineConfig, JaxEngine, SamplingParams
+    from pipelines_lib.engine.roofline import decode_step_bytes
 
     model = _model(size, "bfloat16")
     out: dict[str, float] = {}
@@ -186,8 +174,8 @@ def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
         warmup_s, stats = asyncio.run(serve())
         if slots == max(size["slots"]):
             out["engine_warmup_s"] = warmup_s
-        roofline_step_s = decode_step_bytes(model, slots=slots,
-                                            context=size["prompt"] + size["new_tokens"] / 2) / peak.hbm_bytes_per_s
+        mean_context = size["prompt"] + size["new_tokens"] // 2
+        roofline_step_s = decode_step_bytes(model.cfg, slots, mean_context) / peak.hbm_bytes_per_s
         out[f"engine_tokens_per_s_{slots}"] = stats["tokens_per_s"]
         out[f"engine_roofline_fraction_{slots}"] = stats["tokens_per_s"] / slots * roofline_step_s
         out[f"engine_roofline_step_ms_{slots}"] = 1000 * roofline_step_s

@@ -15,7 +15,6 @@ from bench.tpu import (
     QUICK,
     Peak,
     bench_tpu_train,
-    decode_step_bytes,
     matmul_params,
     measure_campaign,
     measure_engine,
@@ -41,13 +40,6 @@ def test_flops_count_every_matmul_parameter_six_times_a_token_plus_causal_attent
     assert matmul_params(model) == 512
     # 6 · 512 · (2 · 4) = 24576; attention 6 · 1 layer · 2 heads · 4 · 4² · 2 rows = 1536.
     assert train_flops(model, rows=2, length=4) == 26112
-
-
-def test_decode_step_bytes_read_every_parameter_once_and_the_kv_of_each_slot() -> None:
-    model = _toy()
-    # parameters: 512 + norms 3·8 = 536 floats = 2144 bytes; KV: 2 slots · 3 tokens · 1 layer · (K, V) · 1 head
-    # · 4 · 4 bytes = 192.
-    assert decode_step_bytes(model, slots=2, context=3) == 2144 + 192
 
 
 def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) -> None:
