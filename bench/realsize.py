@@ -92,7 +92,6 @@ def _one_device():  # noqa: ANN202 - JAX is imported in the part's own process o
 
 
 def _model(args: dict[str, Any], dtype: str = "float32"):
-
     from pipelines_lib.mesh import create_sharded
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder

@@ -86,7 +86,6 @@ def accelerator() -> tuple[str, Peak]:
 
 
 def _model(size: dict[str, Any], dtype: str) -> Any:
-
     from pipelines_lib.mesh import MeshConfig, create_sharded, make_mesh
     from pipelines_lib.model.config import ModelConfig
     from pipelines_lib.model.decoder import Decoder

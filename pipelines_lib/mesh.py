@@ -220,7 +220,7 @@ def create_sharded(factory: Callable[[nnx.Rngs], Node], mesh: Mesh, *, seed: int
     ``factory(nnx.Rngs(seed))``'s, within rounding.
     """
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: factory(nnx.Rngs(seed))))
-    init = jax.jit(lambda seed: nnx.split(factory(nnx.Rngs(jax.random.key(seed))))[1],
+    init = jax.jit(lambda seed_u32: nnx.split(factory(nnx.Rngs(jax.random.key(seed_u32))))[1],
                    out_shardings=state_shardings(abstract, mesh))
     return nnx.merge(graphdef, init(np.uint32(seed)))
 
