@@ -215,7 +215,7 @@ def _figures(measured: dict[str, float]) -> dict[str, float]:
     method="`bench/tpu.py` `measure_train`, in this process: `ModelConfig.from_hf_config` of Qwen3-0.6B's values, "
            "`pipelines_lib.mesh.create_sharded` of a random `Decoder` (timed, float32), AdamW, batch 8 × 1024 of uniform "
            "ids, `StepConfig(remat='full', precision=float32 masters / bfloat16 compute)` (attention `auto`: the Pallas "
-           "flash kernel on one chip), 1 + 3 steps; MFU as the "
+           "splash-attention kernel on one chip), 1 + 3 steps; MFU as the "
            "module docstring counts it (6·N·tokens + causal attention, median steady step, the chip's peak). "
            "`--quick`: the small model at 2 × 64. Skipped without an accelerator.",
     goals=(Goal(key="tpu.model_build_s", op="<=", value=15.0, why="a user waits for it every start"),

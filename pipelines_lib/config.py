@@ -232,7 +232,7 @@ class CampaignConfig:
         runs 60): on the chip, groups from step 9 on were almost all solved by every sample (no learning signal), and
         a 30-step run reached only step 26 in 520 s, waiting longer for each rare mixed group. v0 and the last
         version evaluated. Sized to finish, compiles included, within one 10-minute command on a TPU v5e chip
-        (``tpu_campaign`` benchmark: v0 0 % -> v8 100 % held-out greedy success in 188 s).
+        (``tpu_campaign`` benchmark: v0 0 % -> v8 100 % held-out greedy success in 170 s).
         """
         tiny = cls.tiny()
         return dataclasses.replace(

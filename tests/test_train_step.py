@@ -556,7 +556,7 @@ def test_batch_from_groups_reads_arrow_rows_in_sample_order_with_group_advantage
 @pytest.mark.tpu
 def test_the_flash_kernel_gives_the_update_xla_attention_gives() -> None:
     """On one TPU device: a GRPO step over rows of 256 tokens (the kernel's 128-multiple) in bfloat16 compute, once
-    through the Pallas flash kernel and once through XLA's attention, lands within bfloat16 rounding of the same
+    through the Pallas splash kernel and once through XLA's attention, lands within bfloat16 rounding of the same
     update (the gradients as whole vectors within 3 %; a wrong mask or scale moves them by far more)."""
     cfg = dataclasses.replace(ModelConfig.tiny(), n_layers=2, head_dim=128)
     batch = build_train_batch(*ragged_rows(), seq_buckets=(256,))

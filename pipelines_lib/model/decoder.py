@@ -5,7 +5,7 @@ One attention implementation serves both uses:
 * training / scoring: ``model(tokens_bt, positions_bt) -> logits_btv`` attends over the tokens it is
   given, causally by position (sequences are right-padded, so causal is enough); ``model.final_hidden``
   is the same forward stopped before the unembedding, for losses that unembed a chunk at a time; on one TPU
-  device its attention can run the Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
+  device its attention can run a Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
   paged ``KVCache``: a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
   a block table
@@ -220,7 +220,7 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions_bt, layer.inv_freq_f)
         k = apply_rope(k, positions_bt, layer.inv_freq_f)
         if flash:
-            o = flash_causal_attention(q, k, v, scale=self.scale)
+            o = flash_causal_attention(q, k, v, scale=self.scale, softcap=self.softcap)
             return self.o_proj(o.reshape(b, t, -1)), cache
         if cache is None:
             keys, values, k_pos_bs = k, v, positions_bt

@@ -90,10 +90,10 @@ class StepConfig:
     The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
     attention: str = "auto"
     """How the forward passes compute attention (``model.attention.ATTENTION_KERNELS``): ``auto`` runs the Pallas
-    flash kernel on a single TPU device where the model allows it (no score soft-cap, no sliding layers,
-    sequence length a multiple of 128) and XLA's attention elsewhere; ``xla`` always XLA's; ``flash`` the
-    kernel or an error saying why it cannot run. The same function either way, up to rounding; on a TPU v5e the
-    kernel made a 0.6 B model's step at 8 × 1024 tokens faster (BENCHMARKS.md, ``tpu_train``)."""
+    splash (flash) attention kernel on a single TPU device where the model allows it (no sliding layers, sequence
+    length a multiple of 128) and XLA's attention elsewhere; ``xla`` always XLA's; ``flash`` the kernel or an
+    error saying why it cannot run. The same function either way, up to rounding; on a TPU v5e the kernel made a
+    0.6 B model's step at 8 × 1024 tokens faster (BENCHMARKS.md, ``tpu_train``)."""
     logit_chunk_tokens: int = 256
     """Bound on the float32 logits alive at once when scoring (``losses.token_logp_and_entropy``): the
     vocabulary is unembedded a slice at a time, the slice sized so that its logits (and their softmax and
