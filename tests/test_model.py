@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import print_saved_residuals
 
 from pipelines_lib.engine.device import DecodeRows, steps_for
 from pipelines_lib.model.attention import attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
 from pipelines_lib.model.decoder import (
+    REMAT_POLICIES,
     Decoder,
     KVCache,
     LayerData,
@@ -248,3 +250,21 @@ def test_the_flash_kernel_computes_causal_grouped_query_attention_and_its_gradie
     for got, want in zip(*grads, strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * float(jnp.max(jnp.abs(want))))
 
+
+def test_the_attention_remat_policy_keeps_the_flash_kernels_residuals_for_the_backward(capsys) -> None:
+    """Under ``full`` a layer keeps only its inputs, so the backward pass reruns the flash kernel's forward; under
+    ``attention`` it also keeps the kernel's output (heads-first) and softmax statistics, which the kernel's
+    backward reads instead."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(1, 128, h, 128)), jnp.float32) for h in (2, 1, 1))
+
+    def layer(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(flash_causal_attention(jnp.tanh(q), k, v, scale=0.2, interpret=True)))
+
+    def kept(policy: str) -> list[str]:  # what JAX's residual report lists beyond the inputs and constants
+        print_saved_residuals(jax.checkpoint(layer, policy=REMAT_POLICIES[policy]), q, k, v)
+        lines = capsys.readouterr().out.splitlines()
+        return sorted(line.split()[0] for line in lines if "from the argument" not in line and "constant" not in line)
+
+    assert kept("full") == []
+    assert kept("attention") == ["f32[1,2,128,128]", "f32[1,2,128]"]

@@ -131,7 +131,7 @@ def test_step_config_rejects_a_logit_chunk_below_one_token() -> None:
 
 
 def test_step_config_rejects_an_unknown_remat_policy_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"StepConfig.remat must be one of \['dots', 'full', 'none'\], got True"):
+    with pytest.raises(ValueError, match=r"StepConfig.remat must be one of \['attention', 'dots', 'full', 'none'\], got True"):
         StepConfig(remat=True)
 
 
@@ -451,7 +451,7 @@ def test_the_remat_steps_temporaries_beyond_the_gradients_do_not_grow_with_depth
     assert deep - shallow <= 4 * (activation + per_layer_data), (shallow, deep, activation)
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+@pytest.mark.parametrize("remat", ["none", "full", "dots", "attention"])
 def test_the_lowered_step_holds_one_layer_body_however_many_layers(remat: str) -> None:
     # The layers are scanned, not unrolled: compile time does not grow with depth.
     def dots(n_layers: int) -> int:
@@ -513,7 +513,7 @@ def test_the_step_rejects_parameters_in_another_dtype_than_precision_params() ->
         Precision(compute="float8")
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
+@pytest.mark.parametrize("policy", ["full", "dots", "attention"])
 def test_every_remat_policy_gives_the_same_update(policy: str) -> None:
     batch = build_train_batch(*ragged_rows(), seq_buckets=BUCKETS)
     init_params = params_of(make_model())

@@ -86,6 +86,12 @@ def use_flash(kernel: str, cfg: ModelConfig, seq_len: int) -> bool:
     return reason is None
 
 
+ATTENTION_RESIDUALS = "attention_residuals"
+"""The checkpoint name of what the flash kernel's backward needs from its forward (its output and softmax
+statistics): a remat policy that saves it (``REMAT_POLICIES["attention"]``) spares the backward pass a second run of
+the kernel's forward."""
+
+
 @functools.cache
 def _splash_kernel(seq_len: int, heads: int, softcap: float | None, interpret: bool) -> splash.SplashAttentionKernel:
     """The causal kernel for one row of ``heads`` query heads over ``seq_len`` positions (built once per shape: its
@@ -97,7 +103,8 @@ def _splash_kernel(seq_len: int, heads: int, softcap: float | None, interpret: b
                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
     mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((seq_len, seq_len)) for _ in range(heads)])
     return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  attn_logits_soft_cap=softcap, interpret=interpret)
+                                  attn_logits_soft_cap=softcap, residual_checkpoint_name=ATTENTION_RESIDUALS,
+                                  interpret=interpret)
 
 
 def flash_causal_attention(q_bthd: jax.Array, k_btkd: jax.Array, v_btkd: jax.Array, *, scale: float,

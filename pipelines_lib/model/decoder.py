@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pipelines_lib.model.attention import attention, flash_causal_attention, use_flash
+from pipelines_lib.model.attention import ATTENTION_RESIDUALS, attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling
 
 
@@ -309,6 +309,7 @@ REMAT_POLICIES: Mapping[str, Callable[..., bool] | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "attention": jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS),
 }
 """What the backward pass keeps of each layer's forward (gradient checkpointing of the layer scan's body).
 
@@ -316,7 +317,10 @@ REMAT_POLICIES: Mapping[str, Callable[..., bool] | None] = {
 layer's input; the backward pass recomputes the whole layer, one layer at a time (about one more forward
 pass). ``dots``: also the outputs of the weight matmuls (projections and MLP, not the attention scores):
 the backward pass recomputes only norms, rope, attention and activations, for several token × width buffers
-per layer more memory than ``full``. The values are the same under every policy."""
+per layer more memory than ``full``. ``attention``: ``full``, but where the flash kernel runs, also its output and
+softmax statistics (``ATTENTION_RESIDUALS``), so the backward pass recomputes the layer but not its attention,
+for one token × width buffer per layer more (with XLA's attention it keeps what ``full`` keeps). The values are
+the same under every policy."""
 
 
 def _scanned(body: Callable[[Any, Any], Any], remat: str) -> Callable[[Any, Any], Any]:

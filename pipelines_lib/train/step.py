@@ -86,8 +86,10 @@ class StepConfig:
     """Gradient checkpointing of the decoder's layers: what the backward pass keeps of each layer's forward.
     ``none``: every activation; ``full``: only each layer's input, the layer recomputed in the backward pass
     (least memory, about one more forward pass); ``dots``: the layer's input and its weight matmuls' outputs,
-    recomputing only norms, rope, attention and activations (more memory than ``full``, less recomputation).
-    The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
+    recomputing only norms, rope, attention and activations (more memory than ``full``, less recomputation);
+    ``attention``: ``full`` plus the flash kernel's output and softmax statistics where it runs, so the backward
+    pass does not run the kernel's forward again (one token × width buffer per layer more; its speed-up on a
+    chip is not measured yet). The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
     attention: str = "auto"
     """How the forward passes compute attention (``model.attention.ATTENTION_KERNELS``): ``auto`` runs the Pallas
     splash (flash) attention kernel on a single TPU device where the model allows it (no sliding layers, sequence
