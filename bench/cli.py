@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "each one's own)")
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="the arms the ablation runs, comma-separated (default: all; --quick: the headline three)")
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="the campaign preset the learning benchmark runs over its seeds (default tiny, the demo; "
+                        "e.g. wide)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
@@ -51,8 +54,17 @@ def run(args: argparse.Namespace) -> int:
             chosen_arms(arms, quick=args.quick)
         except ValueError as err:
             raise CommandError(str(err)) from err
+    if args.preset is not None:
+        from pipelines_lib.config import PRESETS
+
+        if names is not None and "learning" not in names:
+            raise CommandError("--preset chooses the learning benchmark's preset; add --only learning")
+        if args.preset not in PRESETS:
+            raise CommandError(f"unknown preset {args.preset!r}{did_you_mean(args.preset, PRESETS)}; "
+                               f"valid: {', '.join(PRESETS)}")
     try:
         figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
+                                         preset=args.preset or "tiny",
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err

@@ -225,7 +225,8 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
              "whole campaign command; over seeds, the gain's mean, minimum, spread (max − min) and 95 % t interval.",
     method="`python -m flows.campaign --set eval.versions=ends` (the `make demo` command) on the embedded defaults "
            "(`CampaignConfig.tiny()`: tiny decoder, arithmetic with a calculator under light tool latency, 2 rollout "
-           "workers and the trainer as threads of one process, Prefect's ephemeral API), once per seed "
+           "workers and the trainer as threads of one process, Prefect's ephemeral API; `--preset wide` runs "
+           "`CampaignConfig.wide()` instead, recorded as `learning.preset`), once per seed "
            "(`--seeds`, default 5; seed N sets `seed`, `dataset.seed`, `sft.seed` and `trainer.seed` to N), one "
            "after the other; results read back from each campaign folder. Wall clock: the campaign command, the "
            "longest over seeds. The curve: each seed's train batch mean reward per step and its held-out success at v0 "
@@ -235,11 +236,12 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
            Goal(key="learning.wallclock_s", op="<=", value=600.0, why="within 10 minutes on 2 cores, every seed")),
 )
 def learning(ctx: BenchContext) -> BenchResult:
-    args = [a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item)]
+    args = ["--preset", ctx.preset, *(a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item))]
     runs = [seed_run(ctx, seed, args) for seed in range(ctx.seed_count(2 if ctx.quick else DEFAULT_SEEDS))]
     plot_seeds(ctx.plot_dir / "learning_curve.png", runs,
                "per seed: train batch mean reward (lines), held-out greedy at v0 and last (dots)")
     k = load_campaign_config(Store(str(ctx.scratch / "seed0"))).eval.samples
     gains = OverSeeds(tuple(r.gain_pts for r in runs))
     return BenchResult(figures=seed_figures(runs), rows=[r.row(k) for r in runs], plots=["learning_curve.png"],
-                       notes=f"Gain over {len(runs)} seeds: {gains.text(' pts')}. quick={ctx.quick}")
+                       notes=f"Preset {ctx.preset}. Gain over {len(runs)} seeds: {gains.text(' pts')}. quick={ctx.quick}",
+                       labels={"learning.preset": ctx.preset})

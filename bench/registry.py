@@ -73,6 +73,9 @@ class BenchContext:
 
     arms: tuple[str, ...] | None = None
     """The arms a benchmark made of arms runs (``--arms``, the ablation); None: all of them."""
+    preset: str = "tiny"
+    """The campaign preset a benchmark that runs the demo command starts from (``--preset``, the learning
+    benchmark; ``pipelines_lib.config.PRESETS``)."""
 
     def seed_count(self, default: int) -> int:
         """``seeds`` if given, else ``default``."""

@@ -182,12 +182,13 @@ class BenchmarksFailed(Exception):  # noqa: N818 - the run's outcome, raised aft
 
 
 def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_dir: Path = Path("."), *,
-                   seeds: int | None = None, arms: Sequence[str] | None = None, progress: Callable[[str], None] = _stderr,
+                   seeds: int | None = None, arms: Sequence[str] | None = None, preset: str = "tiny",
+                   progress: Callable[[str], None] = _stderr,
                    clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Run the named benchmarks (all registered ones by default); returns the figures of this run, or raises
     ``BenchmarksFailed`` (carrying them) after the last benchmark when any failed. ``seeds``: how many seeds the
     benchmarks that repeat over seeds run (None: each one's default); ``arms``: the arms the benchmarks made of arms
-    run (None: all)."""
+    run (None: all); ``preset``: the campaign preset the benchmarks that run the demo command start from."""
     benches = load_benches()
     names = list(names) if names else sorted(benches)
     unknown = [n for n in names if n not in benches]
@@ -205,7 +206,7 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         start = clock()
         try:
             result = benches[name].fn(BenchContext(quick=quick, plot_dir=plot_dir, scratch=scratch, progress=progress,
-                                                    seeds=seeds, arms=tuple(arms) if arms else None))
+                                                    seeds=seeds, arms=tuple(arms) if arms else None, preset=preset))
         except BenchSkipped as skipped:
             progress(f"bench {name} skipped, nothing recorded: {skipped}")
             continue

@@ -16,7 +16,7 @@ Stages start in-process (threads of this flow run: one process, one shared XLA r
 colocated`` runs everything up to the audit as one task in this process (``tasks.colocated``: the trainer hands
 its weights to the engines in device memory), then the same evaluation tables, curve and audit.
 
-Command line: ``rollstream run URL [--preset tiny|smoke|tpu_demo] [--config FILE] [--set key=value ...]``
+Command line: ``rollstream run URL [--preset tiny|smoke|wide|tpu_demo] [--config FILE] [--set key=value ...]``
 (``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 
@@ -176,7 +176,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     Args:
         campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
-        preset: the config the YAML and overrides apply to (``tiny``, or the one-minute ``smoke``).
+        preset: the config the YAML and overrides apply to (a ``PRESETS`` name: ``tiny``, the demo's, or another).
         config_path: YAML over the preset; None runs the preset.
         overrides: any subset of the config over the YAML, nested by section (``{"trainer": {"max_steps": 4}}``);
             typed from the config dataclasses (``flows.params``), so Prefect shows a form and refuses a bad

@@ -46,6 +46,8 @@ def _one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
     (("bench", "--only", "ablation", "--arms", "sync,eta3"), ("unknown ablation arm(s) eta3", "eta4_nocorr")),
     (("bench", "--only", "learning", "--arms", "eta4"), ("--arms chooses the ablation's arms",)),
     (("bench", "--only", "learning", "--seeds", "0"), ("--seeds must be >= 1, got 0",)),
+    (("bench", "--only", "learning", "--preset", "wdie"), ("unknown preset 'wdie'", "did you mean 'wide'?")),
+    (("bench", "--only", "store", "--preset", "wide"), ("--preset chooses the learning benchmark's preset",)),
     (("run", "{tmp}/c", "--set", "trainer.max_step=4"), ("rollstream run: trainer.max_step", "'max_steps'")),
     (("run", "{tmp}/c", "--set", "trainer.max_steps"), ("--set expects key=value",)),
     (("run", "{tmp}/c", "--set", "init_from=null"), ("--set init_from=null:", "--config file")),

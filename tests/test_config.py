@@ -11,6 +11,7 @@ import pytest
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configdoc import render, rows
 from pipelines_lib.configio import ConfigError
+from pipelines_lib.model.config import param_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,3 +118,17 @@ def test_every_knob_is_documented_and_the_reference_is_current() -> None:
     undocumented = [key for key, _, _, doc in rows(CampaignConfig.tiny()) if not doc]
     assert undocumented == []
     assert (ROOT / "docs" / "CONFIG.md").read_text() == render()
+
+
+def test_the_wide_preset_is_tiny_with_a_decoder_twice_as_wide_and_its_own_recipe() -> None:
+    tiny, wide = CampaignConfig.tiny(), CampaignConfig.wide()
+    # 4 layers of q 256x256, k and v 256x128 (2 kv heads of 64), o 256x256, MLP 3x256x768, 2 norms of 256;
+    # the tied 512 x 256 embedding and the final norm.
+    layer = 256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 768 + 2 * 256
+    assert param_count(wide.model) == 4 * layer + 512 * 256 + 256 == 3_279_104
+    assert (wide.model.n_heads, wide.model.head_dim, wide.model.d_ff) == (4, 64, 768)
+    assert (wide.sft.error_rate, wide.sft.optim.lr, wide.trainer.optim.lr) == (0.85, 2e-3, 1.5e-4)
+    # everything else is the demo's: task, rollouts, steps, evaluation
+    assert (wide.dataset, wide.env, wide.rollout, wide.eval) == (tiny.dataset, tiny.env, tiny.rollout, tiny.eval)
+    assert (wide.trainer.max_steps, wide.sft.steps) == (tiny.trainer.max_steps, tiny.sft.steps)
+    assert CampaignConfig.preset("wide") == wide
