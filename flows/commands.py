@@ -69,7 +69,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder to create or continue: a path, file://... or gs://bucket/prefix/name")
     p.add_argument("--preset", default="tiny",
                    help="config the YAML and --set apply to: tiny (the demo), smoke (a one-minute campaign), wide (the "
-                        "demo on a wider model: learns on every seed tried, 15-30 minutes on 2 cores) or tpu_demo (a "
+                        "demo on a wider model: steadier over seeds, about 10 minutes on 2 cores) or tpu_demo (a "
                         "25M-parameter model colocated on one accelerator chip)")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
