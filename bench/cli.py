@@ -55,13 +55,15 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise CommandError(str(err)) from err
     if args.preset is not None:
-        from pipelines_lib.config import PRESETS
+        from pipelines_lib.config import CampaignConfig
+        from pipelines_lib.configio import ConfigError
 
         if names is not None and "learning" not in names:
             raise CommandError("--preset chooses the learning benchmark's preset; add --only learning")
-        if args.preset not in PRESETS:
-            raise CommandError(f"unknown preset {args.preset!r}{did_you_mean(args.preset, PRESETS)}; "
-                               f"valid: {', '.join(PRESETS)}")
+        try:
+            CampaignConfig.preset(args.preset)  # the campaign command's own check of the name
+        except ConfigError as err:
+            raise CommandError(str(err)) from err
     try:
         figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
                                          preset=args.preset or "tiny",
