@@ -3,7 +3,8 @@ accelerator chip.
 
 ```
 tpu_train     tpu.device, tpu.model_build_s, tpu.train_first_step_s, tpu.train_mfu
-              Qwen3-0.6B shape (random weights), GRPO steps of 8 × 1024, float32 masters, bfloat16 compute
+              Qwen3-0.6B shape (random weights), GRPO steps of 8 × 1024, float32 masters, bfloat16 compute,
+              remat ``attention`` (``tpu.train_mfu_remat_full``: the same under ``full``)
 tpu_engine    tpu.engine_warmup_s (64 slots, max_seq_len 1024), tpu.engine_roofline_fraction_16 / _64
 tpu_campaign  tpu.campaign_heldout_gain_points, tpu.campaign_wall_s: the tpu_demo preset, colocated
 ```
@@ -59,9 +60,9 @@ DEVICE_PEAKS = {"TPU v5 lite": Peak(flops=197e12, hbm_bytes_per_s=819e9),
                 "TPU v5": Peak(flops=459e12, hbm_bytes_per_s=2765e9),
                 "TPU v4": Peak(flops=275e12, hbm_bytes_per_s=1228e9)}
 """Published per-chip peaks by ``jax.devices()[0].device_kind``."""
-FULL = {"hf": QWEN3_0P6B, "rows": 8, "length": 1024, "steady_steps": 3, "slots": (16, 64), "max_seq_len": 1024,
+FULL = {"hf": QWEN3_0P6B, "rows": 8, "length": 1024, "steady_steps": 3, "remats": ("attention", "full"), "slots": (16, 64), "max_seq_len": 1024,
         "prompt": 128, "new_tokens": 128, "serves": 2}
-QUICK = {"hf": SMALL, "rows": 2, "length": 64, "steady_steps": 2, "slots": (4, 8), "max_seq_len": 128,
+QUICK = {"hf": SMALL, "rows": 2, "length": 64, "steady_steps": 2, "remats": ("attention", "full"), "slots": (4, 8), "max_seq_len": 128,
          "prompt": 16, "new_tokens": 8, "serves": 1}
 QUICK_CAMPAIGN = ("model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
                   "model.head_dim=32", "model.d_ff=128", "sft.steps=10", "sft.n_demos=64", "sft.optim.total_steps=10",
@@ -112,7 +113,9 @@ def train_flops(model: Any, rows: int, length: int) -> float:
 
 
 def measure_train(size: dict[str, Any], peak: Peak) -> dict[str, float]:
-    """Build the model (timed), then one GRPO step with compilation and ``steady_steps`` more."""
+    """Build the model (timed), then for each of ``remats`` (remat policies, the first one the headline figures')
+    one GRPO step with compilation and ``steady_steps`` more: ``train_mfu_remat_<policy>`` for each, side by side
+    on the same model and batch."""
     import numpy as np
 
     from bench.realsize import _batch, _uniform_tokens
@@ -125,19 +128,24 @@ def measure_train(size: dict[str, Any], peak: Peak) -> dict[str, float]:
     build_s = time.perf_counter() - t0
     optimizer = make_nnx_optimizer(model, OptimConfig(), make_mesh(MeshConfig()))
     batch = _batch(_uniform_tokens(size["rows"], size["length"], model.cfg.vocab_size))
-    cfg = StepConfig(remat=size.get("remat", "full"), precision=Precision(params="float32", compute="bfloat16"))
-    times = []
-    for _ in range(1 + size["steady_steps"]):
-        t0 = time.perf_counter()
-        float(train_step(model, optimizer, batch, cfg=cfg)["loss"])
-        times.append(time.perf_counter() - t0)
-    step_s = statistics.median(times[1:])
     flops = train_flops(model, size["rows"], size["length"])
+    out: dict[str, float] = {"model_build_s": build_s}
+    for remat in size["remats"]:
+        cfg = StepConfig(remat=remat, precision=Precision(params="float32", compute="bfloat16"))
+        times = []
+        for _ in range(1 + size["steady_steps"]):
+            t0 = time.perf_counter()
+            float(train_step(model, optimizer, batch, cfg=cfg)["loss"])
+            times.append(time.perf_counter() - t0)
+        step_s = statistics.median(times[1:])
+        out[f"train_mfu_remat_{remat}"] = float(np.float64(flops) / step_s / peak.flops)
+        if remat == size["remats"][0]:
+            out.update(train_first_step_s=times[0], train_step_s=step_s,
+                       train_tokens_per_s=size["rows"] * size["length"] / step_s,
+                       train_mfu=out[f"train_mfu_remat_{remat}"])
     del model, optimizer
     gc.collect()
-    return {"model_build_s": build_s, "train_first_step_s": times[0], "train_step_s": step_s,
-            "train_tokens_per_s": size["rows"] * size["length"] / step_s,
-            "train_mfu": float(np.float64(flops) / step_s / peak.flops)}
+    return out
 
 
 def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
@@ -214,8 +222,9 @@ def _figures(measured: dict[str, float]) -> dict[str, float]:
              "included) and the model-flops utilisation of the steps after it.",
     method="`bench/tpu.py` `measure_train`, in this process: `ModelConfig.from_hf_config` of Qwen3-0.6B's values, "
            "`pipelines_lib.mesh.create_sharded` of a random `Decoder` (timed, float32), AdamW, batch 8 × 1024 of uniform "
-           "ids, `StepConfig(remat='full', precision=float32 masters / bfloat16 compute)` (attention `auto`: the Pallas "
-           "splash-attention kernel on one chip), 1 + 3 steps; MFU as the "
+           "ids, `StepConfig(remat='attention', precision=float32 masters / bfloat16 compute)` (attention `auto`: the "
+           "Pallas splash-attention kernel on one chip), 1 + 3 steps; then the same with `remat='full'` on the same "
+           "model and batch (`tpu.train_mfu_remat_full`); MFU as the "
            "module docstring counts it (6·N·tokens + causal attention, median steady step, the chip's peak). "
            "`--quick`: the small model at 2 × 64. Skipped without an accelerator.",
     goals=(Goal(key="tpu.model_build_s", op="<=", value=15.0, why="a user waits for it every start"),

@@ -55,7 +55,8 @@ def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) ->
 def test_measure_train_and_engine_run_their_code_paths_at_a_small_size() -> None:
     train = measure_train(QUICK, V5E)
     assert train["model_build_s"] > 0 and train["train_first_step_s"] > train["train_step_s"] > 0
-    assert 0 < train["train_mfu"] < 1
+    assert 0 < train["train_mfu"] < 1 and train["train_mfu"] == train["train_mfu_remat_attention"]
+    assert 0 < train["train_mfu_remat_full"] < 1
     engine = measure_engine(QUICK, V5E)
     assert engine["engine_warmup_s"] > 0
     for slots in QUICK["slots"]:

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import print_saved_residuals
 
 from pipelines_lib.model.decoder import unembed_logits
 from pipelines_lib.train.losses import (
@@ -92,6 +93,21 @@ def test_vocabulary_slices_give_the_whole_vocabulary_log_softmax_and_its_gradien
         np.testing.assert_allclose(entropy, ref_entropy, rtol=1e-5, atol=1e-5, err_msg=f"chunk {chunk}")
         np.testing.assert_allclose(dh, ref_dh, rtol=1e-4, atol=1e-5, err_msg=f"chunk {chunk}")
         np.testing.assert_allclose(dw, ref_dw, rtol=1e-4, atol=1e-5, err_msg=f"chunk {chunk}")
+
+
+def test_the_backward_pass_keeps_each_slices_statistics_and_never_its_logits(capsys: pytest.CaptureFixture) -> None:
+    # 14 tokens over a 61-entry vocabulary in 5 slices of 13: what the backward pass keeps from the slices' loop
+    # is the per-token maximum and sum of exponentials of each slice ([5, 14] each), so it recomputes only the
+    # logits and their exponentials, not the two reductions; no [14, 13] logits or [5, 14, 13] stack survives.
+    rng = np.random.default_rng(0)
+    h_btd = jnp.asarray(rng.normal(size=(2, 7, 8)), jnp.float32)
+    w_vd = jnp.asarray(rng.normal(size=(61, 8)), jnp.float32)
+    tokens_bt = jnp.asarray(rng.integers(0, 61, size=(2, 7)))
+    print_saved_residuals(
+        lambda h, w: token_logp_and_entropy(h, tokens_bt, w, softcap=None, chunk_tokens=3)[0].sum(), h_btd, w_vd)
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in lines if "output of scan" in line) == ["f32[5,14]", "f32[5,14]"]
+    assert not [line for line in lines if ",13]" in line.split()[0]]
 
 
 def test_the_vocabulary_is_sliced_evenly_when_a_divisor_is_near_enough() -> None:

@@ -164,7 +164,11 @@ def test_mesh_configs_reject_bad_values(build, match: str) -> None:
         build()
 
 
-def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its_shardings() -> None:
+@pytest.mark.parametrize(("prng_impl", "eager_impl"), [(None, "threefry2x32"), ("rbg", "rbg")])
+def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its_shardings(
+        prng_impl: str | None, eager_impl: str) -> None:
+    # On a CPU the default generator is JAX's threefry (the weights nnx.Rngs(seed) gives); an accelerator's
+    # default, the hardware generator, is asked for by name here and must still be the eager factory's.
     cfg = ModelConfig.tiny()
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
     lowered: list[str] = []
@@ -175,14 +179,14 @@ def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
-        model = create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), mesh)
+        model = create_sharded(lambda rngs: Decoder(cfg, rngs=rngs), mesh, prng_impl=prng_impl)
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
     assert len(lowered) == 1  # not an eager op per parameter, whatever the depth
     state = nnx.state(model)
     expected = jax.tree.leaves(state_shardings(state, mesh))
     assert [x.sharding for x in jax.tree.leaves(state)] == expected
-    plain = jax.tree.leaves(nnx.state(Decoder(cfg, rngs=nnx.Rngs(0))))
+    plain = jax.tree.leaves(nnx.state(Decoder(cfg, rngs=nnx.Rngs(jax.random.key(0, impl=eager_impl)))))
     for built, eager in zip(jax.tree.leaves(state), plain, strict=True):  # compiled: within a rounding of eager
         np.testing.assert_allclose(built, eager, rtol=1e-6, atol=1e-7)
 

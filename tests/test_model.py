@@ -251,6 +251,18 @@ def test_the_flash_kernel_computes_causal_grouped_query_attention_and_its_gradie
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * float(jnp.max(jnp.abs(want))))
 
 
+def test_the_flash_kernel_of_one_shape_serves_every_program_that_traces_it() -> None:
+    # The kernel is built once per shape, the first time a program being traced asks for it (a shape no other
+    # test uses, so that is this test's first program); the second program, another trace of the same shape (a
+    # train step under another remat policy, the reference model's scoring), used to find the first trace's
+    # tracers in the kernel's block masks.
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.normal(size=(1, 384, h, 64)), jnp.float32) for h in (3, 1))
+    first = jax.jit(lambda q, k: flash_causal_attention(q, k, k, scale=0.1, interpret=True))(q, k)
+    second = jax.jit(lambda q, k: 2 * flash_causal_attention(q, k, k, scale=0.1, interpret=True))(q, k)
+    np.testing.assert_allclose(second, 2 * first, rtol=1e-6)
+
+
 def test_the_attention_remat_policy_keeps_the_flash_kernels_residuals_for_the_backward(capsys) -> None:
     """Under ``full`` a layer keeps only its inputs, so the backward pass reruns the flash kernel's forward; under
     ``attention`` it also keeps the kernel's output (heads-first) and softmax statistics, which the kernel's

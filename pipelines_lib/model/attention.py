@@ -102,9 +102,12 @@ def _splash_kernel(seq_len: int, heads: int, softcap: float | None, interpret: b
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
     mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((seq_len, seq_len)) for _ in range(heads)])
-    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                  attn_logits_soft_cap=softcap, residual_checkpoint_name=ATTENTION_RESIDUALS,
-                                  interpret=interpret)
+    # Built outside any trace: the kernel keeps its block-mask arrays, and arrays made while the first program that
+    # asks for it is traced would be that trace's tracers, leaked into every later program of the same shape.
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                      attn_logits_soft_cap=softcap, residual_checkpoint_name=ATTENTION_RESIDUALS,
+                                      interpret=interpret)
 
 
 def flash_causal_attention(q_bthd: jax.Array, k_btkd: jax.Array, v_btkd: jax.Array, *, scale: float,

@@ -24,6 +24,7 @@ Configs name a loss, an aggregation and a correction; ``LossConfig`` validates t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from pipelines_lib.configio import no_limit
 from pipelines_lib.model.decoder import unembed_logits
@@ -113,6 +115,10 @@ def vocab_chunks(vocab: int, at_least: int) -> int:
     return next((k for k in range(at_least, 2 * at_least + 1) if vocab % k == 0), at_least)
 
 
+_SLICE_RESIDUALS = ("vocab_slice_max", "vocab_slice_sumexp")
+"""Per-token statistics of a vocabulary slice its backward pass keeps instead of recomputing."""
+
+
 def token_logp_and_entropy(
     h_btd: jax.Array, tokens_bt: jax.Array, w_vd: jax.Array, *, softcap: float | None, chunk_tokens: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -128,7 +134,8 @@ def token_logp_and_entropy(
     slice) and its mean logit under the slice's own softmax ``E_k``; then ``lse = logsumexp_k lse_k``,
     ``logp = Σ_k target_k − lse`` and ``H = lse − Σ_k exp(lse_k − lse) · E_k``. ``K`` makes a slice's logits
     ``[B·T, V / K]`` no larger than ``chunk_tokens`` tokens' full logits. Each slice is ``jax.checkpoint``-ed,
-    so the backward pass recomputes its logits rather than saving them: logits, softmax and their gradient
+    keeping only its per-token maximum and sum of exponentials (``_SLICE_RESIDUALS``), so the backward pass
+    recomputes its logits rather than saving them: logits, softmax and their gradient
     exist one slice at a time (at a 152k vocabulary the whole of each is 0.6 GiB per 1k tokens in float32),
     for one more unembedding matmul. Slicing the vocabulary rather than the tokens keeps the unembedding's
     gradient free of accumulation: slice ``k``'s rows get their gradient from slice ``k`` alone, written once
@@ -143,20 +150,27 @@ def token_logp_and_entropy(
     rows = -(-vocab // k)
     w_kcd = jnp.pad(w_vd, ((0, k * rows - vocab), (0, 0))).reshape(k, rows, d)
 
-    @jax.checkpoint
+    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.save_only_these_names(*_SLICE_RESIDUALS))
     def slice_stats(w_cd: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         real_c = first + jnp.arange(rows) < vocab
         # Padding rows (ids past the vocabulary) get the lowest finite logit: exp() makes them 0, and a slice of
         # padding only would still have a finite log-sum-exp (-inf would turn its gradient into NaN).
         z_nc = jnp.where(real_c, unembed_logits(h_nd, w_cd, softcap), jnp.finfo(jnp.float32).min)
-        lse_n = jax.nn.logsumexp(z_nc, axis=-1)
+        # Two passes over the logits: their maximum, then the exponentials' sum and the mean logit together (one
+        # fusion reading z once). The backward pass keeps the two small per-token statistics, so it recomputes
+        # only the matmul and exp(z - max), not the reductions.
+        max_n = checkpoint_name(jax.lax.stop_gradient(jnp.max(z_nc, axis=-1)), _SLICE_RESIDUALS[0])
+        e_nc = jnp.exp(z_nc - max_n[:, None])
+        sum_n = checkpoint_name(jnp.sum(e_nc, axis=-1), _SLICE_RESIDUALS[1])
+        # The shift by a constant leaves the log-sum-exp and its gradient (the softmax) as they are.
+        lse_n = max_n + jnp.log(sum_n)
         local_n = next_n - first
         in_slice_n = (local_n >= 0) & (local_n < rows)
         picked_n = jnp.take_along_axis(z_nc, jnp.clip(local_n, 0, rows - 1)[:, None], axis=-1)[:, 0]
         target_n = jnp.where(in_slice_n, picked_n, 0.0)
-        z_nc, lse_sg_n = jax.lax.stop_gradient(z_nc), jax.lax.stop_gradient(lse_n)
         # Padding contributes 0, not exp(0) · min: a slice of padding only would sum that to -inf.
-        mean_z_n = jnp.sum(jnp.exp(z_nc - lse_sg_n[:, None]) * jnp.where(real_c, z_nc, 0.0), axis=-1)
+        weighted_n = jnp.sum(e_nc * jnp.where(real_c, z_nc, 0.0), axis=-1)
+        mean_z_n = jax.lax.stop_gradient(weighted_n / sum_n)
         return lse_n, target_n, mean_z_n
 
     lse_kn, target_kn, mean_z_kn = jax.lax.map(lambda xs: slice_stats(*xs), (w_kcd, jnp.arange(k) * rows))
