@@ -55,7 +55,7 @@ sysdeps:
 	fi
 
 demo: $(STAMP) sysdeps
-	$(VENV)/bin/rollstream run runs/demo-$$(date -u +%Y%m%dT%H%M%S) --set eval.versions=ends
+	$(VENV)/bin/rollstream run runs/demo-$$(date -u +%Y%m%dT%H%M%S) --preset wide --set eval.versions=ends
 
 store-demo: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream demo

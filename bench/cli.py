@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="the arms the ablation runs, comma-separated (default: all; --quick: the headline three)")
     p.add_argument("--preset", default=None, metavar="NAME",
-                   help="the campaign preset the learning benchmark runs over its seeds (default tiny, the demo; "
-                        "e.g. wide)")
+                   help="the campaign preset the learning benchmark runs over its seeds (default: make demo's, "
+                        "pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(str(err)) from err
     try:
         figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
-                                         preset=args.preset or "tiny",
+                                         preset=args.preset,
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err

@@ -1,10 +1,10 @@
 """Benchmark ``learning``: does warm start + streaming GRPO improve held-out success, and how fast?
 
 Runs the real campaign entry point (``python -m flows.campaign``, the same command as ``make demo``) in a
-subprocess on the embedded defaults, then reads the campaign folder: ``eval/v*.json`` for held-out success
-of version 0 (after the SFT warm start) and of the last published version, and ``train/consumed/*.json`` for
-the learning curve (mean reward of the groups each step trained on). Wall clock counts the whole command,
-Prefect start-up and compilation included: it is what a user waits for. The command evaluates v0 and the last
+subprocess on ``make demo``'s preset (``pipelines_lib.config.DEMO_PRESET``), then reads the campaign folder:
+``eval/v*.json`` for held-out success of version 0 (after the SFT warm start) and of the last published version,
+and ``train/consumed/*.json`` for the learning curve (mean reward of the groups each step trained on). Wall clock
+counts the whole command, Prefect start-up and compilation included: it is what a user waits for. The command evaluates v0 and the last
 version (``eval.versions=ends``, as ``make demo`` does); the versions in between are evaluated afterwards, outside
 the timed window, for the learning curve.
 """
@@ -25,6 +25,7 @@ from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from bench.seeds import OverSeeds, seed_args
 from pipelines_lib import records
+from pipelines_lib.config import DEMO_PRESET
 from pipelines_lib.records import EvalResult, Publication
 from pipelines_lib.stages.campaign import load_campaign_config
 from pipelines_lib.stages.evaluate import evaluate
@@ -223,10 +224,10 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
              "the gain in points, pass@k of the sampled attempts next to it (the preset's v0 answers greedily in the "
              "wrong format but samples the right one: `CampaignConfig.tiny()`'s comment) and the wall clock of the "
              "whole campaign command; over seeds, the gain's mean, minimum, spread (max − min) and 95 % t interval.",
-    method="`python -m flows.campaign --set eval.versions=ends` (the `make demo` command) on the embedded defaults "
-           "(`CampaignConfig.tiny()`: tiny decoder, arithmetic with a calculator under light tool latency, 2 rollout "
-           "workers and the trainer as threads of one process, Prefect's ephemeral API; `--preset wide` runs "
-           "`CampaignConfig.wide()` instead, recorded as `learning.preset`), once per seed "
+    method="`python -m flows.campaign --preset wide --set eval.versions=ends` (the `make demo` command: "
+           "`CampaignConfig.wide()`, the embedded task on a 3.3M-parameter decoder: arithmetic with a calculator under "
+           "light tool latency, 2 rollout workers and the trainer as threads of one process, Prefect's ephemeral API; "
+           "`--preset NAME` runs another preset, recorded as `learning.preset`), once per seed "
            "(`--seeds`, default 5; seed N sets `seed`, `dataset.seed`, `sft.seed` and `trainer.seed` to N), one "
            "after the other; results read back from each campaign folder. Wall clock: the campaign command, the "
            "longest over seeds. The curve: each seed's train batch mean reward per step and its held-out success at v0 "
@@ -236,12 +237,13 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
            Goal(key="learning.wallclock_s", op="<=", value=600.0, why="within 10 minutes on 2 cores, every seed")),
 )
 def learning(ctx: BenchContext) -> BenchResult:
-    args = ["--preset", ctx.preset, *(a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item))]
+    preset = ctx.preset or DEMO_PRESET
+    args = ["--preset", preset, *(a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item))]
     runs = [seed_run(ctx, seed, args) for seed in range(ctx.seed_count(2 if ctx.quick else DEFAULT_SEEDS))]
     plot_seeds(ctx.plot_dir / "learning_curve.png", runs,
                "per seed: train batch mean reward (lines), held-out greedy at v0 and last (dots)")
     k = load_campaign_config(Store(str(ctx.scratch / "seed0"))).eval.samples
     gains = OverSeeds(tuple(r.gain_pts for r in runs))
     return BenchResult(figures=seed_figures(runs), rows=[r.row(k) for r in runs], plots=["learning_curve.png"],
-                       notes=f"Preset {ctx.preset}. Gain over {len(runs)} seeds: {gains.text(' pts')}. quick={ctx.quick}",
-                       labels={"learning.preset": ctx.preset})
+                       notes=f"Preset {preset}. Gain over {len(runs)} seeds: {gains.text(' pts')}. quick={ctx.quick}",
+                       labels={"learning.preset": preset})

@@ -182,7 +182,7 @@ class BenchmarksFailed(Exception):  # noqa: N818 - the run's outcome, raised aft
 
 
 def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_dir: Path = Path("."), *,
-                   seeds: int | None = None, arms: Sequence[str] | None = None, preset: str = "tiny",
+                   seeds: int | None = None, arms: Sequence[str] | None = None, preset: str | None = None,
                    progress: Callable[[str], None] = _stderr,
                    clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Run the named benchmarks (all registered ones by default); returns the figures of this run, or raises

@@ -6,12 +6,14 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configdoc import render, rows
 from pipelines_lib.configio import ConfigError
 from pipelines_lib.model.config import param_count
+from pipelines_lib.train.optim import make_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +129,10 @@ def test_the_wide_preset_is_tiny_with_a_decoder_twice_as_wide_and_its_own_recipe
     layer = 256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 768 + 2 * 256
     assert param_count(wide.model) == 4 * layer + 512 * 256 + 256 == 3_279_104
     assert (wide.model.n_heads, wide.model.head_dim, wide.model.d_ff) == (4, 64, 768)
-    assert (wide.sft.error_rate, wide.sft.optim.lr, wide.trainer.optim.lr) == (0.85, 2e-3, 1.5e-4)
+    assert (wide.sft.error_rate, wide.sft.optim.lr) == (0.85, 2e-3)
+    # GRPO: linear warm-up to 2e-4 over 15 steps (step 7: 7/15 of it), then a cosine down to a quarter at step 60.
+    lr = make_schedule(wide.trainer.optim)
+    np.testing.assert_allclose([float(lr(s)) for s in (0, 7, 15, 60)], [0.0, 2e-4 * 7 / 15, 2e-4, 5e-5], rtol=1e-5)
     # everything else is the demo's: task, rollouts, steps, evaluation
     assert (wide.dataset, wide.env, wide.rollout, wide.eval) == (tiny.dataset, tiny.env, tiny.rollout, tiny.eval)
     assert (wide.trainer.max_steps, wide.sft.steps) == (tiny.trainer.max_steps, tiny.sft.steps)

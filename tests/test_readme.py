@@ -250,3 +250,14 @@ def test_the_docs_name_only_library_modules_and_objects_that_exist() -> None:
     named = {(doc, name) for doc in DOCS for name in re.findall(r"`(pipelines_lib(?:\.\w+)+)", doc.read_text())}
     assert len(named) > 10  # the scan reads the docs
     assert sorted(f"{doc.relative_to(ROOT)}: {name}" for doc, name in named if not _resolves(name)) == []
+
+
+def test_make_demo_runs_the_demo_preset_the_learning_benchmark_measures() -> None:
+    # The learning figures the README quotes for `make demo` are the benchmark's, which runs DEMO_PRESET: the
+    # Makefile's demo command and the README's account of it must name that preset.
+    from pipelines_lib.config import DEMO_PRESET
+
+    recipe = re.search(r"^demo:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None, "Makefile has no demo target"
+    assert f"--preset {DEMO_PRESET} " in recipe.group(1)
+    assert f"rollstream run runs/demo-<time> --preset {DEMO_PRESET}" in (ROOT / "README.md").read_text()
