@@ -176,7 +176,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     Args:
         campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
-        preset: the config the YAML and overrides apply to (a ``PRESETS`` name: ``tiny``, the demo's, or another).
+        preset: the config the YAML and overrides apply to (a ``PRESETS`` name: ``tiny``, ``make demo``'s ``wide``, ...).
         config_path: YAML over the preset; None runs the preset.
         overrides: any subset of the config over the YAML, nested by section (``{"trainer": {"max_steps": 4}}``);
             typed from the config dataclasses (``flows.params``), so Prefect shows a form and refuses a bad

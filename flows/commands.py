@@ -70,7 +70,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny",
                    help="config the YAML and --set apply to: tiny (the embedded defaults, 4-9 minutes on 2 cores, the ending "
                         "varies by seed), smoke (a one-minute campaign), wide (make demo's: the task on a wider "
-                        "model, steady over seeds, about 10 minutes on 2 cores) or tpu_demo (a "
+                        "model, steady over seeds, 9-11 minutes on 2 cores) or tpu_demo (a "
                         "25M-parameter model colocated on one accelerator chip)")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -222,7 +222,7 @@ class CampaignConfig:
 
     @classmethod
     def wide(cls) -> CampaignConfig:
-        """``tiny()``'s task and rollouts on a decoder twice as wide: ``make demo``'s preset, whose ending holds over seeds.
+        """``make demo``'s preset: ``tiny()``'s task and rollouts on a decoder twice as wide, steady over seeds.
 
         d_model 256 with 4 heads of 64 and an MLP of 768 (3.3M parameters, about 4x ``tiny()``'s compute per
         token); 85 % flawed demonstrations (``tiny()``: 70 %) so that v0 starts near 0 % greedy success on every

@@ -133,7 +133,7 @@ def test_the_wide_preset_is_tiny_with_a_decoder_twice_as_wide_and_its_own_recipe
     # GRPO: linear warm-up to 2e-4 over 15 steps (step 7: 7/15 of it), then a cosine down to a quarter at step 60.
     lr = make_schedule(wide.trainer.optim)
     np.testing.assert_allclose([float(lr(s)) for s in (0, 7, 15, 60)], [0.0, 2e-4 * 7 / 15, 2e-4, 5e-5], rtol=1e-5)
-    # everything else is the demo's: task, rollouts, steps, evaluation
+    # everything else is tiny's: task, rollouts, steps, evaluation
     assert (wide.dataset, wide.env, wide.rollout, wide.eval) == (tiny.dataset, tiny.env, tiny.rollout, tiny.eval)
     assert (wide.trainer.max_steps, wide.sft.steps) == (tiny.trainer.max_steps, tiny.sft.steps)
     assert CampaignConfig.preset("wide") == wide
