@@ -81,7 +81,7 @@ def _prefill_step(
 
 NO_BLOCK = np.iinfo(np.int32).max
 """A table entry past every pool: what a row that has stopped inside a decode call reads and writes (writes
-to it are dropped, see ``model.decoder.write_and_gather``)."""
+to it are dropped, see ``model.decoder.write_blocks``)."""
 
 
 class DecodeOut(NamedTuple):

@@ -5,7 +5,7 @@ heads) that the decoder's training forward and its paged inference path both use
 computes the same function for rows at positions ``0 .. T-1`` with JAX's Pallas splash-attention kernel (flash
 attention that skips the blocks causality masks out and reads grouped-query key heads in place), the scores kept
 blockwise on the chip; ``use_flash`` decides, from ``ATTENTION_KERNELS``' names, where the decoder's training
-forward runs it.
+forward runs it, and where its decode step runs the paged decode kernel (``paged_attention``) instead.
 """
 
 from __future__ import annotations
@@ -55,16 +55,23 @@ ATTENTION_KERNELS = ("auto", "xla", "flash")
 """How training and scoring compute attention (``final_hidden``'s ``attention``). ``xla``: ``attention`` above,
 the scores of every query against every key materialised in float32. ``flash``: the Pallas TPU splash-attention
 kernel (blockwise, scores never leave the chip's vector memory), for models without sliding layers, on one TPU
-device, with sequence lengths a multiple of 128. ``auto``: ``flash`` where it applies, else
-``xla``. Both compute the same function; they differ by rounding (bfloat16 inputs, float32 accumulation)."""
+device, with sequence lengths a multiple of 128; in a decode step over the paged cache (``Decoder.hidden``, one token
+per row), the paged decode kernel (``paged_attention``: the blocks read in place, not gathered), on one TPU device,
+sliding layers included, for models whose kv heads are a multiple of 8. ``auto``: ``flash`` where it applies, else ``xla``. Both compute the same function; they
+differ by rounding (bfloat16 inputs, float32 accumulation)."""
 
 
-def flash_unsupported(cfg: ModelConfig, seq_len: int) -> str | None:
-    """Why the flash kernel cannot serve ``cfg`` at ``seq_len`` tokens here, or None when it can."""
-    if "sliding" in cfg.layer_kinds:
+def flash_unsupported(cfg: ModelConfig, seq_len: int, *, decode: bool = False) -> str | None:
+    """Why the flash kernel (``decode``: the paged decode kernel) cannot serve ``cfg`` at ``seq_len`` tokens here,
+    or None when it can."""
+    if not decode and "sliding" in cfg.layer_kinds:
         return "the model has sliding-window layers"
-    if seq_len % 128:
+    if not decode and seq_len % 128:
         return f"the sequence length {seq_len} is not a multiple of 128"
+    if decode and cfg.n_kv_heads % 8:
+        # The kernel reads a block [positions, kv heads, head dim] as a [positions · kv heads, head dim] matrix: the
+        # same memory only when a position's kv heads fill the rows of the chip's (8, 128) tiles.
+        return f"the model has {cfg.n_kv_heads} kv heads, not a multiple of 8"
     if jax.default_backend() != "tpu":
         return f"it is a TPU kernel and JAX's backend is {jax.default_backend()!r}"
     if jax.device_count() > 1:
@@ -73,14 +80,15 @@ def flash_unsupported(cfg: ModelConfig, seq_len: int) -> str | None:
     return None
 
 
-def use_flash(kernel: str, cfg: ModelConfig, seq_len: int) -> bool:
-    """Whether ``final_hidden`` runs the flash kernel for ``kernel`` (an ``ATTENTION_KERNELS`` name); ``flash``
-    where it cannot serve is a ``ValueError`` saying why."""
+def use_flash(kernel: str, cfg: ModelConfig, seq_len: int, *, decode: bool = False) -> bool:
+    """Whether ``final_hidden`` runs the flash kernel (``decode``: ``hidden``'s decode step runs the paged decode
+    kernel) for ``kernel`` (an ``ATTENTION_KERNELS`` name); ``flash`` where it cannot serve is a ``ValueError``
+    saying why."""
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {list(ATTENTION_KERNELS)}, got {kernel!r}")
     if kernel == "xla":
         return False
-    reason = flash_unsupported(cfg, seq_len)
+    reason = flash_unsupported(cfg, seq_len, decode=decode)
     if kernel == "flash" and reason is not None:
         raise ValueError(f"attention 'flash' cannot run here: {reason}; use 'auto' or 'xla'")
     return reason is None

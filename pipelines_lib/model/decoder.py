@@ -12,7 +12,8 @@ One attention implementation serves both uses:
   per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``. It
   first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``,
   the table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the
-  same causal-by-position mask. Gathered position ``s`` always holds position ``s``, so entries beyond a
+  same causal-by-position mask; on one TPU device a decode step (one token per row) reads the blocks in place
+  with a Pallas kernel instead (``paged_attention``). Gathered position ``s`` always holds position ``s``, so entries beyond a
   sequence's current position (stale keys of an earlier request in a reused block, padding of a prefill
   bucket, blocks not assigned yet) are masked out by causality alone and never need clearing. Writes to
   positions outside the table (or to the "no block" id ``num_blocks``) are dropped. ``model.unembed(h)``
@@ -52,6 +53,7 @@ from flax import nnx
 
 from pipelines_lib.model.attention import ATTENTION_RESIDUALS, attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling
+from pipelines_lib.model.paged_attention import paged_decode_attention
 
 
 class KVCache(NamedTuple):
@@ -68,26 +70,27 @@ def init_cache(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-def write_and_gather(
+def write_blocks(
     pool_lnskd: jax.Array, layer: jax.Array, new_btkd: jax.Array, positions_bt: jax.Array, table_bn: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """(pool with ``new`` written at each row's positions of ``layer``, the row's ``[b, n · block_size, ...]``
-    view of that layer).
-
-    Position ``p`` of row ``b`` lives at offset ``p % block_size`` of block ``table_bn[b, p // block_size]``;
-    positions at or past ``n · block_size`` and table entries ``>= num_blocks`` ("no block") are dropped.
-    The write is a scatter into the stacked pool and the view a gather from it, so no layer's pool is ever
-    copied (the pool is the scan's carry, updated in place).
-    """
+) -> jax.Array:
+    """The pool with ``new`` written at each row's positions of ``layer``: position ``p`` of row ``b`` lives at
+    offset ``p % block_size`` of block ``table_bn[b, p // block_size]``; positions at or past ``n · block_size``
+    and table entries ``>= num_blocks`` ("no block") are dropped. A scatter into the stacked pool: no layer's
+    pool is copied (the pool is the layer scan's carry, updated in place)."""
     num_blocks, block_size = pool_lnskd.shape[1:3]
-    b, n = table_bn.shape
+    n = table_bn.shape[1]
     j_bt = positions_bt // block_size
     block_bt = jnp.take_along_axis(table_bn, jnp.minimum(j_bt, n - 1), axis=1)
     block_bt = jnp.where(j_bt < n, block_bt, num_blocks)
-    pool_lnskd = pool_lnskd.at[layer, block_bt, positions_bt % block_size].set(
-        new_btkd.astype(pool_lnskd.dtype), mode="drop")
-    view = pool_lnskd.at[layer, table_bn].get(mode="clip")  # unassigned blocks: masked by causality
-    return pool_lnskd, view.reshape(b, n * block_size, *pool_lnskd.shape[3:])
+    return pool_lnskd.at[layer, block_bt, positions_bt % block_size].set(new_btkd.astype(pool_lnskd.dtype),
+                                                                        mode="drop")
+
+
+def gather_blocks(pool_lnskd: jax.Array, layer: jax.Array, table_bn: jax.Array) -> jax.Array:
+    """Each row's ``[n · block_size, kv_heads, head_dim]`` view of ``layer``'s table blocks (position ``s`` of the
+    view holds position ``s``); blocks not assigned yet read some block, masked by causality."""
+    b, n = table_bn.shape
+    return pool_lnskd.at[layer, table_bn].get(mode="clip").reshape(b, n * pool_lnskd.shape[2], *pool_lnskd.shape[3:])
 
 
 @functools.cache
@@ -219,17 +222,22 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions_bt, layer.inv_freq_f)
         k = apply_rope(k, positions_bt, layer.inv_freq_f)
-        if flash:
+        if flash and cache is None:
             o = flash_causal_attention(q, k, v, scale=self.scale, softcap=self.softcap)
             return self.o_proj(o.reshape(b, t, -1)), cache
         if cache is None:
             keys, values, k_pos_bs = k, v, positions_bt
         else:
             assert table_bn is not None
-            k_pool, keys = write_and_gather(cache.k_lnskd, layer.index, k, positions_bt, table_bn)
-            v_pool, values = write_and_gather(cache.v_lnskd, layer.index, v, positions_bt, table_bn)
+            cache = KVCache(write_blocks(cache.k_lnskd, layer.index, k, positions_bt, table_bn),
+                            write_blocks(cache.v_lnskd, layer.index, v, positions_bt, table_bn))
+            if flash:  # one query per row: the kernel reads the blocks in place
+                o = paged_decode_attention(q[:, 0], cache.k_lnskd, cache.v_lnskd, layer.index, table_bn,
+                                           positions_bt[:, 0], layer.window, scale=self.scale, softcap=self.softcap)
+                return self.o_proj(o.reshape(b, t, -1)), cache
+            keys = gather_blocks(cache.k_lnskd, layer.index, table_bn)
+            values = gather_blocks(cache.v_lnskd, layer.index, table_bn)
             k_pos_bs = jnp.broadcast_to(jnp.arange(keys.shape[1]), (b, keys.shape[1]))
-            cache = KVCache(k_pool, v_pool)
         o = attention(
             q,
             keys,
@@ -379,16 +387,20 @@ class Decoder(nnx.Module):
         return self.final_norm(x)
 
     def hidden(
-        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, table_bn: jax.Array
+        self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, table_bn: jax.Array, *,
+        attention: str = "auto",
     ) -> tuple[jax.Array, KVCache]:
         """Final-norm hidden states of the new tokens, and the cache with their keys/values written into
-        the blocks ``table_bn`` names (see the module docstring)."""
+        the blocks ``table_bn`` names (see the module docstring). ``attention``: an ``ATTENTION_KERNELS`` name;
+        where the kernel runs, a decode step (one token per row) reads the blocks in place
+        (``paged_attention``) instead of gathering them; longer chunks always gather."""
         graphdef, params = nnx.split(self.layers)
+        flash = tokens_bt.shape[1] == 1 and use_flash(attention, self.cfg, 1, decode=True)
 
         def body(carry: tuple[jax.Array, KVCache], xs: tuple[nnx.State, LayerData]
                  ) -> tuple[tuple[jax.Array, KVCache], None]:
             params_l, layer = xs
-            return nnx.merge(graphdef, params_l)(carry[0], positions_bt, layer, carry[1], table_bn), None
+            return nnx.merge(graphdef, params_l)(carry[0], positions_bt, layer, carry[1], table_bn, flash), None
 
         (x, cache), _ = jax.lax.scan(body, (self._embed(tokens_bt), cache), (params, layer_data(self.cfg)))
         return self.final_norm(x), cache
