@@ -26,8 +26,9 @@ def decode_step_bytes(cfg: ModelConfig, rows: int, span_positions: int) -> int:
     * of the embedding, only the rows' entries (a gather of ``rows × d_model``);
     * the unembedding, whole (``vocab × d_model``, the embedding again when tied): every row's logits cover
       the vocabulary;
-    * per row, the keys and values of every layer at each of its ``span_positions`` (the engine gathers the
-      span's blocks whole, sliding-window layers included; padding rows count as rows).
+    * per row, the keys and values of every layer at each of its ``span_positions`` (sliding-window layers
+      included; padding rows count as rows). What the engine reads instead: where the decode kernel runs, the
+      blocks up to each row's position (whole blocks); elsewhere the span bucket's blocks, gathered whole.
 
     Activations, logits and sampling are not counted: they stay small beside these for ``rows`` in the
     hundreds at most."""

@@ -8,14 +8,13 @@ One attention implementation serves both uses:
   device its attention can run a Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
   paged ``KVCache``: a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
-  a block table
-  per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``. It
-  first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``,
-  the table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the
-  same causal-by-position mask; on one TPU device a decode step (one token per row) reads the blocks in place
-  with a Pallas kernel instead (``paged_attention``). Gathered position ``s`` always holds position ``s``, so entries beyond a
-  sequence's current position (stale keys of an earlier request in a reused block, padding of a prefill
-  bucket, blocks not assigned yet) are masked out by causality alone and never need clearing. Writes to
+  a block table per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``.
+  It first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``, the
+  table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the same
+  causal-by-position mask; on one TPU device a decode step (one token per row) reads the blocks in place with a
+  Pallas kernel instead (``paged_attention``). Gathered position ``s`` always holds position ``s``, so entries
+  beyond a sequence's current position (stale keys of an earlier request in a reused block, padding of a
+  prefill bucket, blocks not assigned yet) are masked out by causality alone and never need clearing. Writes to
   positions outside the table (or to the "no block" id ``num_blocks``) are dropped. ``model.unembed(h)``
   turns the hidden states the engine picks into float32 logits.
 
