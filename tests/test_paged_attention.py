@@ -88,14 +88,18 @@ def test_a_decode_step_through_the_kernel_gives_the_gathered_paths_states_and_ca
     assert not np.allclose(np.asarray(cache_kernel.k_lnskd), np.asarray(cache.k_lnskd))  # the step wrote its keys
 
 
-def test_the_decode_kernel_serves_sliding_layers_and_any_length_but_wants_kv_heads_in_eights() -> None:
-    sliding8 = dataclasses.replace(ModelConfig.tiny(), n_heads=16, n_kv_heads=8, layer_types=("sliding", "full") * 2,
-                                   sliding_window=5)
+def test_the_decode_kernel_serves_sliding_layers_but_wants_kv_heads_in_eights_and_spans_that_fit() -> None:
+    sliding8 = dataclasses.replace(ModelConfig.tiny(), n_heads=16, n_kv_heads=8, head_dim=128, dtype="bfloat16",
+                                   layer_types=("sliding", "full") * 2, sliding_window=5)
     with pytest.raises(ValueError, match="2 kv heads, not a multiple of 8"):
-        use_flash("flash", dataclasses.replace(sliding8, n_kv_heads=2), 1, decode=True)
+        use_flash("flash", dataclasses.replace(sliding8, n_kv_heads=2), 64, decode=True)
+    # Keys and values of two rows, 8 heads of 128 in bfloat16: 8 KiB a position, so 1,024 positions fill 8 MiB.
+    with pytest.raises(ValueError, match="a span of 1040 positions needs 8.125 MiB of vector memory for its copies, "
+                                         "over 8 MiB"):
+        use_flash("flash", sliding8, 1040, decode=True)
     if jax.default_backend() == "tpu":
-        assert use_flash("auto", sliding8, 1, decode=True)
-    else:  # neither the window nor the length is a reason; the backend is
-        assert not use_flash("auto", sliding8, 1, decode=True)
+        assert use_flash("auto", sliding8, 1024, decode=True)
+    else:  # neither the window nor a span that fits is a reason; the backend is
+        assert not use_flash("auto", sliding8, 1024, decode=True)
         with pytest.raises(ValueError, match="TPU kernel and JAX's backend is 'cpu'"):
-            use_flash("flash", sliding8, 1, decode=True)
+            use_flash("flash", sliding8, 1024, decode=True)

@@ -18,6 +18,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
 from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.model.paged_attention import MAX_COPY_BYTES, copy_bytes
 
 
 def attention(
@@ -57,13 +58,13 @@ the scores of every query against every key materialised in float32. ``flash``: 
 kernel (blockwise, scores never leave the chip's vector memory), for models without sliding layers, on one TPU
 device, with sequence lengths a multiple of 128; in a decode step over the paged cache (``Decoder.hidden``, one token
 per row), the paged decode kernel (``paged_attention``: the blocks read in place, not gathered), on one TPU device,
-sliding layers included, for models whose kv heads are a multiple of 8. ``auto``: ``flash`` where it applies, else
-``xla``. Both compute the same function; they differ by rounding (bfloat16 inputs, float32 accumulation)."""
+sliding layers included, for models whose kv heads are a multiple of 8 and spans whose copies fit
+``paged_attention.MAX_COPY_BYTES``. ``auto``: ``flash`` where it applies, else ``xla``. Both compute the same function; they differ by rounding (bfloat16 inputs, float32 accumulation)."""
 
 
 def flash_unsupported(cfg: ModelConfig, seq_len: int, *, decode: bool = False) -> str | None:
-    """Why the flash kernel (``decode``: the paged decode kernel) cannot serve ``cfg`` at ``seq_len`` tokens here,
-    or None when it can."""
+    """Why the flash kernel cannot serve ``cfg`` at ``seq_len`` tokens here (``decode``: why the paged decode kernel
+    cannot attend over a span of ``seq_len`` positions), or None when it can."""
     if not decode and "sliding" in cfg.layer_kinds:
         return "the model has sliding-window layers"
     if not decode and seq_len % 128:
@@ -72,6 +73,9 @@ def flash_unsupported(cfg: ModelConfig, seq_len: int, *, decode: bool = False) -
         # The kernel reads a block [positions, kv heads, head dim] as a [positions · kv heads, head dim] matrix: the
         # same memory only when a position's kv heads fill the rows of the chip's (8, 128) tiles.
         return f"the model has {cfg.n_kv_heads} kv heads, not a multiple of 8"
+    if decode and (need := copy_bytes(seq_len, cfg.n_kv_heads, cfg.head_dim, cfg.dtype)) > MAX_COPY_BYTES:
+        return (f"a span of {seq_len} positions needs {need / 2**20:g} MiB of vector memory for its copies, over "
+                f"{MAX_COPY_BYTES / 2**20:g} MiB")
     if jax.default_backend() != "tpu":
         return f"it is a TPU kernel and JAX's backend is {jax.default_backend()!r}"
     if jax.device_count() > 1:

@@ -394,7 +394,8 @@ class Decoder(nnx.Module):
         where the kernel runs, a decode step (one token per row) reads the blocks in place
         (``paged_attention``) instead of gathering them; longer chunks always gather."""
         graphdef, params = nnx.split(self.layers)
-        flash = tokens_bt.shape[1] == 1 and use_flash(attention, self.cfg, 1, decode=True)
+        span_positions = table_bn.shape[1] * cache.k_lnskd.shape[2]
+        flash = tokens_bt.shape[1] == 1 and use_flash(attention, self.cfg, span_positions, decode=True)
 
         def body(carry: tuple[jax.Array, KVCache], xs: tuple[nnx.State, LayerData]
                  ) -> tuple[tuple[jax.Array, KVCache], None]:

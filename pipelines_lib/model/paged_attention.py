@@ -31,6 +31,15 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+MAX_COPY_BYTES = 8 * 2**20
+"""Most vector memory the kernel's copies may take (``copy_bytes``): 8 MiB, a span of 1,024 positions of 8 kv heads
+of 128 in bfloat16, as compiled and run on a TPU v5e. Longer spans are gathered instead (``attention.use_flash``)."""
+
+
+def copy_bytes(span_positions: int, kv_heads: int, head_dim: int, dtype: jnp.dtype | str) -> int:
+    """Vector memory of the kernel's copies over a span: keys and values of two rows (this one and the next)."""
+    return 2 * 2 * span_positions * kv_heads * head_dim * jnp.dtype(dtype).itemsize
+
 
 def _kernel(layer_ref: jax.Array, window_ref: jax.Array, table_ref: jax.Array, pos_ref: jax.Array,
             kpos_ref: jax.Array, kvh_ref: jax.Array, q_ref: jax.Array, k_hbm: jax.Array, v_hbm: jax.Array,
