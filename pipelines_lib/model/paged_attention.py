@@ -8,13 +8,14 @@ function from the pool itself:
 
 * one grid step per row; the row's blocks (those holding positions up to its query's, as its table names them)
   are copied from HBM into vector memory with one DMA each, the next row's copies started before this row is
-  computed (two buffers), so the copies run back to back;
+  computed (two buffers), so a row's copies overlap the row before's compute;
 * all query heads at once against all of a block's ``block_size · kv_heads`` key rows (a block
   ``[block_size, kv_heads, head_dim]`` read as one ``[keys, head_dim]`` matrix: the same bytes when ``kv_heads`` is
   a multiple of 8, the rows of the chip's memory tiles): two plain matmuls a row, the scores of a query head
   against the other heads' keys masked out with the positions past the query's, outside the sliding window, or in
-  blocks not copied. The masked-out matmul work is waste, but a decode step is bound by the copies, not the
-  matrix unit.
+  blocks not copied. The masked-out work is waste, and it is what bounds the kernel when a span bucket reaches far
+  past its rows' positions (on a TPU v5e the same copies took 3.15 ms over 28 layers at a span of 1,024 positions
+  against 2.39 ms at 256).
 
 The layer is an argument (the pools are stacked over layers and stay whole in HBM: the layer scan passes its
 carry, nothing is sliced or copied). Rows whose table names no block (``num_blocks`` or more: padding rows, rows
