@@ -59,7 +59,8 @@ kernel (blockwise, scores never leave the chip's vector memory), for models with
 device, with sequence lengths a multiple of 128; in a decode step over the paged cache (``Decoder.hidden``, one token
 per row), the paged decode kernel (``paged_attention``: the blocks read in place, not gathered), on one TPU device,
 sliding layers included, for models whose kv heads are a multiple of 8 and spans whose copies fit
-``paged_attention.MAX_COPY_BYTES``. ``auto``: ``flash`` where it applies, else ``xla``. Both compute the same function; they differ by rounding (bfloat16 inputs, float32 accumulation)."""
+``paged_attention.MAX_COPY_BYTES``. ``auto``: ``flash`` where it applies, else ``xla``. Both compute the same
+function; they differ by rounding (bfloat16 inputs, float32 accumulation)."""
 
 
 def flash_unsupported(cfg: ModelConfig, seq_len: int, *, decode: bool = False) -> str | None:
