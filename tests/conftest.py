@@ -36,8 +36,8 @@ from pipelines_lib.storage.store import Store
 
 # absl's log handler (Orbax imports absl) writes to whatever was sys.stderr when it was made, and closes that stream
 # whenever the handler is closed, as Prefect's logging setup closes every handler, unless it is sys.stderr at that
-# moment. Made at collection, it holds pytest's capture of fd 2, which a test using capsys (sys.stderr replaced)
-# would close under pytest. The process's own stderr is never closed, and fd 2 is still captured.
+# moment. Made here, under pytest's capture, it holds pytest's capture file of fd 2, which a test using capsys
+# (sys.stderr replaced) would close under pytest. The process's own stderr is never closed, and fd 2 is still captured.
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
