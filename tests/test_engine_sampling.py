@@ -105,8 +105,10 @@ def test_rows_without_filters_draw_from_the_plain_scaled_logits() -> None:
 
 def _draws(weights: list[float], n: int, chunk: int) -> np.ndarray:
     keys = request_keys(jnp.zeros(n, jnp.uint32), jnp.arange(n))
-    weight_bv = jnp.broadcast_to(jnp.asarray(weights, jnp.float32), (n, len(weights)))
-    return np.asarray(jax.jit(draw, static_argnums=2)(keys, weight_bv, chunk))
+    z_bv = jnp.broadcast_to(jnp.log(jnp.asarray(weights, jnp.float32)), (n, len(weights)))
+    tokens, total = jax.jit(draw, static_argnums=3)(keys, z_bv, jnp.max(z_bv, axis=-1), chunk)
+    np.testing.assert_allclose(np.asarray(total), sum(weights) / max(weights), rtol=1e-6)
+    return np.asarray(tokens)
 
 
 def test_draws_follow_the_weights_across_chunks() -> None:

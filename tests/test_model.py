@@ -26,6 +26,7 @@ from pipelines_lib.model.decoder import (
     LayerData,
     init_cache,
     rope_inv_freq,
+    write_blocks,
 )
 from pipelines_lib.model.weights import load_weights, save_weights
 
@@ -111,6 +112,29 @@ def test_chunked_paged_cache_path_equals_plain_forward(model: Decoder) -> None:
         steps.append(h)
     got = np.asarray(nnx.jit(lambda m, h: m.unembed(h))(model, jnp.concatenate(steps, axis=1)))
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_a_chunk_writes_exactly_the_positions_a_token_by_token_write_would() -> None:
+    """Blocks of 4 in a pool of 10 (10 = "no block"), one layer of two written, chunks of 6. Row 0: positions 7-12,
+    from the last offset of its second block over three blocks; row 1: 0-5 from a block start, its second block
+    unassigned (dropped); row 2: 13-18, past its table's four blocks from 16 on (dropped); row 3: padding (no
+    block). Everything else keeps its stale value."""
+    rng = np.random.default_rng(0)
+    pool = jnp.asarray(rng.normal(size=(2, 10, 4, 2, 3)), jnp.float32)
+    table = jnp.asarray([[5, 2, 8, 0], [7, 10, 10, 10], [1, 3, 4, 6], [10, 10, 10, 10]], jnp.int32)
+    positions = jnp.asarray([7, 0, 13, 0], jnp.int32)[:, None] + jnp.arange(6)
+    new = jnp.asarray(rng.normal(size=(4, 6, 2, 3)), jnp.float32)
+    chunked = np.asarray(jax.jit(write_blocks)(pool, jnp.int32(1), new, positions, table))
+    expected = np.asarray(pool).copy()
+    for b, row in enumerate(np.asarray(positions)):
+        for t, p in enumerate(row):
+            if p // 4 < 4 and (block := int(table[b, p // 4])) < 10:
+                expected[1, block, p % 4] = np.asarray(new[b, t])
+    np.testing.assert_array_equal(chunked, expected)
+    token_by_token = pool
+    for t in range(6):
+        token_by_token = write_blocks(token_by_token, jnp.int32(1), new[:, t:t + 1], positions[:, t:t + 1], table)
+    np.testing.assert_array_equal(np.asarray(token_by_token), expected)
 
 
 def test_sliding_window_attention_equals_attention_over_the_window_only() -> None:

@@ -48,35 +48,39 @@ def filtered_logits(
 
     No sort: each threshold is found by a bitwise search over the float keys (``_largest_key``), the
     k-th best as the largest ``t`` with ``#{z >= t} >= k`` and the top-p cut as the largest ``t`` with
-    ``mass{z >= t} >= p``, both exact. When no row filters, the search is skipped altogether.
+    ``mass{z >= t} >= p``, both exact. When no row filters, the search is skipped altogether. Only the
+    per-row threshold comes out of that branch: a ``[rows, vocab]`` result of a ``cond`` is a buffer of its
+    own, while an elementwise one can be fused into the passes that read it.
     """
     scaled_bv = logits_bv / jnp.where(temperature_b > 0, temperature_b, 1.0)[:, None]
+    keys_bv = _ordered_keys(scaled_bv)
 
-    def cut(scaled_bv: jax.Array) -> jax.Array:
-        keys_bv = _ordered_keys(scaled_bv)
+    def threshold() -> jax.Array:
         k_b = jnp.where(top_k_b > 0, top_k_b, scaled_bv.shape[-1])[:, None]
         kth_b = _largest_key(keys_bv, lambda t_b: jnp.sum(keys_bv >= t_b[:, None], axis=-1) >= k_b[:, 0])
-        top_k_bv = jnp.where(keys_bv >= kth_b[:, None], scaled_bv, -jnp.inf)
-        probs_bv = jax.nn.softmax(top_k_bv, axis=-1)
+        probs_bv = jax.nn.softmax(jnp.where(keys_bv >= kth_b[:, None], scaled_bv, -jnp.inf), axis=-1)
         cut_b = _largest_key(
             keys_bv, lambda t_b: jnp.sum(jnp.where(keys_bv >= t_b[:, None], probs_bv, 0.0), axis=-1) >= top_p_b
         )
-        return jnp.where(keys_bv >= jnp.maximum(kth_b, cut_b)[:, None], scaled_bv, -jnp.inf)
+        return jnp.maximum(kth_b, cut_b)
 
     filtering = jnp.any(((top_k_b > 0) | (top_p_b < 1.0)) & (temperature_b > 0))
-    return jax.lax.cond(filtering, cut, lambda x: x, scaled_bv)
+    keep_b = jax.lax.cond(filtering, threshold, lambda: jnp.zeros(keys_bv.shape[0], jnp.uint32))
+    return jnp.where(keys_bv >= keep_b[:, None], scaled_bv, -jnp.inf)
 
 
-def draw(key_b: jax.Array, weight_bv: jax.Array, chunk: int = 256) -> jax.Array:
-    """Per row, index ``i`` drawn with probability ``weight_bv[i] / sum(weight_bv)`` (weights >= 0, a positive
-    sum) by inverting the cumulative sum at one uniform draw per row: find the chunk of ``chunk`` entries whose
-    cumulative mass crosses the draw, then the entry inside it. One random number per row instead of one per
-    vocabulary entry (a Gumbel draw), which dominated sampling on CPU; a zero-weight entry is never drawn,
-    rounding at a boundary falls back to the last positive entry."""
-    b, v = weight_bv.shape
+def draw(key_b: jax.Array, z_bv: jax.Array, max_b: jax.Array, chunk: int = 256) -> tuple[jax.Array, jax.Array]:
+    """Per row, index ``i`` drawn with probability ``exp(z_bv[i] - max_b) / total_b``, and ``total_b = Σ exp(z_bv -
+    max_b)`` (``max_b`` at least every finite ``z``, one finite entry at least), by inverting the cumulative sum at
+    one uniform draw per row: find the chunk of ``chunk`` entries whose cumulative mass crosses the draw, then the
+    entry inside it. One random number per row instead of one per vocabulary entry (a Gumbel draw), which dominated
+    sampling on CPU. The chosen chunk's weights are recomputed from its ``chunk`` entries, so no weight array
+    over the vocabulary is kept between passes. A ``-inf`` entry is never drawn; rounding at a boundary falls
+    back to the last positive entry."""
+    b, v = z_bv.shape
     n = -(-v // chunk)
-    w_bnc = jnp.pad(weight_bv, ((0, 0), (0, n * chunk - v))).reshape(b, n, chunk)
-    mass_bn = jnp.sum(w_bnc, axis=-1)
+    z_bnc = jnp.pad(z_bv, ((0, 0), (0, n * chunk - v)), constant_values=-jnp.inf).reshape(b, n, chunk)
+    mass_bn = jnp.sum(jnp.exp(z_bnc - max_b[:, None, None]), axis=-1)
     cdf_bn = jnp.cumsum(mass_bn, axis=-1)
     target_b = jax.vmap(jax.random.uniform)(key_b) * cdf_bn[:, -1]
 
@@ -85,9 +89,9 @@ def draw(key_b: jax.Array, weight_bv: jax.Array, chunk: int = 256) -> jax.Array:
 
     c_b = jnp.minimum(jnp.sum(cdf_bn <= target_b[:, None], axis=-1), last_positive(mass_bn))
     within_b = target_b - jnp.take_along_axis(cdf_bn - mass_bn, c_b[:, None], axis=-1)[:, 0]
-    w_bc = jnp.take_along_axis(w_bnc, c_b[:, None, None], axis=1)[:, 0]
+    w_bc = jnp.exp(jnp.take_along_axis(z_bnc, c_b[:, None, None], axis=1)[:, 0] - max_b[:, None])
     i_b = jnp.minimum(jnp.sum(jnp.cumsum(w_bc, axis=-1) <= within_b[:, None], axis=-1), last_positive(w_bc))
-    return c_b * chunk + i_b
+    return c_b * chunk + i_b, cdf_bn[:, -1]
 
 
 def sample(
@@ -101,15 +105,17 @@ def sample(
 
     Sampled rows draw from ``filtered_logits`` and report the log-probability of the drawn token under
     that same filtered, temperature-scaled distribution (the behaviour policy actually used). Greedy
-    rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value. One pass of
-    ``exp`` over the vocabulary serves both the draw and the log-probability
-    (``log p(x) = z_x - max z - log Σ exp(z - max z)``).
+    rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value. The argmax gives the
+    maximum too, and the draw's chunk masses sum to the normaliser (``log p(x) = z_x - max z - log Σ exp(z -
+    max z)``): no separate max, exp or sum over the vocabulary (on a TPU v5e, 64 rows of Qwen3's 152k-token
+    vocabulary: unembedding and sampling 0.63 ms against 0.82 with those passes; the matmul alone 0.54).
     """
     greedy_b = temperature_b == 0
     z_bv = jnp.where(greedy_b[:, None], logits_bv, filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b))
-    max_b = jnp.max(z_bv, axis=-1)
-    weight_bv = jnp.exp(z_bv - max_b[:, None])
-    token_b = jnp.where(greedy_b, jnp.argmax(z_bv, axis=-1), draw(key_b, weight_bv))
+    best_b = jnp.argmax(z_bv, axis=-1)
+    max_b = jnp.take_along_axis(z_bv, best_b[:, None], axis=-1)[:, 0]
+    drawn_b, total_b = draw(key_b, z_bv, max_b)
+    token_b = jnp.where(greedy_b, best_b, drawn_b)
     z_b = jnp.take_along_axis(z_bv, token_b[:, None], axis=-1)[:, 0]
-    logprob_b = z_b - max_b - jnp.log(jnp.sum(weight_bv, axis=-1))
+    logprob_b = z_b - max_b - jnp.log(total_b)
     return token_b.astype(jnp.int32), logprob_b

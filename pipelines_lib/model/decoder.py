@@ -74,15 +74,27 @@ def write_blocks(
 ) -> jax.Array:
     """The pool with ``new`` written at each row's positions of ``layer``: position ``p`` of row ``b`` lives at
     offset ``p % block_size`` of block ``table_bn[b, p // block_size]``; positions at or past ``n · block_size``
-    and table entries ``>= num_blocks`` ("no block") are dropped. A scatter into the stacked pool: no layer's
-    pool is copied (the pool is the layer scan's carry, updated in place)."""
+    and table entries ``>= num_blocks`` ("no block") are dropped. A scatter into the stacked pool, the layer
+    scan's carry, updated in place. One token a row (decode) is scattered by position; a chunk (consecutive
+    positions, as prefill writes them) through the whole blocks it touches, gathered, overlaid and scattered
+    back: a TPU's scatter pays per index (the engine benchmark's serve of 64 prompts of 128 tokens on a TPU
+    v5e: 5.80 against 5.89 ms a step)."""
     num_blocks, block_size = pool_lnskd.shape[1:3]
-    n = table_bn.shape[1]
-    j_bt = positions_bt // block_size
-    block_bt = jnp.take_along_axis(table_bn, jnp.minimum(j_bt, n - 1), axis=1)
-    block_bt = jnp.where(j_bt < n, block_bt, num_blocks)
-    return pool_lnskd.at[layer, block_bt, positions_bt % block_size].set(new_btkd.astype(pool_lnskd.dtype),
-                                                                        mode="drop")
+    (b, t), n = positions_bt.shape, table_bn.shape[1]
+    new_btkd = new_btkd.astype(pool_lnskd.dtype)
+
+    def block_of(j_bx: jax.Array) -> jax.Array:  # each row's block at its block index j ("no block" past the table)
+        return jnp.where(j_bx < n, jnp.take_along_axis(table_bn, jnp.minimum(j_bx, n - 1), axis=1), num_blocks)
+
+    if t == 1:
+        return pool_lnskd.at[layer, block_of(positions_bt // block_size), positions_bt % block_size].set(
+            new_btkd, mode="drop")
+    w = (block_size - 1 + t - 1) // block_size + 1  # blocks t consecutive positions can touch, at any offset
+    block_bw = block_of(positions_bt[:, :1] // block_size + jnp.arange(w))
+    window_bwskd = pool_lnskd[layer, jnp.minimum(block_bw, num_blocks - 1)]
+    window_bxkd = jax.vmap(lambda win, chunk, at: jax.lax.dynamic_update_slice_in_dim(win, chunk, at, 0))(
+        window_bwskd.reshape(b, w * block_size, *window_bwskd.shape[3:]), new_btkd, positions_bt[:, 0] % block_size)
+    return pool_lnskd.at[layer, block_bw].set(window_bxkd.reshape(window_bwskd.shape), mode="drop")
 
 
 def gather_blocks(pool_lnskd: jax.Array, layer: jax.Array, table_bn: jax.Array) -> jax.Array:
@@ -392,7 +404,8 @@ class Decoder(nnx.Module):
         """Final-norm hidden states of the new tokens, and the cache with their keys/values written into
         the blocks ``table_bn`` names (see the module docstring). ``attention``: an ``ATTENTION_KERNELS`` name;
         where the kernel runs, a decode step (one token per row) reads the blocks in place
-        (``paged_attention``) instead of gathering them; longer chunks always gather."""
+        (``paged_attention``) instead of gathering them; longer chunks always gather. A chunk's positions are
+        consecutive in each row (``write_blocks`` writes it through whole blocks)."""
         graphdef, params = nnx.split(self.layers)
         span_positions = table_bn.shape[1] * cache.k_lnskd.shape[2]
         flash = tokens_bt.shape[1] == 1 and use_flash(attention, self.cfg, span_positions, decode=True)
