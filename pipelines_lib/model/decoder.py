@@ -91,10 +91,9 @@ def write_blocks(
             new_btkd, mode="drop")
     w = (block_size - 1 + t - 1) // block_size + 1  # blocks t consecutive positions can touch, at any offset
     block_bw = block_of(positions_bt[:, :1] // block_size + jnp.arange(w))
-    window_bwskd = pool_lnskd[layer, jnp.minimum(block_bw, num_blocks - 1)]
     window_bxkd = jax.vmap(lambda win, chunk, at: jax.lax.dynamic_update_slice_in_dim(win, chunk, at, 0))(
-        window_bwskd.reshape(b, w * block_size, *window_bwskd.shape[3:]), new_btkd, positions_bt[:, 0] % block_size)
-    return pool_lnskd.at[layer, block_bw].set(window_bxkd.reshape(window_bwskd.shape), mode="drop")
+        gather_blocks(pool_lnskd, layer, block_bw), new_btkd, positions_bt[:, 0] % block_size)
+    return pool_lnskd.at[layer, block_bw].set(window_bxkd.reshape(b, w, *pool_lnskd.shape[2:]), mode="drop")
 
 
 def gather_blocks(pool_lnskd: jax.Array, layer: jax.Array, table_bn: jax.Array) -> jax.Array:
