@@ -19,15 +19,8 @@ from jax.ad_checkpoint import print_saved_residuals
 from pipelines_lib.engine.device import DecodeRows, steps_for
 from pipelines_lib.model.attention import attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling, param_count
-from pipelines_lib.model.decoder import (
-    REMAT_POLICIES,
-    Decoder,
-    KVCache,
-    LayerData,
-    init_cache,
-    rope_inv_freq,
-    write_blocks,
-)
+from pipelines_lib.model.decoder import REMAT_POLICIES, Decoder, LayerData, rope_inv_freq
+from pipelines_lib.model.kv_pool import KVCache, init_cache, write_blocks
 from pipelines_lib.model.weights import load_weights, save_weights
 
 TINY = ModelConfig.tiny()

@@ -15,7 +15,8 @@ from jax.experimental.pallas import tpu as pltpu
 from pipelines_lib.model import attention as attention_module
 from pipelines_lib.model.attention import attention, use_flash
 from pipelines_lib.model.config import ModelConfig
-from pipelines_lib.model.decoder import Decoder, KVCache, gather_blocks, init_cache
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.kv_pool import KVCache, gather_blocks, init_cache
 from pipelines_lib.model.paged_attention import paged_decode_attention
 
 NO_BLOCK = 20

@@ -57,7 +57,8 @@ from flax import nnx
 from pipelines_lib.engine.api import SamplingParams
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.sampling import request_keys, sample
-from pipelines_lib.model.decoder import Decoder, KVCache
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.kv_pool import KVCache
 
 
 def _prefill_step(
@@ -81,7 +82,7 @@ def _prefill_step(
 
 NO_BLOCK = np.iinfo(np.int32).max
 """A table entry past every pool: what a row that has stopped inside a decode call reads and writes (writes
-to it are dropped, see ``model.decoder.write_blocks``)."""
+to it are dropped, see ``model.kv_pool.write_blocks``)."""
 
 
 class DecodeOut(NamedTuple):

@@ -84,7 +84,8 @@ from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import Collected, DeviceRunner, Dispatched, steps_for
 from pipelines_lib.engine.scheduler import Call, Counters, Request, Scheduler
 from pipelines_lib.mesh import logical_spec, make_mesh, place_state
-from pipelines_lib.model.decoder import Decoder, init_cache
+from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.kv_pool import init_cache
 
 WARMUP_COMPILE_THREADS = 4
 """Most variants ``warmup()`` compiles at once (one per host core at most): compile time, not the device, bounds

@@ -7,7 +7,7 @@ One attention implementation serves both uses:
   is the same forward stopped before the unembedding, for losses that unembed a chunk at a time; on one TPU
   device its attention can run a Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
-  paged ``KVCache``: a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
+  paged ``KVCache`` (``kv_pool``): a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
   a block table per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``.
   It first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``, the
   table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the same
@@ -52,55 +52,8 @@ from flax import nnx
 
 from pipelines_lib.model.attention import ATTENTION_RESIDUALS, attention, flash_causal_attention, use_flash
 from pipelines_lib.model.config import ModelConfig, RopeScaling
+from pipelines_lib.model.kv_pool import KVCache, gather_blocks, write_blocks
 from pipelines_lib.model.paged_attention import paged_decode_attention
-
-
-class KVCache(NamedTuple):
-    """Keys and values of every layer in blocks: ``[n_layers, num_blocks, block_size, kv_heads, head_dim]``."""
-
-    k_lnskd: jax.Array
-    v_lnskd: jax.Array
-
-
-def init_cache(cfg: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
-    """Zeroed pool of ``num_blocks`` blocks of ``block_size`` positions per layer."""
-    shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
-    dtype = jnp.dtype(cfg.dtype)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
-
-
-def write_blocks(
-    pool_lnskd: jax.Array, layer: jax.Array, new_btkd: jax.Array, positions_bt: jax.Array, table_bn: jax.Array
-) -> jax.Array:
-    """The pool with ``new`` written at each row's positions of ``layer``: position ``p`` of row ``b`` lives at
-    offset ``p % block_size`` of block ``table_bn[b, p // block_size]``; positions at or past ``n · block_size``
-    and table entries ``>= num_blocks`` ("no block") are dropped. A scatter into the stacked pool, the layer
-    scan's carry, updated in place. One token a row (decode) is scattered by position; a chunk (consecutive
-    positions, as prefill writes them) through the whole blocks it touches, gathered, overlaid and scattered
-    back: a TPU's scatter pays per index (the engine benchmark's serve of 64 prompts of 128 tokens on a TPU
-    v5e: 5.80 against 5.89 ms a step)."""
-    num_blocks, block_size = pool_lnskd.shape[1:3]
-    (b, t), n = positions_bt.shape, table_bn.shape[1]
-    new_btkd = new_btkd.astype(pool_lnskd.dtype)
-
-    def block_of(j_bx: jax.Array) -> jax.Array:  # each row's block at its block index j ("no block" past the table)
-        return jnp.where(j_bx < n, jnp.take_along_axis(table_bn, jnp.minimum(j_bx, n - 1), axis=1), num_blocks)
-
-    if t == 1:
-        return pool_lnskd.at[layer, block_of(positions_bt // block_size), positions_bt % block_size].set(
-            new_btkd, mode="drop")
-    w = (block_size - 1 + t - 1) // block_size + 1  # blocks t consecutive positions can touch, at any offset
-    block_bw = block_of(positions_bt[:, :1] // block_size + jnp.arange(w))
-    window_bxkd = jax.vmap(lambda win, chunk, at: jax.lax.dynamic_update_slice_in_dim(win, chunk, at, 0))(
-        gather_blocks(pool_lnskd, layer, block_bw), new_btkd, positions_bt[:, 0] % block_size)
-    return pool_lnskd.at[layer, block_bw].set(window_bxkd.reshape(b, w, *pool_lnskd.shape[2:]), mode="drop")
-
-
-def gather_blocks(pool_lnskd: jax.Array, layer: jax.Array, table_bn: jax.Array) -> jax.Array:
-    """Each row's ``[n · block_size, kv_heads, head_dim]`` view of ``layer``'s table blocks (position ``s`` of the
-    view holds position ``s``); blocks not assigned yet read some block, masked by causality."""
-    b, n = table_bn.shape
-    return pool_lnskd.at[layer, table_bn].get(mode="clip").reshape(b, n * pool_lnskd.shape[2], *pool_lnskd.shape[3:])
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """Decode attention over the paged KV cache, read in place: a Pallas TPU kernel.
 
 A decode step has one query per row, and its cost is reading every row's keys and values once. XLA's path
-(``decoder.write_blocks``, ``gather_blocks``, then ``attention.attention``) first copies each row's table blocks into a
+(``kv_pool.write_blocks``, ``gather_blocks``, then ``attention.attention``) first copies each row's table blocks into a
 contiguous ``[rows, span, ...]`` array and then attends over the copy: per layer, the keys/values cross memory
 twice and the copy runs below the bandwidth of a plain read. ``paged_decode_attention`` computes the same
 function from the pool itself:
