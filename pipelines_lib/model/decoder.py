@@ -7,8 +7,9 @@ One attention implementation serves both uses:
   is the same forward stopped before the unembedding, for losses that unembed a chunk at a time; on one TPU
   device its attention can run a Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
-  paged ``KVCache`` (``kv_pool``): a pool of fixed-size blocks per layer (stacked over layers), shared by all sequences, and
-  a block table per row saying which pool block holds its positions ``[j · block_size, (j + 1) · block_size)``.
+  paged ``KVCache`` (``kv_pool``): a pool of fixed-size blocks per layer (stacked over layers), shared by all
+  sequences, and a block table per row saying which pool block holds its positions
+  ``[j · block_size, (j + 1) · block_size)``.
   It first writes the new keys/values into their blocks, then gathers the row's ``n`` table blocks (``n``, the
   table's width, bounds the attention to ``n · block_size`` positions) and attends over them with the same
   causal-by-position mask; on one TPU device a decode step (one token per row) reads the blocks in place with a
