@@ -53,6 +53,7 @@ from pipelines_lib.configio import to_mapping
 from pipelines_lib.records import DoneMarker
 from pipelines_lib.storage.store import Store
 
+NAME = "ablation"
 ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}", "eta8", f"eta8{NO_CORRECTION}", "eta1", "eta2")
 """The headline arms first: each arm's figures are logged as it ends, so a run cut short still has them."""
 QUICK_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
@@ -191,7 +192,7 @@ def over_seed_figures(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> 
 def ablation(ctx: BenchContext) -> BenchResult:
     arm_names = chosen_arms(ctx.arms, quick=ctx.quick)
     per_seed, curves, warm_s = [], {}, []
-    for seed in range(ctx.seed_count(1 if ctx.quick else DEFAULT_SEEDS)):
+    for seed in ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS):
         seed_ctx = dataclasses.replace(ctx, scratch=ctx.scratch / f"seed{seed}")
         seed_ctx.scratch.mkdir()
         run = run_arm_set(seed_ctx, f"ablation seed {seed}", shared_config(quick=ctx.quick, seed=seed), arm_names)

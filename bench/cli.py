@@ -18,23 +18,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes: seconds per benchmark")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this benchmark, or every benchmark named NAME_* (--only tpu), repeatable")
-    p.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="seeds the benchmarks that repeat their campaign per seed run (learning, ablation; default: "
-                        "each one's own)")
+    p.add_argument("--seeds", type=seed_range, default=None, metavar="N|A..B",
+                   help="seeds the benchmarks that repeat their campaign per seed run (learning, ablation, "
+                        "tpu_ablation): N runs seeds 0..N-1, A..B seeds A to B inclusive (default: each one's own)")
     p.add_argument("--arms", default=None, metavar="A,B,...",
-                   help="the arms the ablation runs, comma-separated (default: all; --quick: the headline three)")
+                   help="the arms the ablation (or tpu_ablation) runs, comma-separated (default: all; --quick: the "
+                        "headline ones)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="S",
+                   help="seconds this run may take: tpu_ablation starts no (arm, seed) it does not expect to finish "
+                        "within them and records what it has (default: no limit)")
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="the campaign preset the learning benchmark runs over its seeds (default: make demo's, "
                         "pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 
+def seed_range(text: str) -> tuple[int, ...]:
+    """``N`` -> seeds 0..N-1; ``A..B`` -> seeds A to B inclusive (argparse type: a bad value is a usage error)."""
+    first, sep, last = text.partition("..")
+    try:
+        seeds = tuple(range(int(first), int(last) + 1)) if sep else tuple(range(int(text)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or A..B (whole numbers), got {text!r}") from None
+    if not seeds or seeds[0] < 0:
+        raise argparse.ArgumentTypeError(f"no seeds in {text!r}: N must be >= 1, A..B needs 0 <= A <= B")
+    return seeds
+
+
 def run(args: argparse.Namespace) -> int:
     from bench.runner import BenchmarksFailed, load_benches, run_benchmarks
     from pipelines_lib.cli import CommandError, did_you_mean
 
-    if args.seeds is not None and args.seeds < 1:
-        raise CommandError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.budget_s is not None and args.budget_s <= 0:
+        raise CommandError(f"--budget-s must be > 0, got {args.budget_s:g}")
     registered = sorted(load_benches())
     names = None
     for name in args.only or []:
@@ -46,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
     if arms:
-        from bench.ablation import chosen_arms
+        from bench import ablation, tpu_ablation
 
-        if names is not None and "ablation" not in names:
-            raise CommandError("--arms chooses the ablation's arms; add --only ablation")
+        chosen = [m for m in (ablation, tpu_ablation) if names is None or m.NAME in names]
+        if not chosen:
+            raise CommandError("--arms chooses the arms of ablation or tpu_ablation; add --only with one of them")
         try:
-            chosen_arms(arms, quick=args.quick)
+            for module in chosen:
+                module.chosen_arms(arms, quick=args.quick)
         except ValueError as err:
             raise CommandError(str(err)) from err
     if args.preset is not None:
@@ -66,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(str(err)) from err
     try:
         figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
-                                         preset=args.preset,
+                                         preset=args.preset, budget_s=args.budget_s,
                                          progress=lambda line: print(line, file=sys.stderr, flush=True)), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err

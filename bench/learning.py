@@ -239,7 +239,7 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
 def learning(ctx: BenchContext) -> BenchResult:
     preset = ctx.preset or DEMO_PRESET
     args = ["--preset", preset, *(a for item in (QUICK_OVERRIDES if ctx.quick else []) for a in ("--set", item))]
-    runs = [seed_run(ctx, seed, args) for seed in range(ctx.seed_count(2 if ctx.quick else DEFAULT_SEEDS))]
+    runs = [seed_run(ctx, seed, args) for seed in ctx.seed_list(2 if ctx.quick else DEFAULT_SEEDS)]
     plot_seeds(ctx.plot_dir / "learning_curve.png", runs,
                "per seed: train batch mean reward (lines), held-out greedy at v0 and last (dots)")
     k = load_campaign_config(Store(str(ctx.scratch / "seed0"))).eval.samples

@@ -32,6 +32,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.storage_scale",
     "bench.telemetry",
     "bench.tpu",
+    "bench.tpu_ablation",
     "bench.trainer",
     "bench.vllm",
 )
@@ -68,8 +69,12 @@ class BenchContext:
     scratch: Path
     """An empty folder, removed after the benchmark (local storage backend for IO benchmarks)."""
     progress: Callable[[str], None]
-    seeds: int | None = None
-    """How many seeds a benchmark that repeats its campaign per seed runs (``--seeds``); None: its own default."""
+    seeds: tuple[int, ...] | None = None
+    """The seeds a benchmark that repeats its campaign per seed runs (``--seeds N`` is 0..N-1, ``--seeds A..B`` is A
+    to B inclusive); None: its own default."""
+    budget_s: float | None = None
+    """Seconds this run may take (``--budget-s``): a benchmark made of resumable parts starts no part it does not
+    expect to finish in what is left; None: no limit."""
 
     arms: tuple[str, ...] | None = None
     """The arms a benchmark made of arms runs (``--arms``, the ablation); None: all of them."""
@@ -77,9 +82,9 @@ class BenchContext:
     """The campaign preset a benchmark that runs the demo command starts from (``--preset``, the learning
     benchmark; ``pipelines_lib.config.PRESETS``); None: ``make demo``'s, ``pipelines_lib.config.DEMO_PRESET``."""
 
-    def seed_count(self, default: int) -> int:
-        """``seeds`` if given, else ``default``."""
-        return default if self.seeds is None else self.seeds
+    def seed_list(self, default: int) -> tuple[int, ...]:
+        """``seeds`` if given, else seeds 0 to ``default`` - 1."""
+        return tuple(range(default)) if self.seeds is None else self.seeds
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -182,11 +182,12 @@ class BenchmarksFailed(Exception):  # noqa: N818 - the run's outcome, raised aft
 
 
 def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_dir: Path = Path("."), *,
-                   seeds: int | None = None, arms: Sequence[str] | None = None, preset: str | None = None,
+                   seeds: Sequence[int] | None = None, arms: Sequence[str] | None = None, preset: str | None = None,
+                   budget_s: float | None = None,
                    progress: Callable[[str], None] = _stderr,
                    clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Run the named benchmarks (all registered ones by default); returns the figures of this run, or raises
-    ``BenchmarksFailed`` (carrying them) after the last benchmark when any failed. ``seeds``: how many seeds the
+    ``BenchmarksFailed`` (carrying them) after the last benchmark when any failed. ``seeds``: the seeds the
     benchmarks that repeat over seeds run (None: each one's default); ``arms``: the arms the benchmarks made of arms
     run (None: all); ``preset``: the campaign preset the benchmarks that run the demo command start from."""
     benches = load_benches()
@@ -206,7 +207,9 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         start = clock()
         try:
             result = benches[name].fn(BenchContext(quick=quick, plot_dir=plot_dir, scratch=scratch, progress=progress,
-                                                    seeds=seeds, arms=tuple(arms) if arms else None, preset=preset))
+                                                    seeds=tuple(seeds) if seeds else None,
+                                                    arms=tuple(arms) if arms else None, preset=preset,
+                                                    budget_s=budget_s))
         except BenchSkipped as skipped:
             progress(f"bench {name} skipped, nothing recorded: {skipped}")
             continue

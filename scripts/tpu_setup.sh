@@ -9,15 +9,16 @@
 #   INDEX_URL=file:///opt/pypi/simple      the local package index
 #
 # Installed: the library's runtime needs without Prefect (the colocated runner, `python -m pipelines_lib.cli` and
-# the benchmarks never import it), gcsfs (a machine without sockets keeps campaigns on its own disk), matplotlib
-# and duckdb (reports and SQL over a campaign, not the campaign itself).
+# the benchmarks never import it) but with matplotlib (the benchmarks' plots); not gcsfs (a machine without sockets
+# keeps campaigns on its own disk) nor duckdb (SQL over a campaign, not the campaign itself).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${1:-$root/build/tpu-site}
 python=${PYTHON:-python3}
 index=${INDEX_URL:-file:///opt/pypi/simple}
-needs=(flax optax orbax-checkpoint tensorstore pyarrow transformers tokenizers safetensors pyyaml psutil httpx numpy google-crc32c)
+needs=(flax optax orbax-checkpoint tensorstore pyarrow transformers tokenizers safetensors pyyaml psutil httpx numpy google-crc32c
+       matplotlib)
 
 "$python" -c "import jax" || { echo "tpu_setup: $python cannot import jax; set PYTHON to the machine's Python" >&2; exit 2; }
 mkdir -p "$target"

@@ -319,6 +319,8 @@ class Collected(NamedTuple):
     count_r: np.ndarray
     busy_s: float
     host_bound: bool
+    busy_from: float
+    """Where the credited busy interval starts, on the runner's clock (it ends ``busy_s`` later)."""
 
 
 class DeviceRunner:
@@ -383,8 +385,9 @@ class DeviceRunner:
         host_bound = call.token_kr.is_ready()
         token_kr, logprob_kr, count_r = np.asarray(call.token_kr), np.asarray(call.logprob_kr), np.asarray(call.count_r)
         end = self._clock()
-        busy = 0.0
+        busy, busy_from = 0.0, end
         if not host_bound:
-            busy = max(0.0, end - max(call.at, self._credited_until))
+            busy_from = min(end, max(call.at, self._credited_until))
+            busy = end - busy_from
             self._credited_until = end
-        return Collected(token_kr, logprob_kr, count_r, busy, host_bound)
+        return Collected(token_kr, logprob_kr, count_r, busy, host_bound, busy_from)

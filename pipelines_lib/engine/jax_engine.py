@@ -79,6 +79,7 @@ import jax
 from flax import nnx, traverse_util
 from jax.sharding import NamedSharding, PartitionSpec
 
+from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Completion, SamplingParams
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.engine.device import Collected, DeviceRunner, Dispatched, steps_for
@@ -344,12 +345,14 @@ class JaxEngine:
         assert self._loop is not None and self._wake is not None
         scheduler = self._scheduler
         inflight: tuple[Call, Dispatched] | None = None
+        chip = telemetry.BusySpans(self._clock)  # the chip track of whatever recorder the first caller had active
         try:
             while not self._closed:
                 scheduler.drop_cancelled()
                 params, version = self._install_pending_weights()
                 call = scheduler.plan(scheduler.admit(version, self._clock()), params, version)
                 if call is None and inflight is None:
+                    chip.flush()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -358,6 +361,9 @@ class JaxEngine:
                 inflight, results = await self._loop.run_in_executor(self._executor, self._compute, call, previous)
                 if previous is not None and results is not None:
                     scheduler.record(previous[0], results, self._version, self._clock())
+                    if results.busy_s > 0:
+                        chip.add(results.busy_from, results.busy_from + results.busy_s)
+            chip.flush()
         except Exception as err:  # delivered to every waiting request and to later generate() calls
             self._error = err
             scheduler.fail_all(EngineClosedError(f"engine scheduler failed: {err!r}"))

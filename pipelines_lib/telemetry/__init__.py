@@ -21,6 +21,9 @@ Where the spans of a rollout worker come from::
     trainer (process)
       trainer (track): data_wait, train_step, publish, checkpoint
       counters: trainer_version, dropped_stale_groups, staleness.* totals, rss_mb
+    chip (track, in either process): ``device`` spans, the intervals a device program of that process had
+      results the host was waiting for (the engine's calls, merged by ``BusySpans``; the trainer's steps):
+      ``trace.chip_busy`` unions them into the share of wall clock the accelerator was working
 
 ``trace.to_chrome_trace`` turns the records of any campaign into the Chrome/Perfetto JSON trace format
 (one process per stage, one thread per track, complete events ``ph: X`` with tags as args, counters as
@@ -231,6 +234,38 @@ def record_span(name: str, start_s: float, end_s: float, *, track: str | None = 
     recorder = _ACTIVE.get()
     if recorder is not None:
         recorder.span_record(name, track or _TRACK.get() or name, start_s, end_s, tags)
+
+
+class BusySpans:
+    """A device user's busy intervals recorded as ``device`` spans on the ``chip`` track, intervals less than
+    ``gap_s`` apart merged into one span: an engine dispatches a call every few milliseconds, and a span per call
+    would outnumber every other record. ``clock`` is the user's own clock (the engine's, injected); a span is
+    moved onto the recorder's clock when it is recorded. ``flush`` records the open interval (call it before
+    idling and at the end)."""
+
+    def __init__(self, clock: Callable[[], float], *, gap_s: float = 0.002) -> None:
+        self._clock = clock
+        self._gap_s = gap_s
+        self._open: list[float] | None = None
+        self._calls = 0
+
+    def add(self, start: float, end: float) -> None:
+        if self._open is not None and start <= self._open[1] + self._gap_s:
+            self._open[1] = max(self._open[1], end)
+        else:
+            self.flush()
+            self._open = [start, end]
+        self._calls += 1
+
+    def flush(self) -> None:
+        if self._open is None:
+            return
+        recorder = _ACTIVE.get()
+        if recorder is not None:
+            shift = recorder.clock() - self._clock()
+            recorder.span_record("device", "chip", self._open[0] + shift, self._open[1] + shift,
+                                 {"calls": self._calls})
+        self._open, self._calls = None, 0
 
 
 def gauge(name: str, value: float, **tags: Any) -> None:

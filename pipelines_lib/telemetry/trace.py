@@ -215,6 +215,26 @@ def check_trace(trace: dict[str, Any]) -> list[str]:
     return problems
 
 
+def chip_busy(records: list[dict[str, Any]], start_us: int, end_us: int, *,
+              processes: tuple[str, ...] | None = None) -> float:
+    """Share of ``[start_us, end_us)`` during which some device program had results a host thread was waiting
+    for: the union of the ``chip`` track's spans (the engines' merged calls and the trainer's steps, see the
+    package docstring) of ``processes`` (stage prefixes, ``("rollout", "trainer")``; None: every process),
+    clipped to the window. Overlaps count once: on one chip XLA runs one program at a time, so two users waiting
+    at once means one of them queues behind the other."""
+    if end_us <= start_us:
+        raise ValueError(f"chip_busy: empty window [{start_us}, {end_us})")
+    spans = sorted((max(start_us, r["ts_us"]), min(end_us, r["ts_us"] + r["dur_us"])) for r in records
+                   if r["type"] == "span" and r["track"] == "chip"
+                   and (processes is None or r["process"].split("-")[0] in processes))
+    busy, reach = 0, start_us
+    for start, end in spans:
+        if end > max(start, reach):
+            busy += end - max(start, reach)
+            reach = end
+    return busy / (end_us - start_us)
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per span name: count, total/mean/p95 seconds; per gauge: last, mean, max; per count: the total.
 

@@ -309,8 +309,9 @@ class StreamingTrainer:
               f"the groups and tail cursor of step {self.step + 1}")
         with telemetry.span("train_step", track="trainer", step=self.step + 1, groups=len(groups)):
             batch, n_tokens = self.batch(groups)
-            metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
-            metrics = {k: float(v) for k, v in metrics.items()}
+            with telemetry.span("device", track="chip"):  # from the batch's transfer to its metrics on the host
+                metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
+                metrics = {k: float(v) for k, v in metrics.items()}
         self.step += 1
         self.tokens_trained += n_tokens
         # A replayed step publishes what its log says it did (a fork replays its parent's steps under its own config).

@@ -1,0 +1,141 @@
+"""Pure figures of an ablation made of (arm, seed) runs: time to a target, curves on a common grid, the claims.
+
+Every function takes what the runs recorded (plain numbers, no folders), so the bookkeeping a partial, resumed
+ablation depends on is tested without running a campaign:
+
+```
+runs[seed][arm] = {"final_success": 0.62, "wall_s": 140.0, "curve": [[step, seconds, success], ...], ...}
+time_to_target(curve, target)          first seconds at which an evaluated version reached target, or None
+on_grid(curves, grid, axis)            each run's success as a step function of seconds or steps, on one grid
+ablation_figures(runs, arms)           per arm over seeds; paired claims with 95 % intervals, open ones marked
+```
+
+**Time to target.** The target is ``TARGET_SHARE`` of sync's mean final success over its seeds (one number for
+every arm and seed). A version counts from the moment it was published (its curve point's seconds since the
+trainer started). A run that never reaches the target has no time; its ratio to sync is censored at its own
+wall clock (it took at least that long), and a claim about the ratio is never supported while any paired seed
+is censored. A seed whose sync run never reached the target, or reached it at v0 (time 0: the target asks
+nothing of training), cannot anchor a ratio and is left out of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.seeds import Claim, OverSeeds
+
+TARGET_SHARE = 0.9
+"""Time to target: the first time an arm reaches this share of sync's mean final success."""
+WITHIN_PTS = 3.0
+"""Claim (a): η = 4 with the correction ends within this many points of sync (whole interval)."""
+RATIO_GOAL = 0.5
+"""Claim (b): η = 4 reaches the target in at most this share of sync's time (whole interval)."""
+MEAN_KEYS = ("wall_s", "command_s", "staleness_mean", "staleness_max", "dropped_stale_share", "mismatch_mean",
+             "behav_prox_kl_mean", "tis_capped_frac_mean", "chip_busy", "host_idle_share", "traj_per_hour",
+             "useful_samples_per_hour", "v0_success")
+"""Figures of a run averaged over seeds per arm (those the runs have)."""
+
+Curve = Sequence[Sequence[float]]
+"""``[[trainer step, seconds since the trainer started, held-out greedy success], ...]`` per evaluated version."""
+
+
+def time_to_target(curve: Curve, target: float) -> float | None:
+    """Seconds since the trainer started at which the first version with success >= ``target`` was published;
+    None when none did."""
+    reached = [seconds for _, seconds, success in curve if success >= target]
+    return min(reached) if reached else None
+
+
+def on_grid(curve: Curve, grid: Sequence[float], *, axis: int) -> list[float]:
+    """The run's success at each grid point as a step function of ``axis`` (0: trainer steps, 1: seconds): the
+    success of the last version published at or before the point (the first version's before it)."""
+    points = sorted((p[axis], p[2]) for p in curve)
+    out = []
+    for x in grid:
+        before = [s for at, s in points if at <= x]
+        out.append(before[-1] if before else points[0][1])
+    return out
+
+
+def paired(runs: Mapping[int, Mapping[str, Any]], a: str, b: str) -> list[int]:
+    """Seeds that have both arms, in order."""
+    return sorted(s for s, arms in runs.items() if a in arms and b in arms)
+
+
+def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str], *,
+                     prefix: str) -> tuple[dict[str, float], list[Claim], list[str]]:
+    """Figures over seeds (keys under ``prefix``), the claims judged so far, and what is still open.
+
+    Per arm: final success in points (mean, min, spread, interval), time to target (mean over the seeds that
+    reached it, and how many did not), the ``MEAN_KEYS`` means. Paired by seed: η = 4's gap to sync, its time-to-
+    target ratio, and η = 4 corrected minus uncorrected."""
+    figures: dict[str, float] = {f"{prefix}seeds": float(len(runs))}
+    open_: list[str] = []
+    sync_final = [100 * runs[s]["sync"]["final_success"] for s in sorted(runs) if "sync" in runs[s]]
+    if not sync_final:
+        return figures, [], ["no sync run yet: nothing can be judged"]
+    figures |= OverSeeds(tuple(sync_final)).figures(f"{prefix}sync_final_pts") | {
+        f"{prefix}sync_final_pts_mean": round(statistics.fmean(sync_final), 2)}
+    target = TARGET_SHARE * statistics.fmean(sync_final) / 100
+    figures[f"{prefix}target_success"] = round(target, 4)
+    ttt: dict[str, dict[int, float | None]] = {}
+    for arm in arms:
+        seeds = [s for s in sorted(runs) if arm in runs[s]]
+        if not seeds:
+            open_.append(f"arm {arm}: no run yet")
+            continue
+        final = [100 * runs[s][arm]["final_success"] for s in seeds]
+        figures |= OverSeeds(tuple(final)).figures(f"{prefix}{arm}.final_pts")
+        figures[f"{prefix}{arm}.seeds"] = float(len(seeds))
+        for key in MEAN_KEYS:
+            values = [float(runs[s][arm][key]) for s in seeds if key in runs[s][arm]]
+            if values:
+                figures[f"{prefix}{arm}.{key}"] = round(statistics.fmean(values), 4)
+        ttt[arm] = {s: time_to_target(runs[s][arm]["curve"], target) for s in seeds}
+        reached = [t for t in ttt[arm].values() if t is not None]
+        figures[f"{prefix}{arm}.never_reached"] = float(len(seeds) - len(reached))
+        if reached:
+            figures[f"{prefix}{arm}.time_to_target_s"] = round(statistics.fmean(reached), 2)
+    claims: list[Claim] = []
+    gap_seeds = paired(runs, "sync", "eta4")
+    if gap_seeds:
+        sync = [100 * runs[s]["sync"]["final_success"] for s in gap_seeds]
+        eta4 = [100 * runs[s]["eta4"]["final_success"] for s in gap_seeds]
+        claim = Claim.within(f"(a) η = 4 with the correction ends within {WITHIN_PTS:g} points of sync", sync, eta4,
+                             WITHIN_PTS)
+        figures |= claim.differences.figures(f"{prefix}eta4_gap_pts")
+        claims.append(claim)
+    ratio_seeds = [s for s in gap_seeds if (ttt["sync"][s] or 0.0) > 0.0]
+    if ratio_seeds:
+        censored = [s for s in ratio_seeds if ttt["eta4"][s] is None]
+        ratios = tuple((ttt["eta4"][s] if ttt["eta4"][s] is not None else runs[s]["eta4"]["wall_s"]) / ttt["sync"][s]
+                       for s in ratio_seeds)
+        diff = OverSeeds(ratios)
+        figures |= diff.figures(f"{prefix}eta4_time_to_target_ratio")
+        figures[f"{prefix}eta4_time_to_target_censored"] = float(len(censored))
+        supported = len(ratios) > 1 and not censored and diff.interval()[1] <= RATIO_GOAL
+        text = f"(b) η = 4 reaches the target in at most {RATIO_GOAL:g} of sync's time"
+        if censored:
+            text += f" (seeds {censored}: η = 4 never reached it; ratio censored at its wall clock)"
+        claims.append(Claim(text, diff, supported))
+    if len(gap_seeds) > len(ratio_seeds):
+        open_.append(f"seeds {sorted(set(gap_seeds) - set(ratio_seeds))}: sync never reached the target (or its v0 "
+                     f"did), no ratio")
+    corr_seeds = paired(runs, "eta4", "eta4_nocorr")
+    if corr_seeds:
+        claim = Claim.worse("(c) η = 4 without the correction ends below η = 4 with it",
+                            [100 * runs[s]["eta4"]["final_success"] for s in corr_seeds],
+                            [100 * runs[s]["eta4_nocorr"]["final_success"] for s in corr_seeds])
+        figures |= claim.differences.figures(f"{prefix}eta4_nocorr_gap_pts")
+        claims.append(claim)
+    for name, seeds in (("(a)", gap_seeds), ("(b)", ratio_seeds), ("(c)", corr_seeds)):
+        if len(seeds) < 2:
+            open_.append(f"claim {name}: {len(seeds)} paired seed(s), an interval needs 2 or more")
+    for claim in claims:  # keyed by the claim's letter: "(a) ..." -> claim.a.supported
+        figures[f"{prefix}claim.{claim.text[1]}.supported"] = float(claim.supported)
+    return figures, claims, open_
+
+
+__all__ = ["RATIO_GOAL", "TARGET_SHARE", "WITHIN_PTS", "ablation_figures", "on_grid", "paired", "time_to_target"]

@@ -1,0 +1,433 @@
+"""Benchmark ``tpu_ablation``: the synchronous loop against asynchronous η on one accelerator chip, at equal
+quality, over seeds, resumable across commands and sessions.
+
+```
+per seed s (5 by default; --seeds N or A..B)
+  warm start    the tpu_ablation recipe's SFT, colocated, into <scratch>/seed<s>/base (v0)
+  arms          sync, eta1, eta2, eta4, eta4_nocorr: run_colocated(init_from=base) with heavy tool latency,
+                each in its own folder; then every published version evaluated on the held-out split (untimed,
+                without tool latency: the score does not depend on it)
+profiles        none and light tool latency: sync and eta4 of seed 0 again (throughput across latency)
+ledger          bench/tpu_ablation_runs.json: each finished (arm, seed) and (profile, arm), keyed by the recipe's
+                fingerprint; a later command runs only what the ledger lacks
+```
+
+The arms are those of ``bench/campaign_arms.py`` (``arm_overrides``): ``sync`` is the on-policy loop made from
+admission (η = 0, one version's batch per version: generate, train, publish, generate on the new weights), ``eta<k>``
+lets groups start up to k versions ahead with the decoupled correction, ``eta4_nocorr`` trains them as if fresh.
+Everything runs colocated in this one process (a chip admits one), one arm after another: XLA's persistent
+compilation cache (``JAX_COMPILATION_CACHE_DIR``) and the process's own jit caches are shared by the arms of one
+command, and each command opens with a short campaign that is thrown away (``run_colocated_warmup``), so no
+arm's wall clock pays for compilation: otherwise the first arm of a command (sync) would, and time to target
+would favour whichever arm ran later.
+
+**What is measured per run** (``RUN_KEYS``): final held-out greedy success (the last version), its curve (success
+per version against the trainer step that published it and the seconds since the trainer started), the trainer's
+wall clock (``train/DONE.json``) and the command's (compilation and the in-run evaluation of v0 and the last
+version included), staleness and dropped share of trained groups, the behaviour–proximal mismatch, trajectories and
+useful samples per hour of the trainer's wall clock, the chip busy fraction (``telemetry.trace.chip_busy`` over the
+trainer's window: the union of the engine's and the trainer's device spans) and the host idle share (the share of
+the trainer's wall clock its loop waited for groups, ``idle_s / wall_s``).
+
+**Claims** (``bench/arm_stats.py``): (a) η = 4 ends within 3 points of sync, (b) η = 4 reaches 90 % of sync's mean
+final success in at most half sync's time, (c) corrected against uncorrected, each on the 95 % interval of the
+paired per-seed differences; a claim with fewer than two paired seeds is listed as open. ``--budget-s`` bounds a
+command: no run starts that the longest run so far says would not finish in what is left; what ran is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.ablation import mismatch_figures
+from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, on_grid
+from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
+from bench.plots import figure
+from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.seeds import OverSeeds, seed_overrides
+from pipelines_lib import records
+from pipelines_lib.config import CampaignConfig
+from pipelines_lib.configio import to_mapping
+from pipelines_lib.envs.tools.latency import LatencyProfile
+from pipelines_lib.records import DoneMarker, EvalResult, Publication
+from pipelines_lib.storage.store import Store
+
+NAME = "tpu_ablation"
+ARMS = ("sync", "eta1", "eta2", "eta4", f"eta4{NO_CORRECTION}")
+"""Every arm of a seed, sync first (every claim compares with it), then the headline η = 4 pair."""
+QUICK_ARMS = ("sync", "eta4")
+PROFILE_ARMS = ("sync", "eta4")
+"""The arms run again under the ``none`` and ``light`` latency profiles (seed 0) for throughput."""
+PROFILES = {"none": LatencyProfile.none(), "light": LatencyProfile.light(), "heavy": LatencyProfile.heavy()}
+DEFAULT_SEEDS = 5
+WARMUP_STEPS = 2
+"""Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
+LEDGER = Path("bench/tpu_ablation_runs.json")
+RECIPE: dict[str, Any] = {
+    "dataset.source": "builtin:twostep", "dataset.env_name": "twostep", "env.name": "twostep",
+    "engine.max_seq_len": 256, "engine.prefill_buckets": [16, 64, 128, 256], "engine.num_slots": 64,
+    "rollout.max_tokens": 256, "rollout.group_size": 8, "rollout.max_concurrency": 64,
+    "rollout.max_groups_per_version": 32, "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0,
+    "trainer.seq_buckets": [256], "trainer.max_steps": 16, "trainer.checkpoint_every": 4,
+    "sft.error_rate": 0.95, "sft.steps": 300, "sft.optim.total_steps": 300,
+    "eval.n_tasks": 64, "eval.samples": 1, "eval.versions": "ends",
+}
+"""Over ``tpu_demo``: the ``twostep`` task (two calculator calls, the first result carried into the second) with
+95 % flawed demonstrations, so that v0 answers greedily with a wrong carry or after one call on every seed and
+GRPO has a skill to learn rather than a format; groups of 8 (more groups with any learning signal while success is
+rare); an async budget of two versions' groups per version."""
+QUICK: dict[str, Any] = {
+    "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 32,
+    "model.d_ff": 128, "sft.steps": 10, "sft.n_demos": 64, "sft.optim.total_steps": 10, "trainer.max_steps": 2,
+    "trainer.batch_groups": 2, "trainer.skip_zero_advantage": False, "rollout.group_size": 2,
+    "rollout.max_groups_per_version": 4, "eval.n_tasks": 4, "dataset.n_train": 128, "dataset.n_heldout": 8,
+    "engine.num_slots": 8, "rollout.max_concurrency": 8, "engine.prefill_buckets": [64, 256],
+}
+"""A smoke run on 2 CPU cores: a small model, two trainer steps, every group trained (a weak policy's groups are
+mostly unrewarded); the success figures are noise."""
+
+
+def shared_config(*, quick: bool, seed: int, profile: str = "heavy") -> CampaignConfig:
+    """The config every arm of ``seed`` shares: ``tpu_demo`` with ``RECIPE`` (``QUICK`` over it), the seed and the
+    latency profile."""
+    return CampaignConfig.build(preset="tpu_demo", overrides={
+        **RECIPE, **(QUICK if quick else {}), **seed_overrides(seed), "env.tool_latency": to_mapping(PROFILES[profile])})
+
+
+def fingerprint(*, quick: bool) -> str:
+    """What a recorded run was measured with: the shared config of seed 0 (a changed recipe starts a new ledger)."""
+    text = json.dumps(shared_config(quick=quick, seed=0).to_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Ledger:
+    """The finished runs: ``runs[seed][arm]`` (heavy latency) and ``profiles[profile][arm]`` (seed 0)."""
+
+    path: Path
+    fingerprint: str
+    device: str
+    runs: dict[int, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    profiles: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, *, fingerprint: str, device: str, log: Callable[[str], None]) -> Ledger:
+        """The ledger at ``path`` if it was measured with this recipe on this device; else an empty one (the old
+        file is kept beside it, named by its fingerprint)."""
+        fresh = cls(path, fingerprint, device)
+        if not path.exists():
+            return fresh
+        data = json.loads(path.read_text())
+        if data.get("fingerprint") != fingerprint or data.get("device") != device:
+            old = path.with_name(f"{path.stem}-{data.get('fingerprint', 'unknown')}.json")
+            log(f"{NAME}: {path} was measured with recipe {data.get('fingerprint')} on {data.get('device')!r}, not "
+                f"{fingerprint} on {device!r}: kept as {old}, starting a new ledger")
+            path.rename(old)
+            return fresh
+        return cls(path, fingerprint, device, {int(s): arms for s, arms in data["runs"].items()}, data["profiles"])
+
+    def save(self) -> None:
+        data = {"fingerprint": self.fingerprint, "device": self.device, "runs": self.runs,
+                "profiles": self.profiles}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.path)  # a command killed mid-write leaves the previous ledger whole
+
+
+def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
+    """The arms a run takes (``--arms``; by default all, ``QUICK_ARMS`` when quick), sync always, in ``ARMS``
+    order."""
+    if not arms:
+        return QUICK_ARMS if quick else ARMS
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"unknown {NAME} arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
+    return tuple(a for a in ARMS if a in {"sync", *arms})
+
+
+def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, profile: str,
+            log: Callable[[str], None]) -> tuple[dict[str, Any], Store]:
+    """One arm from the warm start at ``base``, in ``scratch/<arm>-<profile>``: its figures and its folder."""
+    from pipelines_lib.stages.colocated import run_colocated
+    from pipelines_lib.stages.evaluate import evaluate
+    from pipelines_lib.telemetry.trace import chip_busy, read_records
+
+    config = shared.with_overrides({"init_from": base.url, **arm_overrides(arm, shared)})
+    store = Store(str(scratch / f"{arm}-{profile}"))
+    t0 = time.monotonic()
+    run_colocated(store, config, cache=scratch / "cache", log=log)
+    command_s = time.monotonic() - t0
+    quiet = dataclasses.replace(config, env=dataclasses.replace(config.env, tool_latency=LatencyProfile.none()))
+    for version in records.published_versions(store):
+        evaluate(store, quiet, version=version, cache=scratch / "cache", log=log)
+    figures, _ = arm_figures(store)
+    done = DoneMarker.read(store)
+    end = dt.datetime.fromisoformat(done.finished_at).timestamp()
+    start = end - done.wall_s
+    curve = []
+    for version in records.evaluated_versions(store):
+        published = Publication.entry(store, version)
+        seconds = max(0.0, dt.datetime.fromisoformat(published.published_at).timestamp() - start)
+        curve.append([published.step, round(seconds if version else 0.0, 3),
+                      EvalResult.read(store, version).greedy_success_rate])
+    spans = read_records(store)
+    out = {k: figures[k] for k in ("final_success", "v0_success", "wall_s", "steps", "staleness_mean",
+                                   "staleness_max", "dropped_stale_share", "traj_per_hour", "useful_samples_per_hour",
+                                   "trajectories", "useful_samples")}
+    out |= mismatch_figures(store) | {
+        "command_s": round(command_s, 2), "curve": sorted(curve),
+        "chip_busy": round(chip_busy(spans, int(start * 1e6), int(end * 1e6), processes=("rollout", "trainer")), 4),
+        "host_idle_share": round(done.idle_s / done.wall_s, 4),
+        "finished_at": done.finished_at,
+    }
+    return out, store
+
+
+def run_colocated_warmup(scratch: Path, base: Store, shared: CampaignConfig, *, log: Callable[[str], None]) -> Store:
+    """A short campaign of ``shared`` from ``base``, thrown away: it compiles what every arm runs (the train step,
+    the engine's variants, publication, evaluation), so that no arm's wall clock, the first one's included, pays
+    for compilation. The programs are the same in every arm: η, the budget and the correction change no shape."""
+    from pipelines_lib.stages.colocated import run_colocated
+
+    store = Store(str(scratch / "compile-warmup"))
+    config = shared.with_overrides({"init_from": base.url, "trainer.max_steps": WARMUP_STEPS,
+                                    "env.tool_latency": to_mapping(LatencyProfile.none())})
+    run_colocated(store, config, cache=scratch / "cache", log=log)
+    return store
+
+
+def _warm_start(scratch: Path, shared: CampaignConfig, log: Callable[[str], None]) -> Store:
+    from pipelines_lib.stages.warm_start import warm_start
+
+    base = Store(str(scratch / "base"))
+    warm_start(base, shared, cache=scratch / "cache", log=log)
+    return base
+
+
+def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Sequence[int],
+               *, on_timeline: Callable[[str, Store], None] | None = None) -> list[str]:
+    """Run every (seed, arm) and (profile, arm) the ledger lacks, saving it after each; returns what was left out
+    for the budget. ``on_timeline(name, store)`` sees seed 0's sync and η = 4 folders while they exist."""
+    started = time.monotonic()
+    longest = [0.0]
+    skipped: list[str] = []
+
+    def affordable(what: str) -> bool:
+        left = None if ctx.budget_s is None else ctx.budget_s - (time.monotonic() - started)
+        if left is not None and left < max(longest[0], 1.0) * 1.1:
+            skipped.append(what)
+            return False
+        return True
+
+    def timed(fn: Callable[[], Any]) -> Any:
+        t0 = time.monotonic()
+        result = fn()
+        longest[0] = max(longest[0], time.monotonic() - t0)
+        return result
+
+    # Quick mode (a CPU smoke run) without tool latency: under heavy latency its sync arm alone waits a minute.
+    main = "none" if ctx.quick else "heavy"
+    jobs = [(seed, main, arm) for seed in seeds for arm in arms]
+    if not ctx.quick:
+        jobs += [(0, profile, arm) for profile in ("none", "light") for arm in PROFILE_ARMS]
+    compiled: list[Store] = []
+    bases: dict[int, Store] = {}  # a seed's warm start, shared by its profiles (tool latency plays no part in SFT)
+    for seed, profile, arm in jobs:
+        done = ledger.runs.get(seed, {}) if profile == main else ledger.profiles.get(profile, {})
+        label = f"seed {seed} {arm}" + ("" if profile == main else f" ({profile} latency)")
+        if arm in done:
+            continue
+        if not affordable(label):
+            continue
+        shared = shared_config(quick=ctx.quick, seed=seed, profile=profile)
+        scratch = ctx.scratch / f"seed{seed}"
+        if seed not in bases:
+            ctx.progress(f"{NAME}: seed {seed}: warm start")
+            bases[seed] = timed(lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))
+        if not compiled and not ctx.quick:  # a quick run's timings mean nothing: it skips the warm-up
+            ctx.progress(f"{NAME}: compiling (a {WARMUP_STEPS}-step campaign, not recorded)")
+            compiled.append(timed(lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
+                scratch, base, shared, log=ctx.progress)))
+        ctx.progress(f"{NAME}: {label}")
+        figures, store = timed(lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
+                               run_arm(scratch, base, shared, arm, profile=profile, log=ctx.progress))
+        if on_timeline is not None and seed == 0 and profile == main and arm in ("sync", "eta4"):
+            on_timeline(arm, store)
+        done[arm] = figures
+        if profile == main:
+            ledger.runs[seed] = done
+        else:
+            ledger.profiles[profile] = done
+        ledger.save()
+        ctx.progress(f"{NAME}: {label}: final {figures['final_success']:.1%}, trainer {figures['wall_s']:.0f} s, "
+                     f"command {figures['command_s']:.0f} s, chip busy {figures['chip_busy']:.2f}")
+    return skipped
+
+
+def throughput_figures(ledger: Ledger) -> dict[str, float]:
+    """``tpu.rollout.<profile>.*``: per latency profile, sync and η = 4 trajectories and useful samples per hour,
+    chip busy and host idle share, and async over sync in useful samples per hour (heavy: seed 0's ablation
+    runs)."""
+    out: dict[str, float] = {}
+    by_profile = {**ledger.profiles, "heavy": ledger.runs.get(0, {})}
+    for profile, arms in by_profile.items():
+        for arm in PROFILE_ARMS:
+            if arm not in arms:
+                continue
+            f = arms[arm]
+            tag = "sync" if arm == "sync" else "async"
+            for key in ("traj_per_hour", "useful_samples_per_hour", "chip_busy", "host_idle_share", "wall_s"):
+                out[f"tpu.rollout.{profile}.{key}_{tag}"] = round(float(f[key]), 4)
+        if not all(a in arms for a in PROFILE_ARMS):
+            continue
+        for suffix, key in (("", "useful_samples_per_hour"), ("_trajectories", "traj_per_hour")):
+            if arms["sync"][key] > 0:  # a sync run with no useful sample has no ratio to speak of
+                out[f"tpu.rollout.{profile}.async_over_sync{suffix}"] = round(arms["eta4"][key] / arms["sync"][key], 4)
+    return out
+
+
+def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str]) -> None:
+    """Success against wall clock and against steps per arm: the mean over seeds and a band from the lowest to
+    the highest seed, each seed's curve a step function of its evaluated versions."""
+    with figure(path, figsize=(11, 4), dpi=100, ncols=2, sharey=True) as (fig, (by_step, by_wall)):
+        for axis, ax in ((0, by_step), (1, by_wall)):
+            for arm in arms:
+                curves = [runs[s][arm]["curve"] for s in sorted(runs) if arm in runs[s]]
+                if not curves:
+                    continue
+                end = max(p[axis] for c in curves for p in c)
+                grid = [end * i / 100 for i in range(101)]
+                ys = [on_grid(c, grid, axis=axis) for c in curves]
+                mean = [100 * sum(col) / len(col) for col in zip(*ys, strict=True)]
+                style = "--" if arm.endswith(NO_CORRECTION) else "-"
+                (line,) = ax.plot(grid, mean, style, label=f"{arm} (n={len(curves)})")
+                ax.fill_between(grid, [100 * min(col) for col in zip(*ys, strict=True)],
+                                [100 * max(col) for col in zip(*ys, strict=True)], color=line.get_color(), alpha=0.15)
+        by_step.set_xlabel("trainer step")
+        by_step.set_ylabel("held-out greedy success, % (mean; band: min to max over seeds)")
+        by_step.set_ylim(0, 100)
+        by_wall.set_xlabel("seconds since the trainer started")
+        by_wall.legend(fontsize=8)
+        fig.suptitle("twostep on one chip, heavy tool latency: sync vs async η (dashed: without the correction)")
+
+
+def plot_timeline(path: Path, stores: Mapping[str, Store], *, seconds: float = 40.0) -> None:
+    """The first ``seconds`` of each campaign's trainer window: the chip's device spans (engine, trainer), the
+    trainer's waits for data and the rollout's episodes in flight, one panel per campaign."""
+    from pipelines_lib.telemetry.trace import read_records
+
+    with figure(path, figsize=(11, 1.9 * len(stores) + 0.6), dpi=100, nrows=len(stores), sharex=True) as (fig, axes):
+        for ax, (name, store) in zip(axes if len(stores) > 1 else [axes], stores.items(), strict=True):
+            done = DoneMarker.read(store)
+            start_us = (dt.datetime.fromisoformat(done.finished_at).timestamp() - done.wall_s) * 1e6
+            spans = [r for r in read_records(store) if r["type"] == "span"]
+            lanes = {"chip: engine": lambda r: r["track"] == "chip" and r["process"].startswith("rollout"),
+                     "chip: trainer": lambda r: r["track"] == "chip" and r["process"].startswith("trainer"),
+                     "trainer: waits for data": lambda r: r["name"] == "data_wait",
+                     "rollout: tool calls": lambda r: r["name"].startswith("tool_call")}
+            for y, (label, wanted) in enumerate(lanes.items()):
+                bars = [((r["ts_us"] - start_us) / 1e6, r["dur_us"] / 1e6) for r in spans if wanted(r)]
+                bars = [(x, w) for x, w in bars if x < seconds and x + w > 0]
+                ax.broken_barh(bars, (y - 0.4, 0.8), color=f"C{y}", alpha=0.35 if "tool" in label else 0.9)
+            ax.set_yticks(range(len(lanes)), list(lanes))
+            ax.set_xlim(0, seconds)
+            ax.set_title(f"{name}: chip busy {_busy(store):.0%} of the trainer's wall clock", fontsize=9)
+        (axes[-1] if len(stores) > 1 else axes).set_xlabel("seconds since the trainer started")
+        fig.suptitle("one chip, heavy tool latency: what the chip does while tools wait", fontsize=10)
+
+
+def _busy(store: Store) -> float:
+    from pipelines_lib.telemetry.trace import chip_busy, read_records
+
+    done = DoneMarker.read(store)
+    end = dt.datetime.fromisoformat(done.finished_at).timestamp()
+    return chip_busy(read_records(store), int((end - done.wall_s) * 1e6), int(end * 1e6),
+                     processes=("rollout", "trainer"))
+
+
+def save_trace(path: Path, store: Store) -> None:
+    """The campaign's telemetry as a gzipped Perfetto/Chrome JSON trace (``rollstream trace``'s format)."""
+    import gzip
+
+    from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
+
+    path.write_bytes(gzip.compress(json.dumps(to_chrome_trace(read_records(store))).encode(), mtime=0))
+
+
+def ablation(ctx: BenchContext, *, device: str, ledger_path: Path) -> BenchResult:
+    """Run what the ledger lacks for ``ctx``'s seeds and arms, then every figure from the whole ledger."""
+    arms = chosen_arms(ctx.arms, quick=ctx.quick)
+    seeds = ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS)
+    ledger = Ledger.load(ledger_path, fingerprint=fingerprint(quick=ctx.quick), device=device, log=ctx.progress)
+    timeline: dict[str, Store] = {}
+
+    def keep(arm: str, store: Store) -> None:
+        timeline[arm] = store
+        if arm == "eta4":
+            save_trace(ctx.plot_dir / "tpu_trace_heavy_eta4.json.gz", store)
+        if len(timeline) == 2:
+            plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", timeline)
+
+    skipped = run_ledger(ctx, ledger, arms, seeds, on_timeline=keep)
+    figures, claims, open_ = ablation_figures(ledger.runs, ARMS, prefix="tpu.ablation.")
+    figures |= throughput_figures(ledger)
+    plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS)
+    rows = []
+    for arm in ARMS:
+        seeds_of = [s for s in sorted(ledger.runs) if arm in ledger.runs[s]]
+        if not seeds_of:
+            continue
+        final = OverSeeds(tuple(100 * ledger.runs[s][arm]["final_success"] for s in seeds_of))
+        rows.append({"arm": arm, "seeds": ",".join(map(str, seeds_of)), "final success, pts": final.text(),
+                     **{k: figures.get(f"tpu.ablation.{arm}.{k}", "n/a") for k in (
+                         "time_to_target_s", "never_reached", "wall_s", "command_s", "staleness_mean",
+                         "dropped_stale_share", "mismatch_mean", "chip_busy")}})
+    notes = ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
+             + ("; ".join(c.render() for c in claims) or "none judged yet") + ". "
+             + (f"Open: {'; '.join(open_)}. " if open_ else "")
+             + (f"Left for a later command (budget): {', '.join(skipped)}. " if skipped else "")
+             + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
+             f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
+    return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},
+                       plots=[p for p in ("tpu_ablation_curves.png", "tpu_chip_timeline.png")
+                              if (ctx.plot_dir / p).exists()])
+
+
+@register_bench(
+    NAME,
+    title="Sync against async at equal quality on one accelerator chip, over seeds, with intervals",
+    measures="Per arm (sync, η = 1, 2, 4 with the decoupled correction, η = 4 without), over seeds from each "
+             "seed's warm start: final held-out greedy success, the wall clock to reach 90 % of sync's mean final "
+             "success, staleness, dropped share, mismatch and the chip busy fraction; claims on paired per-seed "
+             "differences. Throughput (trajectories and useful samples per hour, chip busy, host idle) of sync and "
+             "η = 4 under no, light and heavy tool latency.",
+    method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: `tpu_demo` with the "
+           "twostep recipe `RECIPE`, heavy tool latency for the ablation; every published version evaluated "
+           "after its arm (untimed, no tool latency). Results accumulate in `bench/tpu_ablation_runs.json` per "
+           "(arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
+           "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
+           "sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",
+    goals=(Goal(key="tpu.ablation.eta4_gap_pts_ci_high", op="<=", value=WITHIN_PTS,
+                why="η = 4 with correction within 3 points of sync, whole interval"),
+           Goal(key="tpu.ablation.eta4_time_to_target_ratio_ci_high", op="<=", value=RATIO_GOAL,
+                why="η = 4 reaches the target in half sync's time, whole interval"),
+           Goal(key="tpu.ablation.sync_final_pts_mean", op=">=", value=50.0, why="a task that learns"),
+           Goal(key="tpu.ablation.sync_final_pts_mean", op="<=", value=90.0, why="a task that does not saturate"),
+           Goal(key="tpu.rollout.heavy.async_over_sync", op=">=", value=3.0, why="asynchrony hides tool latency"),
+           Goal(key="tpu.rollout.heavy.chip_busy_async", op=">=", value=0.9, why="the chip is kept busy")),
+    prefixes=("tpu.ablation.", "tpu.rollout."),
+)
+def bench_tpu_ablation(ctx: BenchContext) -> BenchResult:
+    from bench.tpu import accelerator
+
+    kind, _ = accelerator()  # BenchSkipped on a CPU: the CPU test runs ``ablation`` itself at QUICK sizes
+    # A quick run's ledger lives and dies with its scratch folder: smoke figures never mix with the chip's runs.
+    ledger = ctx.scratch / "ledger.json" if ctx.quick else ctx.plot_dir.parent / LEDGER
+    return ablation(ctx, device=kind, ledger_path=ledger)

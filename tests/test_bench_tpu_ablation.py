@@ -1,0 +1,193 @@
+"""The chip ablation's bookkeeping: time to target, paired claims over an incomplete ledger, resuming a ledger, the
+chip busy fraction; and its quick form run for real on the CPU (two arms, then resumed from its ledger)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench.tpu_ablation as tpu_ablation
+from bench.arm_stats import ablation_figures, on_grid, time_to_target
+from bench.cli import seed_range
+from bench.registry import BenchContext
+from pipelines_lib import telemetry
+from pipelines_lib.storage.store import Store
+from pipelines_lib.telemetry.trace import chip_busy, read_records
+
+CURVE = [[0, 0.0, 0.1], [2, 30.0, 0.4], [4, 50.0, 0.7], [6, 80.0, 0.65]]
+
+
+def run(final: float, curve: list[list[float]] = CURVE, wall_s: float = 80.0) -> dict[str, Any]:
+    return {"final_success": final, "curve": curve, "wall_s": wall_s}
+
+
+def test_time_to_target_is_when_the_first_version_at_or_above_it_was_published() -> None:
+    assert time_to_target(CURVE, 0.6) == 50.0
+    assert time_to_target(CURVE, 0.4) == 30.0
+    assert time_to_target(CURVE, 0.1) == 0.0  # v0 already there
+    assert time_to_target(CURVE, 0.8) is None
+
+
+def test_a_curve_on_a_grid_holds_the_last_version_published_at_or_before_each_point() -> None:
+    assert on_grid(CURVE, [0, 29, 30, 79, 100], axis=1) == [0.1, 0.1, 0.4, 0.7, 0.65]
+    assert on_grid(CURVE, [1, 4], axis=0) == [0.1, 0.7]
+
+
+def test_claims_are_judged_on_paired_seeds_with_a_t_interval() -> None:
+    # sync 0.60 / 0.70 / 0.80 -> mean 70 points, target 0.63; gaps 1, 2, 3 points: mean 2, sd 1,
+    # t(0.975, 2) = 4.3027 -> half width 4.3027 / sqrt(3) = 2.484 -> interval 2 ± 2.48: (a) not supported.
+    runs = {s: {"sync": run(f), "eta4": run(f - d / 100)} for s, (f, d) in enumerate([(0.6, 1), (0.7, 2), (0.8, 3)])}
+    figures, claims, _ = ablation_figures(runs, ["sync", "eta4"], prefix="x.")
+    assert figures["x.sync_final_pts_mean"] == 70.0
+    assert figures["x.target_success"] == pytest.approx(0.63)
+    assert figures["x.eta4_gap_pts"] == 2.0
+    assert figures["x.eta4_gap_pts_ci_low"] == pytest.approx(-0.48, abs=0.01)
+    assert figures["x.eta4_gap_pts_ci_high"] == pytest.approx(4.48, abs=0.01)
+    assert figures["x.claim.a.supported"] == 0.0
+    # Both arms reach 0.63 at 50 s on every seed: ratio 1 with no spread, so (b) is not supported (1 > 0.5).
+    assert figures["x.eta4_time_to_target_ratio"] == 1.0 and figures["x.claim.b.supported"] == 0.0
+    assert [c.text[:3] for c in claims] == ["(a)", "(b)"]
+
+
+def test_a_seed_missing_from_one_arm_is_left_out_of_its_pairs_and_its_claims_stay_open() -> None:
+    runs = {0: {"sync": run(0.7), "eta4": run(0.7)}, 1: {"sync": run(0.7)}}
+    figures, claims, open_ = ablation_figures(runs, ["sync", "eta4", "eta4_nocorr"], prefix="x.")
+    assert figures["x.sync.seeds"] == 2.0 and figures["x.eta4.seeds"] == 1.0
+    assert figures["x.eta4_gap_pts"] == 0.0  # seed 0 alone
+    assert not any(c.supported for c in claims)  # one pair has no interval
+    assert "arm eta4_nocorr: no run yet" in open_
+    assert "claim (a): 1 paired seed(s), an interval needs 2 or more" in open_
+    assert "claim (c): 0 paired seed(s), an interval needs 2 or more" in open_
+
+
+def test_an_arm_that_never_reaches_the_target_is_censored_at_its_wall_clock_and_fails_the_ratio_claim() -> None:
+    fast = [[0, 0.0, 0.0], [2, 10.0, 0.7]]  # reaches 0.63 at 10 s
+    never = [[0, 0.0, 0.0], [2, 10.0, 0.3]]
+    runs = {0: {"sync": run(0.7), "eta4": run(0.7, fast)}, 1: {"sync": run(0.7), "eta4": run(0.7, fast)},
+            2: {"sync": run(0.7), "eta4": run(0.3, never, wall_s=20.0)}}
+    figures, claims, _ = ablation_figures(runs, ["sync", "eta4"], prefix="x.")
+    assert figures["x.eta4.never_reached"] == 1.0 and figures["x.eta4.time_to_target_s"] == 10.0
+    # Ratios 10/50, 10/50 and, censored, 20/50: mean 0.2667, and the claim fails on the censored seed alone.
+    assert figures["x.eta4_time_to_target_ratio"] == pytest.approx(0.27, abs=0.005)
+    assert figures["x.eta4_time_to_target_censored"] == 1.0
+    assert figures["x.claim.b.supported"] == 0.0
+    assert "never reached it" in claims[1].text
+
+
+def test_a_sync_run_that_never_reaches_the_target_anchors_no_ratio() -> None:
+    runs = {0: {"sync": run(0.9, [[0, 0.0, 0.0], [2, 40.0, 0.9]]), "eta4": run(0.9)},
+            1: {"sync": run(0.1, [[0, 0.0, 0.0], [2, 40.0, 0.1]]), "eta4": run(0.9)}}
+    figures, _, open_ = ablation_figures(runs, ["sync", "eta4"], prefix="x.")
+    assert figures["x.sync.never_reached"] == 1.0
+    assert figures["x.eta4_time_to_target_ratio"] == pytest.approx(50.0 / 40.0)  # seed 0 alone
+    assert any(line.startswith("seeds [1]: sync never reached the target") for line in open_)
+
+
+def test_seeds_are_a_count_or_an_inclusive_range() -> None:
+    assert seed_range("3") == (0, 1, 2)
+    assert seed_range("3..4") == (3, 4)
+    for bad in ("0", "4..3", "x", "-1..2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_range(bad)
+
+
+def fake_runs(monkeypatch: pytest.MonkeyPatch, ran: list[str]) -> None:
+    """Campaigns replaced by records of what would have run (the ledger's bookkeeping is what is tested)."""
+    monkeypatch.setattr(tpu_ablation, "_warm_start", lambda scratch, shared, log: ran.append(f"base{shared.seed}"))
+    monkeypatch.setattr(tpu_ablation, "run_colocated_warmup", lambda *a, **k: ran.append("compile"))
+
+    def arm(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, log: Any) -> tuple[dict, None]:
+        ran.append(f"{shared.seed}/{arm}/{profile}")
+        return {"final_success": 0.5, "curve": [[0, 0.0, 0.0], [2, 10.0, 0.5]], "wall_s": 10.0, "command_s": 12.0,
+                "chip_busy": 0.5, "traj_per_hour": 100.0, "useful_samples_per_hour": 50.0,
+                "host_idle_share": 0.1}, None
+
+    monkeypatch.setattr(tpu_ablation, "run_arm", arm)
+
+
+def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    fake_runs(monkeypatch, ran)
+    path = tmp_path / "ledger.json"
+    ctx = BenchContext(quick=False, plot_dir=tmp_path, scratch=tmp_path, progress=lambda _: None, seeds=(0,))
+    ledger = tpu_ablation.Ledger.load(path, fingerprint="f1", device="chip", log=print)
+    tpu_ablation.run_ledger(ctx, ledger, ["sync", "eta4"], (0,))
+    assert ran == ["base0", "compile", "0/sync/heavy", "0/eta4/heavy", "0/sync/none", "0/eta4/none",
+                   "0/sync/light", "0/eta4/light"]
+    ran.clear()
+    again = tpu_ablation.Ledger.load(path, fingerprint="f1", device="chip", log=print)
+    tpu_ablation.run_ledger(ctx, again, ["sync", "eta4"], (0, 1))  # seed 0 is recorded: only seed 1 runs
+    assert ran == ["base1", "compile", "1/sync/heavy", "1/eta4/heavy"]
+    assert sorted(json.loads(path.read_text())["runs"]) == ["0", "1"]
+    lines: list[str] = []
+    fresh = tpu_ablation.Ledger.load(path, fingerprint="f2", device="chip", log=lines.append)
+    assert fresh.runs == {} and (tmp_path / "ledger-f1.json").exists() and "starting a new ledger" in lines[0]
+
+
+def test_a_budget_leaves_the_runs_it_cannot_afford_for_a_later_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    fake_runs(monkeypatch, ran)
+    clock = iter(range(0, 10_000, 40))  # every call to the clock is 40 s later: each part "takes" 40 s
+    monkeypatch.setattr(tpu_ablation.time, "monotonic", lambda: float(next(clock)))
+    ctx = BenchContext(quick=False, plot_dir=tmp_path, scratch=tmp_path, progress=lambda _: None, budget_s=150.0)
+    ledger = tpu_ablation.Ledger.load(tmp_path / "l.json", fingerprint="f", device="chip", log=print)
+    skipped = tpu_ablation.run_ledger(ctx, ledger, ["sync", "eta4"], (0,))
+    assert ran[:2] == ["base0", "compile"] and len(ran) < 8 and skipped
+    assert set(ledger.runs.get(0, {})) | {f"{p}:{a}" for p, arms in ledger.profiles.items() for a in arms} == {
+        r.split("/")[1] if r.endswith("heavy") else f"{r.split('/')[2]}:{r.split('/')[1]}" for r in ran[2:]}
+
+
+def test_chip_busy_is_the_union_of_the_chosen_processes_chip_spans_in_the_window() -> None:
+    def span(process: str, ts: int, dur: int, track: str = "chip") -> dict[str, Any]:
+        return {"type": "span", "process": process, "name": "device", "track": track, "ts_us": ts, "dur_us": dur}
+
+    records = [span("rollout-w0", 0, 10), span("rollout-w0", 5, 10), span("trainer", 20, 10),
+               span("evaluate", 32, 5), span("trainer", 35, 10), span("trainer", 0, 40, track="trainer")]
+    # [0, 15) + [20, 30) + [35, 40) of a 40 µs window: evaluate's span and the non-chip track left out.
+    assert chip_busy(records, 0, 40, processes=("rollout", "trainer")) == pytest.approx(30 / 40)
+    # Every process: evaluate's [32, 37) joins the trainer's [35, 40) into [32, 40).
+    assert chip_busy(records, 0, 40) == pytest.approx(33 / 40)
+    with pytest.raises(ValueError, match="empty window"):
+        chip_busy(records, 5, 5)
+
+
+def test_busy_spans_merge_intervals_closer_than_the_gap_onto_the_recorders_clock(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    with telemetry.recording(store, "rollout-w0", sample_every_s=None):
+        now = telemetry.now()
+        assert now is not None
+        spans = telemetry.BusySpans(clock=lambda: 100.0, gap_s=0.01)  # its clock reads 100 when the recorder's reads now
+        spans.add(90.0, 91.0)
+        spans.add(91.005, 92.0)  # within the gap: one span
+        spans.add(95.0, 96.0)
+        spans.flush()
+    chip = [r for r in read_records(store) if r["track"] == "chip"]
+    assert [(r["name"], r["tags"]["calls"]) for r in chip] == [("device", 2), ("device", 1)]
+    shift = now - 100.0
+    assert chip[0]["ts_us"] == pytest.approx((90.0 + shift) * 1e6, abs=5e4)
+    assert chip[0]["dur_us"] == pytest.approx(2e6, abs=1)
+
+
+def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from_its_ledger(tmp_path: Path) -> None:
+    lines: list[str] = []
+    ctx = BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path / "scratch", progress=lines.append)
+    ctx.scratch.mkdir()
+    result = tpu_ablation.ablation(ctx, device="cpu", ledger_path=tmp_path / "ledger.json")
+    runs = json.loads((tmp_path / "ledger.json").read_text())["runs"]["0"]
+    assert sorted(runs) == ["eta4", "sync"]
+    for figures in runs.values():
+        assert figures["steps"] == 2 and figures["curve"][0][:2] == [0, 0.0]
+        assert 0.0 < figures["chip_busy"] <= 1.0 and figures["trajectories"] > 0
+    assert result.figures["tpu.ablation.sync.seeds"] == 1.0
+    assert (tmp_path / "tpu_ablation_curves.png").stat().st_size > 0
+    assert (tmp_path / "tpu_trace_heavy_eta4.json.gz").exists() and (tmp_path / "tpu_chip_timeline.png").exists()
+    lines.clear()
+    again = tpu_ablation.ablation(ctx, device="cpu", ledger_path=tmp_path / "ledger.json")
+    assert not any("warm start" in line for line in lines)  # nothing left to run
+    assert again.figures == result.figures
