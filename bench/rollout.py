@@ -38,7 +38,7 @@ before it (heavy-profile episodes pile up in flight while the fast ones finish),
 per-sample seeds and delays; they count different, identically distributed slices of it. After the
 (K+N)-th the orchestrator is cancelled (the async arm keeps groups starting until then, so no drain is
 timed either). Engine busy fraction is the engine's compute seconds over the same window, from
-``engine.stats()`` at both ends.
+``JaxEngine.stats()`` at both ends.
 
 **Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all ten arms are
 run ``repeats`` times, interleaved, and each figure is the median over repetitions (a ratio: the median of
