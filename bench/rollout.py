@@ -102,9 +102,9 @@ PROFILES_NONE = LatencyProfile.none()
 GROUP_SIZE = 4
 ASYNC_CONCURRENCY = 256
 """16 × the engine's slots, from Little's law: episodes in flight = throughput × time an episode spends in
-flight. At the engine's ~110 trajectories/s, the heavy profile's tool calls (0.52 s on average, measured, with
-a tail to 5 s) alone hold ~57 episodes, and episodes stuck in the tail keep their places: 96 in flight left
-70 % of the slots idle, 192 a tenth, 256 none (measured). Without latency more in flight costs nothing."""
+flight. At the engine's throughput the heavy profile's tool calls (with a tail to 5 s) alone hold dozens of
+episodes, and episodes stuck in the tail keep their places: fewer in flight left slots idle, 256 none. Without
+latency more in flight costs nothing."""
 NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt

@@ -2,7 +2,7 @@
 
 ``bench/results.json`` is the record::
 
-    {"figures": {"store.write_over_pyarrow": 0.93, ...},          # flat, every benchmark ever run
+    {"figures": {"store.write_over_pyarrow": <number>, ...},      # flat, every benchmark ever run
      "labels": {"tpu.device": "TPU v5 lite", ...},                 # text figures, the same way
      "runs": {"store": {"date", "quick", "seconds", "machine", "rows", "plots", "notes"}}}
 

@@ -7,8 +7,8 @@ times that and reports its peak resident set, interpreter and libraries included
 pays. The peak is the child's ``VmHWM`` (``/proc/self/status``), not ``ru_maxrss``: Linux carries the peak of the
 address space a process had before ``exec`` into its ``ru_maxrss``, and ``subprocess`` starts children with
 ``vfork``, so a child's ``ru_maxrss`` (``os.wait4``, or ``getrusage`` in the child) is at least this benchmark
-process's own peak (measured: a bare interpreter started by a process holding 500 MB reports ``ru_maxrss`` 511 MB
-and ``VmHWM`` 11 MB).
+process's own peak (a bare interpreter started by a process holding hundreds of megabytes reports about as
+much in ``ru_maxrss``, and its own few megabytes in ``VmHWM``).
 """
 
 from __future__ import annotations
