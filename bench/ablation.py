@@ -18,9 +18,8 @@ generation run ahead of the trainer. Heavy latency is also the premise of asynch
 waits for the slowest call of each batch. Episode and tool deadlines are raised (600 s, 30 s) so that a
 machine loaded by other jobs, or the first episodes' compilation, turns no correct episode into a zero-reward
 timeout. A version per trainer step (``publish_every = 1``) would let staleness grow twice as fast, but in the one
-run tried so (a first-episode timeout at v0 included) the synchronous arm's v2 solved no held-out task (v1:
-13 of 16) and its rollouts ran to the token limit, with no step moving any weight by more than 0.7 %; the cause
-is not established, so the preset's ``publish_every = 2``, with which ``learning2`` learns, stays.
+run tried so the synchronous arm's v2 solved no held-out task and its rollouts ran to the token limit, with no step
+moving any weight by more than a fraction of a percent; the cause is not established, so the preset's ``publish_every = 2``, with which ``learning2`` learns, stays.
 
 After each arm's command, every fourth version it published and the last are evaluated (untimed) on the
 held-out split, so each arm gets a curve of held-out greedy success against the trainer step that published a
@@ -75,10 +74,9 @@ COMMON: dict[str, object] = {"eval.samples": 1, "env.tool_latency": to_mapping(P
 loaded machine reaches (module docstring: what makes groups stale)."""
 FULL: dict[str, object] = {"trainer.max_steps": 30, "eval.n_tasks": 64}
 """30 trainer steps (15 versions, as ``learning2``) and 64 held-out tasks (one task is 1.6 points; at 90 % success
-the binomial standard error of one arm's figure is about 4 points). 12 steps were too few: the first versions dip
-far below v0 and recover by about step 20 (``learning2``: v0 74 %, v1 22 %, v6 52 %, v10 86 %), and a run of 12
-ended every arm below v0 (sync 56 %, η = 4 47 %), comparing recoveries rather than learning. Measured per arm
-command at 12 steps on a quiet machine: 1.5-2 minutes for the η arms, 4 for sync; the warm start 3 minutes."""
+the binomial standard error of one arm's figure is about 4 points). 12 steps were too few: in ``learning2`` the first
+versions dip far below v0 and recover by about step 20, and a run of 12 ended every arm below v0, comparing
+recoveries rather than learning. Each arm's command time is recorded (``ablation.<arm>.command_s``)."""
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 EVAL_EVERY = 4
 """Every fourth published version (and the last) is evaluated for the curves: 5 evaluations per arm, not 16."""

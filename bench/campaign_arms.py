@@ -37,18 +37,16 @@ its slowest trajectory, an asynchronous loop trains meanwhile. So the headline (
 (``LatencyProfile.heavy()``: log-normal, median 200 ms, σ 1.5, capped at 5 s: the slowest of a version's 64
 calls is near the cap, and every top-up of a batch short of useful groups waits for its own slowest call), and
 ``bench_light`` runs sync and η = 2 again with ``light`` (``LatencyProfile.light()``, U(10, 50) ms, the preset's),
-where there is little latency to hide. Measured (10 trainer steps, 2 cores shared with other jobs, threads):
-with heavy latency sync's trainer wall was 142-147 s in three runs (latency-bound: its trainer idles 66-84 %),
-η = 2's 52-84 s depending on the other jobs' load, so η = 2 over sync 0.36-0.59; with light latency 0.91 (sync
-87 s, trainer idle 55 %).
+where there is little latency to hide: with heavy latency sync's trainer is latency-bound and idles most of the
+time, so η = 2's advantage over it is far larger than under light latency (``bench.eta2_over_sync_wallclock``,
+``bench_light.eta2_over_sync_wallclock``), and moves with the other jobs' load on a shared machine.
 
 **Placement.** ``RUNNER`` is the campaign's ``--runner``: ``threads`` (stages are threads of one process: one
 GIL, one XLA runtime) or ``processes`` (a process per stage, each with its own XLA runtime), the same in every
-arm. Measured under heavy (10 steps): trainer wall sync 144 / 136 s, η = 2 66 / 72 s (threads / processes),
-engine busy η = 2 0.65 / 0.66, sync 0.39 / 0.30; processes add 80-100 s of start-up per arm (three
-interpreters importing JAX and compiling) outside the trainer's window. On 2 cores the trainer and the engines
-share the CPU either way: within one run, a train step beside running engines takes 1.5-2× one beside idle
-engines (the sync arm has both kinds: 1.6-1.9 s vs 2.6-3.8 s). The async arms' engines run during nearly every
+arm. Under heavy latency the two gave about the same trainer wall clock and engine busy fraction; processes add
+start-up per arm (three interpreters importing JAX and compiling) outside the trainer's window. On 2 cores the
+trainer and the engines share the CPU either way: within one run, a train step beside running engines is slower
+than one beside idle engines (the sync arm has both kinds). The async arms' engines run during nearly every
 step, so their ``train_step_s`` (median step) is the slower kind; between arms, which run minutes apart, the load
 of other jobs on a shared machine moves step times as much (``load_1min`` per arm says how loaded it was).
 
@@ -112,7 +110,7 @@ QUICK: dict[str, Any] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 PROFILES: dict[str, LatencyProfile] = {"heavy": LatencyProfile.heavy(), "light": LatencyProfile.light()}
 """Tool-latency profiles the arms run under (``env.tool_latency``)."""
 LIGHT_ARMS = ("sync", "eta2")
-"""``bench_light`` runs only the two arms of the headline ratio (about 10 minutes in full mode, ``bench`` about 22)."""
+"""``bench_light`` runs only the two arms of the headline ratio (about half of ``bench``'s time)."""
 RUNNER = "threads"
 """The campaign's ``--runner`` in every arm (module docstring, Placement)."""
 SYNC_TOPUP_WAIT_S = 600.0

@@ -21,7 +21,7 @@ The engine part is also a benchmark of its own, ``realsize_engine`` (the ``reals
 ``realsize.warmup_*`` figures), so it can be measured without the minutes of the train parts.
 
 Each train part's process returns the compiler's freed heap to the OS after compiling, as the trainer's does
-(``pipelines_lib.heap``): without it the compile's ~2 GiB of freed heap stays resident under the step's peak.
+(``pipelines_lib.heap``): without it the compile's freed heap (gigabytes) stays resident under the step's peak.
 
 The model is built by the project's own code: ``ModelConfig.from_hf_config`` of Qwen3-0.6B's published
 ``config.json`` values (596,049,920 parameters) and a random ``Decoder`` init, compiled as one program
@@ -65,7 +65,7 @@ QUICK = {"hf": SMALL, "rows": 4, "length": 64, "growth_steps": 20, "growth_lengt
 SERVES = 3
 """Serves of the engine part's requests per slot count; the fastest is reported."""
 MIN_AVAILABLE_GIB = 14.0
-"""The full size's step without remat peaks near 13 GiB: refuse to start on a machine with less available."""
+"""The full size's step without remat peaks just below this (``realsize.no_remat_peak_gib``): refuse to start on a machine with less available."""
 GIB = 2**30
 
 
@@ -150,7 +150,7 @@ def part_train(args: dict[str, Any]) -> dict[str, float]:
         rss.append(_rss_gib())
         live.append(sum(x.nbytes for x in jax.live_arrays()) / GIB)
     # The peak is read before XLA's memory analysis, which a trainer never asks for: at the full size it leaves
-    # 0.5 GiB of freed heap resident, which would sit under the steps' peak if asked for first.
+    # freed heap resident, which would sit under the steps' peak if asked for first.
     peak_gib = _peak_rss_gib()
     memory = train_step.lower(model, optimizer, batch, cfg=cfg).compile().memory_analysis()  # from jit's cache
     state_bytes = sum(x.nbytes for x in jax.tree.leaves((nnx.state(model), nnx.state(optimizer))))
@@ -209,7 +209,7 @@ def part_bf16(args: dict[str, Any]) -> dict[str, float]:
         err = sum(float(np.sum((d.astype(np.float64) - r) ** 2)) for d, r in zip(delta, ref, strict=True))
         return (err / sum(float(np.sum(r.astype(np.float64) ** 2)) for r in ref)) ** 0.5
 
-    # One stored update at a time besides w0: at 0.6 B parameters each is 2.2 GiB.
+    # One stored update at a time besides w0: at 0.6 B parameters each is gigabytes.
     ref = update("float32", rounded=False)
     out = {"update_rel_error": rel(update("bfloat16", rounded=False), ref)}
     rounded_ref = update("float32", rounded=True)
@@ -299,8 +299,8 @@ PARTS = {"train": part_train, "bf16": part_bf16, "engine": part_engine}
 
 CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 """Set for the parts' processes: XLA's CPU scheduler that orders for concurrency starts independent work early and
-keeps its outputs alive meanwhile; in the float32 GRPO step at this size the compiled step's peak is 0.85 GiB lower
-with it off. Not a project default: on the tiny CPU runs it would trade speed nobody measured for memory nobody
+keeps its outputs alive meanwhile; in the float32 GRPO step at this size the compiled step's peak is lower with it
+off. Not a project default: on the tiny CPU runs it would trade speed nobody measured for memory nobody
 lacks, and accelerator backends ignore it."""
 
 

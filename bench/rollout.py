@@ -38,7 +38,7 @@ before it (heavy-profile episodes pile up in flight while the fast ones finish),
 per-sample seeds and delays; they count different, identically distributed slices of it. After the
 (K+N)-th the orchestrator is cancelled (the async arm keeps groups starting until then, so no drain is
 timed either). Engine busy fraction is the engine's compute seconds over the same window, from
-``engine.stats()`` at both ends.
+``JaxEngine.stats()`` at both ends.
 
 **Repetitions.** On a shared machine the CPU share an arm gets drifts over minutes, so all ten arms are
 run ``repeats`` times, interleaved, and each figure is the median over repetitions (a ratio: the median of
@@ -102,9 +102,9 @@ PROFILES_NONE = LatencyProfile.none()
 GROUP_SIZE = 4
 ASYNC_CONCURRENCY = 256
 """16 × the engine's slots, from Little's law: episodes in flight = throughput × time an episode spends in
-flight. At the engine's ~110 trajectories/s, the heavy profile's tool calls (0.52 s on average, measured, with
-a tail to 5 s) alone hold ~57 episodes, and episodes stuck in the tail keep their places: 96 in flight left
-70 % of the slots idle, 192 a tenth, 256 none (measured). Without latency more in flight costs nothing."""
+flight. At the engine's throughput the heavy profile's tool calls (with a tail to 5 s) alone hold dozens of
+episodes, and episodes stuck in the tail keep their places: fewer in flight left slots idle, 256 none. Without
+latency more in flight costs nothing."""
 NEW_TOKENS = (8, 36)
 """Tokens per turn, drawn uniformly per sample (random weights rarely emit a stop id, so this sets the length):
 varied like real turns, which also keeps episodes from moving through the engine in lockstep waves. The prompt

@@ -2,7 +2,7 @@
 
 ``bench/results.json`` is the record::
 
-    {"figures": {"store.write_over_pyarrow": 0.93, ...},          # flat, every benchmark ever run
+    {"figures": {"store.write_over_pyarrow": <number>, ...},      # flat, every benchmark ever run
      "labels": {"tpu.device": "TPU v5 lite", ...},                 # text figures, the same way
      "runs": {"store": {"date", "quick", "seconds", "machine", "rows", "plots", "notes"}}}
 
@@ -10,7 +10,8 @@ A run replaces the figures of the benchmarks it ran (all keys under their prefix
 linger) and keeps everything else. A benchmark that fails does not stop the others: its traceback is printed,
 the next one runs, and once every benchmark has run ``BenchmarksFailed`` names the failed ones (a benchmark that
 raised ``PartialResult`` has the figures it measured recorded first). ``BENCHMARKS.md`` is rendered from that file plus each benchmark's
-registration (what, how, goals), so it always shows the latest run of every benchmark, whichever ran last.
+registration (what, how, goals), so it always shows the latest run of every benchmark, whichever ran last; the
+figures blocks of the README and ``docs/`` are re-rendered from it too (``bench.figures``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.figures import documents, rerender
 from bench.registry import (
     Bench,
     BenchContext,
@@ -233,6 +235,10 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
         # Saved after each benchmark: a later one failing does not lose this one's figures.
         _write_atomically(results_path, json.dumps(results, indent=2) + "\n")
         _write_atomically(out_dir / REPORT, render_markdown(results, benches))
+        for doc in documents(out_dir):  # the figures blocks of the README and docs/ quote the record too
+            text = doc.read_text()
+            if rerender(text, results) != text:
+                _write_atomically(doc, rerender(text, results))
         progress(f"bench {name}: {len(result.figures)} figures in {seconds:.1f} s")
     if failures:
         raise BenchmarksFailed(failures, figures)

@@ -2,13 +2,13 @@
 
 The campaign is the ``storage_scale`` one (``bench.storage_scale.build_campaign``: ``ShardWriter`` shards of one
 group of 4 trajectories over 20 versions, generation not timed). A child process opens the folder with
-``audit.sql.campaign_tables`` and runs README's first auditor query (success rate per policy version); the child
+``audit.sql.campaign_tables`` and runs the first auditor query of docs/COMMANDS.md (success rate per policy version); the child
 times that and reports its peak resident set, interpreter and libraries included: what a user running the query
 pays. The peak is the child's ``VmHWM`` (``/proc/self/status``), not ``ru_maxrss``: Linux carries the peak of the
 address space a process had before ``exec`` into its ``ru_maxrss``, and ``subprocess`` starts children with
 ``vfork``, so a child's ``ru_maxrss`` (``os.wait4``, or ``getrusage`` in the child) is at least this benchmark
-process's own peak (measured: a bare interpreter started by a process holding 500 MB reports ``ru_maxrss`` 511 MB
-and ``VmHWM`` 11 MB).
+process's own peak (a bare interpreter started by a process holding hundreds of megabytes reports about as
+much in ``ru_maxrss``, and its own few megabytes in ``VmHWM``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ FULL_SIZES = (1_000, 20_000)
 QUICK_SIZES = (100, 1_000)
 QUERY = ("SELECT version, count(*) AS trajectories, avg(CASE WHEN reward > 0 THEN 1 ELSE 0 END) AS success_rate "
          "FROM trajectories GROUP BY 1 ORDER BY 1")
-"""README's first auditor question: two of the shard's columns, every row."""
+"""The first auditor question of docs/COMMANDS.md: two of the shard's columns, every row."""
 CHILD = """
 import json, sys, time
 from pipelines_lib.audit.sql import campaign_tables

@@ -22,7 +22,7 @@ order), then measured the way a long campaign uses it:
   the CPU time it took, the figure to compare on a loaded machine).
 
 Generation is not timed. The campaign is encoded through ``ShardWriter`` into an in-memory store and its bytes
-copied to the local folder without an fsync per object: a fsync'd create costs ~20 ms here, which would make
+copied to the local folder without an fsync per object: a fsync'd create costs milliseconds here, which would make
 a 20 k-shard campaign take minutes to build and measure nothing the readers do.
 """
 

@@ -28,8 +28,8 @@ How the figures are counted:
   the engine's dtype; of the embedding only the rows' entries, the unembedding whole) plus the keys and values of
   every slot at the serve's mean context (prompt + half the new tokens). Padding, cache blocks not yet filled,
   sampling and the host's work are not counted: they are what keeps an engine below 1. The bandwidth is the
-  published peak: on a TPU v5e a plain XLA reduction over 2 GB reads at 0.91 of it (README), about what a fraction
-  reading at that rate would show.
+  published peak: on a TPU v5e even a plain XLA reduction reads below it (docs/TPU_PERF.md), so a fraction has
+  a ceiling under 1.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ campaign            a whole tiny campaign on ``engine.kind: vllm`` (``run_vllm_c
 
 The campaign's proof of the reloads is the trainer's own mismatch metric: the tokens it consumed were sampled by
 the server, and their recorded logprobs agree with the trainer's on the same version only if the server was
-really serving that version. ``tests/test_vllm_campaign.py`` runs the same campaign (marked slow: about 90 s on
-2 cores, most of it the server's start-up).
+really serving that version. ``tests/test_vllm_campaign.py`` runs the same campaign (marked slow: most of its time is
+the server's start-up).
 
 Both engines get the tiny preset's 16 decode slots (vLLM ``--max-num-seqs 16``), so the ratio compares engines,
 not batch sizes. Throughput counts N trajectories after the first K (ramp-up left out), as in ``bench.rollout``.

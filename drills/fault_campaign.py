@@ -44,7 +44,7 @@ CAMPAIGN_OVERRIDES: dict[str, Any] = {
 published), one rollout worker, 4 held-out tasks."""
 REQUESTS_TIMEOUT_S = 4.0
 """Per-request timeout given to gcsfs: a stalled request becomes a timeout the store retries. Generous, so that
-on a loaded 2-core machine an ordinary request never reaches it (1 s did, eight times in a row)."""
+on a loaded 2-core machine an ordinary request never reaches it (a quarter of it did)."""
 OUTAGE_RETRY = RetryPolicy(attempts=4, base_delay_s=0.1, max_delay_s=0.5, deadline_s=8.0)
 """The store's retry budget in the outage drill's stages: an outage longer than this fails the stage."""
 OUTAGE_ORBAX_DEADLINE_S = 30.0

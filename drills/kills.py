@@ -143,8 +143,8 @@ def trainer_kill_drill(root: Path, *, kills: int, seed: int = 0, max_steps: int 
                        at_publish: bool = False, log: Callable[[str], None] = lambda s: None) -> TrainerDrillResult:
     """Reference run in this process, then the killed run in subprocesses; compare.
 
-    ``at_publish``: arm each kill when ``publish_in_flight`` holds and kill within 0.05 s (a publication of the
-    drill model takes about 0.1 s on CPU), instead of 0-0.8 s after a step line.
+    ``at_publish``: arm each kill when ``publish_in_flight`` holds and kill within 0.05 s (shorter than a publication of
+    the drill model on CPU), instead of 0-0.8 s after a step line.
     """
     from pipelines_lib.stages.train import train
 

@@ -6,7 +6,7 @@
 1. ``workload``: ``run_fault_workload`` drives one ``Store`` (gcsfs → proxy → emulator) through many creates, reads
    and lists in a few threads, then a ``ShardWriter`` → ``ShardTailer`` round trip of synthetic groups, and
    accounts for every object and group: written, read back, and read back *once*. Faults are absorbed at two
-   layers: gcsfs retries HTTP 429/5xx and broken connections itself (about 1-2 s of backoff per fault), and
+   layers: gcsfs retries HTTP 429/5xx and broken connections itself (seconds of backoff per fault), and
    requests that stall past ``requests_timeout`` surface as timeouts that ``Store``'s own ``RetryPolicy`` retries
    (counted in ``store.retries``). A lost reply to a create (the ``reset`` fault after the server committed the
    object) makes the retried create find our own bytes there, which ``Store.create`` treats as success.

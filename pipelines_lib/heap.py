@@ -1,6 +1,6 @@
 """Give the memory XLA's compiler freed back to the OS after each big compile (glibc's ``malloc_trim``).
 
-Compiling a large program (the train step of a 0.6 B-parameter model with remat: about 2 GiB of compiler heap
+Compiling a large program (the train step of a 0.6 B-parameter model with remat: gigabytes of compiler heap
 on CPU) allocates many small blocks that the compiler frees when it is done. glibc keeps freed memory in its
 arenas for reuse instead of returning it, and the step's working memory (XLA's temporaries, one block of
 GiBs) is mapped afresh rather than taken from there. So the compiler's peak heap stays resident on top of
@@ -11,12 +11,12 @@ every arena back to the kernel.
 ``TRIM_AFTER_COMPILE_S``: inside the first call of a jitted function, after compiling and *before* running,
 so the first step's peak is already without the compiler's heap. It listens to JAX's backend-compile
 event, so every compile of the process (the train step, a reference forward) is covered by one call. Short
-compiles leave little to return and are skipped; the trim itself takes about 0.1 s per GiB it returns.
+compiles leave little to return and are skipped; the trim itself takes a fraction of a second per GiB it returns.
 
 Only glibc has ``malloc_trim``; elsewhere (macOS, musl) the call installs nothing and says why. glibc's
 environment settings are no substitute: ``MALLOC_TRIM_THRESHOLD_`` only shortens the top of an arena, not
 the freed blocks below blocks still in use, and ``MALLOC_MMAP_THRESHOLD_=65536`` (small blocks mapped, so
-freed straight back) lowered the Qwen3-0.6B-shaped step's peak by only 0.1 GiB more than the trim, and must
+freed straight back) lowered the Qwen3-0.6B-shaped step's peak barely more than the trim, and must
 be set before the process starts.
 """
 

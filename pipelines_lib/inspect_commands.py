@@ -97,7 +97,7 @@ EXPORT = Command(HELP="export committed valid shards for warehouse tools (a data
 def _sql_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
-                                 "(columns: README, 'SQL over a campaign')")
+                                 "(columns: docs/COMMANDS.md, 'SQL over a campaign')")
     p.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
     p.add_argument("--max-rows", type=int, default=200, metavar="N", help="rows printed as text (default 200)")
     add_storage_options(p)

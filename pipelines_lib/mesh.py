@@ -217,14 +217,14 @@ def create_sharded(factory: Callable[[nnx.Rngs], Node], mesh: Mesh, *, seed: int
     The structure comes from an abstract evaluation (nothing allocated); the initialisation then runs once,
     compiled, with ``out_shardings`` from the rules table, so each device initialises only its own shards and a
     model too large for one device (or host) is never materialised whole. The seed is an argument of the program,
-    not a constant in it: with a constant key XLA folds the random initialisers at compile time (a 0.6 B model
-    built in 33 s that way on a TPU v5e, in 21 s with the seed as an argument). The values are the eager
+    not a constant in it: with a constant key XLA folds the random initialisers at compile time, which made a
+    0.6 B model's build on a TPU v5e much slower (docs/TPU_PERF.md). The values are the eager
     factory's, within rounding.
 
     ``prng_impl`` (a ``jax.random`` key implementation) defaults to ``threefry2x32``, JAX's own (the same
     weights on every backend: ``factory(nnx.Rngs(seed))``'s) on a CPU, and to ``rbg``, the chip's hardware
-    generator, on an accelerator: threefry's bit mixing is most of what the compiler works through, and a 0.6 B
-    model built in 20.5 s with threefry, 11.9 s with ``rbg`` on a TPU v5e. So a seed gives other weights on an
+    generator, on an accelerator: threefry's bit mixing is most of what the compiler works through (the build's
+    time on a TPU v5e is ``tpu.model_build_s`` in bench/results.json). So a seed gives other weights on an
     accelerator than on a CPU unless ``prng_impl`` is passed.
     """
     impl = prng_impl or ("threefry2x32" if jax.default_backend() == "cpu" else "rbg")

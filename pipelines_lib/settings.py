@@ -36,9 +36,9 @@ from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import Store
 
 PROCESS_DEFAULTS: Mapping[str, str] = {
-    # Prefect's ephemeral API server takes 10+ s to start on a busy 2-core machine; its default wait is 20 s.
+    # Prefect's ephemeral API server starts slowly on a busy 2-core machine, near its own default wait (20 s).
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-    # gcsfs probes for zonal buckets over gRPC (read when gcsfs is imported), which stalls 30-100 s against
+    # gcsfs probes for zonal buckets over gRPC (read when gcsfs is imported), which stalls for a minute or more against
     # emulators and private endpoints.
     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
     # No phoning home: the only network a campaign uses is its storage.

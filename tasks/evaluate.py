@@ -1,4 +1,4 @@
-"""Evaluate stage: score one published version on the held-out split (``evaluate.evaluate``)."""
+"""Evaluate stage: score one published version on the held-out split (``pipelines_lib.stages.evaluate.evaluate``)."""
 
 from __future__ import annotations
 

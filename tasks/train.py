@@ -1,4 +1,5 @@
-"""Train stage: the streaming GRPO trainer (``train.trainer.train``) up to ``max_steps`` and its done marker.
+"""Train stage: the streaming GRPO trainer (``pipelines_lib.stages.train.train``) up to ``max_steps`` and its done
+marker.
 
 A retry is a resume, not a redo: the trainer restores its newest checkpoint, replays the logged steps after
 it and continues with the same cursor. So the retries below cost at most ``checkpoint_every`` steps each.

@@ -1,4 +1,5 @@
-"""Warm-start stage: SFT (or ``config.init_from`` weights) published as version 0 (``sft.warm_start``)."""
+"""Warm-start stage: SFT (or the ``init_from`` weights) published as version 0
+(``pipelines_lib.stages.warm_start.warm_start``)."""
 
 from __future__ import annotations
 

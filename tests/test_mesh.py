@@ -83,7 +83,7 @@ def test_smoke_campaign_with_fsdp_trainer_and_tensor_parallel_engines_runs_every
 @pytest.mark.slow
 def test_tiny_campaign_on_a_mesh_learns_like_the_one_device_demo(prefect_api: str, tmp_path) -> None:
     # The one-device demo (the same preset) goes from ~0 % held-out greedy success at v0 (its warm start answers
-    # in the wrong format, by design) to 76-98 % at v15 depending on seed and machine (BENCHMARKS.md and README,
+    # in the wrong format, by design) to 76-98 % at v15 depending on seed and machine (BENCHMARKS.md,
     # ``learning``); v1 alone reached ~70 % in one run.
     # Tolerance: the last version within about 20 points of that and at least 50 points above v0, for the spread
     # of an asynchronous campaign (on this mesh, measured once: v0 10 % -> v15 91 %). ``make bench`` (``scale``)

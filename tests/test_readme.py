@@ -1,7 +1,8 @@
-"""The README's commands, each run by a test.
+"""The README as the entrance, and the commands it and the command reference show, each run by a test.
 
-``readme_commands`` reads every ``rollstream`` command line in README.md's code blocks: the subcommand and the flags
-it shows. ``commands_in_tests`` reads, from the tests' source, every command line a test runs: the argument lists
+The README stays short (``README_MAX_LINES``), starts with ``make demo`` and ``make test`` (what CI runs), and links
+every page of ``docs/``. ``readme_commands`` reads every ``rollstream`` command line in the code blocks of README.md
+and docs/COMMANDS.md (``COMMAND_DOCS``): the subcommand and the flags it shows. ``commands_in_tests`` reads, from the tests' source, every command line a test runs: the argument lists
 given to ``main``/``cli.main``, to a ``rollstream`` helper, or after ``-m pipelines_lib.cli`` (``flows.campaign``,
 ``flows.recover`` and ``flows.stages`` are ``run``, ``recover`` and ``stage``). Every subcommand and every flag the
 README shows must be among them, or be in ``BELOW_THE_CLI``: a flag whose behaviour a named test pins through the
@@ -25,6 +26,9 @@ from pipelines_lib.cli import build_parser, main
 from pipelines_lib.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 300
+COMMAND_DOCS = (ROOT / "README.md", ROOT / "docs" / "COMMANDS.md")
+"""The documents whose ``rollstream`` command lines must each be run by a test: the entrance and the reference."""
 MODULES = {"pipelines_lib.cli": None, "flows.campaign": "run", "flows.recover": "recover", "flows.stages": "stage"}
 """``python -m`` modules whose command line is ``rollstream``'s (None: the subcommand follows)."""
 SHORT = {"-o": "--storage-option", "-v": "--verbose"}
@@ -105,16 +109,52 @@ def _test_sources() -> dict[str, str]:
     return sources
 
 
+def _command_docs() -> str:
+    return "\n".join(doc.read_text() for doc in COMMAND_DOCS)
+
+
+def test_the_readme_is_an_entrance_under_its_line_limit() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move a topic to docs/ (limit {README_MAX_LINES})"
+
+
+def test_make_demo_and_make_test_are_the_readme_first_commands_and_ci_runs_make_test() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_block = re.search(r"```bash\n(.*?)```", readme, re.S)
+    assert first_block is not None, "README.md has no shell block"
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
+    assert commands[:2] == ["make demo", "make test"], commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    assert ci[-1] == "make test", ci
+
+
+def readme_links(text: str) -> set[str]:
+    """Repository paths the README links to: ``[text](path)``, anchors and web addresses left out."""
+    return {m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"\w+://|#", m)}
+
+
+def test_every_page_of_docs_is_linked_from_the_readme() -> None:
+    links = readme_links((ROOT / "README.md").read_text())
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages - links == set(), f"pages of docs/ the README does not link: {sorted(pages - links)}"
+    assert [link for link in links if not (ROOT / link).exists()] == []
+
+
+def test_the_link_scan_reads_paths_and_leaves_out_anchors_and_addresses() -> None:
+    text = "[a](docs/A.md) [b](docs/B.md#part) [c](#contents) [d](https://example.com/x.md)"
+    assert readme_links(text) == {"docs/A.md", "docs/B.md"}
+
+
 def test_the_readme_names_the_commands_and_flags_it_shows() -> None:
-    text = (ROOT / "README.md").read_text()
-    commands = readme_commands(text)
+    commands = readme_commands(_command_docs())
     assert {"run", "status", "recover", "deploy", "sql", "view", "audit", "--version"} <= set(commands)
     assert commands["run"] >= {"--preset", "--set", "--config", "--workers", "--use-deployments"}
     assert set(commands) <= _subcommands(), set(commands) - _subcommands()  # the README shows no stale command
 
 
 def test_every_readme_command_and_flag_is_run_by_a_test() -> None:
-    readme = readme_commands((ROOT / "README.md").read_text())
+    readme = readme_commands(_command_docs())
     sources = _test_sources()
     tested = commands_in_tests(sources, _subcommands())
     untested = {f"rollstream {sub} {flag}".rstrip() for sub, flags in readme.items()

@@ -1,4 +1,4 @@
-"""SQL over a campaign and the HTML viewer: README's auditor queries on a real campaign folder, unreadable
+"""SQL over a campaign and the HTML viewer: the auditor queries of docs/COMMANDS.md on a real campaign folder, unreadable
 shards skipped and reported, gs:// through the emulator, the viewer's pure parts and its files."""
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from pipelines_lib.trajectory.writer import ShardWriter
 from tests.conftest import gcs_options
 from tests.test_audit import _base, _group
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+COMMANDS = Path(__file__).resolve().parents[1] / "docs" / "COMMANDS.md"
 TRUNCATED = "trajectories/v00000001/cut-00000000.arrow"
 OLD_MINOR = "trajectories/v00000002/w9-00000000.arrow"
 
 
-def readme_queries() -> list[str]:
-    block = re.search(r"Five auditor questions.*?```sql\n(.*?)```", README.read_text(), re.S)
-    assert block, "README lost its auditor queries"
+def documented_queries() -> list[str]:
+    block = re.search(r"Five auditor questions.*?```sql\n(.*?)```", COMMANDS.read_text(), re.S)
+    assert block, "docs/COMMANDS.md lost its auditor queries"
     return [line for line in block[1].splitlines() if line and not line.startswith("--")]
 
 
@@ -42,9 +42,9 @@ def run_sql(capsys, url: str, query: str, *extra: str) -> tuple[list[dict], str]
     return json.loads(out), err
 
 
-def test_readme_has_five_auditor_queries_and_each_answers_on_a_real_campaign(demo_campaign: Store, capsys) -> None:
+def test_the_five_documented_auditor_queries_each_answer_on_a_real_campaign(demo_campaign: Store, capsys) -> None:
     per_version, staleness, dropped, pending, per_worker = (run_sql(capsys, demo_campaign.url, q)[0]
-                                                           for q in readme_queries())
+                                                           for q in documented_queries())
     groups_per_version = WORKERS * GROUPS_PER_WORKER  # 3 workers x 4 groups = 12
     assert [(r["version"], r["trajectories"]) for r in per_version] == \
         [(v, groups_per_version * GROUP_SIZE) for v in range(VERSIONS)]  # 48 each

@@ -29,8 +29,8 @@ locally, ``ifGenerationMatch=0`` on GCS); its only create-only mode (``existing_
 the whole folder once any file is in it, and ``overwrite_or_ignore`` rewrites an existing partition file silently,
 so the per-version ``unchanged``/``stale``/``foreign`` rerun above is not expressible; and it takes one schema's
 metadata for every file, not each version's list of source shards. The partitioning it would give is only the
-folder name ``version=N``; this writer costs 0.25 ms a shard at 20 k shards (``storage_scale.export_ms_per_shard_20k``
-in bench/results.json), and the tests read its output back with ``pyarrow.dataset`` and DuckDB's ``read_parquet``
+folder name ``version=N``; this writer's cost a shard is recorded as ``storage_scale.export_ms_per_shard_20k``
+in bench/results.json, and the tests read its output back with ``pyarrow.dataset`` and DuckDB's ``read_parquet``
 (``hive_partitioning``).
 """
 

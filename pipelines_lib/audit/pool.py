@@ -161,9 +161,8 @@ def _on_workers(units: Iterator[tuple[Unit, dict[str, Any] | None]], jobs: int,
 
 SHARDS_PER_WORKER = 1000
 """Shards to audit that one more worker process must have to pay for itself. Starting a worker (an interpreter
-importing Arrow and the decoding code) costs seconds, decoding a shard milliseconds. Measured on 2 CPU cores
-(shared, loaded) over ``bench.storage_scale`` campaigns, audit time in one process vs on two workers: 40 shards
-1.9 s vs 5.3 s, 400 shards 3.6 s vs 10.4 s, 2000 shards 16.9 s vs 16.8 s."""
+importing Arrow and the decoding code) costs seconds, decoding a shard milliseconds: on 2 CPU cores over
+``bench.storage_scale`` campaigns, two workers caught up with one process only at thousands of shards."""
 
 
 def auto_jobs(shards: int, cpus: int) -> int:

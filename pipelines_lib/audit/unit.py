@@ -105,7 +105,7 @@ class Unit:
     def digest(self) -> str:
         """What the unit's result depends on besides the newest published version: its shards (create-only, so
         their names) and the trainer's needs."""
-        import hashlib  # OpenSSL's library, ~4 MB a process: only an audit that keeps or reuses results needs it
+        import hashlib  # OpenSSL's library, megabytes a process: only an audit that keeps or reuses results needs it
 
         needs = None if self.needs is None else dataclasses.asdict(self.needs)
         text = json.dumps([list(self.shards), needs], sort_keys=True)

@@ -44,9 +44,8 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 DEFAULT_MAX_GROUPS = 400
-"""Groups embedded in a page. A page costs about 30 bytes per embedded token, decoded text included (160 scripted
-arithmetic and multihop episodes, 29,175 tokens: 26 bytes a token decoded, 20 as bare ids, plus the plot and the
-page's code), so 400 groups of 4 samples of 300 tokens make about 14 MB."""
+"""Groups embedded in a page. A page costs some tens of bytes per embedded token, decoded text included, plus the
+plot and the page's code, so 400 groups of 4 samples of 300 tokens make a page of megabytes, not more."""
 
 VIEW_DIR = "view"
 

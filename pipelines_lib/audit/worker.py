@@ -18,7 +18,7 @@ import dataclasses
 import json
 import sys
 import traceback
-from _blake2 import blake2b  # hashlib's BLAKE2 itself; importing hashlib loads OpenSSL too (~4 MB a worker)
+from _blake2 import blake2b  # hashlib's BLAKE2 itself; importing hashlib loads OpenSSL too (megabytes)
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field

@@ -7,7 +7,7 @@ its one version)::
     engine, weights = open_engine(store, version, config.engine, scratch, log)
     async with engine: ...
 
-- ``jax``: the Orbax parameters loaded into a ``JaxEngine`` on ``config.mesh``;
+- ``jax``: the Orbax parameters loaded into a ``JaxEngine`` on ``EngineConfig.mesh``;
 - ``vllm``: the version's Hugging Face folder served by a vLLM server (``scratch`` holds the folder unless
   ``vllm.weights_dir`` says where, and the server's log, ``vllm-server.log``).
 

@@ -72,9 +72,8 @@ MIN_SPAN_POSITIONS = 128
 """Shortest attention span of a decode step, in positions: shorter spans would save reading a few keys/values
 per row but cost a compilation each."""
 ACCELERATOR_DECODE_STEPS = 8
-"""Decode steps per device call on an accelerator by default: a TPU v5e decode step of a 0.6B model reads its
-weights in ~1.9 ms while the host's work around one call measured ~1.5 ms, so 8 steps leave the host under a
-tenth of the device's time; a request ending on a stop id idles its slot for at most two calls (16 slot-steps),
+"""Decode steps per device call on an accelerator by default: on a TPU v5e the host's work around one call is
+about one decode step of a 0.6B model, so 8 steps leave the host a small share of the device's time; a request ending on a stop id idles its slot for at most two calls (16 slot-steps),
 a few percent of completions hundreds of tokens long."""
 MAX_SLOTS = 16_384
 """Most sequences one engine decodes at once (each holds a KV cache of ``max_seq_len``); serving engines run a
@@ -93,9 +92,7 @@ class EngineConfig:
     """Positions per KV-cache block (``engine.blocks``); a decode step attends over the smallest
     power-of-two number of blocks (at least ``MIN_SPAN_POSITIONS``) covering its longest sequence
     (``attention_spans``). Larger blocks mean fewer, longer copies, whether a step gathers its blocks or the
-    decode kernel copies them one by one: on a TPU v5e a 0.6 B model decoding 64 rows, gathering, ran at 0.45 of
-    the bandwidth roofline with 64, 0.39 with 16; with the kernel its decode step took 5.21 ms with 64 and 5.50 ms
-    with 16 (README)."""
+    decode kernel copies them one by one: a TPU serving long contexts wants 64 (docs/TPU_PERF.md)."""
     num_blocks: int | None = None
     """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; fewer makes the cache
     follow the tokens actually held: a request is admitted when the blocks of its prompt and

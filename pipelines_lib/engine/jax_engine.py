@@ -93,7 +93,7 @@ WARMUP_COMPILE_THREADS = 4
 a warm-up, and XLA compiles one program on about one core. Half of the eight threads the TPU runtime of the JAX
 we pin compiles on: in a colocated campaign the trainer compiles its step while the engine warms up, and a
 process whose compilations filled that pool (eight warm-up threads and the trainer) stopped making progress
-there; on its own the engine warmed up its 36 variants in 25 s with eight."""
+there; on its own the engine warms up as fast with eight."""
 
 
 class EngineClosedError(RuntimeError):

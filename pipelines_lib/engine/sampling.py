@@ -107,8 +107,8 @@ def sample(
     that same filtered, temperature-scaled distribution (the behaviour policy actually used). Greedy
     rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value. The argmax gives the
     maximum too, and the draw's chunk masses sum to the normaliser (``log p(x) = z_x - max z - log Σ exp(z -
-    max z)``): no separate max, exp or sum over the vocabulary (on a TPU v5e, 64 rows of Qwen3's 152k-token
-    vocabulary: unembedding and sampling 0.63 ms against 0.82 with those passes; the matmul alone 0.54).
+    max z)``): no separate max, exp or sum over the vocabulary, passes that cost as much as the unembedding's
+    matmul at Qwen3's vocabulary on a TPU (docs/TPU_PERF.md).
     """
     greedy_b = temperature_b == 0
     z_bv = jnp.where(greedy_b[:, None], logits_bv, filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b))

@@ -8,13 +8,12 @@ Difficulty grows with :attr:`ArithmeticConfig.operand_digits` and :attr:`Arithme
 Flawed demonstrations (``demonstration(task, error_rate=...)``) make one of the mistakes a weak policy
 makes (:data:`MISTAKES`): the right number written as a float (``<answer>2332.0</answer>``: the exact-match
 reward wants an integer), a guess without calling the tool, a mistyped expression (the tool answers the wrong
-question), or a wrong copy of the tool result. Each scores 0. The default is the float answer. Measured on the
-tiny model (250 warm-start steps): with 60 % float answers it still learns to copy the tool's result (80 % of
-held-out answers hold the right digits; 88 % with clean demonstrations) because every demonstration puts those
-digits at the same place, and the flaw is one token after them that reward alone fixes (GRPO: greedy success 0
--> 70 % in two steps, then copying sharpens). Flaws that change the answer's digits or what precedes them (a
-guess without the tool, even as 35 % of the demonstrations; a missing answer tag; copy mistakes) keep it from
-learning to copy at all within the warm start.
+question), or a wrong copy of the tool result. Each scores 0. The default is the float answer. On the
+tiny model a warm start on mostly float answers still learns to copy the tool's result, because every
+demonstration puts those digits at the same place, and the flaw is one token after them that reward alone fixes
+(GRPO learns the format in a few steps, then copying sharpens: the ``learning`` benchmark). Flaws that change the
+answer's digits or what precedes them (a guess without the tool, even as a minority of the demonstrations; a
+missing answer tag; copy mistakes) keep it from learning to copy at all within the warm start.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ does: it answers the intermediate result after one call (``stop_early``), or car
 second call (``wrong_carry``). Both answers are well-formed integers, so the ``format`` reward part (exactly one
 ``<answer>`` holding an integer) separates "cannot write the answer" from "cannot do the task".
 
-Operands have one digit by default. Measured on the tiny model: with two-digit operands a 500-step warm start
-on mostly clean demonstrations still fails at the carry and at looking the third operand back up in the prompt
-(5 % greedy, 19 % pass@4: too little reward for GRPO to start from); with one digit, 300 steps on 70 % clean
-demonstrations solve every held-out task greedily. ``CampaignConfig.twostep()`` sits between: one digit, a
+Operands have one digit by default. On the tiny model, with two-digit operands a long warm start on mostly clean
+demonstrations still fails at the carry and at looking the third operand back up in the prompt (too little
+reward for GRPO to start from); with one digit, a shorter one on mostly clean demonstrations solves every held-out
+task greedily. ``CampaignConfig.twostep()`` sits between: one digit, a
 shorter warm start, 60 % flawed demonstrations.
 """
 

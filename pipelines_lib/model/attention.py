@@ -109,8 +109,8 @@ the kernel's forward."""
 def _splash_kernel(seq_len: int, heads: int, softcap: float | None, interpret: bool) -> splash.SplashAttentionKernel:
     """The causal kernel for one row of ``heads`` query heads over ``seq_len`` positions (built once per shape: its
     block masks are worked out on the host)."""
-    # Blocks of 512 with the fused backward kernel measured fastest for a 0.6 B model at 8 x 1024 on a v5e
-    # (MFU 0.43; 0.41 unfused; 1024: 0.43); the flash kernel before it, with key heads repeated, reached 0.37.
+    # Blocks of 512 with the fused backward kernel measured fastest for a 0.6 B model at 8 x 1024 on a v5e, and
+    # beat the flash kernel before it, which repeated the key heads (docs/TPU_PERF.md).
     block = next(b for b in (512, 256, 128) if seq_len % b == 0)
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)

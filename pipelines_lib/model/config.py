@@ -10,9 +10,8 @@ published weights carry next to their Orbax item.
 Why ``from_hf_config`` reads the dict itself rather than through transformers' config classes
 (``AutoConfig``): the field mapping onto ``ModelConfig`` and the refusals of what the decoder lacks (biases,
 bidirectional attention, unknown rope types) are needed either way; transformers would only take over the v4
-spelling and the default layer patterns (~30 lines), at ~5 s for the first ``AutoConfig`` call in a process
-beyond importing transformers (measured on the 2-CPU build machine under load, against 0.3 ms for the mapping
-here). ``tests/test_hf_export.py`` pins that transformers' config class of each family reads every exported
+spelling and the default layer patterns (a few dozen lines), at seconds for the first ``AutoConfig`` call in a
+process beyond importing transformers, where the mapping here takes well under a millisecond. ``tests/test_hf_export.py`` pins that transformers' config class of each family reads every exported
 ``config.json`` (and the parity fixtures' v5 files) to the same ``ModelConfig`` as this mapping does.
 """
 

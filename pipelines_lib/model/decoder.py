@@ -3,7 +3,7 @@
 One attention implementation serves both uses:
 
 * training / scoring: ``model(tokens_bt, positions_bt) -> logits_btv`` attends over the tokens it is
-  given, causally by position (sequences are right-padded, so causal is enough); ``model.final_hidden``
+  given, causally by position (sequences are right-padded, so causal is enough); ``Decoder.final_hidden``
   is the same forward stopped before the unembedding, for losses that unembed a chunk at a time; on one TPU
   device its attention can run a Pallas flash kernel instead of XLA's (``ATTENTION_KERNELS``);
 * inference: ``model.hidden(tokens_bt, positions_bt, cache, table_bn) -> (h_btd, cache)`` works on a
@@ -23,7 +23,7 @@ Layer ``i`` is: x += post_norm?(attn(attn_norm(x))); x += post_norm?(mlp(mlp_nor
 q/k (optionally RMS-normalised per head first), grouped-query attention, optional sliding window and
 score soft-cap, and a gated MLP (SwiGLU or GeGLU).
 
-The layers are one ``Block`` whose parameters are stacked over a leading layer axis (``decoder.layers``;
+The layers are one ``Block`` whose parameters are stacked over a leading layer axis (the decoder's ``layers``;
 parameter paths ``layers/attn/q_proj/kernel`` of shape ``[n_layers, ...]``), applied by ``jax.lax.scan``:
 one layer body is traced and compiled however deep the model, so compile time does not grow with depth.
 What differs between layers (Gemma's sliding vs global layers: the window, the rope frequencies) is

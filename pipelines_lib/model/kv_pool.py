@@ -40,8 +40,7 @@ def write_blocks(
     and table entries ``>= num_blocks`` ("no block") are dropped. A scatter into the stacked pool, the layer
     scan's carry, updated in place. One token a row (decode) is scattered by position; a chunk (consecutive
     positions, as prefill writes them) through the whole blocks it touches, gathered, overlaid and scattered
-    back: a TPU's scatter pays per index (the engine benchmark's serve of 64 prompts of 128 tokens on a TPU
-    v5e: 5.80 against 5.89 ms a step). The overlay is a select against the chunk shifted to each row's offset
+    back: a TPU's scatter pays per index (docs/TPU_PERF.md). The overlay is a select against the chunk shifted to each row's offset
     (one slice a row): an update at a per-row offset compiled, on the chip, to a loop over the rows."""
     num_blocks, block_size = pool_lnskd.shape[1:3]
     (b, t), n = positions_bt.shape, table_bn.shape[1]

@@ -14,8 +14,7 @@ function from the pool itself:
   a multiple of 8, the rows of the chip's memory tiles): two plain matmuls a row, the scores of a query head
   against the other heads' keys masked out with the positions past the query's, outside the sliding window, or in
   blocks not copied. The masked-out work is waste, and it is what bounds the kernel when a span bucket reaches far
-  past its rows' positions (on a TPU v5e the same copies took 3.15 ms over 28 layers at a span of 1,024 positions
-  against 2.39 ms at 256).
+  past its rows' positions (docs/TPU_PERF.md).
 
 The layer is an argument (the pools are stacked over layers and stay whole in HBM: the layer scan passes its
 carry, nothing is sliced or copied). Rows whose table names no block (``num_blocks`` or more: padding rows, rows

@@ -235,5 +235,5 @@ def _accel(need: int, *, cpu: float, slot: str, accelerator: str, topology: str 
 
 
 def _host_gib(device_bytes: int) -> float:
-    # The host stages the checkpoint (one copy of the weights) besides the Python/JAX runtime's ~2 GiB.
+    # The host stages the checkpoint (one copy of the weights) besides the Python/JAX runtime, allowed 2 GiB.
     return float(max(2, math.ceil(2 + device_bytes * HEADROOM / _GIB)))

@@ -9,7 +9,7 @@ warm_start(store, config)
   -> publish_weights(version=0, step=0)
 ```
 
-Initialisation is seeded by ``config.sft.seed``. Demonstrations longer than the model's context are left out and
+Initialisation is seeded by ``sft.seed``. Demonstrations longer than the model's context are left out and
 counted.
 """
 

@@ -117,7 +117,7 @@ class Store:
 
     @functools.cached_property
     def fs(self) -> fsspec.AbstractFileSystem:
-        """The fsspec filesystem, opened (and fsspec imported: ~15 MB) on first use: a local store reads, lists,
+        """The fsspec filesystem, opened (and fsspec imported, megabytes) on first use: a local store reads, lists,
         creates and stats objects itself, so a process that only reads a local campaign never pays for it."""
         import fsspec
 
@@ -280,7 +280,7 @@ class Store:
         path = self._path(rel)
 
         def ls() -> list[str]:
-            if self.protocol == "file":  # fsspec's local ls stats every entry: 10x slower on a large folder
+            if self.protocol == "file":  # fsspec's local ls stats every entry: far slower on a large folder
                 try:
                     return os.listdir(path)
                 except (FileNotFoundError, NotADirectoryError):

@@ -138,6 +138,6 @@ def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig, mesh: Mesh) -> nnx.O
     """
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
     # optax creates its step counters uncommitted; the train step returns them committed, and jit keys its
-    # cache on committedness: commit them now or the step compiles twice (about 10 s each on CPU).
+    # cache on committedness: commit them now or the step compiles twice.
     shard_node(optimizer, mesh)
     return optimizer

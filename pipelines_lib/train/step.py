@@ -88,8 +88,8 @@ class StepConfig:
     (least memory, about one more forward pass); ``dots``: the layer's input and its weight matmuls' outputs,
     recomputing only norms, rope, attention and activations (more memory than ``full``, less recomputation);
     ``attention``: ``full`` plus the flash kernel's output and softmax statistics where it runs, so the backward
-    pass does not run the kernel's forward again (one token × width buffer per layer more; a 0.6 B model's step
-    at 8 × 1024 on a TPU v5e: 0.349 s against 0.365 s with ``full``). The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
+    pass does not run the kernel's forward again (one token × width buffer per layer more; faster than ``full`` on a
+    TPU v5e: ``tpu.train_mfu_remat_attention`` against ``tpu.train_mfu_remat_full`` in bench/results.json). The gradients are the same under every choice (``model.decoder.REMAT_POLICIES``)."""
     attention: str = "auto"
     """How the forward passes compute attention (``model.attention.ATTENTION_KERNELS``): ``auto`` runs the Pallas
     splash (flash) attention kernel on a single TPU device where the model allows it (no sliding layers, sequence

@@ -7,7 +7,7 @@ Reads are bounded: before a shard is decoded, ``declared_sizes`` reads the sizes
 declares (rows, and the decoded length of every buffer: a compressed buffer starts with it) without
 decompressing anything, and ``decode_shard`` refuses a shard that would decode to more than
 ``MAX_DECODED_BYTES``, or (when the reader knows its longest usable row) to more than ``row_budget`` bytes a
-row. A 1 MB file of LZ4-compressed zeros declaring a 20 M-token row (260 MB decoded) is refused before it costs
+row. A small file of LZ4-compressed zeros declaring a row of millions of tokens is refused before it costs
 memory.
 
 ``identity_problem`` ties a shard's content to its name: the writer's provenance (worker, seq, version) must
@@ -34,11 +34,11 @@ from pipelines_lib.trajectory.validate import Violation, validate_table, validat
 SHARD_META_KEY = b"rollstream.shard"
 COMPRESSION = "lz4"
 """Arrow IPC body compression of new shards (LZ4 frame). Arrow compresses every buffer of a record batch on its
-own, ~100 buffers a shard whatever its size, and its zstd codec sets up a decompression context per buffer: ~7 us
-each, 10x the whole LZ4 decode of a small shard. LZ4 files are ~1.3x larger than zstd ones. Readers decode any
+own, about a hundred buffers a shard whatever its size, and its zstd codec sets up a decompression context per
+buffer, which costs more than the whole LZ4 decode of a small shard. LZ4 files are somewhat larger than zstd ones. Readers decode any
 codec Arrow supports, so shards written with zstd still read."""
 MAX_DECODED_BYTES = 256 * 2**20
-"""Largest decoded size of one shard any reader accepts (writers commit at ~32 MiB estimated)."""
+"""Largest decoded size of one shard any reader accepts (far above what writers commit, ``WriterConfig.max_bytes``)."""
 TOKEN_BYTES = 13
 """Decoded bytes per token over the four token columns (int32 id, int8 mask, float32 logprob, int32 version)."""
 TRAJECTORY_SCHEMA_NAMES = TRAJECTORY_SCHEMA.names

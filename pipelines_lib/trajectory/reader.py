@@ -14,7 +14,7 @@ those that did; on object storage it is one listing per window version. Pending 
 
 ``cursor`` is everything needed to continue, and stays small: per live version and writer, the highest seq
 handed out (a writer commits its shards in seq order), plus the rows handed out of a shard not yet finished.
-The trainer saves ``cursor.to_json()`` in its checkpoints and ``cursor.delta_json(before)`` (what one step
+The trainer saves ``TailCursor.to_json()`` in its checkpoints and ``TailCursor.delta_json(before)`` (what one step
 changed) in each consumption log; ``before.after(delta)`` rebuilds the cursor, and a tailer built from it hands
 out exactly the groups that follow. Read-ahead never leaks into the cursor.
 

@@ -97,7 +97,7 @@ def _list_column(values: list[Sequence], type_: pa.ListType) -> pa.Array:
     """A list<number> column: offsets plus one flat NumPy buffer filled straight from the Python sequences.
 
     ``np.fromiter`` over the chained rows touches each element once; per-row ``np.asarray`` or ``pa.array`` on
-    nested lists cost 1.5-2x as much. An out-of-range value raises ``OverflowError`` rather than wrapping.
+    nested lists cost more. An out-of-range value raises ``OverflowError`` rather than wrapping.
     """
     offsets = _offsets(map(len, values))
     flat = np.fromiter(chain.from_iterable(values), dtype=_numpy_dtype(type_.value_type), count=offsets[-1].as_py())
