@@ -34,8 +34,10 @@ def storage_option_args(options: Mapping[str, Any] | None) -> list[str]:
 
 
 def secret_options(options: Mapping[str, Any] | None) -> list[str]:
-    """The names of the options in ``options`` whose values are not printed in a hint."""
-    return [k for k, v in (options or {}).items() if SECRET_KEY.search(k) and v not in AUTH_METHODS]
+    """The names of the options in ``options`` whose values are not printed in a hint. A value may be any JSON
+    (a service account's ``token`` is a mapping): only a string can name an auth method."""
+    return [k for k, v in (options or {}).items()
+            if SECRET_KEY.search(k) and not (isinstance(v, str) and v in AUTH_METHODS)]
 
 
 def rollstream_command(argv0: str | None = None) -> list[str]:
