@@ -4,6 +4,7 @@ from another directory, with the storage options the campaign was opened with, s
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -138,3 +139,12 @@ def test_status_of_a_gs_campaign_opened_with_a_dict_valued_option_prints_its_rec
     assert recover[len(rollstream_command()):][:2] == ["recover", gcs_store.url]
     assert f"session_kwargs={PLACEHOLDER}" in recover and f"endpoint_url={gcs_emulator}" in recover
     assert result.stdout.splitlines()[-1].startswith("secret storage options not printed: session_kwargs;")
+
+
+def test_every_command_a_hint_prints_is_built_in_so_a_checkout_without_an_install_has_it() -> None:
+    from pipelines_lib.cli import commands
+
+    sources = [p for d in ("pipelines_lib", "flows", "tasks") for p in (ROOT / d).rglob("*.py")]
+    hinted = {m for p in sources for m in re.findall(r"hint_command\(\s*\[\s*['\"]([a-z-]+)['\"]", p.read_text())}
+    assert {"status", "recover", "audit", "trace"} <= hinted  # the scan reads the sources
+    assert hinted <= set(commands(installed=()))
