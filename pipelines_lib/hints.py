@@ -17,6 +17,7 @@ import re
 import shlex
 import site
 import sys
+import sysconfig
 from collections.abc import Mapping, Sequence
 from importlib.metadata import distributions
 from pathlib import Path
@@ -28,8 +29,8 @@ AUTH_METHODS = frozenset({"anon", "google_default", "cloud", "browser"})
 """gcsfs ``token`` values that name a way to authenticate rather than carry a credential: printed as given."""
 PLACEHOLDER = "<secret>"
 CHECKOUT = Path(os.path.abspath(__file__)).parents[1]
-"""The folder this package is imported from (as named, links not followed): the ``PYTHONPATH`` of a checkout that
-is not installed."""
+"""The folder this package is imported from (as named, links not followed): the first ``PYTHONPATH`` entry of a
+checkout that is not installed."""
 
 
 def storage_option_args(options: Mapping[str, Any] | None) -> list[str]:
@@ -59,12 +60,28 @@ def installed() -> bool:
 def rollstream_command(argv0: str | None = None) -> list[str]:
     """The running ``rollstream`` as an absolute command line: its console script when this process is one
     (``argv0``, default ``sys.argv[0]``), else this interpreter running ``-m pipelines_lib.cli`` (``python -m
-    flows.campaign``, a test, a REPL), given this checkout as ``PYTHONPATH`` when the package is not installed."""
+    flows.campaign``, a test, a REPL), given ``search_path()`` as ``PYTHONPATH`` when the package is not installed."""
     argv0 = sys.argv[0] if argv0 is None else argv0
     if os.path.basename(argv0) == "rollstream" and os.path.isfile(argv0):
         return [os.path.abspath(argv0)]
     module = [os.path.abspath(sys.executable), "-m", "pipelines_lib.cli"]
-    return module if installed() else ["env", f"PYTHONPATH={CHECKOUT}", *module]
+    return module if installed() else ["env", f"PYTHONPATH={os.pathsep.join(search_path())}", *module]
+
+
+def search_path() -> list[str]:
+    """What a pasted command needs on ``PYTHONPATH`` to import what this process imports: ``CHECKOUT``, then the
+    entries of ``sys.path`` before the standard library (where the interpreter put ``PYTHONPATH``: on a TPU VM
+    also the folder ``scripts/tpu_setup.sh`` installed the library's needs into). The directory the process
+    started from is left out: a hint runs from anywhere."""
+    stdlib = {os.path.normpath(p) for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"))}
+    archive = f"python{sys.version_info.major}{sys.version_info.minor}.zip"
+    out = [str(CHECKOUT)]
+    for entry in sys.path[1:]:
+        if os.path.basename(entry) == archive or os.path.normpath(entry) in stdlib:
+            break
+        if entry and os.path.abspath(entry) not in out:
+            out.append(os.path.abspath(entry))
+    return out
 
 
 def hint_command(args: Sequence[str], options: Mapping[str, Any] | None = None) -> str:
@@ -87,4 +104,5 @@ def secrets_note(options: Mapping[str, Any] | None) -> str | None:
     )
 
 
-__all__ = ["CHECKOUT", "hint_command", "installed", "rollstream_command", "secret_options", "secrets_note", "storage_option_args"]
+__all__ = ["CHECKOUT", "hint_command", "installed", "rollstream_command", "search_path", "secret_options",
+           "secrets_note", "storage_option_args"]

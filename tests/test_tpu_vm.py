@@ -25,8 +25,9 @@ HIDDEN = re.compile(r"^(rollstream|__editable__|prefect|pipelines_lib|flows|task
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment with this one's packages except rollstream (no install, no entry points) and
-    Prefect: the interpreter of a TPU VM that runs the checkout through ``PYTHONPATH``."""
+    """A fresh virtual environment, and beside it a folder with this one's packages except rollstream (no install,
+    no entry points) and Prefect: a TPU VM's interpreter and the folder ``scripts/tpu_setup.sh`` installs the
+    library's needs into, both on ``PYTHONPATH`` after the checkout."""
     root = tmp_path_factory.mktemp("tpuvm")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
     python = root / "venv" / "bin" / "python"
@@ -35,9 +36,6 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for entry in Path(sysconfig.get_path("purelib")).iterdir():
         if not HIDDEN.search(entry.name):
             (shared / entry.name).symlink_to(entry)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    Path(site, "shared.pth").write_text(f"{shared}\n")
     return python
 
 
@@ -60,9 +58,14 @@ def _run(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=cwd, env=_env(**env))
 
 
+def _pythonpath(python: Path, checkout: Path) -> str:
+    """The TPU VM recipe's ``PYTHONPATH``: the checkout, then the folder of the library's needs."""
+    return os.pathsep.join([str(checkout), str(python.parents[2] / "shared")])
+
+
 def _cli(python: Path, checkout: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m pipelines_lib.cli ARGS`` as the TPU VM's recipe runs it: the checkout on ``PYTHONPATH``."""
-    return _run([str(python), "-m", "pipelines_lib.cli", *args], cwd, PYTHONPATH=str(checkout))
+    """``python -m pipelines_lib.cli ARGS`` as the TPU VM's recipe runs it."""
+    return _run([str(python), "-m", "pipelines_lib.cli", *args], cwd, PYTHONPATH=_pythonpath(python, checkout))
 
 
 def _paste(line: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -76,7 +79,8 @@ def test_the_interpreter_has_neither_prefect_nor_the_installed_package(
              "print(u.find_spec('prefect'), u.find_spec('pyarrow') is not None, "
              "len(m.entry_points(group='rollstream.commands')))")
     assert _cli(bare_python, checkout, cwd=tmp_path).returncode == 2  # the parser's usage line: the checkout imports
-    found = _run([str(bare_python), "-c", probe], tmp_path, PYTHONPATH=str(checkout)).stdout.split()
+    found = _run([str(bare_python), "-c", probe], tmp_path,
+                 PYTHONPATH=_pythonpath(bare_python, checkout)).stdout.split()
     assert found == ["None", "True", "0"]
 
 
@@ -93,8 +97,8 @@ def test_status_recover_audit_and_export_run_without_prefect_and_every_printed_c
     assert status.returncode == 0, status.stderr
     todo, recover = status.stdout.strip().splitlines()[-1].split("; run them with: ")
     assert todo == "to do: prep, collect, train, evaluate, audit"
-    assert shlex.split(recover) == ["env", f"PYTHONPATH={checkout}", str(bare_python), "-m", "pipelines_lib.cli",
-                                    "recover", f"file://{url}"]
+    assert shlex.split(recover) == ["env", f"PYTHONPATH={_pythonpath(bare_python, checkout)}", str(bare_python),
+                                    "-m", "pipelines_lib.cli", "recover", f"file://{url}"]
     recovered = _paste(recover, elsewhere)
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     summary = json.loads(recovered.stdout.strip().splitlines()[-1])
