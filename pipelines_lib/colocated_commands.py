@@ -32,6 +32,7 @@ from pipelines_lib.cli import (
     open_store,
     to_stderr,
 )
+from pipelines_lib.hints import CHECKOUT, hint_command
 
 if TYPE_CHECKING:
     from pipelines_lib.config import CampaignConfig
@@ -63,10 +64,16 @@ def _run_colocated_args(p: argparse.ArgumentParser) -> None:
 def _run_colocated(args: argparse.Namespace) -> int:
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.configio import parse_overrides
+    from pipelines_lib.stages.campaign import CampaignMismatchError
 
     overrides = {**parse_overrides(args.set), "placement": "colocated"}
     config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
-    return _run_and_summarise(args, open_store(args, args.url), config)
+    store = open_store(args, args.url)
+    try:
+        return _run_and_summarise(args, store, config)
+    except CampaignMismatchError as e:  # names the campaign and the sections that differ
+        raise CommandError(f"{e}; to continue it with its own: "
+                           f"{hint_command(['recover', store.url], dict(args.storage_option))}") from e
 
 
 RUN_COLOCATED = Command(HELP="run (or continue) a whole campaign in this process, without Prefect: one process "
@@ -82,7 +89,6 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from pipelines_lib.hints import CHECKOUT, hint_command
     from pipelines_lib.stages.campaign import load_campaign_config
 
     store = open_campaign_store(args, args.url)
