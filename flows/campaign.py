@@ -217,7 +217,11 @@ def summary(store: Store, wall_s: float, audit: dict[str, Any], view: str | None
     evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     lines = [f"campaign {store.url}: done in {wall_s:.0f}s; audit {'OK' if audit.get('ok') else 'FAILED'} "
              f"({audit.get('report')})"]
-    if evals:
+    if evals and not any(e.greedy_success_rate or e.pass_at_k for e in evals.values()):
+        # "0.0% -> 0.0% (+0.0 points)" reads as a run that failed to learn; one that solved nothing had nothing to show.
+        lines.append(f"held-out: no evaluated version ({', '.join(f'v{v}' for v in sorted(evals))}) solved a task, "
+                     "so there is no learning to show; a plumbing check such as --preset smoke cannot learn")
+    elif evals:
         first, last = min(evals), max(evals)
         before, after = evals[first].greedy_success_rate, evals[last].greedy_success_rate
         lines.append(f"held-out greedy success: v{first} {before:.1%} -> v{last} {after:.1%} "

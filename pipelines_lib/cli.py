@@ -12,11 +12,16 @@ Adding a subcommand is one decorated function plus an argument function::
 
 This module holds the command line's machinery (the parser, shared storage arguments, ``main``) and the
 commands that run or manage a stage of one campaign (``status``, ``train``, ``replay``, ``fork``, ``metrics``,
-``demo``, ``export-weights``). Whole command modules join through the ``rollstream.commands`` entry-point group
-(``commands()``, ``pyproject.toml``): ``pipelines_lib.inspect_commands`` (``audit``, ``export``, ``sql``, ``view``,
-``trace``: reading a campaign for people and warehouse tools), ``flows.commands`` (``run``, ``recover``,
-``stage``, ``deploy``: through Prefect) and the repository's ``bench`` and ``drills``. They import this module;
-it only loads them by entry point, so the import graph keeps one direction.
+``demo``, ``export-weights``). Whole command modules join in two ways (``commands()``), both loaded by name, so
+they import this module and not the other way round:
+
+- built in, ``BUILTIN_COMMANDS``: the library's own, there wherever ``pipelines_lib`` imports (a checkout on
+  ``PYTHONPATH`` on a TPU VM, no install, no Prefect): ``pipelines_lib.inspect_commands`` (``audit``, ``export``,
+  ``sql``, ``view``, ``trace``: reading a campaign for people and warehouse tools) and
+  ``pipelines_lib.colocated_commands`` (``run-colocated``, ``recover``: a whole campaign in this process);
+- installed, the ``rollstream.commands`` entry-point group (``pyproject.toml``): ``flows.commands`` (``run``,
+  ``recover``, ``stage``, ``deploy``: through Prefect) and the repository's ``bench`` and ``drills``. An installed
+  command replaces the built-in of its name: the recover flow takes over ``recover``.
 
 ``run`` returns the exit code. Exit codes: 0 success, 1 the command ran and found a problem (an audit with
 violations), 2 it could not run (bad URL, unreachable storage, bad arguments, a campaign file that is not the
@@ -36,7 +41,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, entry_points, version
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from typing import Any, NoReturn
 
 from pipelines_lib.configio import ConfigError
@@ -179,33 +184,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_colocated_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="campaign folder to create or continue")
-    p.add_argument("--preset", default="tiny", help="config the YAML and --set apply to (e.g. tiny, wide, tpu_demo)")
-    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
-    add_storage_options(p)
-
-
-@subcommand("run-colocated", "run (or continue) a whole campaign in this process, without Prefect: one process "
-            "holds the device for rollouts, trainer and evaluation (placement: colocated)", _run_colocated_args)
-def _run_colocated(args: argparse.Namespace) -> int:
-    from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.configio import parse_overrides
-    from pipelines_lib.records import EvalResult, evaluated_versions, with_parents
-    from pipelines_lib.stages.colocated import run_colocated
-
-    overrides = {**parse_overrides(args.set), "placement": "colocated"}
-    config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
-    store = open_store(args, args.url)
-    out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
-    store = with_parents(store)
-    evals = {v: EvalResult.read(store, v).greedy_success_rate for v in evaluated_versions(store)}
-    print(json.dumps({"campaign": store.url, "wall_s": out["wall_s"], "audit_ok": out["audit"]["ok"],
-                      "handed_over": out["handed_over"], "greedy_success": evals}))
-    return 0 if out["audit"]["ok"] else 1
-
-
 # -- demo -------------------------------------------------------------------------------------------------
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -346,18 +324,32 @@ def _status(args: argparse.Namespace) -> int:
 # -- entry point ------------------------------------------------------------------------------------------
 
 COMMAND_GROUP = "rollstream.commands"
-"""Entry-point group of command modules (``inspect_commands``, ``flows.commands``; ``bench``, ``drills`` from a
-checkout): each names a module or a ``Command`` with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+"""Entry-point group of installed command modules (``flows.commands``; ``bench``, ``drills`` from a checkout):
+each names a module or a ``Command`` with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+BUILTIN_COMMANDS = {
+    **{name: f"pipelines_lib.inspect_commands:{name.upper()}" for name in ("audit", "export", "sql", "view", "trace")},
+    "run-colocated": "pipelines_lib.colocated_commands:RUN_COLOCATED",
+    "recover": "pipelines_lib.colocated_commands:RECOVER",
+}
+"""The library's command modules, as entry-point values: there without an install, and none of them needs Prefect."""
 
 
-def commands() -> dict[str, Subcommand]:
-    """The library's subcommands and those installed under ``COMMAND_GROUP``, by name."""
-    out = dict(SUBCOMMANDS)
-    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
-        if ep.name in out:
+def commands(installed: Sequence[EntryPoint] | None = None) -> dict[str, Subcommand]:
+    """The library's subcommands, its built-in command modules and the ``installed`` ones (default: this
+    environment's ``COMMAND_GROUP`` entry points), by name. An installed command replaces a built-in of its name;
+    any other name given twice is an error."""
+    installed = entry_points(group=COMMAND_GROUP) if installed is None else installed
+    chosen: dict[str, EntryPoint] = {}
+    for ep in [*(EntryPoint(name=n, value=v, group=COMMAND_GROUP) for n, v in BUILTIN_COMMANDS.items()),
+               *sorted(installed, key=lambda ep: ep.name)]:
+        if ep.name in SUBCOMMANDS or (ep.name in chosen and chosen[ep.name].value != BUILTIN_COMMANDS.get(ep.name)):
             raise ValueError(f"subcommand {ep.name!r} of entry point {ep.value} is registered twice")
+        chosen[ep.name] = ep
+    out = dict(SUBCOMMANDS)
+    for name, ep in sorted(chosen.items()):
         module = ep.load()
-        out[ep.name] = Subcommand(name=ep.name, help=module.HELP, add_arguments=module.add_arguments, run=module.run)
+        out[name] = Subcommand(name=name, help=module.HELP, add_arguments=module.add_arguments, run=module.run)
     return out
 
 

@@ -18,7 +18,7 @@ Each sub-config lives next to the code that uses it and validates itself; this m
 them (``envs.spec.EnvSpec`` pairs an env with the latency wrapped around its tools and its sandbox). Only the stages
 (``pipelines_lib.stages``) take a whole ``CampaignConfig``; core code takes its own section. ``CampaignConfig.from_yaml`` reads a YAML file
 (unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores,
-``smoke()`` the same cut to a one-minute campaign (the test suite's).
+``smoke()`` the same cut to a plumbing check of every stage that cannot learn (the test suite's).
 Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta": 2})``.
 """
 
@@ -277,12 +277,15 @@ class CampaignConfig:
 
     @classmethod
     def smoke(cls) -> CampaignConfig:
-        """``tiny()`` cut to a whole campaign in about a minute on 2 CPU cores: every stage, every marker.
+        """``tiny()`` cut to a plumbing check: every stage runs and leaves its marker, and nothing is learned.
 
         4 trainer steps of 2 groups (v1 at step 2, v2 at step 4, checkpoints at both), a 10-step warm start that
-        learns nothing useful, and 4 held-out tasks per evaluation. Zero-advantage groups train: a policy this
-        weak rarely solves a task, and skipping them would starve the trainer. The test suite runs it, through
-        the campaign and recover flows, on a local folder and on a GCS emulator.
+        learns nothing useful, and 4 held-out tasks per evaluation. Its policy solves no task, so every group has
+        all-equal rewards: the trainer logs "no learning signal" at each step and the campaign's summary says that
+        no version solved a task, rather than a zero loss and "+0.0 points". Zero-advantage groups train (skipping
+        them would starve the trainer). Its wall time is mostly JAX compiling its programs, so a run with a warm
+        compilation cache takes much less than a cold one (``rollstream run --help`` states both). The test suite
+        runs it, through the campaign and recover flows, on a local folder and on a GCS emulator.
         """
         tiny = cls.tiny()
         return dataclasses.replace(

@@ -21,7 +21,7 @@ LIB = ROOT / "pipelines_lib"
 UPPER = ("prefect", "flows", "tasks", "bench", "drills")
 """Never imported by the library."""
 STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
-               "pipelines_lib.inspect_commands", "pipelines_lib.demo")
+               "pipelines_lib.inspect_commands", "pipelines_lib.colocated_commands", "pipelines_lib.demo")
 """Modules that may see the whole campaign config; core modules never import them."""
 RECORD_KEEPERS = {"pipelines_lib/storage/layout.py", "pipelines_lib/storage/store.py"} | {
     str(p.relative_to(ROOT)) for p in (ROOT / "pipelines_lib" / "records").glob("*.py")}

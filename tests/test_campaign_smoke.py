@@ -114,8 +114,8 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
 
 
 HANG_DEADLINE_S = 900
-"""A subprocess still running after this long is hung, not slow (a smoke campaign takes about a minute on 2
-cores, a few on a loaded machine): it is killed and the test fails saying where, instead of hanging the suite."""
+"""A subprocess still running after this long is hung, not slow (a smoke campaign takes a few minutes on 2
+cores, more on a loaded machine): it is killed and the test fails saying where, instead of hanging the suite."""
 
 _RECOVER = """
 import json, sys

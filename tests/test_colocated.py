@@ -23,6 +23,7 @@ from flows.campaign import campaign
 from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import nest_dotted, parse_overrides
+from pipelines_lib.hints import hint_command
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import CampaignWeights, publish_weights
 from pipelines_lib.records import AuditRecord, StopRequest
@@ -180,3 +181,16 @@ def test_a_colocated_campaign_shares_two_devices_between_an_fsdp_trainer_and_a_t
     assert "rollout: JAX engine on mesh data=1 × fsdp=1 × tensor=2 (2 devices)" in done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["audit_ok"] and out["handed_over"] >= 1
+
+
+def test_run_colocated_with_another_config_refuses_in_one_line_naming_the_recover_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "c")
+    seed_trainer_campaign(url, dataclasses.replace(small_trainer_config(2), placement="colocated"), 0)
+    before = sorted(p.name for p in Path(url).iterdir())
+    assert main(["run-colocated", url, "--preset", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"rollstream run-colocated: file://{url}/campaign.json: "
+                                                        "this campaign was started with a different config")
+    assert err.endswith(f"to continue it with its own: {hint_command(['recover', f'file://{url}'])}")
+    assert sorted(p.name for p in Path(url).iterdir()) == before

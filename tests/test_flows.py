@@ -18,9 +18,9 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
-from drills.fixtures import consumption_log
+from drills.fixtures import consumption_log, eval_result
 from flows import artifacts
-from flows.campaign import _wait_training, expand_campaign_url
+from flows.campaign import _wait_training, expand_campaign_url, summary
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
@@ -77,6 +77,17 @@ def test_ends_evaluates_the_first_and_last_published_versions() -> None:
     assert versions_to_evaluate([0, 1, 2, 3], "ends") == [0, 3]
     assert versions_to_evaluate([0, 1, 2, 3], "all") == [0, 1, 2, 3]
     assert versions_to_evaluate([0], "ends") == [0]
+
+
+def test_the_summary_of_a_campaign_that_solved_no_task_says_so_instead_of_zero_points(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    for v in (0, 2):
+        eval_result(v, greedy_success_rate=0.0, pass_at_k=0.0).write(store)
+    held_out = [line for line in summary(store, 1.0, {"ok": True}).splitlines() if line.startswith("held-out")]
+    assert held_out == ["held-out: no evaluated version (v0, v2) solved a task, so there is no learning to show; "
+                        "a plumbing check such as --preset smoke cannot learn"]
+    eval_result(3, greedy_success_rate=0.25, pass_at_k=0.5).write(store)
+    assert "v0 0.0% -> v3 25.0% (+25.0 points)" in summary(store, 1.0, {"ok": True})
 
 
 def test_recovery_runs_the_listed_stages_in_campaign_order() -> None:

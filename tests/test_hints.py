@@ -4,6 +4,7 @@ from another directory, with the storage options the campaign was opened with, s
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -111,3 +112,39 @@ def test_a_gs_campaign_hint_carries_the_endpoint_and_runs_as_printed(
     result = _paste(audit, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "OK" in result.stdout
+
+
+def test_dict_valued_storage_options_are_hinted_and_a_service_account_token_is_never_printed() -> None:
+    key = {"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----abc", "client_email": "a@b"}
+    options = {"endpoint_url": "http://127.0.0.1:4443", "token": key, "session_kwargs": {}, "default_location": "EU",
+               "retries": {"n": 3}}
+    args = shlex.split(hint_command(["audit", "gs://b/c"], options))
+    assert args[-10:] == ["-o", "endpoint_url=http://127.0.0.1:4443", "-o", f"token={PLACEHOLDER}",
+                          "-o", f"session_kwargs={PLACEHOLDER}", "-o", "default_location=EU", "-o", 'retries={"n": 3}']
+    assert "PRIVATE" not in " ".join(args)
+    assert secrets_note(options).startswith("secret storage options not printed: token, session_kwargs;")
+
+
+def test_status_of_a_gs_campaign_opened_with_a_dict_valued_option_prints_its_recover_hint(
+    demo_campaign: Store, gcs_emulator: str, gcs_store: Store, tmp_path: Path
+) -> None:
+    for rel in ("campaign.json", *(r for r in demo_campaign.walk() if r.startswith("trajectories/"))):
+        gcs_store.create(rel, demo_campaign.read(rel))
+    options = [a for k, v in gcs_options(gcs_emulator).items() for a in ("-o", f"{k}={v}")]
+    status = [*rollstream_command(), "status", gcs_store.url, *options, "-o", "session_kwargs={}"]
+    result = subprocess.run(status, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert result.returncode == 0, result.stderr
+    recover = shlex.split(_hint(result.stdout, "to do:").split("run them with:")[1])
+    assert recover[len(rollstream_command()):][:2] == ["recover", gcs_store.url]
+    assert f"session_kwargs={PLACEHOLDER}" in recover and f"endpoint_url={gcs_emulator}" in recover
+    assert result.stdout.splitlines()[-1].startswith("secret storage options not printed: session_kwargs;")
+
+
+def test_every_command_a_hint_prints_is_built_in_so_a_checkout_without_an_install_has_it() -> None:
+    from pipelines_lib.cli import commands
+
+    sources = [p for d in ("pipelines_lib", "flows", "tasks") for p in (ROOT / d).rglob("*.py")]
+    hinted = {m for p in sources for m in re.findall(r"hint_command\(\s*\[\s*['\"]([a-z-]+)['\"]", p.read_text())}
+    assert {"status", "recover", "audit", "trace"} <= hinted  # the scan reads the sources
+    assert hinted <= set(commands(installed=()))

@@ -449,6 +449,27 @@ def test_sysv_shared_memory_and_memfd_are_refused() -> None:
     assert run(code).stdout.splitlines()[1:] == ["shmget -1 Operation not permitted", "memfd Operation not permitted"]
 
 
+_AIO_LDT_SECRET = {  # name: (x86_64 number, aarch64 number or None, arguments) with arguments that work unfiltered
+    "io_setup": (206, 0, "1, ctypes.byref(ctx)"), "io_submit": (209, 2, "ctx, 0, 0"),
+    "io_getevents": (208, 4, "ctx, 0, 1, buf, 0"), "io_pgetevents": (333, 292, "ctx, 0, 1, buf, 0, 0"),
+    "io_cancel": (210, 3, "ctx, buf, buf"), "io_destroy": (207, 1, "ctx"),
+    "memfd_secret": (447, 447, "0"), "modify_ldt": (154, None, "0, buf, 64"),
+}
+
+
+def test_classic_aio_secret_memory_and_ldt_calls_are_refused_inside_the_sandbox() -> None:
+    # Each with real arguments: an AIO context would count against the host-wide fs.aio-max-nr.
+    machine = os.uname().machine
+    column = {"x86_64": 0, "aarch64": 1}[machine]
+    calls = {name: (nrs[column], nrs[2]) for name, nrs in _AIO_LDT_SECRET.items() if nrs[column] is not None}
+    code = HOOK_OFF + "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+    code += "ctx, buf = ctypes.c_ulong(0), ctypes.create_string_buffer(64)\n"
+    for name, (nr, args) in calls.items():
+        code += (f"ctypes.set_errno(0)\nr = libc.syscall({nr}, {args})\n"
+                 f"print({name!r}, r, os.strerror(ctypes.get_errno()) if r == -1 else 'allowed')\n")
+    assert run(code).stdout.splitlines()[1:] == [f"{name} -1 Operation not permitted" for name in calls]
+
+
 def test_the_masks_over_hidden_folders_take_no_writes() -> None:
     code = HOOK_OFF + (
         "import os, site\nfor p in site.getsitepackages():\n    if os.path.isdir(p):\n        try:\n"

@@ -153,11 +153,30 @@ def test_steps_on_all_equal_reward_groups_say_once_why_their_loss_is_zero(tmp_pa
     assert [m["loss"] for m in trainer.metrics] == [0.0, 0.0, 0.0]
 
 
+def test_a_step_with_no_learning_signal_says_so_instead_of_a_zero_loss(tmp_path) -> None:
+    config = small_config(max_steps=2)
+    store = seed_campaign(str(tmp_path / "c"), config, n_groups=0)
+    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=2))
+    for i in range(4):
+        group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
+                                vocab_size=config.model.vocab_size, max_len=60)
+        writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
+    writer.flush()
+    logs: list[str] = []
+    trainer_for(store, config, log=logs.append).run()
+    steps = [line.split(" staleness")[0] for line in logs if line.startswith("trainer: step ")]
+    assert steps == [f"trainer: step {n}/2 v{v} no learning signal (reward 0.000, equal within every group)"
+                     for n, v in ((1, 0), (2, 1))]
+
+
 def test_groups_with_a_learning_signal_say_nothing_about_zero_advantage(tmp_path) -> None:
     config = small_config(max_steps=2)
     logs: list[str] = []
     trainer_for(seed_campaign(str(tmp_path / "c"), config), config, log=logs.append).run()
     assert not [line for line in logs if "all-equal rewards" in line]
+    assert [line.split(" reward")[0].split(" loss ")[0] for line in logs if line.startswith("trainer: step ")] == [
+        "trainer: step 1/2 v0", "trainer: step 2/2 v1"]
+    assert all(" loss " in line for line in logs if line.startswith("trainer: step "))
 
 
 def test_a_stream_of_all_equal_reward_groups_does_not_keep_the_trainer_waiting(tmp_path) -> None:

@@ -277,12 +277,17 @@ class StreamingTrainer:
         return (f"; {len(zero_adv)} groups read meanwhile had all-equal rewards (mean "
                 f"{np.mean([z.reward for z in zero_adv]):.2f}), no learning signal")
 
+    @staticmethod
+    def _no_signal(groups: list[GroupSlice]) -> bool:
+        """Every group has all-equal rewards: zero advantage, so the step's loss and gradient are 0."""
+        return all(zero_advantage(g.table.column("reward").to_pylist()) for g in groups)
+
     def _say_why_no_signal(self, groups: list[GroupSlice]) -> None:
         """Once per trainer: why a step's loss and update are zero, when every group it trained on had all-equal
         rewards (``skip_zero_advantage`` off, as in the smoke preset, and a policy that solves nothing yet)."""
-        rewards = [g.table.column("reward").to_pylist() for g in groups]
-        if self._said_no_signal or not all(zero_advantage(r) for r in rewards):
+        if self._said_no_signal or not self._no_signal(groups):
             return
+        rewards = [g.table.column("reward").to_pylist() for g in groups]
         self._said_no_signal = True
         self.log(f"trainer: all {len(groups)} groups of step {self.step} had all-equal rewards (mean "
                  f"{np.mean([r[0] for r in rewards]):.2f}): zero advantage, so the loss and its gradient are 0: "
@@ -367,10 +372,14 @@ class StreamingTrainer:
         while self.step < target:
             groups, zero_adv, events = self._gather()
             record = self._train_on(groups, zero_adv=zero_adv, events=events)
+            # A zero loss next to a zero reward reads as a dead run; a step with nothing to learn from says that.
+            signal = (f"no learning signal (reward {record.mean_reward:.3f}, equal within every group)"
+                      if self._no_signal(groups) else
+                      f"loss {record.metrics['loss']:+.4f} reward {record.mean_reward:.3f}")
             self.log(
-                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} loss {record.metrics['loss']:+.4f} "
-                f"reward {record.mean_reward:.3f} staleness<= {record.staleness_max} "
-                f"dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s"
+                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} {signal} "
+                f"staleness<= {record.staleness_max} dropped {self.tailer.cursor.groups_dropped_stale} "
+                f"idle {self.idle_s:.1f}s"
             )
             self._say_why_no_signal(groups)
         wall = self.clock() - t_start

@@ -4,8 +4,11 @@ program never needs fail with EPERM, whoever runs the sandbox.
 The namespaces, the dropped capabilities and the unprivileged uid already refuse most of these; the filter takes
 the kernel's attack surface away as well (io_uring, userfaultfd and BPF have each been the way out of a container),
 and closes what those leave open: reading or steering the sandbox's init (``ptrace``, ``process_vm_*``,
-``pidfd_getfd``, ``kcmp``), SysV and POSIX IPC objects and ``memfd_create`` (memory held by the kernel outside
-the program's ``RLIMIT_AS``), and execution domains (``personality``).
+``pidfd_getfd``, ``kcmp``), SysV and POSIX IPC objects, ``memfd_create`` and ``memfd_secret`` (memory held by the
+kernel outside the program's ``RLIMIT_AS``; secret memory is also locked and taken out of the kernel's direct map),
+classic AIO (``io_setup`` and the calls on its contexts: every context counts against the host-wide
+``fs.aio-max-nr``, so one program could take them all and make the host's own ``io_setup`` fail), x86 segment
+descriptors (``modify_ldt``, a long line of kernel bugs) and execution domains (``personality``).
 
 It is a hand-written classic BPF program (one comparison per denied syscall) rather than libseccomp's Python
 bindings: libseccomp publishes those only with its C sources (Debian's ``python3-seccomp`` is built for the
@@ -42,6 +45,8 @@ _NUMBERS: dict[str, tuple[int, int | None]] = {
     "msgrcv": (70, 188), "msgctl": (71, 187), "semget": (64, 190), "semop": (65, 193), "semtimedop": (220, 192),
     "semctl": (66, 191), "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
     "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185), "memfd_create": (319, 279),
+    "memfd_secret": (447, 447), "io_setup": (206, 0), "io_destroy": (207, 1), "io_submit": (209, 2),
+    "io_cancel": (210, 3), "io_getevents": (208, 4), "io_pgetevents": (333, 292), "modify_ldt": (154, None),
 }
 """Syscall numbers (x86_64, aarch64; None: the machine has no such call), from the kernel's ``unistd`` headers."""
 
