@@ -32,6 +32,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.storage_scale",
     "bench.telemetry",
     "bench.tpu",
+    "bench.tpu_real",
     "bench.trainer",
     "bench.vllm",
 )

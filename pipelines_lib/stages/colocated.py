@@ -6,7 +6,7 @@ run_colocated(store, config)
       refused before anything compiles or is written; engine.num_blocks: auto gets what the plan leaves
   init_campaign -> prep -> warm_start                      the same stage functions, in this thread
   rollout workers 0..N-1 (threads)  ||  trainer (this thread)
-      DeviceWeights.hand_over(N, model): a device-side copy of the parameters about to be published, then
+      DeviceWeights.hand_over(N, model): the parameters about to be published (their cast, or a copy), then
       trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
       workers see LATEST move and swap in that copy (no Orbax reload, no host round trip)
   evaluate the versions eval.versions asks for -> audit
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelines_lib import records
+from pipelines_lib import records, telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.memplan import MemoryPlan, device_limit, plan_memory, trainer_rows, xla_step_temporaries
 from pipelines_lib.model.decoder import Decoder
@@ -74,9 +74,11 @@ class DeviceWeights:
         pointer moves: a worker that sees the version finds it here); one version only, because workers load the
         newest. A copy when ``copy`` (the trainer publishes its masters themselves, whose buffers its next step
         donates); otherwise the publication's own cast to the compute dtype is kept, with no second copy."""
-        params = nnx.state(model, nnx.Param)
-        if self._copy:
-            params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
+        with telemetry.span("hand_over", track="trainer", version=version):
+            params = nnx.state(model, nnx.Param)
+            if self._copy:
+                params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
+            jax.block_until_ready(params)  # the span times the cast or copy, not its dispatch
         with self._lock:
             self._held = (version, params)
 
