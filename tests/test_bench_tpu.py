@@ -43,6 +43,7 @@ def test_flops_count_every_matmul_parameter_six_times_a_token_plus_causal_attent
     assert train_flops(model, rows=2, length=4) == 26112
 
 
+@pytest.mark.cpu_only
 def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) -> None:
     lines: list[str] = []
     figures = run_benchmarks(["tpu_train", "tpu_engine", "tpu_campaign", "tpu_real"], out_dir=tmp_path,
