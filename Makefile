@@ -22,7 +22,7 @@ PYTEST := ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -n $
 
 # System packages the tests need (Debian names) are installed by `sysdeps` when running as root (CI); otherwise the README says how.
 
-.PHONY: sysdeps venv vllm-venv demo store-demo test test-all bench bench-tpu lint fmt drills clean
+.PHONY: sysdeps venv vllm-venv demo store-demo test test-all test-tpu bench bench-tpu lint fmt drills clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
@@ -74,6 +74,10 @@ bench: $(STAMP) $(VLLM_STAMP)
 TPU_PYTHON ?= python3
 bench-tpu:
 	$(TPU_PYTHON) -m bench.cli --only tpu
+
+# On an accelerator machine: the chip's test tier in one process (scripts/tpu_tests.sh sets the machine up first).
+test-tpu:
+	PYTHON=$(TPU_PYTHON) scripts/tpu_tests.sh
 
 drills: $(STAMP) sysdeps
 	$(VENV)/bin/rollstream drills

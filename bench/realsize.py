@@ -47,14 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.registry import BenchContext, BenchResult, Goal, PartialResult, register_bench
+from pipelines_lib.model.config import QWEN3_0P6B
 
-QWEN3_0P6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "intermediate_size": 3072, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "tie_word_embeddings": True, "hidden_act": "silu",
-}
-"""The shape fields of Qwen3-0.6B's ``config.json``."""
 SMALL = {**QWEN3_0P6B, "vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384}
 """The ``--quick`` model: the same architecture, every dimension shrunk."""

@@ -33,6 +33,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.telemetry",
     "bench.tpu",
     "bench.tpu_ablation",
+    "bench.tpu_real",
     "bench.trainer",
     "bench.vllm",
 )

@@ -11,6 +11,7 @@ CampaignConfig
 ├── trainer: TrainerConfig        streaming GRPO: batch, steps, checkpoint/publish cadence, loss, optimiser
 ├── sft: SFTConfig                warm start on demonstrations
 ├── eval: EvalConfig              held-out evaluation of published versions
+├── memory: MemoryConfig          the device memory a colocated campaign's plan checks against
 └── distributed: DistributedConfig   the process group of a multi-host stage (empty: one process)
 ```
 
@@ -41,10 +42,12 @@ from pipelines_lib.envs import env_class
 from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.evaluate import EvalConfig
-from pipelines_lib.model.config import ModelConfig
+from pipelines_lib.memplan import MemoryConfig
+from pipelines_lib.model.config import QWEN3_0P6B, ModelConfig
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
+from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import TrainerConfig
 from pipelines_lib.trajectory.writer import WriterConfig
 
@@ -78,6 +81,8 @@ class CampaignConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """What a colocated campaign's memory plan (``pipelines_lib.memplan``, printed at its start) checks against."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """How the processes of a multi-host stage find each other (``rollstream train --process-id``); empty: one
     process."""
@@ -96,6 +101,13 @@ class CampaignConfig:
         if self.placement == "colocated" and self.engine.kind != "jax":
             raise ValueError(f"CampaignConfig.placement='colocated' needs engine.kind='jax' (the engine takes the "
                              f"trainer's weights in device memory), got engine.kind={self.engine.kind!r}")
+        if self.placement == "colocated" and self.model.dtype != self.trainer.step.precision.compute:
+            raise ValueError(f"CampaignConfig.placement='colocated' hands the trainer's compute-dtype weights to engines "
+                             f"serving model.dtype={self.model.dtype!r}: set model.dtype and "
+                             f"trainer.step.precision.compute alike, got {self.trainer.step.precision.compute!r}")
+        if self.engine.num_blocks == "auto" and self.placement != "colocated":
+            raise ValueError("engine.num_blocks='auto' needs placement='colocated' (the colocated memory plan sizes the "
+                             f"KV pool), got placement={self.placement!r}: give engine.num_blocks a number")
         if self.engine.max_seq_len > self.model.max_seq_len:
             raise ValueError(f"engine.max_seq_len={self.engine.max_seq_len} exceeds model.max_seq_len="
                              f"{self.model.max_seq_len}")
@@ -276,6 +288,33 @@ class CampaignConfig:
         )
 
     @classmethod
+    def tpu_real(cls) -> CampaignConfig:
+        """``tpu_demo``'s campaign at Qwen3-0.6B's shape (``model.config.QWEN3_0P6B``), colocated on one chip.
+
+        Set ``init_from`` to a Hugging Face folder of that shape (the ``tpu_real`` benchmark writes one of random
+        weights with the project's export). bfloat16 serving and compute on float32 masters with bfloat16 Adam
+        moments; 64 engine slots over a KV pool the memory plan sizes (``engine.num_blocks: auto``). The embedded
+        tokenizer's ids are the first rows of the model's 151,936-row embedding; ids sampled past them decode to
+        nothing (as a real checkpoint's padded vocabulary rows do), so a random model earns no reward and every group
+        trains (``skip_zero_advantage: false``). Sized for throughput and memory, not learning: 6 steps, 3 versions.
+        """
+        demo = cls.tpu_demo()
+        precision = Precision(params="float32", compute="bfloat16")
+        return dataclasses.replace(
+            demo,
+            model=dataclasses.replace(ModelConfig.from_hf_config(QWEN3_0P6B, max_seq_len=demo.engine.max_seq_len),
+                                      dtype="bfloat16"),
+            engine=dataclasses.replace(demo.engine, num_slots=64, block_size=64, num_blocks="auto"),
+            rollout=dataclasses.replace(demo.rollout, max_concurrency=64),
+            trainer=dataclasses.replace(demo.trainer, max_steps=6, publish_every=2, checkpoint_every=6,
+                                        skip_zero_advantage=False,
+                                        step=dataclasses.replace(demo.trainer.step, precision=precision,
+                                                                 remat="attention"),
+                                        optim=dataclasses.replace(demo.trainer.optim, moment_dtype="bfloat16")),
+            eval=dataclasses.replace(demo.eval, n_tasks=16, samples=1),
+        )
+
+    @classmethod
     def smoke(cls) -> CampaignConfig:
         """``tiny()`` cut to a plumbing check: every stage runs and leaves its marker, and nothing is learned.
 
@@ -348,7 +387,7 @@ class CampaignConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
 
-Preset = Literal["tiny", "smoke", "wide", "tpu_demo"]
+Preset = Literal["tiny", "smoke", "wide", "tpu_demo", "tpu_real"]
 PRESETS: tuple[str, ...] = typing.get_args(Preset)
 """Names of the presets (``CampaignConfig`` class methods) a campaign can start from."""
 DEMO_PRESET: Preset = "wide"

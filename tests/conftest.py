@@ -42,14 +42,20 @@ absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``tpu`` are skipped where JAX runs on the CPU (CI, ``make test``)."""
-    needing = [item for item in items if "tpu" in item.keywords]
-    if needing:
-        import jax
+    """Tests marked ``tpu`` are skipped where JAX runs on the CPU (CI, ``make test``), tests marked ``cpu_only``
+    where it does not. On an accelerator every float32 matmul XLA runs is made exact (``highest``): a TPU's default
+    runs them as one bfloat16 pass, so the XLA references the kernels are compared with would carry bfloat16's error
+    against float32 tolerances; the Pallas kernels keep their own precision."""
+    import jax
 
-        if jax.default_backend() == "cpu":
-            for item in needing:
-                item.add_marker(pytest.mark.skip(reason="needs an accelerator; JAX's backend here is the CPU"))
+    on_cpu = jax.default_backend() == "cpu"
+    if not on_cpu:
+        jax.config.update("jax_default_matmul_precision", "highest")
+    for item in items:
+        if "tpu" in item.keywords and on_cpu:
+            item.add_marker(pytest.mark.skip(reason="needs an accelerator; JAX's backend here is the CPU"))
+        if "cpu_only" in item.keywords and not on_cpu:
+            item.add_marker(pytest.mark.skip(reason=f"measures the CPU backend; JAX's is {jax.default_backend()}"))
 
 
 # Property tests explore the same cases on every run: CI stays reproducible; widen exploration locally with

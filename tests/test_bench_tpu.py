@@ -21,6 +21,7 @@ from bench.tpu import (
     measure_train,
     train_flops,
 )
+from bench.tpu_real import measure_real
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 
@@ -42,12 +43,14 @@ def test_flops_count_every_matmul_parameter_six_times_a_token_plus_causal_attent
     assert train_flops(model, rows=2, length=4) == 26112
 
 
+@pytest.mark.cpu_only
 def test_tpu_benchmarks_record_nothing_without_an_accelerator(tmp_path: Path) -> None:
     lines: list[str] = []
-    figures = run_benchmarks(["tpu_train", "tpu_engine", "tpu_campaign"], out_dir=tmp_path, progress=lines.append)
+    figures = run_benchmarks(["tpu_train", "tpu_engine", "tpu_campaign", "tpu_real"], out_dir=tmp_path,
+                             progress=lines.append)
     assert figures == {}
     assert not (tmp_path / "bench" / "results.json").exists()
-    assert sum("skipped, nothing recorded: no accelerator" in line for line in lines) == 3
+    assert sum("skipped, nothing recorded: no accelerator" in line for line in lines) == 4
 
 
 # The TPU benchmark's code paths at a CPU size (about 40 s each): `make test-all`.
@@ -79,3 +82,20 @@ def test_tpu_train_benchmark_names_the_chip_and_measures_on_it(tmp_path: Path) -
     result = bench_tpu_train(BenchContext(quick=True, plot_dir=tmp_path, scratch=tmp_path, progress=print))
     assert result.labels["tpu.device"].startswith("TPU")
     assert 0 < result.figures["tpu.train_mfu"] < 1
+
+
+# Two small colocated campaigns and the parts alone on a CPU (minutes on 2 shared cores): `make test-all`.
+@pytest.mark.slow
+def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_a_small_size(tmp_path: Path) -> None:
+    out = measure_real(tmp_path, quick=True, log=lambda line: None)
+    assert out["campaign_fits"] == 1 and out["hbm_plan_gib"] > 0 and out["kv_blocks"] >= 1
+    assert (tmp_path / "hf-random" / "config.json").is_file()
+    manifest = json.loads((tmp_path / "campaign-none" / "campaign.json").read_text())
+    assert manifest["config"]["init_from"] == str(tmp_path / "hf-random")
+    assert manifest["config"]["engine"]["num_blocks"] == "auto"
+    for name in ("none", "heavy"):
+        assert out[f"rollout_tokens_per_s_{name}"] > 0 and out[f"trained_tokens_per_s_{name}"] > 0
+        assert out[f"time_share_{name}"] == pytest.approx(
+            out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
+            + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
+    assert 0 < out["handover_s"] < 60 and out["trajectories_per_hour"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pipelines_lib.mesh import MeshConfig
 
@@ -93,8 +94,10 @@ class EngineConfig:
     power-of-two number of blocks (at least ``MIN_SPAN_POSITIONS``) covering its longest sequence
     (``attention_spans``). Larger blocks mean fewer, longer copies, whether a step gathers its blocks or the
     decode kernel copies them one by one: a TPU serving long contexts wants 64 (docs/TPU_PERF.md)."""
-    num_blocks: int | None = None
-    """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; fewer makes the cache
+    num_blocks: int | Literal["auto"] | None = None
+    """Blocks in the KV-cache pool. None sizes it for every slot at ``max_seq_len``; ``auto`` (colocated placement)
+    gives it what the device's memory holds once the trainer's parts are counted (``pipelines_lib.memplan``), at most
+    every slot at ``max_seq_len``; fewer makes the cache
     follow the tokens actually held: a request is admitted when the blocks of its prompt and
     ``max_new_tokens`` are free. At least one full-length sequence's worth. Blocks no running request holds
     keep finished requests' keys/values for reuse (``prefix_reuse``), so a larger pool keeps more
@@ -166,7 +169,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.mode must be one of {MODES}, got {self.mode!r}")
         if self.block_size < 1:
             raise ValueError(f"EngineConfig.block_size must be >= 1, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks < self.blocks_per_sequence:
+        if self.num_blocks not in (None, "auto") and self.num_blocks < self.blocks_per_sequence:
             raise ValueError(
                 f"EngineConfig.num_blocks={self.num_blocks} cannot hold one sequence of max_seq_len="
                 f"{self.max_seq_len} ({self.blocks_per_sequence} blocks of {self.block_size})"
@@ -192,6 +195,9 @@ class EngineConfig:
     @property
     def pool_blocks(self) -> int:
         """``num_blocks``, or enough for every slot at full length."""
+        if self.num_blocks == "auto":
+            raise ValueError("EngineConfig.num_blocks='auto' is sized by a colocated campaign's memory plan "
+                             "(pipelines_lib.memplan, run by run_colocated); give a number of blocks here")
         return self.num_blocks if self.num_blocks is not None else self.num_slots * self.blocks_per_sequence
 
     @property

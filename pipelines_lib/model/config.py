@@ -28,6 +28,15 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full", "sliding")
 ROPE_SCALINGS = ("linear", "llama3")
 DTYPES = ("float32", "bfloat16")
+QWEN3_0P6B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
+    "tie_word_embeddings": True, "hidden_act": "silu",
+}
+"""The shape fields of Qwen3-0.6B's ``config.json`` (``ModelConfig.from_hf_config`` reads them)."""
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+"""Bytes of one value of each of ``DTYPES``."""
 
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -325,6 +334,11 @@ def _hf_default_layer_types(model_type: str, n_layers: int, hf: dict[str, Any]) 
     # Qwen2/3: with use_sliding_window, layers from max_window_layers on slide.
     first_sliding = hf.get("max_window_layers", n_layers) if hf.get("use_sliding_window") else n_layers
     return ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(n_layers)]
+
+
+def kv_bytes_per_position(cfg: ModelConfig, dtype: str | None = None) -> int:
+    """Bytes of the keys and values one position holds over every layer, in ``dtype`` (default ``cfg.dtype``)."""
+    return cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype or cfg.dtype]
 
 
 def param_count(cfg: ModelConfig) -> int:

@@ -2,9 +2,11 @@
 
 ```
 run_colocated(store, config)
+  memory plan (pipelines_lib.memplan): what each part holds on the device, printed; a config that cannot fit is
+      refused before anything compiles or is written; engine.num_blocks: auto gets what the plan leaves
   init_campaign -> prep -> warm_start                      the same stage functions, in this thread
   rollout workers 0..N-1 (threads)  ||  trainer (this thread)
-      DeviceWeights.hand_over(N, model): a device-side copy of the parameters about to be published, then
+      DeviceWeights.hand_over(N, model): the parameters about to be published (their cast, or a copy), then
       trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
       workers see LATEST move and swap in that copy (no Orbax reload, no host round trip)
   evaluate the versions eval.versions asks for -> audit
@@ -20,6 +22,8 @@ idempotent, so a rerun continues an interrupted campaign. Nothing here imports P
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +35,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pipelines_lib import records
+from pipelines_lib import records, telemetry
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.memplan import MemoryPlan, device_limit, plan_memory, trainer_rows, xla_step_temporaries
 from pipelines_lib.model.decoder import Decoder
+from pipelines_lib.model.hf_import import read_hf_config
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.records import versions_to_evaluate
 from pipelines_lib.rollout.collect import request_stop, worker_name
@@ -43,7 +49,7 @@ from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.stages.prep import prep
 from pipelines_lib.stages.train import train
-from pipelines_lib.stages.warm_start import warm_start
+from pipelines_lib.stages.warm_start import is_hf_folder, warm_start
 from pipelines_lib.storage.store import Store
 
 
@@ -55,18 +61,24 @@ class DeviceWeights:
     version, already on the device; a version it never saw (version 0, or versions published before this
     process started) is loaded from the folder."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, copy: bool = True) -> None:
         self._published = CampaignWeights(store)
+        self._copy = copy
         self._lock = threading.Lock()
         self._held: tuple[int, nnx.State] | None = None
         self.handed_over = 0
         """Versions taken from device memory by ``load`` (the rest came from the folder)."""
 
     def hand_over(self, version: int, model: Decoder) -> None:
-        """Keep a device-side copy of ``model``'s parameters as ``version`` (the trainer's ``on_publish``, called
-        before the pointer moves: a worker that sees the version finds it here). A copy, because the trainer's next
-        step donates its own buffers; one version only, because workers load the newest."""
-        params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), nnx.state(model, nnx.Param))
+        """Keep ``model``'s parameters on the device as ``version`` (the trainer's ``on_publish``, called before the
+        pointer moves: a worker that sees the version finds it here); one version only, because workers load the
+        newest. A copy when ``copy`` (the trainer publishes its masters themselves, whose buffers its next step
+        donates); otherwise the publication's own cast to the compute dtype is kept, with no second copy."""
+        with telemetry.span("hand_over", track="trainer", version=version):
+            params = nnx.state(model, nnx.Param)
+            if self._copy:
+                params = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), params)
+            jax.block_until_ready(params)  # the span times the cast or copy, not its dispatch
         with self._lock:
             self._held = (version, params)
 
@@ -96,7 +108,8 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     to stop (a stop request, as the campaign flow does) and waited for before the error propagates. A worker that
     fails stops the trainer at its next wait for groups with that worker's error (the others are asked to stop):
     the trainer would otherwise wait ``trainer.data_timeout_s`` for groups and then name the wrong cause."""
-    weights = DeviceWeights(store)
+    precision = config.trainer.step.precision
+    weights = DeviceWeights(store, copy=precision.params == precision.compute)
     failed: list[BaseException] = []  # the trainer's abort: the first worker's error, wrapped once
 
     def note_failure(worker: Future[dict[str, Any]]) -> None:
@@ -124,16 +137,41 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     return trained, collected, weights.handed_over
 
 
+def plan_colocated(config: CampaignConfig, log: Callable[[str], None] = print) -> MemoryPlan:
+    """The campaign's memory plan on this process's first device, checked (``MemoryPlanError`` naming the part and
+    the setting to change): first what arithmetic counts exactly, before anything compiles; then with the train
+    step's temporaries, from XLA's memory analysis of the compiled step on an accelerator with a one-device trainer,
+    estimated elsewhere. The model is the HF folder's when ``init_from`` names one (in ``model.dtype``)."""
+    model = config.model
+    if config.init_from is not None and is_hf_folder(config.init_from):
+        model = dataclasses.replace(read_hf_config(config.init_from), dtype=config.model.dtype)
+    limit, source = device_limit(config.memory)
+    args = dict(group_size=config.rollout.group_size, workers=config.workers, n_devices=jax.device_count(),
+                limit_bytes=limit, limit_source=source, headroom=config.memory.headroom)
+    plan = plan_memory(model, config.trainer, config.engine, **args)
+    plan.check(exact_only=True)
+    if jax.default_backend() != "cpu" and math.prod(config.trainer.mesh.resolve(jax.device_count())) == 1:
+        rows = trainer_rows(config.trainer, group_size=config.rollout.group_size, n_devices=1)
+        plan = plan_memory(model, config.trainer, config.engine, **args,
+                           step_temporaries=xla_step_temporaries(model, config.trainer, rows=rows))
+    log(plan.render())
+    plan.check()
+    return plan
+
+
 def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = None,
                   log: Callable[[str], None] = print, with_audit: bool = True) -> dict[str, Any]:
     """Run (or continue) the campaign at ``store`` in this process (see the module docstring); returns each
-    stage's manifest, ``wall_s`` and ``handed_over`` (versions the engines took from device memory).
+    stage's manifest, the memory plan, ``wall_s`` and ``handed_over`` (versions the engines took from device memory).
     ``cache`` is the process's cache folder (``Settings.cache``); ``with_audit=False`` leaves the audit to the
     caller (the campaign flow audits as its own task)."""
     if config.placement != "colocated":
         raise ValueError(f"{store.url}: run_colocated needs placement='colocated', got {config.placement!r}")
     started = time.perf_counter()
-    out: dict[str, Any] = {"init": init_campaign(store, config)}
+    plan = plan_colocated(config, log)
+    out: dict[str, Any] = {"memory_plan": plan.to_dict(), "init": init_campaign(store, config)}
+    if config.engine.num_blocks == "auto":  # the manifest keeps "auto"; the engines get the plan's pool
+        config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_blocks=plan.kv_blocks))
     store = records.with_parents(store)
     log(f"colocated campaign {store.url} on {jax.default_backend()} ({jax.device_count()} device(s))")
     out["prep"] = prep(store, config)
@@ -147,4 +185,4 @@ def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = 
     return out
 
 
-__all__ = ["DeviceWeights", "run_colocated"]
+__all__ = ["DeviceWeights", "plan_colocated", "run_colocated"]

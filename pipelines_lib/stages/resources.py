@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from pipelines_lib.model.config import DTYPE_BYTES, kv_bytes_per_position
+
 if TYPE_CHECKING:  # annotations only: the stage table imports this module, and `rollstream status` the table
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.mesh import MeshConfig
@@ -113,7 +115,6 @@ def _smallest_slice(accelerator: str, chips: int) -> DeviceSlice:
 
 CPU_POOL = "rollstream-cpu"
 ACCEL_POOL = "rollstream-accel"
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GIB = 2**30
 HEADROOM = 1.25
 """XLA scratch, fragmentation and the runtime's own buffers on top of the estimate."""
@@ -164,15 +165,15 @@ def param_count(m: ModelConfig) -> int:
 
 
 def kv_cache_bytes(m: ModelConfig, *, sequences: int, seq_len: int) -> int:
-    return sequences * seq_len * m.n_layers * 2 * m.n_kv_heads * m.head_dim * _BYTES[m.dtype]
+    return sequences * seq_len * kv_bytes_per_position(m)
 
 
 def _training_bytes(m: ModelConfig, *, sequences: int, seq_len: int) -> int:
     # bf16/fp32 weights, fp32 grads and two fp32 Adam moments; activations: ~12 d_model-wide values per
     # token per layer kept for the backward pass, plus the fp32 logits of one sequence batch.
-    state = param_count(m) * (_BYTES[m.dtype] + 4 + 8)
+    state = param_count(m) * (DTYPE_BYTES[m.dtype] + 4 + 8)
     tokens = sequences * seq_len
-    return state + tokens * (12 * m.d_model * m.n_layers * _BYTES[m.dtype] + 4 * m.vocab_size)
+    return state + tokens * (12 * m.d_model * m.n_layers * DTYPE_BYTES[m.dtype] + 4 * m.vocab_size)
 
 
 def cpu_light(config: CampaignConfig, *, worker_index: int = 0, accelerator: str = "H100",
@@ -212,7 +213,7 @@ def warm_start_resources(config: CampaignConfig, *, worker_index: int = 0, accel
 
 
 def _weights(m: ModelConfig) -> int:
-    return param_count(m) * _BYTES[m.dtype]
+    return param_count(m) * DTYPE_BYTES[m.dtype]
 
 
 def _accel(need: int, *, cpu: float, slot: str, accelerator: str, topology: str | None, mesh: MeshConfig

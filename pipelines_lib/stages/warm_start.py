@@ -35,9 +35,16 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.train.sft import demonstration_rows, sft_train
 
 
-def _import_weights(init_from: str, store: Store) -> tuple[Decoder, dict[str, Any]]:
-    if "://" not in init_from and (Path(init_from) / "config.json").is_file():
-        return load_hf_checkpoint(init_from), {"source": "hf", "init_from": init_from}
+def is_hf_folder(init_from: str) -> bool:
+    """Whether ``init_from`` names a local Hugging Face checkpoint folder (else another campaign's URL)."""
+    return "://" not in init_from and (Path(init_from) / "config.json").is_file()
+
+
+def _import_weights(init_from: str, store: Store, dtype: str) -> tuple[Decoder, dict[str, Any]]:
+    if is_hf_folder(init_from):
+        # In the campaign's model dtype: the engines take the trainer's publications (in its compute dtype) in
+        # place of version 0, so version 0 is published in it too.
+        return load_hf_checkpoint(init_from, dtype=dtype), {"source": "hf", "init_from": init_from}
     # Another campaign; on the same backend it is reached with the same credentials/endpoint as ours.
     model, version = load_published(store.other(init_from))
     return model, {"source": "campaign", "init_from": init_from, "from_version": version}
@@ -53,7 +60,7 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
     with telemetry.recording(store, "warm_start"), telemetry.span("stage.warm_start", track="stage"):
         started = time.perf_counter()
         if config.init_from is not None:
-            model, info = _import_weights(config.init_from, store)
+            model, info = _import_weights(config.init_from, store, config.model.dtype)
         else:
             tokenizer = open_tokenizer(config.tokenizer, cache=cache)
             if tokenizer.vocab_size > config.model.vocab_size:
@@ -89,4 +96,4 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
     return {**manifest, **info, "wall_s": time.perf_counter() - started, "skipped": False}
 
 
-__all__ = ["warm_start"]
+__all__ = ["is_hf_folder", "warm_start"]

@@ -1,7 +1,8 @@
 """Optimizer construction: ``OptimConfig`` → an optax AdamW chain with clipping and a schedule.
 
 The chain is ``clip_by_global_norm → AdamW(schedule)``; weight decay applies only to matrices
-(ndim ≥ 2), never to norm scales or biases. Schedules are registered by name in ``SCHEDULES`` and
+(ndim ≥ 2), never to norm scales or biases. ``moment_dtype: bfloat16`` stores the chain's moments in bfloat16
+between updates (upcast for each update). Schedules are registered by name in ``SCHEDULES`` and
 the config is validated against that registry. The returned transformation is wrapped by
 ``nnx.Optimizer`` in ``step.py``; the schedule is exposed so the trainer can log the learning rate
 at any step without touching optimizer state.
@@ -13,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
 from pipelines_lib.configio import no_limit
 from pipelines_lib.mesh import shard_node
+from pipelines_lib.model.config import DTYPES
 
 SCHEDULES: dict[str, Callable[[OptimConfig], optax.Schedule]] = {}
 
@@ -59,6 +62,10 @@ class OptimConfig:
     """Adam denominator epsilon."""
     grad_clip_norm: float = no_limit(1.0)
     """Clip the global gradient norm to this value; ``math.inf`` disables clipping."""
+    moment_dtype: str = "float32"
+    """Dtype Adam's moments are kept in between steps: ``bfloat16`` halves the optimizer state (two values a
+    parameter) at the cost of rounding the moments to bfloat16's 8 significant bits after every update; each update
+    is computed in float32 either way (``pipelines_lib.memplan`` counts what it saves)."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -82,6 +89,8 @@ class OptimConfig:
                 raise ValueError(f"OptimConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if not self.grad_clip_norm > 0:
             raise ValueError(f"OptimConfig.grad_clip_norm must be > 0, got {self.grad_clip_norm}")
+        if self.moment_dtype not in DTYPES:
+            raise ValueError(f"OptimConfig.moment_dtype must be one of {DTYPES}, got {self.moment_dtype!r}")
 
     @classmethod
     def tiny(cls) -> OptimConfig:
@@ -116,9 +125,25 @@ def _decay_mask(params: optax.Params) -> optax.Params:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def _state_in(dtype: str, inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` with its floating-point state stored in ``dtype`` between updates and computed in float32."""
+
+    def cast(state: optax.OptState, to: str) -> optax.OptState:
+        return jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+    def init(params: optax.Params) -> optax.OptState:
+        return cast(inner.init(params), dtype)
+
+    def update(updates: optax.Updates, state: optax.OptState, params: optax.Params | None = None):
+        updates, state = inner.update(updates, cast(state, "float32"), params)
+        return updates, cast(state, dtype)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """``clip_by_global_norm(grad_clip_norm) → adamw(schedule)``."""
-    return optax.chain(
+    """``clip_by_global_norm(grad_clip_norm) → adamw(schedule)``, its moments kept in ``cfg.moment_dtype``."""
+    adamw = optax.chain(
         optax.clip_by_global_norm(cfg.grad_clip_norm),
         optax.adamw(
             make_schedule(cfg),
@@ -129,6 +154,7 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
             mask=_decay_mask,
         ),
     )
+    return adamw if cfg.moment_dtype == "float32" else _state_in(cfg.moment_dtype, adamw)
 
 
 def make_nnx_optimizer(model: nnx.Module, cfg: OptimConfig, mesh: Mesh) -> nnx.Optimizer:

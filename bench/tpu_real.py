@@ -1,0 +1,220 @@
+"""Benchmark ``tpu_real``: a Qwen3-0.6B-shaped campaign colocated on one accelerator chip, memory planned.
+
+```
+export      random weights of the ``tpu_real`` preset's model on the device, written by the project's HF export
+campaigns   run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder each: with no
+            tool latency, then with ``LatencyProfile.heavy()``; the memory plan, the device's peak memory (after the
+            first), trajectories/hour, trained tokens/s and the hand-over of each version (``hand_over`` spans)
+alone       the engine alone at the campaign's slots and KV pool, serving prompts of the campaign's mean prompt length;
+            the trainer alone at the campaign's batch (rows × largest bucket), 1 + 3 steps
+time share  rollout tokens/s in the campaign ÷ the engine alone + trained tokens/s in the campaign ÷ the trainer alone
+```
+
+A campaign's rates are over its steady window, from the first step's consumption log to the last one's (the first
+step's compilation and the start-up left out): trained tokens count every row of the steps after the first padded to
+the largest bucket, as the trainer alone counts them; rollout tokens are the tokens the engine generated
+(``loss_mask``) of the trajectories overlapping the window, each prorated by its overlap. The preset's 6 steps keep
+both campaigns, the export and the parts alone within one device command of under 9 minutes. ``--quick`` (and
+``measure_real(quick=True)``, which the test suite runs on a CPU) does the same with the model shrunk and 2 steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.registry import BenchContext, BenchResult, Goal, PartialResult, register_bench
+from bench.tpu import SERVE_TIMEOUT_S, accelerator
+
+QUICK_REAL = ("model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=2",
+              "model.n_kv_heads=1", "model.head_dim=32", "model.d_ff=128", "trainer.max_steps=2",
+              "trainer.batch_groups=2", "trainer.checkpoint_every=2", "eval.n_tasks=2", "dataset.n_train=64",
+              "dataset.n_heldout=4", "engine.num_slots=8", "rollout.max_concurrency=8", "memory.device_gib=4.0")
+"""``tpu_real`` cut to seconds on a CPU: a small model (its vocabulary still past the tokenizer's), two steps."""
+GIB = 2**30
+
+
+def _iso_s(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def export_random(config: Any, folder: Path, cache: Path) -> Path:
+    """``config.model`` with random weights built on the device, written by the project's HF export into ``folder``
+    with the embedded tokenizer's files."""
+    from pipelines_lib.mesh import MeshConfig, create_sharded, make_mesh
+    from pipelines_lib.model.decoder import Decoder
+    from pipelines_lib.model.hf_export import save_hf_checkpoint
+    from pipelines_lib.model.tokenizer import tokenizer_dir
+
+    model = create_sharded(lambda rngs: Decoder(config.model, rngs=rngs), make_mesh(MeshConfig()))
+    save_hf_checkpoint(model, folder, tokenizer_dir=tokenizer_dir(None, cache=cache))
+    del model
+    gc.collect()
+    return folder
+
+
+def steady_rates(store: Any, config: Any) -> dict[str, float]:
+    """The campaign's rates over its steady window (module docstring), its hand-overs and the prompts' mean length."""
+    from pipelines_lib.records import ConsumptionLog, DoneMarker
+    from pipelines_lib.storage import layout
+    from pipelines_lib.telemetry.trace import read_records
+    from pipelines_lib.trajectory.codec import read_shard
+
+    steps = DoneMarker.read(store).steps
+    start, end = (_iso_s(ConsumptionLog.read(store, s).created_at) for s in (1, steps))
+    window = end - start
+    rows = config.trainer.batch_groups * config.rollout.group_size
+    generated = prompts = trajectories = count = 0.0
+    for path in store.walk(layout.TRAJECTORIES):
+        if layout.parse_shard_path(path) is None:
+            continue
+        table, _ = read_shard(store, path)
+        for mask, timings in zip(table.column("loss_mask").to_pylist(), table.column("timings").to_pylist(),
+                                 strict=True):
+            began_s, ended_s = _iso_s(timings["started_at"]), _iso_s(timings["finished_at"])
+            overlap = max(0.0, min(ended_s, end) - max(began_s, start)) / max(ended_s - began_s, 1e-9)
+            generated += sum(mask) * overlap
+            trajectories += overlap
+            prompts += mask.index(1) if 1 in mask else len(mask)
+            count += 1
+    hand_overs = [r["dur_us"] / 1e6 for r in read_records(store) if r.get("type") == "span"
+                  and r.get("name") == "hand_over"]
+    return {"window_s": window, "rollout_tokens_per_s": generated / window,
+            "trained_tokens_per_s": (steps - 1) * rows * config.trainer.seq_buckets[-1] / window,
+            "trajectories_per_hour": 3600 * trajectories / window, "handover_s": statistics.mean(hand_overs),
+            "handover_max_s": max(hand_overs), "mean_prompt": prompts / max(count, 1)}
+
+
+def engine_alone(store: Any, config: Any, *, prompt: int) -> float:
+    """Generated tokens/s of the engine alone: the campaign's engine config (its planned pool), the last published
+    version, two requests a slot of ``prompt`` tokens and ``rollout.max_new_tokens`` each, after a warm-up."""
+    from pipelines_lib.engine import JaxEngine, SamplingParams
+    from pipelines_lib.publish import load_published
+
+    model, _ = load_published(store)
+    engine = JaxEngine(model, config.engine)
+    slots = config.engine.num_slots
+
+    async def serve(engine: JaxEngine) -> float:
+        await asyncio.wait_for(engine.warmup(), SERVE_TIMEOUT_S)
+        t0 = time.perf_counter()
+        done = await asyncio.wait_for(asyncio.gather(*[
+            engine.generate([(7 * i + 3 * k) % 500 + 1 for i in range(prompt)],
+                            SamplingParams(temperature=1.0, max_new_tokens=config.rollout.max_new_tokens, seed=k))
+            for k in range(2 * slots)]), SERVE_TIMEOUT_S)
+        wall = time.perf_counter() - t0
+        await engine.close()
+        return sum(len(c.token_ids) for c in done) / wall
+
+    rate = asyncio.run(serve(engine))
+    del engine, model
+    gc.collect()
+    return rate
+
+
+def trainer_alone(store: Any, config: Any) -> float:
+    """Trained tokens/s of the trainer alone: version 0 as float32 masters (``precision.params``), the campaign's
+    optimizer and step, rows × largest bucket of uniform ids; the median of 3 steps after the compiling one."""
+    from bench.realsize import _batch, _uniform_tokens
+    from pipelines_lib.mesh import MeshConfig, make_mesh, shard_node
+    from pipelines_lib.model.decoder import with_dtype
+    from pipelines_lib.publish import load_published
+    from pipelines_lib.train.optim import make_nnx_optimizer
+    from pipelines_lib.train.step import train_step
+
+    mesh = make_mesh(MeshConfig())
+    model = with_dtype(load_published(store, 0, mesh)[0], config.trainer.step.precision.params)
+    shard_node(model, mesh)
+    optimizer = make_nnx_optimizer(model, config.trainer.optim, mesh)
+    rows, length = config.trainer.batch_groups * config.rollout.group_size, config.trainer.seq_buckets[-1]
+    batch = _batch(_uniform_tokens(rows, length, min(model.cfg.vocab_size, 512)))
+    times = []
+    for _ in range(4):
+        t0 = time.perf_counter()
+        float(train_step(model, optimizer, batch, cfg=config.trainer.step)["loss"])
+        times.append(time.perf_counter() - t0)
+    del model, optimizer
+    gc.collect()
+    return rows * length / statistics.median(times[1:])
+
+
+def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = print) -> dict[str, float]:
+    """The benchmark (module docstring) in this process; figures without the ``tpu.real.`` prefix."""
+    import jax
+
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.configio import parse_overrides
+    from pipelines_lib.envs.tools.latency import LatencyProfile
+    from pipelines_lib.stages.colocated import run_colocated
+    from pipelines_lib.storage.store import Store
+
+    base = CampaignConfig.build(preset="tpu_real", overrides=parse_overrides(QUICK_REAL) if quick else None)
+    folder = export_random(base, scratch / "hf-random", scratch / "cache")
+    out: dict[str, float] = {}
+    stores: dict[str, Any] = {}
+    for name, latency in (("none", LatencyProfile.none()), ("heavy", LatencyProfile.heavy())):
+        config = dataclasses.replace(base, init_from=str(folder), env=dataclasses.replace(base.env, tool_latency=latency))
+        stores[name] = store = Store(str(scratch / f"campaign-{name}"))
+        ran = run_colocated(store, config, cache=scratch / "cache", log=log)
+        if not ran["audit"]["ok"]:
+            raise RuntimeError(f"the tpu_real campaign ({name} latency)'s audit failed: {ran['audit']['report']}")
+        if name == "none":
+            stats = jax.devices()[0].memory_stats() or {}
+            out.update(campaign_fits=1.0, hbm_plan_gib=ran["memory_plan"]["total_bytes"] / GIB,
+                       campaign_wall_s=ran["wall_s"], kv_blocks=ran["memory_plan"]["kv_blocks"])
+            if "peak_bytes_in_use" in stats:
+                out["hbm_peak_gib"] = stats["peak_bytes_in_use"] / GIB
+        out.update({f"{k}_{name}": v for k, v in steady_rates(store, config).items()})
+    out["handover_s"] = max(out["handover_s_none"], out["handover_s_heavy"])
+    # the engine alone at the pool the campaign's plan gave it
+    config = dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_blocks=int(out["kv_blocks"])))
+    out["engine_alone_tokens_per_s"] = engine_alone(stores["none"], config, prompt=round(out["mean_prompt_none"]))
+    out["trainer_alone_tokens_per_s"] = trainer_alone(stores["none"], config)
+    for name in ("none", "heavy"):
+        out[f"time_share_{name}"] = (out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
+                                     + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
+    out["trajectories_per_hour"], out["trained_tokens_per_s"] = (out["trajectories_per_hour_none"],
+                                                                 out["trained_tokens_per_s_none"])
+    return out
+
+
+@register_bench(
+    "tpu_real",
+    title="A Qwen3-0.6B-shaped campaign colocated on one accelerator chip, memory planned",
+    measures="Whether the campaign fits one chip, its peak device memory against the memory plan, trajectories per "
+             "hour, trained tokens per second, the hand-over of each version, and how much of the chip the rollouts "
+             "and the trainer each get beside the other, without and with slow tools.",
+    method="`bench/tpu_real.py` `measure_real`, in this process: random weights of the `tpu_real` preset's model "
+           "(Qwen3-0.6B's shape, bfloat16) exported by `save_hf_checkpoint`, then two colocated campaigns of the preset "
+           "from that folder (`init_from`: the HF import; no tool latency, then `LatencyProfile.heavy()`), 6 steps "
+           "each; the memory plan's total and the device's `peak_bytes_in_use` after the first; rates over each "
+           "campaign's steady window (module docstring); `handover_s`: the slower campaign's mean `hand_over` span; "
+           "the engine alone and the trainer alone at the campaign's sizes; time share = the two ratios summed. "
+           "`--quick`: the model shrunk, 2 steps. Skipped without an accelerator.",
+    goals=(Goal(key="tpu.real.campaign_fits", op=">=", value=1.0, why="a 0.6B campaign on one chip"),
+           Goal(key="tpu.real.hbm_peak_gib", op="<=", value=15.0, why="a v5e chip holds 15.7 GiB"),
+           Goal(key="tpu.real.handover_s", op="<=", value=1.0, why="rollouts wait for no version"),
+           Goal(key="tpu.real.time_share_none", op=">=", value=0.8, why="the two share the chip with little lost"),
+           Goal(key="tpu.real.time_share_heavy", op=">=", value=1.2, why="asynchrony fills the chip while tools wait")),
+    prefixes=("tpu.real.",),
+)
+def bench_tpu_real(ctx: BenchContext) -> BenchResult:
+    from pipelines_lib.memplan import MemoryPlanError
+
+    kind, _ = accelerator()
+    try:
+        measured = measure_real(ctx.scratch, quick=ctx.quick, log=ctx.progress)
+    except MemoryPlanError as e:  # the plan refused the campaign: that it does not fit is the figure
+        raise PartialResult(BenchResult(figures={"tpu.real.campaign_fits": 0.0}, labels={"tpu.real.device": kind},
+                                        notes=f"{kind}; refused by the memory plan: {e}"), str(e)) from e
+    plan, peak = measured["hbm_plan_gib"], measured.get("hbm_peak_gib")
+    return BenchResult(figures={f"tpu.real.{k}": v for k, v in measured.items()}, labels={"tpu.real.device": kind},
+                       notes=f"{kind}; {'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; plan "
+                             f"{plan:.2f} GiB, peak {'not reported' if peak is None else f'{peak:.2f} GiB'}.")
