@@ -50,6 +50,7 @@ from pipelines_lib.storage.errors import (
     NotAnObjectError,
     NotFoundError,
     StorageError,
+    TooLargeError,
     json_problem,
 )
 from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
@@ -228,13 +229,21 @@ class Store:
     def create_json(self, rel: str, obj: Any) -> None:
         self.create(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes. With ``max_bytes``, an object larger than that is a ``TooLargeError`` and costs
+        at most ``max_bytes + 1`` bytes of memory: a local file's size is checked before it is read, a remote
+        object is fetched only up to one byte past the cap."""
         path = self._path(rel)
         if self.protocol == "file":
-            return self._call("read", rel, lambda: self._read_local(rel, path))
-        return self._call("read", rel, lambda: self.fs.cat_file(path))
+            return self._call("read", rel, lambda: self._read_local(rel, path, max_bytes))
+        if max_bytes is None:
+            return self._call("read", rel, lambda: self.fs.cat_file(path))
+        data = self._call("read", rel, lambda: self.fs.cat_file(path, start=0, end=max_bytes + 1))
+        if len(data) > max_bytes:
+            raise TooLargeError("read", self.uri(rel), f"larger than the {max_bytes} bytes its reader accepts")
+        return data
 
-    def _read_local(self, rel: str, path: str) -> bytes:
+    def _read_local(self, rel: str, path: str, max_bytes: int | None) -> bytes:
         folder, _, name = path.rpartition("/")
         real_folder = self._real_folders.get(folder)
         if real_folder is None:
@@ -256,7 +265,14 @@ class Store:
         if not stat.S_ISREG(mode):
             raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
         with open(real, "rb") as f:
-            return f.read()
+            if max_bytes is None:
+                return f.read()
+            if (size := os.fstat(f.fileno()).st_size) > max_bytes:  # a sparse file's size costs no memory
+                raise TooLargeError("read", self.uri(rel), f"{size} bytes, over the {max_bytes} its reader accepts")
+            data = f.read(max_bytes + 1)  # a file growing meanwhile still stops here
+        if len(data) > max_bytes:
+            raise TooLargeError("read", self.uri(rel), f"over the {max_bytes} bytes its reader accepts")
+        return data
 
     def read_json(self, rel: str) -> Any:
         data = self.read(rel)
