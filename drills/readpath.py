@@ -185,12 +185,11 @@ def _rewrite_consumed(store: Store, step: int, *, drop_digests: bool = False) ->
     assert local is not None
     local.write_bytes(encode_shard(pa.Table.from_pylist(rows, schema=table.schema), provenance))
     if drop_digests:
+        entry = records.ConsumptionLog.read(store, step)
+        older = dataclasses.replace(entry, groups=[dataclasses.replace(c, digest=None) for c in entry.groups])
         log_path = store.local_path(layout.consumed_log(step))
         assert log_path is not None
-        raw = json.loads(log_path.read_text())
-        for group in raw["groups"]:
-            group.pop("digest", None)
-        log_path.write_text(json.dumps(raw))
+        log_path.write_text(json.dumps(older.to_json()))
     return g.shard
 
 
