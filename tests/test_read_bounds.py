@@ -23,7 +23,7 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import ShardError, decode_shard, encode_shard, json_depth
 from pipelines_lib.trajectory.needs import FILE_SLACK_BYTES, ShardLimits, TrainerNeeds
 from pipelines_lib.trajectory.reader import ShardTailer
-from pipelines_lib.trajectory.trainable import clean_groups, group_digest, group_problem
+from pipelines_lib.trajectory.trainable import clean_groups, group_digest
 from pipelines_lib.trajectory.validate import validate_table
 from pipelines_lib.trajectory.window import Window
 
@@ -107,16 +107,30 @@ def test_a_group_size_of_2_31_minus_1_is_held_against_the_rows_present() -> None
     assert [v.kind for v in violations] == ["incomplete_group"] and "2147483647" in violations[0].message
 
 
-def test_a_token_id_equal_to_the_vocabulary_size_is_outside_it_for_every_reader(tmp_path: Path) -> None:
-    needs = TrainerNeeds(group_size=4, max_tokens=192, vocab_size=256)
-    rows = poison._group("v").to_pylist()
-    rows[3]["tokens"][-1] = 256
-    group = pa.Table.from_pylist(rows, schema=poison._group("v").schema)
-    assert "outside the vocabulary [0, 256)" in group_problem(group, needs)
-    assert not clean_groups(group, np.array([[0, 4]]), needs, folder_version_g=np.array([0]), newest_version=0,
-                            infra=True)[0]
-    rows[3]["tokens"][-1] = 255
-    assert group_problem(pa.Table.from_pylist(rows, schema=group.schema), needs) is None
+def test_a_token_id_equal_to_the_vocabulary_size_is_skipped_by_the_tailer_and_reported_by_the_audit(
+        tmp_path: Path) -> None:
+    from pipelines_lib.audit import audit_campaign
+
+    def plant(store: Store, good: list[str]) -> tuple[str, ...]:
+        rows = poison._group("edge").to_pylist()
+        rows[3]["tokens"][-1] = poison._config().model.vocab_size  # one past the last id
+        poison._shard(store, pa.Table.from_pylist(rows, schema=poison._group("edge").schema),
+                      worker=poison.POISON_WORKER, seq=0)
+        return ("edge@w0",)
+
+    store, config, _ = poison.seed_poison_campaign(tmp_path, poison.Poison(name="edge", plant=plant, audit_kind=""),
+                                                   publish=False)
+    tailer = ShardTailer(store, needs=_needs(config))
+    assert "edge@w0" not in [g.group_id for g in tailer.next_groups(100, Window(version=1, eta=1))]
+    (reason,) = [e.reason for e in tailer.drain_events()]
+    assert reason.endswith(f", {config.model.vocab_size}], outside the vocabulary [0, {config.model.vocab_size})")
+    found = [f.message for f in audit_campaign(store).violations if f.kind == "untrainable_group"]
+    assert len(found) == 1 and "outside the vocabulary" in found[0]
+    rows = poison._group("edge").to_pylist()
+    rows[3]["tokens"][-1] = config.model.vocab_size - 1  # the last id is inside
+    group = pa.Table.from_pylist(rows, schema=poison._group("edge").schema)
+    assert clean_groups(group, np.array([[0, 4]]), _needs(config), folder_version_g=np.array([0]), newest_version=0,
+                        infra=True)[0]
 
 
 def test_a_group_digest_follows_the_values_not_where_the_rows_sit() -> None:

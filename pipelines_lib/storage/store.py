@@ -230,18 +230,14 @@ class Store:
         self.create(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
     def read(self, rel: str, *, max_bytes: int | None = None) -> bytes:
-        """The object's bytes; over ``max_bytes``, a ``TooLargeError`` that cost at most ``max_bytes + 1`` bytes (a
-        local file's size is checked before reading, a remote object is fetched up to one byte past the cap)."""
+        """The object's bytes; over ``max_bytes``, a ``TooLargeError`` raised on its size, before it is read (a
+        remote object's size costs a metadata request: a range read of an empty object is refused, HTTP 416)."""
         path = self._path(rel)
         if self.protocol == "file":
-            return self._capped(rel, self._call("read", rel, lambda: self._read_local(rel, path, max_bytes)), max_bytes)
-        end = None if max_bytes is None else max_bytes + 1  # one byte past the cap tells a larger object
-        return self._capped(rel, self._call("read", rel, lambda: self.fs.cat_file(path, start=0, end=end)), max_bytes)
-
-    def _capped(self, rel: str, data: bytes, max_bytes: int | None) -> bytes:
-        if max_bytes is not None and len(data) > max_bytes:
-            raise TooLargeError("read", self.uri(rel), f"over the {max_bytes} bytes its reader accepts")
-        return data
+            return self._call("read", rel, lambda: self._read_local(rel, path, max_bytes))
+        if max_bytes is not None and (size := self.size(rel)) > max_bytes:  # create-only: it stays this size
+            raise TooLargeError("read", self.uri(rel), f"{size} bytes, over the {max_bytes} its reader accepts")
+        return self._call("read", rel, lambda: self.fs.cat_file(path))
 
     def _read_local(self, rel: str, path: str, max_bytes: int | None) -> bytes:
         folder, _, name = path.rpartition("/")
@@ -267,7 +263,7 @@ class Store:
         with open(real, "rb") as f:
             if max_bytes is not None and (size := os.fstat(f.fileno()).st_size) > max_bytes:  # a sparse file too
                 raise TooLargeError("read", self.uri(rel), f"{size} bytes, over the {max_bytes} its reader accepts")
-            return f.read(-1 if max_bytes is None else max_bytes + 1)  # a file growing meanwhile stops there
+            return f.read()
 
     def read_json(self, rel: str) -> Any:
         data = self.read(rel)
