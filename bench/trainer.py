@@ -43,6 +43,7 @@ from pipelines_lib.stages.train import trainer_for
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import TrainBatch
 from pipelines_lib.train.optim import make_nnx_optimizer
+from pipelines_lib.train.reload import reload_step
 from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer
 from pipelines_lib.trajectory.synthetic import synthetic_group
@@ -78,7 +79,7 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     out = []
     for step in steps:
         entry = ConsumptionLog.read(trainer.store, step)
-        batch, n_tokens = trainer.batch([trainer.reload_group(g) for g in entry.groups])
+        batch, n_tokens = trainer.batch(reload_step(trainer.store, entry, trainer.needs))
         out.append((batch, n_tokens))
     return out
 

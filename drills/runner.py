@@ -15,6 +15,8 @@ poison          drills/poison.py           poisoned shards on a real trainer,   
                                            FIFOs/devices under a deadline       cli_tracebacks, hangs
 infra           drills/infra_faults.py     sandbox start failures and dependency infra_errors_in_gradient,
                                            timeouts in real episodes, trainer   infra_faults_injected
+readpath        drills/readpath.py         read bounds across trainer restarts, readpath_crashes,
+                                           rewritten consumed shards, divergence nonfinite_publications
 ```
 
 A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
@@ -171,6 +173,13 @@ def _poison(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -
     return report.figures(), _plain(report)
 
 
+def _readpath(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.readpath import run_readpath_drill
+
+    report = run_readpath_drill(scratch, progress)
+    return report.figures(), _plain(report)
+
+
 def _infra(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
     from drills.infra_faults import run_infra_drill
 
@@ -186,7 +195,7 @@ DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, fl
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
                               "bounds": _bounds, "kills": _kills,
-                              "poison": _poison, "infra": _infra}
+                              "poison": _poison, "infra": _infra, "readpath": _readpath}
 
 
 def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
@@ -326,6 +335,16 @@ MEASURED = {
     "reliability.trainer_poison_crashes": "Poisoned-shard cases where the trainer raised, did not finish, trained a "
                                           "poisoned group or a group twice, left a poisoned group out of its "
                                           "consumption logs' `skipped` entries, or the audit did not report it.",
+    "reliability.readpath_cases": "Read-path cases on a real trainer: a shard over one read bound (provenance "
+                                  "nested 100,000 deep, group_size 2^31-1, a 6 GiB sparse file, 20,000 rows) planted "
+                                  "again before each of two restarts, then audit, export and SQL scan; a consumed "
+                                  "shard rewritten (log with and without digests) and a diverging step, restarted.",
+    "reliability.readpath_crashes": "Read-path cases where a run raised, the trainer did not finish, a planted shard "
+                                    "was not named with its bound by the trainer's logs, the audit, the export or the "
+                                    "SQL scan, a valid group was lost, or a restart over damage did not refuse "
+                                    "naming the step.",
+    "reliability.nonfinite_publications": "Published versions, in the read-path replay cases, whose step logged a "
+                                          "non-finite loss or gradient norm or whose parameters are not all finite.",
     "reliability.pointer_cases": "Junk entries planted beside `weights/LATEST` at v2: `latest.json`, `zzz.json`, a "
                                  "name disagreeing with its version, negative or string version, non-JSON, non-object, "
                                  "FIFO, symlink out of the campaign.",
@@ -407,12 +426,14 @@ def render_report(record: dict[str, Any]) -> str:
                 f"each kill: {dict(Counter(e['eval_file_after_kill']))}, results identical to an uninterrupted evaluation: "
                 f"{e['results_identical']} (greedy: {e['greedy_identical']}), uninterrupted {e['reference_s']} s, "
                 f"recovered {e['recover_s']} s after the last kill, resume gaps (s): {e['resume_gaps_s']}.", ""]
-    if "poison" in details:
-        out += ["## Poisoned data and junk metadata", "", "| catalogue | case | held | seconds | problems |",
-                "|---|---|---|---|---|"]
-        for group in ("poison", "pointers", "metadata", "fifos"):
+    for drill, title, groups in (("poison", "Poisoned data and junk metadata", ("poison", "pointers", "metadata", "fifos")),
+                                 ("readpath", "Read bounds and checked replays", ("bounds", "replays"))):
+        if drill not in details:
+            continue
+        out += [f"## {title}", "", "| catalogue | case | held | seconds | problems |", "|---|---|---|---|---|"]
+        for group in groups:
             out += [f"| {group} | {c['name']} | {'yes' if c['ok'] else '**NO**'} | {c['seconds']} | "
-                    f"{_cell('; '.join(c['problems']), 300)} |" for c in details["poison"][group]]
+                    f"{_cell('; '.join(c['problems']), 300)} |" for c in details[drill][group]]
         out.append("")
     if "faults" in details:
         out += render_fault_section(details["faults"])

@@ -176,10 +176,15 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     from pipelines_lib.stages.campaign import load_campaign_config
     from pipelines_lib.stages.train import train
+    from pipelines_lib.train.reload import ReplayError
+    from pipelines_lib.train.trainer import NonFiniteStepError
 
     store = open_store(args, args.url)
-    summary = train(store, load_campaign_config(store), max_steps=args.max_steps, cache=args.settings.cache,
-                    process_id=args.process_id, log=lambda line: print(line, flush=True))
+    try:
+        summary = train(store, load_campaign_config(store), max_steps=args.max_steps, cache=args.settings.cache,
+                        process_id=args.process_id, log=lambda line: print(line, flush=True))
+    except (ReplayError, NonFiniteStepError) as e:  # the message names the step (and the shard): one line
+        raise CommandError(str(e)) from e
     print(json.dumps(summary))
     return 0
 
@@ -236,13 +241,15 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from pipelines_lib.configio import ConfigError, parse_overrides
     from pipelines_lib.stages.replay import replay
+    from pipelines_lib.train.reload import ReplayError
 
     store = open_campaign_store(args, args.url)
     try:
         what_if = parse_overrides(args.what_if, flag="--what-if")
         result = replay(store, args.step, what_if=what_if, dump=open_store(args, args.dump) if args.dump else None,
                         log=to_stderr)
-    except (ConfigError, ValueError, FileNotFoundError) as e:  # no such step, a key a what-if cannot set, no campaign
+    except (ConfigError, ValueError, FileNotFoundError, ReplayError) as e:
+        # no such step, a key a what-if cannot set, no campaign, rows that are not what a step trained on
         raise CommandError(str(e)) from e
     if args.json:
         print(json.dumps(result, indent=2))

@@ -22,7 +22,6 @@ from pipelines_lib.storage.errors import NotAnObjectError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import read_records
 from pipelines_lib.trajectory.codec import (
-    MAX_DECODED_BYTES,
     ShardError,
     declared_sizes,
     decode_shard,
@@ -31,6 +30,7 @@ from pipelines_lib.trajectory.codec import (
     row_budget,
 )
 from pipelines_lib.trajectory.cursor import TailCursor
+from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, ShardLimits
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, infra_problem
 from pipelines_lib.trajectory.window import Window
@@ -124,7 +124,7 @@ def test_declared_sizes_are_read_without_decoding_and_bound_the_decode() -> None
     huge = encode_shard(poison._huge_row(table, 2_000_000), {})
     assert len(huge) < 200_000 and declared_sizes(huge)[1] > 2_000_000 * 13  # LZ4 compresses zeros ~250:1
     with pytest.raises(ShardError, match=f"over {row_budget(192)} a row"):
-        decode_shard(huge, "where.arrow", max_row_tokens=192)
+        decode_shard(huge, "where.arrow", limits=ShardLimits(max_row_tokens=192))
     assert decode_shard(huge, "where.arrow", validate=False)[0].num_rows == 4  # under MAX_DECODED_BYTES
     assert MAX_DECODED_BYTES > 2_000_000 * 13
     with pytest.raises(ShardError, match="where.arrow: unreadable"):

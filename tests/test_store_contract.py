@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError, TooLargeError
 from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import TEMP_MARKER, Store, normalize_url
 
@@ -37,6 +37,13 @@ def test_create_refuses_to_overwrite_and_names_the_url(store: Store) -> None:
 def test_read_of_missing_object_names_the_url(store: Store) -> None:
     with pytest.raises(NotFoundError, match="nope.json"):
         store.read("nope.json")
+
+
+def test_a_read_with_a_cap_refuses_a_larger_object_naming_it_and_reads_one_at_the_cap(store: Store) -> None:
+    store.create("big.arrow", b"x" * 1000)
+    assert store.read("big.arrow", max_bytes=1000) == b"x" * 1000
+    with pytest.raises(TooLargeError, match="big.arrow"):
+        store.read("big.arrow", max_bytes=999)
 
 
 def test_race_for_one_name_has_exactly_one_winner(store: Store) -> None:

@@ -69,7 +69,7 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.layout import pointer_entry_problem
 from pipelines_lib.storage.store import TEMP_MARKER, Store
-from pipelines_lib.trajectory.needs import TrainerNeeds
+from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
 
 R = TypeVar("R", bound=Record)
@@ -225,7 +225,10 @@ def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerN
         return TrainerNeeds.of(group_size=int(config["rollout"]["group_size"]),
                                seq_buckets=[int(b) for b in config["trainer"]["seq_buckets"]],
                                max_seq_len=int(config["model"]["max_seq_len"]),
-                               vocab_size=int(config["model"]["vocab_size"]))
+                               vocab_size=int(config["model"]["vocab_size"]),
+                               # configs written before the trainer's shard limits existed: the defaults
+                               max_shard_bytes=int(config["trainer"].get("max_shard_bytes", MAX_DECODED_BYTES)),
+                               max_shard_rows=int(config["trainer"].get("max_shard_rows", MAX_SHARD_ROWS)))
     except (TypeError, ValueError, KeyError, IndexError) as e:
         findings.append(Finding(kind="bad_campaign_json", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
                                 message=f"config does not load, trainer checks skipped: {e}"))

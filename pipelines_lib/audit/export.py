@@ -53,7 +53,7 @@ from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import ShardError, decode_shards, identity_problem
+from pipelines_lib.trajectory.codec import DEFAULT_LIMITS, ShardError, decode_shards, identity_problem
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 EXPORT_META_KEY = b"rollstream.export"
@@ -124,7 +124,7 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
     campaign = layout.campaign_id(store.url)
     pending: list[pa.Table] = []
     with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
-        objects = prefetch(store, listed, read_ahead)
+        objects = prefetch(store, listed, read_ahead, max_bytes=DEFAULT_LIMITS.max_file_bytes)
         while batch := list(itertools.islice(objects, BATCH_SHARDS)):
             fetched = [(path, data) for path, data in batch if not isinstance(data, NotFoundError | NotAnObjectError)]
             skipped += [(path, str(data)) for path, data in batch if isinstance(data, NotFoundError | NotAnObjectError)]

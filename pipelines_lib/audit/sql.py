@@ -40,7 +40,7 @@ from pipelines_lib.audit.unit import Missing, prefetch
 from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import decode_shards
+from pipelines_lib.trajectory.codec import DEFAULT_LIMITS, decode_shards
 from pipelines_lib.trajectory.schema import MINOR_ADDITIONS, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 
 CONSUMED_SCHEMA = pa.schema([("step", pa.int64()), ("trainer_version", pa.int64()), ("group_id", pa.string()),
@@ -141,7 +141,7 @@ def _checked(store: Store, paths: list[str]) -> Iterator[tuple[str, pa.Table | E
     """``_decoded`` of every shard, ``SCAN_BATCH_SHARDS`` or ``SCAN_BATCH_BYTES`` of files at a time."""
     batch: list[tuple[str, bytes | Missing]] = []
     size = 0
-    for path, data in prefetch(store, paths, SCAN_READ_AHEAD):
+    for path, data in prefetch(store, paths, SCAN_READ_AHEAD, max_bytes=DEFAULT_LIMITS.max_file_bytes):
         batch.append((path, data))
         size += len(data) if isinstance(data, bytes) else 0
         if len(batch) >= SCAN_BATCH_SHARDS or size >= SCAN_BATCH_BYTES:

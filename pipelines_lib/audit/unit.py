@@ -24,30 +24,32 @@ from pipelines_lib.trajectory.needs import TrainerNeeds
 Missing = NotFoundError | NotAnObjectError
 
 
-def _read(store: Store, path: str) -> bytes | Missing:
-    # A listed object that is gone or is not a regular object is a finding about it; any other storage error
-    # stops the audit.
+def _read(store: Store, path: str, max_bytes: int | None) -> bytes | Missing:
+    # A listed object that is gone, is not a regular object or is over ``max_bytes`` is a finding about it; any
+    # other storage error stops the audit.
     try:
-        return store.read(path)
+        return store.read(path, max_bytes=max_bytes)
     except (NotFoundError, NotAnObjectError) as e:
         return e
 
 
-def prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
-    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory). A local folder is
-    read inline: there is no request latency to hide, and handing each file over from a thread costs more."""
+def prefetch(store: Store, paths: Iterable[str], read_ahead: int, *,
+             max_bytes: int | None = None) -> Iterator[tuple[str, bytes | Missing]]:
+    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight of at most ``max_bytes`` each (bounded
+    memory; a larger object is a ``TooLargeError`` in its place). A local folder is read inline: there is no
+    request latency to hide, and handing each file over from a thread costs more."""
     if store.local_path() is not None:
-        yield from ((path, _read(store, path)) for path in paths)
+        yield from ((path, _read(store, path, max_bytes)) for path in paths)
         return
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
-        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p))
+        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p, max_bytes))
                                                   for p in itertools.islice(todo, read_ahead))
         while window:
             path, fut = window.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                window.append((nxt, pool.submit(_read, store, nxt)))
+                window.append((nxt, pool.submit(_read, store, nxt, max_bytes)))
             yield path, fut.result()
 
 

@@ -32,9 +32,10 @@ from pipelines_lib import records
 from pipelines_lib.audit.report import BadFile, Finding
 from pipelines_lib.audit.unit import Gathered, Missing, Unit, prefetch
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, StorageError
+from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, StorageError, TooLargeError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import ShardError, check_declared_sizes, decode_shard, identity_problem
+from pipelines_lib.trajectory.needs import limits_of
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY, SchemaVersionError
 from pipelines_lib.trajectory.trainable import TrainerNeeds, clean_groups, group_problem, group_runs
 from pipelines_lib.trajectory.validate import Violation, validate_tables
@@ -140,7 +141,9 @@ class UnitAudit(Gathered):
         """Fold in ``(path, shard id, fetched object)`` in order, ``BATCH_SHARDS`` decoded shards at a time."""
         batch: list[tuple[str, layout.ShardId, pa.Table, dict, int]] = []
         for path, sid, data in shards:
-            if isinstance(data, NotAnObjectError):
+            if isinstance(data, TooLargeError):
+                self.bad_files.append(BadFile(path=path, kind="oversized", reason=str(data)))
+            elif isinstance(data, NotAnObjectError):
                 self.bad_files.append(BadFile(path=path, kind="not_a_file", reason=str(data)))
             elif isinstance(data, NotFoundError):
                 self.bad_files.append(BadFile(path=path, kind="unreadable", reason=str(data)))
@@ -171,10 +174,10 @@ class UnitAudit(Gathered):
         self.tool_errors.update(fig.tool_errors)
 
     def _decode(self, uri: str, path: str, data: bytes) -> tuple[pa.Table, dict] | None:
-        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
+        limits = limits_of(self.needs)
         try:
             # The common case decodes once; the schema is opened on its own only to classify a failure.
-            decoded = decode_shard(data, uri, validate=False, max_row_tokens=max_row_tokens)
+            decoded = decode_shard(data, uri, validate=False, limits=limits)
             failure = None
         except ShardError as e:
             decoded, failure = None, e
@@ -188,7 +191,7 @@ class UnitAudit(Gathered):
         if failure is None:
             return decoded
         try:
-            check_declared_sizes(data, uri, max_row_tokens=max_row_tokens)
+            check_declared_sizes(data, uri, limits=limits)
         except ShardError as e:
             self.bad_files.append(BadFile(path=path, kind="oversized", reason=str(e)))
             return None
@@ -281,7 +284,7 @@ def audit_unit(unit: Unit, store: Store | None = None,
     acc = UnitAudit(folder=unit.folder, needs=unit.needs, newest_version=unit.newest_version)
 
     def fetched() -> Iterator[tuple[str, layout.ShardId, bytes | Missing]]:
-        for path, data in prefetch(store, unit.shards, unit.read_ahead):
+        for path, data in prefetch(store, unit.shards, unit.read_ahead, max_bytes=limits_of(unit.needs).max_file_bytes):
             sid = layout.parse_shard_path(path)
             if sid is None:
                 raise ValueError(f"audit unit {unit.folder}: {path} is not a shard name")

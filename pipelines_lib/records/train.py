@@ -33,6 +33,10 @@ class ConsumedGroup(_Record):
     """The shard's policy version."""
     staleness: int
     """Trainer version at the step minus ``version`` (ARCHITECTURE §6)."""
+    digest: str | None = None
+    """``trajectory.trainable.group_digest`` of the rows when they were trained on: a replay of the step refuses
+    rows that hash otherwise. None: unknown (a log written before digests were recorded, or by a tool); such a
+    group is replayed with the trainable checks only."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +104,8 @@ class ConsumptionLog(Record):
         return cls(
             step=step, trainer_version=trainer_version, created_at=utc_now_iso(),
             groups=[ConsumedGroup(group_id=g.group_id, shard=g.shard, row_start=g.row_start, row_end=g.row_end,
-                                  version=g.version, staleness=staleness(trainer_version, g.version)) for g in groups],
+                                  version=g.version, staleness=staleness(trainer_version, g.version),
+                                  digest=g.digest) for g in groups],
             skipped_zero_advantage=list(zero_advantage),
             dropped_stale=[DroppedStale(shard=e.shard, groups=list(e.groups), reason=e.reason,
                                         unread_groups=e.unread_groups)

@@ -31,6 +31,11 @@ class NotAnObjectError(StorageError):
     outside the campaign folder. Never retried; readers skip it with this reason and audits report it."""
 
 
+class TooLargeError(NotAnObjectError):
+    """The object is larger than its reader accepts (``Store.read``'s ``max_bytes``): refused on its size, before
+    its bytes are read. Readers skip it like any object that is nothing a campaign holds."""
+
+
 def json_problem(e: ValueError | RecursionError) -> str:
     """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
     ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it

@@ -50,6 +50,7 @@ from pipelines_lib.storage.errors import (
     NotAnObjectError,
     NotFoundError,
     StorageError,
+    TooLargeError,
     json_problem,
 )
 from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
@@ -228,13 +229,17 @@ class Store:
     def create_json(self, rel: str, obj: Any) -> None:
         self.create(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; over ``max_bytes``, a ``TooLargeError`` raised on its size, before it is read (a
+        remote object's size costs a metadata request: a range read of an empty object is refused, HTTP 416)."""
         path = self._path(rel)
         if self.protocol == "file":
-            return self._call("read", rel, lambda: self._read_local(rel, path))
+            return self._call("read", rel, lambda: self._read_local(rel, path, max_bytes))
+        if max_bytes is not None and (size := self.size(rel)) > max_bytes:  # create-only: it stays this size
+            raise TooLargeError("read", self.uri(rel), f"{size} bytes, over the {max_bytes} its reader accepts")
         return self._call("read", rel, lambda: self.fs.cat_file(path))
 
-    def _read_local(self, rel: str, path: str) -> bytes:
+    def _read_local(self, rel: str, path: str, max_bytes: int | None) -> bytes:
         folder, _, name = path.rpartition("/")
         real_folder = self._real_folders.get(folder)
         if real_folder is None:
@@ -256,6 +261,8 @@ class Store:
         if not stat.S_ISREG(mode):
             raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
         with open(real, "rb") as f:
+            if max_bytes is not None and (size := os.fstat(f.fileno()).st_size) > max_bytes:  # a sparse file too
+                raise TooLargeError("read", self.uri(rel), f"{size} bytes, over the {max_bytes} its reader accepts")
             return f.read()
 
     def read_json(self, rel: str) -> Any:

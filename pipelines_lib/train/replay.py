@@ -31,6 +31,7 @@ from pipelines_lib.records import CheckpointMeta, ConsumptionLog, consumption_st
 from pipelines_lib.train.batch import TrainBatch, batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest
 from pipelines_lib.train.losses import get_loss
+from pipelines_lib.train.reload import reload_step
 from pipelines_lib.train.step import StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 from pipelines_lib.train.trainer import StreamingTrainer, TrainerConfig
 from pipelines_lib.trajectory.reader import GroupSlice
@@ -98,7 +99,7 @@ def retrain_to(trainer: StreamingTrainer, step: int) -> CheckpointMeta | None:
     restored = restore_latest(store, model=trainer.model, optimizer=trainer.optimizer, before_step=step + 1)
     start = 0 if restored is None else restored[1].step
     for s in range(start + 1, step + 1):
-        batch, _ = trainer.batch([trainer.reload_group(g) for g in ConsumptionLog.read(store, s).groups])
+        batch, _ = trainer.batch(reload_step(store, ConsumptionLog.read(store, s), trainer.needs))
         train_step(trainer.model, trainer.optimizer, batch, cfg=trainer.tc.step)
     return None if restored is None else restored[1]
 
@@ -115,7 +116,7 @@ def replay_step(trainer: StreamingTrainer, step: int, *, what_if: TrainerConfig 
     restored = retrain_to(trainer, step - 1)
     start = 0 if restored is None else restored.step
     entry = ConsumptionLog.read(store, step)
-    groups = [trainer.reload_group(g) for g in entry.groups]
+    groups = reload_step(store, entry, trainer.needs)
     tc = what_if or trainer.tc
     batch, _ = batch_from_groups(groups, group_size=trainer.group_size, advantage=tc.advantage,
                                  seq_buckets=tc.seq_buckets, batch_size=tc.batch_groups * trainer.group_size,

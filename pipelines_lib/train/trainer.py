@@ -15,10 +15,11 @@
 ```
 
 Exact resume: a step's consumption log is written before its effects (publication, checkpoint) and
-carries what the step changed in the tail cursor (checkpoints hold it whole). After a crash the trainer
-restores checkpoint K, re-trains steps K+1..N from the groups their logs name (same shards, same rows, same
-order: bit-identical on a deterministic backend), applies their cursor deltas to the checkpoint's cursor, and
-continues. So no group is trained twice in the surviving history, none committed before the crash is
+carries what the step changed in the tail cursor (checkpoints hold it whole) and a digest of each group's rows.
+After a crash the trainer restores checkpoint K, re-trains steps K+1..N from the groups their logs name (same
+shards, same rows, same order: bit-identical on a deterministic backend; ``reload`` refuses rows whose digest or
+trainability changed since, naming the step and shard), applies their cursor deltas to the checkpoint's cursor,
+and continues. So no group is trained twice in the surviving history, none committed before the crash is
 skipped, and every published version is one the resumed run reproduces. Versions are published only at
 checkpoints, so a version never runs ahead of the state it came from. A fork (``records.with_parents``) starts the same way
 from its parent's checkpoint and logs up to the fork step, read through the fork's view of its parent; a replayed
@@ -27,6 +28,8 @@ step publishes exactly when its log says it did, whatever the fork's own ``publi
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 longest row, vocabulary; ``TrainerNeeds.of``) and skips anything else with a reason that lands in the step's
 consumption log (``skipped``). A bad shard therefore costs one log line, not a crash that every restart would repeat.
+A step whose loss or gradient norm is not finite is never logged, published or checkpointed: the trainer stops
+with a ``NonFiniteStepError`` naming the step.
 
 Devices and processes: the trainer builds its mesh from ``TrainerConfig.mesh`` (``pipelines_lib.mesh``), loads v0 onto
 it and feeds each step's rows over its ``data`` × ``fsdp`` axes. Spanning several processes (one per host,
@@ -54,18 +57,19 @@ from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.publish import load_published, publish_weights
-from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
+from pipelines_lib.records import ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+from pipelines_lib.train.reload import reload_step, undigested
 from pipelines_lib.train.step import StepConfig, train_step
 from pipelines_lib.trajectory.channel import FolderChannel, GroupSource
-from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
 from pipelines_lib.trajectory.reader import GroupSlice
-from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
+from pipelines_lib.trajectory.trainable import INFRA_REASON
 from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
 
@@ -100,9 +104,16 @@ class TrainerConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     """Devices the trainer spans (``data`` × ``fsdp`` × ``tensor``; default one device). Rows of a step are split
     over ``data`` × ``fsdp``, so ``batch_groups`` × ``group_size`` (÷ ``step.grad_accum_steps``) must divide by it."""
+    max_shard_bytes: int = MAX_DECODED_BYTES
+    """Largest decoded shard the trainer (and the audit, for this campaign) reads; a larger one is skipped
+    unread. Raise it for groups longer than ~20 M tokens."""
+    max_shard_rows: int = MAX_SHARD_ROWS
+    """Most rows a shard the trainer reads may declare; a shard declaring more is skipped undecoded. Raise it when
+    ``rollout.writer.max_groups`` × ``rollout.group_size`` is larger."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every"):
+        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every", "max_shard_bytes",
+                     "max_shard_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
@@ -118,6 +129,10 @@ class TrainerConfig:
 
 class DataTimeoutError(TimeoutError):
     """The trainer waited longer than ``data_timeout_s`` for enough groups."""
+
+
+class NonFiniteStepError(FloatingPointError):
+    """A step's loss or gradient norm was not finite: nothing of it was logged, published or checkpointed."""
 
 
 class StreamingTrainer:
@@ -172,7 +187,8 @@ class StreamingTrainer:
         # What a group must satisfy to be trained on: the campaign's group size, the longest row (bucket and
         # model), the vocabulary.
         self.needs = TrainerNeeds.of(group_size=group_size, seq_buckets=config.seq_buckets,
-                                     max_seq_len=self.model.cfg.max_seq_len, vocab_size=self.model.cfg.vocab_size)
+                                     max_seq_len=self.model.cfg.max_seq_len, vocab_size=self.model.cfg.vocab_size,
+                                     max_shard_bytes=config.max_shard_bytes, max_shard_rows=config.max_shard_rows)
         self.tailer = self._tailer_at(TailCursor())
         self.metrics: list[dict[str, Any]] = []
         self.idle_s = 0.0
@@ -196,7 +212,10 @@ class StreamingTrainer:
             entry = ConsumptionLog.read(self.store, self.step + 1)
             cursor = entry.cursor_after_step(self.tailer.cursor,
                                              where=self.store.uri(ConsumptionLog.path_of(entry.step)))
-            groups = [self.reload_group(g) for g in entry.groups]
+            groups = reload_step(self.store, entry, self.needs)  # ReplayError: rows not what the step trained on
+            if unknown := undigested(entry):
+                self.log(f"trainer: step {entry.step}'s log records no digest for {unknown} group(s) (written before "
+                         "digests were): replayed with the trainable checks only")
             self.tailer = self._tailer_at(cursor)
             self._train_on(groups, replay=entry)
             replayed += 1
@@ -208,14 +227,6 @@ class StreamingTrainer:
     def _tailer_at(self, cursor: TailCursor) -> GroupSource:
         self._logged_cursor = cursor.copy()
         return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
-
-    def reload_group(self, g: ConsumedGroup) -> GroupSlice:
-        """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
-        table, _ = read_shard(self.store, g.shard)
-        part = table.slice(g.row_start, g.row_end - g.row_start)
-        return GroupSlice(
-            shard=g.shard, version=g.version, row_start=g.row_start, row_end=g.row_end, group_id=g.group_id, table=part
-        )
 
     # -- data --------------------------------------------------------------------------------------------
     def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]]:
@@ -317,6 +328,11 @@ class StreamingTrainer:
             with telemetry.span("device", track="chip"):  # from the batch's transfer to its metrics on the host
                 metrics = train_step(self.model, self.optimizer, shard_batch(batch, self.mesh), cfg=self.tc.step)
                 metrics = {k: float(v) for k, v in metrics.items()}
+        if not all(np.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+            raise NonFiniteStepError(
+                f"trainer step {self.step + 1}{' (replayed from its log)' if replay else ''}: loss {metrics['loss']} "
+                f"grad_norm {metrics['grad_norm']} over groups {[g.group_id for g in groups]} of "
+                f"{sorted({g.shard for g in groups})}; nothing of this step was logged, published or checkpointed")
         self.step += 1
         self.tokens_trained += n_tokens
         # A replayed step publishes what its log says it did (a fork replays its parent's steps under its own config).
@@ -401,4 +417,4 @@ class StreamingTrainer:
         return done.to_dict()
 
 
-__all__ = ["DataTimeoutError", "StreamingTrainer", "TrainerConfig"]
+__all__ = ["DataTimeoutError", "NonFiniteStepError", "StreamingTrainer", "TrainerConfig"]

@@ -3,12 +3,15 @@
 ``encode_shard``/``decode_shard`` are the only code that turns tables into bytes and back; ``writer.ShardWriter``
 commits what ``encode_shard`` makes, ``reader.ShardTailer`` and the audit read through ``decode_shard``.
 
-Reads are bounded: before a shard is decoded, ``declared_sizes`` reads the sizes its Arrow IPC metadata
-declares (rows, and the decoded length of every buffer: a compressed buffer starts with it) without
-decompressing anything, and ``decode_shard`` refuses a shard that would decode to more than
-``MAX_DECODED_BYTES``, or (when the reader knows its longest usable row) to more than ``row_budget`` bytes a
-row. A small file of LZ4-compressed zeros declaring a row of millions of tokens is refused before it costs
-memory.
+Reads are bounded (``needs.ShardLimits``), each bound checked before the work it limits: ``read_shard`` reads
+no file larger than ``max_file_bytes`` (``Store.read``'s ``max_bytes``: the size is checked before any byte is
+read); ``declared_sizes`` reads the sizes its Arrow IPC metadata declares (rows, and the decoded length of every
+buffer: a compressed buffer starts with it) without decompressing anything, and ``decode_shard`` refuses a shard
+that declares more than ``max_rows`` rows, would decode to more than ``max_bytes``, or (when the reader knows its
+longest usable row) to more than ``row_budget`` bytes a row. A 1 MB file of LZ4-compressed zeros declaring a 20
+M-token row (260 MB decoded) is refused before it costs memory. The provenance JSON is parsed only when nested
+at most ``MAX_METADATA_DEPTH`` deep. Every refusal is a ``ShardError`` naming the shard and the bound, which
+readers turn into a skip (the tailer) or a finding (the audit), never a crash.
 
 ``identity_problem`` ties a shard's content to its name: the writer's provenance (worker, seq, version) must
 name the file it is in, so a copy under another name or in another version folder is recognised as one.
@@ -27,6 +30,7 @@ import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.needs import MAX_METADATA_DEPTH, ShardLimits
 from pipelines_lib.trajectory.record import table_group_versions
 from pipelines_lib.trajectory.schema import CAMPAIGN_KEY, MINOR_ADDITIONS, TRAJECTORY_SCHEMA, check_schema
 from pipelines_lib.trajectory.validate import Violation, validate_table, validate_tables
@@ -37,8 +41,6 @@ COMPRESSION = "lz4"
 own, about a hundred buffers a shard whatever its size, and its zstd codec sets up a decompression context per
 buffer, which costs more than the whole LZ4 decode of a small shard. LZ4 files are somewhat larger than zstd ones. Readers decode any
 codec Arrow supports, so shards written with zstd still read."""
-MAX_DECODED_BYTES = 256 * 2**20
-"""Largest decoded size of one shard any reader accepts (far above what writers commit, ``WriterConfig.max_bytes``)."""
 TOKEN_BYTES = 13
 """Decoded bytes per token over the four token columns (int32 id, int8 mask, float32 logprob, int32 version)."""
 TRAJECTORY_SCHEMA_NAMES = TRAJECTORY_SCHEMA.names
@@ -227,24 +229,33 @@ def declared_sizes_of(datas: Sequence[bytes]) -> list[tuple[int, int] | ValueErr
     return out
 
 
-def check_declared_sizes(data: bytes, where: str, *, max_row_tokens: int | None = None) -> None:
-    """Refuse (``ShardError``) a shard whose declared decoded size is over the limits, before decoding it."""
+DEFAULT_LIMITS = ShardLimits()
+"""The limits of a reader that does not train (export, sql, view): the defaults of ``ShardLimits``."""
+
+
+def check_declared_sizes(data: bytes, where: str, *, limits: ShardLimits = DEFAULT_LIMITS) -> None:
+    """Refuse (``ShardError``) a shard whose size, declared rows or declared decoded size is over ``limits``,
+    before decoding it."""
     try:
         sizes = declared_sizes(data)
     except ValueError as e:
         sizes = e
-    _check_sizes(sizes, where, max_row_tokens)
+    _check_sizes(sizes, len(data), where, limits)
 
 
-def _check_sizes(sizes: tuple[int, int] | ValueError, where: str, max_row_tokens: int | None) -> None:
+def _check_sizes(sizes: tuple[int, int] | ValueError, n_bytes: int, where: str, limits: ShardLimits) -> None:
+    if n_bytes > limits.max_file_bytes:  # a reader given the bytes by someone else (``Store.read`` checks first)
+        raise ShardError(f"{where}: file of {n_bytes} bytes, over the limit of {limits.max_file_bytes}")
     if isinstance(sizes, ValueError):
         raise ShardError(f"{where}: unreadable Arrow IPC file ({sizes})") from sizes
     rows, decoded = sizes
-    if decoded > MAX_DECODED_BYTES:
-        raise ShardError(f"{where}: declares {decoded} decoded bytes, over the limit of {MAX_DECODED_BYTES}")
-    if max_row_tokens is not None and decoded > max(rows, 1) * row_budget(max_row_tokens):
+    if rows > limits.max_rows:
+        raise ShardError(f"{where}: declares {rows} rows, over the limit of {limits.max_rows} a shard")
+    if decoded > limits.max_bytes:
+        raise ShardError(f"{where}: declares {decoded} decoded bytes, over the limit of {limits.max_bytes}")
+    if limits.max_row_tokens is not None and decoded > max(rows, 1) * row_budget(limits.max_row_tokens):
         raise ShardError(f"{where}: declares {decoded} decoded bytes for {rows} row(s), over "
-                         f"{row_budget(max_row_tokens)} a row (rows of at most {max_row_tokens} tokens)")
+                         f"{row_budget(limits.max_row_tokens)} a row (rows of at most {limits.max_row_tokens} tokens)")
 
 
 def identity_problem(path: str, provenance: dict, *, groups: int | None = None) -> str | None:
@@ -277,13 +288,12 @@ def identity_problem(path: str, provenance: dict, *, groups: int | None = None) 
 
 
 def decode_shard(data: bytes, where: str, *, validate: bool = True,
-                 max_row_tokens: int | None = None) -> tuple[pa.Table, dict]:
+                 limits: ShardLimits = DEFAULT_LIMITS) -> tuple[pa.Table, dict]:
     """Table and provenance of a shard. Raises ``ShardError`` naming ``where`` for anything wrong.
 
-    Declared sizes are checked first (``check_declared_sizes``; ``max_row_tokens`` is the longest row the
-    reader can use).
+    Size and declared sizes are checked first (``check_declared_sizes``).
     """
-    check_declared_sizes(data, where, max_row_tokens=max_row_tokens)
+    check_declared_sizes(data, where, limits=limits)
     return _decode_sized(data, where, validate=validate)
 
 
@@ -303,8 +313,13 @@ def _decode_sized(data: bytes, where: str, *, validate: bool) -> tuple[pa.Table,
         check_schema(table.schema, where)
     except ValueError as e:
         raise ShardError(str(e)) from e
+    raw = (table.schema.metadata or {}).get(SHARD_META_KEY, b"{}")
+    # Brackets counted first (C speed): a writer's provenance has two, so only a suspect document is walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_METADATA_DEPTH and (depth := json_depth(raw)) > MAX_METADATA_DEPTH:
+        raise ShardError(f"{where}: {SHARD_META_KEY.decode()} metadata nested {depth} deep, over the limit of "
+                         f"{MAX_METADATA_DEPTH}")
     try:
-        provenance = json.loads((table.schema.metadata or {}).get(SHARD_META_KEY, b"{}"))
+        provenance = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{where}: corrupt {SHARD_META_KEY.decode()} metadata ({e})") from e
     if not isinstance(provenance, dict):
@@ -333,7 +348,7 @@ def _invalid(where: str, violations: list[Violation]) -> ShardError | None:
     return ShardError(f"{where}: {len(violations)} invariant violation(s): {shown}{more}")
 
 
-def decode_shards(shards: Sequence[tuple[bytes, str]], *, max_row_tokens: int | None = None
+def decode_shards(shards: Sequence[tuple[bytes, str]], *, limits: ShardLimits = DEFAULT_LIMITS
                   ) -> list[tuple[pa.Table, dict] | ShardError]:
     """``decode_shard`` (validated) of each ``(data, where)``, the error in place of a shard that fails. The
     invariants of the decodable ones are checked together (``validate_tables``): per-call overheads dominate a
@@ -341,7 +356,7 @@ def decode_shards(shards: Sequence[tuple[bytes, str]], *, max_row_tokens: int | 
     out: list[tuple[pa.Table, dict] | ShardError] = []
     for (data, where), sizes in zip(shards, declared_sizes_of([data for data, _ in shards]), strict=True):
         try:
-            _check_sizes(sizes, where, max_row_tokens)
+            _check_sizes(sizes, len(data), where, limits)
             out.append(_decode_sized(data, where, validate=False))
         except ShardError as e:
             out.append(e)
@@ -352,6 +367,31 @@ def decode_shards(shards: Sequence[tuple[bytes, str]], *, max_row_tokens: int | 
 
 
 def read_shard(store: Store, path: str, *, validate: bool = True,
-               max_row_tokens: int | None = None) -> tuple[pa.Table, dict]:
-    """Read and check one committed shard (``ShardError`` / ``StorageError`` name it on failure)."""
-    return decode_shard(store.read(path), store.uri(path), validate=validate, max_row_tokens=max_row_tokens)
+               limits: ShardLimits = DEFAULT_LIMITS) -> tuple[pa.Table, dict]:
+    """Read and check one committed shard (``ShardError`` / ``StorageError`` name it on failure; a file over
+    ``limits.max_file_bytes`` is a ``storage.errors.TooLargeError``, never read)."""
+    return decode_shard(store.read(path, max_bytes=limits.max_file_bytes), store.uri(path), validate=validate,
+                        limits=limits)
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep the brackets of a JSON document nest (strings skipped), without parsing it: ``json.loads`` recurses
+    per level, so a document 100,000 deep must be refused before it is parsed."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest

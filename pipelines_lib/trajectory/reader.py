@@ -70,9 +70,11 @@ from pipelines_lib.trajectory.codec import (
     read_shard,
 )
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.needs import ShardLimits, limits_of
 from pipelines_lib.trajectory.trainable import (
     TrainerNeeds,
     clean_groups,
+    group_digest,
     group_problem,
     group_runs,
     infra_problem,
@@ -91,6 +93,11 @@ class GroupSlice:
     group_id: str
     table: pa.Table
 
+    @property
+    def digest(self) -> str:
+        """``trainable.group_digest`` of the rows: what the consumption log records of them."""
+        return group_digest(self.table)
+
 
 DECODE_AHEAD_SHARDS = 64
 """Pending shards of a version decoded and validated together (a small shard's checks cost their overhead)."""
@@ -98,9 +105,9 @@ DECODE_AHEAD_BYTES = 16 * 2**20
 """...up to this many bytes of files (large shards are decoded one or a few at a time)."""
 
 
-def _decode_or_error(data: bytes, where: str, max_row_tokens: int | None) -> tuple[pa.Table, dict] | ShardError:
+def _decode_or_error(data: bytes, where: str, limits: ShardLimits) -> tuple[pa.Table, dict] | ShardError:
     try:
-        return decode_shard(data, where, validate=False, max_row_tokens=max_row_tokens)
+        return decode_shard(data, where, validate=False, limits=limits)
     except ShardError as e:
         return e
 
@@ -108,7 +115,7 @@ def _decode_or_error(data: bytes, where: str, max_row_tokens: int | None) -> tup
 def _read_or_error(store: Store, path: str, validate: bool,
                    needs: TrainerNeeds | None) -> tuple[pa.Table, dict] | ShardError | StorageError:
     try:
-        return read_shard(store, path, validate=validate, max_row_tokens=needs.max_tokens if needs else None)
+        return read_shard(store, path, validate=validate, limits=limits_of(needs))
     except (ShardError, StorageError) as e:
         return e
 
@@ -151,6 +158,7 @@ class ShardTailer:
         ``DECODE_AHEAD_BYTES`` of files), validated together. What they hold reaches the caller, the events and
         the cursor only when ``_load`` takes each in turn."""
         pending = self._pending[sid.version]
+        limits = limits_of(self.needs)
         batch: list[tuple[bytes, str]] = []
         sids: list[layout.ShardId] = []
         size = 0
@@ -160,16 +168,15 @@ class ShardTailer:
             if nxt.path in self._tables or nxt.path in self._decoded:
                 continue
             try:
-                data = self.store.read(nxt.path)
+                data = self.store.read(nxt.path, max_bytes=limits.max_file_bytes)
             except StorageError as e:
                 self._decoded[nxt.path] = e
                 continue
             batch.append((data, self.store.uri(nxt.path)))
             sids.append(nxt)
             size += len(data)
-        max_row_tokens = self.needs.max_tokens if self.needs is not None else None
-        decoded = (decode_shards(batch, max_row_tokens=max_row_tokens) if self.validate else
-                   [_decode_or_error(data, where, max_row_tokens) for data, where in batch])
+        decoded = (decode_shards(batch, limits=limits) if self.validate else
+                   [_decode_or_error(data, where, limits) for data, where in batch])
         screen = []
         for sid, got in zip(sids, decoded, strict=True):
             if isinstance(got, tuple):

@@ -8,9 +8,15 @@ interleaved (the writer stores each group's rows contiguously, and consumption l
 group filed under a version folder other than its oldest policy version. The tailer skips such groups with
 the reason these functions return (the trainer writes it into its consumption log), and the audit reports
 the same reasons as findings, so the two never disagree on what is trainable.
+
+``group_digest`` hashes what a step trains on in a group; the consumption log records it, and a restarted trainer
+replaying the step from the shard refuses rows that no longer hash the same.
 """
 
 from __future__ import annotations
+
+import json
+from hashlib import blake2b
 
 import numpy as np
 import pyarrow as pa
@@ -130,6 +136,33 @@ def clean_groups(table: pa.Table, bounds_g2: np.ndarray, needs: TrainerNeeds, *,
             zero_copy_only=False)
         bad |= _per_group(failed_r.astype(np.int8), starts_g, np.maximum).astype(bool)
     return ~bad
+
+
+DIGEST_COLUMNS = ("trajectory_id", "group_id", "sample_idx", "prompt_len", "tokens", "loss_mask", "logprobs",
+                  "policy_version", "reward", "status")
+"""What a step's batch is built from (and the group's identity): the columns ``group_digest`` covers."""
+
+
+def group_digest(group: pa.Table) -> str:
+    """A content hash (hex) of ``DIGEST_COLUMNS`` of ``group`` (the rows of one group, null-free: validated).
+
+    Built from the values, not from an encoding (Arrow IPC's framing may differ between versions): per column its
+    name, for a list column its row lengths, then its values, numbers as little-endian bytes of their type and
+    strings as a JSON list.
+    """
+    h = blake2b(digest_size=16)
+    for name in DIGEST_COLUMNS:
+        column = group.column(name).combine_chunks()
+        h.update(name.encode())
+        if pa.types.is_list(column.type):
+            h.update(pc.list_value_length(column).to_numpy(zero_copy_only=False).astype("<i8").tobytes())
+            column = pc.list_flatten(column)
+        if pa.types.is_string(column.type):
+            h.update(json.dumps(column.to_pylist()).encode())
+        else:
+            values = column.to_numpy(zero_copy_only=False)
+            h.update(values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes())
+    return h.hexdigest()
 
 
 INFRA_REASON = "infrastructure failure"
