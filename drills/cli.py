@@ -16,13 +16,15 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-HELP = "reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data, infrastructure faults"
+HELP = ("reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data, "
+        "infrastructure faults, operator writes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (1-2 minutes); RELIABILITY.md is left as is")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
-                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison, infra")
+                   help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison, infra, "
+                        "writes")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and RELIABILITY.md")
 
 
@@ -38,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
                        "reliability.lost_groups", "reliability.duplicated_groups", "reliability.partial_visible",
                        "reliability.hangs", "reliability.cli_tracebacks", "reliability.bounds_failed",
                        "reliability.trainer_poison_crashes", "reliability.pointer_regressions",
-                       "reliability.infra_errors_in_gradient", "reliability.infra_groups_not_skipped")
+                       "reliability.infra_errors_in_gradient", "reliability.infra_groups_not_skipped",
+                       "reliability.operator_overwrites", "reliability.operator_files_added",
+                       "reliability.operator_write_failures")
            if figures.get(k, 0) > 0]
     bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
     bad += [k for k in ("reliability.trainer_bit_identical", "reliability.evaluator_results_identical")

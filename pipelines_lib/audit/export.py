@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 from pipelines_lib import records
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.destination import refuse_inside
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import ShardError, decode_shards, identity_problem
@@ -193,6 +194,7 @@ def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] 
     parent's versions up to the fork point, as its trainer saw them)."""
     if jobs < 1 or read_ahead < 1:
         raise ValueError(f"export_parquet: jobs and read_ahead must be >= 1, got {jobs}, {read_ahead}")
+    refuse_inside(out.url, records.read_folders(store), what="the export folder")
     store = records.with_parents(store)
     versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
     results = []

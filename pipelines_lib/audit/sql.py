@@ -59,6 +59,17 @@ overheads dominate a small shard), and the batch's file bytes bound what the che
 SCAN_READ_AHEAD = 8
 """Objects of a bucket fetched at once while checking (``unit.prefetch``; a local folder is read inline)."""
 SCAN_PROGRESS_EVERY = 100
+CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  "allow_community_extensions": False}
+"""What the connection starts with: no extension is fetched or loaded behind a query's back."""
+READ_ONLY = (
+    # No progress bar: DuckDB draws it on stdout once a query runs for 2 s, into ``rollstream sql --json``.
+    "SET enable_progress_bar = false",
+    "SET enable_external_access = false",
+    "SET lock_configuration = true",
+)
+"""Run after the tables are registered (registering needs neither): no file, database, network or extension for
+the query, and no ``SET`` that turns it back on."""
 LAST_ADDITION = max(MINOR_ADDITIONS.values())
 """A shard of this minor or newer holds every column in its file; an older one's reader derives some."""
 
@@ -76,18 +87,29 @@ class CampaignTables:
         return list(zip(t.column("shard").to_pylist(), t.column("reason").to_pylist(), strict=True))
 
     def query(self, sql: str) -> pa.Table:
-        """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name."""
+        """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name and nothing else: once the tables
+        are registered, external access is switched off and the configuration locked (``READ_ONLY``), so a query
+        cannot read or write a file (``COPY ... TO``, ``read_csv``, ``ATTACH``, ``EXPORT``) or install or load an
+        extension; such a query raises ``QueryRefused``."""
         import duckdb  # imported here: only ``rollstream sql`` and the viewer pay for it
 
-        # No progress bar: DuckDB draws it on stdout once a query runs for 2 s, into ``rollstream sql --json``.
-        con = duckdb.connect(":memory:")
+        con = duckdb.connect(":memory:", config=dict(CONNECT_CONFIG))
         try:
-            con.execute("SET enable_progress_bar = false")
             for name, table in self.tables.items():
                 con.register(name, table)
-            return con.sql(sql).to_arrow_table()
+            for statement in READ_ONLY:
+                con.execute(statement)
+            try:
+                return con.sql(sql).to_arrow_table()
+            except duckdb.PermissionException as e:
+                raise QueryRefused(f"refused: a query over a campaign reads only its tables ({', '.join(self.tables)})"
+                                   f"; files, ATTACH, COPY and extensions are off: {e}") from e
         finally:
             con.close()
+
+
+class QueryRefused(ValueError):
+    """A query asked for something outside the campaign's tables (a file, a database, an extension)."""
 
 
 def shard_paths(store: Store) -> list[str]:

@@ -42,6 +42,7 @@ from pipelines_lib.records.campaign import (
     ForkParent,
     SplitInfo,
     fork_chain,
+    read_folders,
     with_parents,
 )
 from pipelines_lib.records.evaluate import EvalResult, evaluated_versions, versions_to_evaluate
@@ -89,6 +90,7 @@ __all__ = [
     "evaluated_versions",
     "versions_to_evaluate",
     "fork_chain",
+    "read_folders",
     "heal_attempts",
     "published_versions",
     "run_records",
