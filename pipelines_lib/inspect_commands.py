@@ -94,6 +94,10 @@ EXPORT = Command(HELP="export committed valid shards for warehouse tools (a data
 
 # -- sql --------------------------------------------------------------------------------------------------
 
+SQL_VERDICTS = "sql-verdicts"
+"""Folder of the user's cache (``Settings.cache``) where ``sql`` keeps the shards it judged valid (``audit.verdicts``)."""
+
+
 def _sql_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
@@ -110,7 +114,7 @@ def _sql(args: argparse.Namespace) -> int:
 
     store = open_campaign_store(args, args.url)
     try:
-        tables = campaign_tables(store)
+        tables = campaign_tables(store, verdicts=args.settings.cache / SQL_VERDICTS)
     except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
         raise CommandError(str(e)) from e
     for shard, reason in tables.skipped:
