@@ -74,7 +74,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
                                "version=N/ per policy version, create-only (a rerun reports each version as "
-                               "written, unchanged, stale or empty)")
+                               "written, unchanged, stale or empty), and _dataset_card.md/.json beside it: the "
+                               "columns' meanings, counts per version, lineage, audit verdict, config hash")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
