@@ -17,14 +17,14 @@ def _stderr(line: str) -> None:
 
 
 HELP = ("reliability drills: fuzzing, sandbox escapes, secret leaks, storage faults, bounds, SIGKILLs, poisoned data, "
-        "infrastructure faults, read bounds and checked replays")
+        "infrastructure faults, read bounds and checked replays, operator writes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (1-2 minutes); RELIABILITY.md is left as is")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
                    help="run only this drill (repeatable): fuzz, sandbox, secrets, faults, bounds, kills, poison, infra, "
-                        "readpath")
+                        "readpath, writes")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and RELIABILITY.md")
 
 
@@ -41,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
                        "reliability.hangs", "reliability.cli_tracebacks", "reliability.bounds_failed",
                        "reliability.trainer_poison_crashes", "reliability.pointer_regressions",
                        "reliability.infra_errors_in_gradient", "reliability.infra_groups_not_skipped",
-                       "reliability.readpath_crashes", "reliability.nonfinite_publications")
+                       "reliability.readpath_crashes", "reliability.nonfinite_publications",
+                       "reliability.operator_overwrites", "reliability.operator_files_added",
+                       "reliability.operator_write_failures")
            if figures.get(k, 0) > 0]
     bad += [k for k in FAULT_FAILURES if k in figures and figures[k] < 1]
     bad += [k for k in ("reliability.trainer_bit_identical", "reliability.evaluator_results_identical")

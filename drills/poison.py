@@ -385,9 +385,9 @@ def run_pointer_cases(scratch: Path) -> list[CaseOutcome]:
 
 # -- CLI over garbage metadata, and FIFOs under a deadline ----------------------------------------------------
 
-def _cli(args: list[str], deadline_s: float = CLI_DEADLINE_S) -> tuple[int | None, str]:
-    """(exit code or None when killed at the deadline, stderr+stdout) of ``rollstream ARGS``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+def _cli(args: list[str], deadline_s: float = CLI_DEADLINE_S, **env_vars: str) -> tuple[int | None, str]:
+    """(exit code or None when killed at the deadline, stderr+stdout) of ``rollstream ARGS``, with ``env_vars``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", **env_vars}
     try:
         proc = subprocess.run([sys.executable, "-m", "pipelines_lib.cli", *args], capture_output=True, text=True,
                               timeout=deadline_s, env=env, cwd=ROOT, stdin=subprocess.DEVNULL)

@@ -17,6 +17,8 @@ infra           drills/infra_faults.py     sandbox start failures and dependency
                                            timeouts in real episodes, trainer   infra_faults_injected
 readpath        drills/readpath.py         read bounds across trainer restarts, readpath_crashes,
                                            rewritten consumed shards, divergence nonfinite_publications
+writes          drills/operator_writes.py  each operator write aimed into the   operator_overwrites,
+                                           campaign it reads, as a subprocess   operator_files_added
 ```
 
 A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
@@ -190,12 +192,20 @@ def _infra(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) ->
             _plain(report))
 
 
+def _writes(sizes: DrillSizes, scratch: Path, progress: Callable[[str], None]) -> tuple[dict[str, float], dict[str, Any]]:
+    from drills.operator_writes import run_writes_drill
+
+    report = run_writes_drill(scratch, progress)
+    return report.figures(), _plain(report)
+
+
 DrillFn = Callable[[DrillSizes, Path, Callable[[str], None]], tuple[dict[str, float], dict[str, Any]]]
 """``(sizes, scratch folder, progress) -> (figures, details)``."""
 
 DRILLS: dict[str, DrillFn] = {"fuzz": _fuzz, "sandbox": _sandbox, "secrets": _secrets, "faults": _faults,
                               "bounds": _bounds, "kills": _kills,
-                              "poison": _poison, "infra": _infra, "readpath": _readpath}
+                              "poison": _poison, "infra": _infra, "readpath": _readpath,
+                              "writes": _writes}
 
 
 def add_figures(total: dict[str, float], got: dict[str, float]) -> None:
@@ -360,6 +370,14 @@ MEASURED = {
                               "and as telemetry file: `audit`, `export`, `status`, `metrics` and the tailer, each a "
                               "subprocess with a 120 s deadline (plus other drills' deadline cases).",
     "reliability.hangs": "Of those runs: still running at the deadline (killed), or failed.",
+    "reliability.operator_write_cases": "`rollstream` subprocess runs that aim a write into the campaign they read "
+                                        "(trace --out, sql COPY/ATTACH/INSTALL/read_csv, export, fork, replay --dump, "
+                                        "export-weights) or fork past its last step.",
+    "reliability.operator_overwrites": "Files of the campaign changed or removed by those runs (every file hashed "
+                                       "before and after, hidden ones too).",
+    "reliability.operator_files_added": "Files that appeared in the campaign folder during those runs.",
+    "reliability.operator_write_failures": "Of those runs: not refused with exit 2 and its one-line reason, a "
+                                           "traceback, a hang, a host file printed, or the folder changed.",
     "reliability.secret_leaks": "(secret, file) pairs where a planted fake credential appears in the campaign "
                                 "folder, trace, audit report or captured logs (Arrow files searched decoded).",
 }
@@ -434,6 +452,13 @@ def render_report(record: dict[str, Any]) -> str:
         for group in groups:
             out += [f"| {group} | {c['name']} | {'yes' if c['ok'] else '**NO**'} | {c['seconds']} | "
                     f"{_cell('; '.join(c['problems']), 300)} |" for c in details[drill][group]]
+        out.append("")
+    if "writes" in details:
+        out += ["## Operator writes into a campaign", "", "| case | held | seconds | what it said | problems |",
+                "|---|---|---|---|---|"]
+        out += [f"| {c['outcome']['name']} | {'yes' if c['outcome']['ok'] else '**NO**'} | {c['outcome']['seconds']} | "
+                f"{_cell(c['outcome']['detail'])} | {_cell('; '.join(c['outcome']['problems']), 300)} |"
+                for c in details["writes"]["cases"]]
         out.append("")
     if "faults" in details:
         out += render_fault_section(details["faults"])

@@ -48,6 +48,7 @@ from pipelines_lib.configio import ConfigError
 from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records.base import RecordError
 from pipelines_lib.settings import Settings, apply_process_defaults
+from pipelines_lib.storage.destination import DestinationError, refuse_inside
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
 
@@ -151,9 +152,11 @@ def _export_weights(args: argparse.Namespace) -> int:
     from pipelines_lib.model.hf_export import save_hf_checkpoint
     from pipelines_lib.model.tokenizer import tokenizer_dir
     from pipelines_lib.publish import load_published
+    from pipelines_lib.records import read_folders
     from pipelines_lib.stages.campaign import load_campaign_config
 
     store = open_store(args, args.url)
+    refuse_inside(args.out, read_folders(store), what="the output folder")
     model, version = load_published(store, args.version)
     try:
         folder = save_hf_checkpoint(model, args.out, tokenizer_dir=tokenizer_dir(load_campaign_config(store).tokenizer, cache=args.settings.cache))
@@ -401,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = available[args.command].run(args)
         sys.stdout.flush()  # a reader that stopped early shows here, not as the interpreter's last words at exit
         return code
-    except (CommandError, ConfigError, FileNotFoundError, RecordError) as e:  # bad input: the message names it
+    except (CommandError, ConfigError, DestinationError, FileNotFoundError, RecordError) as e:  # bad input: named
         to_stderr(f"rollstream {args.command}: {e}")
     except StorageError as e:  # its message names the operation and the URL
         to_stderr(f"rollstream {args.command}: {e}")

@@ -74,7 +74,8 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("out", help="output folder (local path or gs://...); a Parquet dataset, a hive partition "
                                "version=N/ per policy version, create-only (a rerun reports each version as "
-                               "written, unchanged, stale or empty)")
+                               "written, unchanged, stale or empty), and _dataset_card.md/.json beside it: the "
+                               "columns' meanings, counts per version, lineage, audit verdict, config hash")
     p.add_argument("--format", choices=sorted(EXPORTERS), default="parquet")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes, one version at a time each (default: one per CPU)")
@@ -94,6 +95,10 @@ EXPORT = Command(HELP="export committed valid shards for warehouse tools (a data
 
 # -- sql --------------------------------------------------------------------------------------------------
 
+SQL_VERDICTS = "sql-verdicts"
+"""Folder of the user's cache (``Settings.cache``) where ``sql`` keeps the shards it judged valid (``audit.verdicts``)."""
+
+
 def _sql_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
     p.add_argument("query", help="DuckDB SQL over the tables trajectories, consumed, dropped, evals, skipped_shards "
@@ -106,17 +111,19 @@ def _sql_args(p: argparse.ArgumentParser) -> None:
 def _sql(args: argparse.Namespace) -> int:
     import duckdb
 
-    from pipelines_lib.audit.sql import campaign_tables, render_text
+    from pipelines_lib.audit.sql import QueryRefused, campaign_tables, render_text
 
     store = open_campaign_store(args, args.url)
     try:
-        tables = campaign_tables(store)
+        tables = campaign_tables(store, verdicts=args.settings.cache / SQL_VERDICTS)
     except ValueError as e:  # a consumption log or eval file that is not the record its stage writes (names it)
         raise CommandError(str(e)) from e
     for shard, reason in tables.skipped:
         to_stderr(f"rollstream sql: skipped unreadable shard {shard}: {reason}")
     try:
         result = tables.query(args.query)
+    except QueryRefused as e:
+        raise CommandError(str(e)) from e
     except duckdb.Error as e:
         raise CommandError(f"query failed: {e}") from e
     print(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
@@ -168,7 +175,9 @@ VIEW = Command(HELP="write a browsable HTML report (and the learning-curve PNG) 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder")
-    p.add_argument("--out", type=Path, default=Path("trace.json"), help="where to write the trace JSON")
+    p.add_argument("--out", type=Path, default=Path("trace.json"),
+                   help="where to write the trace JSON: a new file outside the campaign folder")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (never inside the campaign)")
     p.add_argument("--stage", action="append", default=None, metavar="NAME",
                    help="only this stage's processes (repeatable): prep, warm_start, collect, train, evaluate, audit")
     p.add_argument("--since", metavar="WHEN", help="only what overlaps from WHEN on: seconds after the first record, "
@@ -178,13 +187,19 @@ def _trace_args(p: argparse.ArgumentParser) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from pipelines_lib.records import read_folders
     from pipelines_lib.stages.table import STAGE_NAMES
+    from pipelines_lib.storage.destination import refuse_inside, write_file
     from pipelines_lib.telemetry.trace import parse_when, read_records, select, to_chrome_trace
 
     for name in args.stage or []:
         if name not in STAGE_NAMES:
             raise CommandError(f"unknown stage {name!r}{did_you_mean(name, STAGE_NAMES)}; valid: {', '.join(STAGE_NAMES)}")
-    records = read_records(open_campaign_store(args, args.url), on_skip=to_stderr)
+    store = open_campaign_store(args, args.url)
+    refuse_inside(str(args.out), read_folders(store), what="--out")
+    if os.path.lexists(args.out) and not args.overwrite:  # said before reading telemetry; write_file checks again
+        raise CommandError(f"--out {args.out}: already exists; pass --overwrite to replace it")
+    records = read_records(store, on_skip=to_stderr)
     if not records:
         raise CommandError(f"{args.url}: no telemetry recorded (telemetry/ is empty)")
     try:
@@ -196,7 +211,7 @@ def _trace(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.url}: no telemetry in the chosen stages and time window "
                            f"({len(records)} records in all)")
     trace = to_chrome_trace(chosen)
-    args.out.write_text(json.dumps(trace))
+    write_file(args.out, json.dumps(trace).encode(), overwrite=args.overwrite)
     print(f"{args.out}: {len(trace['traceEvents'])} events from {len(chosen)} of {len(records)} records; "
           "open in https://ui.perfetto.dev")
     return 0

@@ -46,6 +46,8 @@ JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/trajectory/cursor.py": "the tail cursor, a string field of records",
     "pipelines_lib/telemetry/trace.py": "telemetry events (JSON lines), not records",
     "pipelines_lib/audit/export.py": "metadata of an exported Parquet file, outside the campaign folder",
+    "pipelines_lib/audit/card.py": "the newest dataset card of an export, outside the campaign folder",
+    "pipelines_lib/audit/verdicts.py": "the user's own kept shard verdicts, in the local cache",
     "flows/commands.py": "the repository's work-pool job templates (rollstream deploy)",
     "bench/runner.py": "bench/results.json of the repository",
     "drills/runner.py": "drills results of the repository",

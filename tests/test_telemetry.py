@@ -416,10 +416,10 @@ def test_trace_command_filters_by_stage_and_time(tmp_path: Path, capsys: pytest.
     assert main(["trace", store.url, "--out", str(out), "--stage", "evaluate"]) == 0
     names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"}
     assert names == {"evaluate_work"}
-    assert main(["trace", store.url, "--out", str(out), "--since", "0", "--until", "3600"]) == 0
+    assert main(["trace", store.url, "--out", str(out), "--since", "0", "--until", "3600", "--overwrite"]) == 0
     names = {e["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"}
     assert names == {"trainer_work", "evaluate_work"}
-    assert main(["trace", store.url, "--out", str(out), "--since", "3600"]) == 2
+    assert main(["trace", store.url, "--out", str(out), "--since", "3600", "--overwrite"]) == 2
     assert "no telemetry in the chosen stages and time window" in capsys.readouterr().err
     assert main(["trace", store.url, "--stage", "evaluat"]) == 2
     assert "did you mean 'evaluate'?" in capsys.readouterr().err

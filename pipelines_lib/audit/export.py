@@ -10,7 +10,10 @@ and safe: the same listing means the file is ``unchanged`` (nothing is read); a 
 since is reported ``stale`` and left alone, because exports are create-only like everything else: export a
 still-growing campaign into a new folder. Rows carry the shard columns plus ``campaign`` (the campaign id), so
 exports of several campaigns can be queried together. A file of that name that is not such an export (anything
-else someone left in the folder) is reported ``foreign`` and left alone too.
+else someone left in the folder) is reported ``foreign`` and left alone too. Each run ends with one line on what it did (``summary``: new shards and rows, what
+was already exported) and the dataset card beside the files (``audit.card``: the columns' meanings, counts per
+version, lineage, the audit's verdict, the config hash). ``timings``' start and finish, ISO-8601 text in a shard,
+are Arrow timestamps (UTC, microseconds) in the export; a shard whose times do not parse is skipped with that reason.
 
 Each version's file is streamed: shards are fetched ``read_ahead`` at a time (``unit.prefetch``), decoded
 and validated ``BATCH_SHARDS`` at a time (``codec.decode_shards``), and their rows go out in row groups of up to
@@ -36,6 +39,7 @@ in bench/results.json, and the tests read its output back with ``pyarrow.dataset
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -49,18 +53,35 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines_lib import records
+from pipelines_lib.audit.card import write_card
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.destination import refuse_inside
 from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import DEFAULT_LIMITS, ShardError, decode_shards, identity_problem
-from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
+from pipelines_lib.trajectory.schema import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    TIMINGS_TYPE,
+    TRAJECTORY_SCHEMA,
+)
 
 EXPORT_META_KEY = b"rollstream.export"
 PARTITION_KEY = "version"
-EXPORT_SCHEMA = TRAJECTORY_SCHEMA.remove(TRAJECTORY_SCHEMA.get_field_index(PARTITION_KEY)).append(
-    pa.field("campaign", pa.string(), nullable=False))
-"""The shard columns but the partition key, and the campaign id."""
+TIMESTAMPS = ("started_at", "finished_at")
+"""``timings`` fields that shards keep as ISO-8601 text (``trajectory.schema``) and the export as Arrow timestamps."""
+_TIMINGS = pa.struct([pa.field(f.name, pa.timestamp("us", tz="UTC"), nullable=False) if f.name in TIMESTAMPS else f
+                      for f in TIMINGS_TYPE])
+EXPORT_SCHEMA = pa.schema(
+    [pa.field("timings", _TIMINGS, nullable=False, metadata={
+        b"doc": b"seconds spent per phase; start and finish as UTC timestamps (microseconds)"})
+     if f.name == "timings" else f for f in TRAJECTORY_SCHEMA if f.name != PARTITION_KEY]
+    + [pa.field("campaign", pa.string(), nullable=False,
+                metadata={b"doc": b"campaign id: the name of the campaign folder the row was written into"})],
+    metadata=TRAJECTORY_SCHEMA.metadata)
+"""The shard columns but the partition key (with ``timings``' start and finish as timestamps), and the campaign
+id; each field's ``doc`` metadata says what it means (the dataset card lists them)."""
 BATCH_SHARDS = 64
 """Shards decoded and validated together (``decode_shards``)."""
 ROW_GROUP_ROWS = 2**16
@@ -81,7 +102,7 @@ class ExportedVersion:
     """One of ``EXPORT_STATUSES``."""
     rows: int
     shards: int
-    """Shards whose rows are in the file (``written`` only)."""
+    """Shards whose rows are in the file (``written`` now, or by an earlier export: ``unchanged``, ``stale``)."""
     skipped: tuple[tuple[str, str], ...]
     """(shard, reason) of shards left out because they do not read or validate."""
 
@@ -100,23 +121,29 @@ def _listed_shards(store: Store, version: int) -> list[str]:
     return [f"{folder}/{n}" for n in store.list(folder) if layout.parse_shard_path(f"{folder}/{n}") is not None]
 
 
-def _recorded_shards(out: Store, name: str) -> list[str] | None:
-    """The shards an earlier export recorded; None when the file there is not an export of ours."""
+def _recorded(out: Store, name: str) -> tuple[list[str], int, int] | None:
+    """(shards listed, rows, shards exported) of an earlier export; None when the file is not an export of ours."""
     try:
-        meta = pq.read_metadata(io.BytesIO(out.read(name))).metadata or {}
-        shards = json.loads(meta[EXPORT_META_KEY])["source_shards"]
+        meta = pq.read_metadata(io.BytesIO(out.read(name)))
+        recorded = json.loads((meta.metadata or {})[EXPORT_META_KEY])
+        listed, skipped = recorded["source_shards"], recorded["skipped"]
     except (NotAnObjectError, pa.ArrowException, OSError, KeyError, TypeError, ValueError):
         return None
-    return [str(s) for s in shards] if isinstance(shards, list) else None
+    if not isinstance(listed, list) or not isinstance(skipped, list):
+        return None
+    return [str(s) for s in listed], meta.num_rows, len(listed) - len(skipped)
 
 
 def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8) -> ExportedVersion:
     name = parquet_name(version)
     listed = _listed_shards(store, version)
     if out.exists(name):
-        recorded = _recorded_shards(out, name)
-        status = "foreign" if recorded is None else "unchanged" if recorded == listed else "stale"
-        return ExportedVersion(version=version, path=name, status=status, rows=0, shards=0, skipped=())
+        recorded = _recorded(out, name)
+        if recorded is None:
+            return ExportedVersion(version=version, path=name, status="foreign", rows=0, shards=0, skipped=())
+        shards_then, rows, exported = recorded
+        return ExportedVersion(version=version, path=name, status="unchanged" if shards_then == listed else "stale",
+                               rows=rows, shards=exported, skipped=())
     sink = io.BytesIO()
     skipped: list[tuple[str, str]] = []
     exported_groups: set[str] = set()
@@ -142,11 +169,16 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
                 if problem is not None:
                     skipped.append((path, f"{store.uri(path)}: {problem}"))
                     continue
+                try:
+                    exported = (table.drop_columns([PARTITION_KEY])
+                                .append_column(EXPORT_SCHEMA.field("campaign"),
+                                               pa.array([campaign] * table.num_rows, pa.string()))
+                                .cast(EXPORT_SCHEMA))
+                except pa.ArrowException as e:  # a start or finish that is no ISO-8601 time
+                    skipped.append((path, f"{store.uri(path)}: timings are not ISO-8601 times: {e}"))
+                    continue
                 exported_groups |= groups
-                pending.append(table.drop_columns([PARTITION_KEY])
-                               .append_column(EXPORT_SCHEMA.field("campaign"),
-                                              pa.array([campaign] * table.num_rows, pa.string()))
-                               .replace_schema_metadata(EXPORT_SCHEMA.metadata))
+                pending.append(exported)
                 rows += table.num_rows
                 shards += 1
                 if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
@@ -193,12 +225,35 @@ def export_parquet(store: Store, out: Store, *, progress: Callable[[str], None] 
     parent's versions up to the fork point, as its trainer saw them)."""
     if jobs < 1 or read_ahead < 1:
         raise ValueError(f"export_parquet: jobs and read_ahead must be >= 1, got {jobs}, {read_ahead}")
+    refuse_inside(out.url, records.read_folders(store), what="the export folder")
     store = records.with_parents(store)
     versions = sorted(v for n in store.list(layout.TRAJECTORIES) if (v := layout.parse_version_dir(n)) is not None)
     results = []
     for version, result in zip(versions, _exported(store, out, versions, jobs, read_ahead), strict=True):
         results.append(result)
         if progress is not None:
-            progress(f"export {store.uri(layout.version_dir(version))} -> {out.uri(result.path)}: {result.status}, "
+            done = "written" if result.status == "written" else f"{result.status}, already exported"
+            progress(f"export {store.uri(layout.version_dir(version))} -> {out.uri(result.path)}: {done}: "
                      f"{result.rows} rows from {result.shards} shards, {len(result.skipped)} skipped")
+    card = write_card(store, out, [dataclasses.asdict(r) for r in results], EXPORT_SCHEMA,
+                      partition=TRAJECTORY_SCHEMA.field(PARTITION_KEY))
+    if progress is not None:
+        progress(f"{summary(results)}; card {out.uri(card)}")
     return results
+
+
+def summary(results: list[ExportedVersion]) -> str:
+    """One line on what an export run did: new shards and rows, what was already exported, what was left."""
+    def count(status: str) -> tuple[int, int, int]:
+        chosen = [r for r in results if r.status == status]
+        return len(chosen), sum(r.shards for r in chosen), sum(r.rows for r in chosen)
+
+    (written, new, rows), (same, old, _), (stale, behind, _) = count("written"), count("unchanged"), count("stale")
+    parts = [f"{new} new shards ({rows} rows) in {written} versions",
+             f"{old} already exported in {same} unchanged versions"]
+    if stale:
+        parts.append(f"{stale} versions stale ({behind} shards exported earlier; the campaign has more since: "
+                     "export into a new folder)")
+    parts += [f"{n} versions {status}" for status in ("empty", "foreign")
+              if (n := sum(r.status == status for r in results))]
+    return "; ".join(parts)

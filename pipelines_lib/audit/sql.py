@@ -12,7 +12,10 @@
 
 A shard that does not read (truncated, foreign, newer major schema) is skipped and listed, never fatal: an
 auditor still gets answers from the rest. To know which, every shard is decoded and validated once when the
-folder is opened, a batch at a time, and dropped. ``trajectories`` is then a ``pyarrow.dataset`` over the
+folder is opened, a batch at a time, and dropped; given a verdict folder (``rollstream sql`` passes one in the
+user's cache), a shard judged valid by an earlier query and unchanged since is not decoded again, so a repeat
+query over an unchanged campaign checks only its new shards (``audit.verdicts`` says why a kept verdict cannot
+hide a changed shard). ``trajectories`` is then a ``pyarrow.dataset`` over the
 readable shard files, not a table in memory: a query reads the files again, only the columns it names
 (projection pushdown), and a filter on ``shard``, ``campaign`` or a shard column reaches the scan (filter
 pushdown; ``shard`` and ``campaign`` are each file's partition expression, so a filter on them skips files
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +41,7 @@ import pyarrow.fs as pafs
 
 from pipelines_lib import records
 from pipelines_lib.audit.unit import Missing, prefetch
+from pipelines_lib.audit.verdicts import identity, load_verdicts, save_verdicts
 from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -59,6 +64,17 @@ overheads dominate a small shard), and the batch's file bytes bound what the che
 SCAN_READ_AHEAD = 8
 """Objects of a bucket fetched at once while checking (``unit.prefetch``; a local folder is read inline)."""
 SCAN_PROGRESS_EVERY = 100
+CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                  "allow_community_extensions": False}
+"""What the connection starts with: no extension is fetched or loaded behind a query's back."""
+READ_ONLY = (
+    # No progress bar: DuckDB draws it on stdout once a query runs for 2 s, into ``rollstream sql --json``.
+    "SET enable_progress_bar = false",
+    "SET enable_external_access = false",
+    "SET lock_configuration = true",
+)
+"""Run after the tables are registered (registering needs neither): no file, database, network or extension for
+the query, and no ``SET`` that turns it back on."""
 LAST_ADDITION = max(MINOR_ADDITIONS.values())
 """A shard of this minor or newer holds every column in its file; an older one's reader derives some."""
 
@@ -76,18 +92,29 @@ class CampaignTables:
         return list(zip(t.column("shard").to_pylist(), t.column("reason").to_pylist(), strict=True))
 
     def query(self, sql: str) -> pa.Table:
-        """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name."""
+        """Run ``sql`` in a fresh in-memory DuckDB that sees every table by name and nothing else: once the tables
+        are registered, external access is switched off and the configuration locked (``READ_ONLY``), so a query
+        cannot read or write a file (``COPY ... TO``, ``read_csv``, ``ATTACH``, ``EXPORT``) or install or load an
+        extension; such a query raises ``QueryRefused``."""
         import duckdb  # imported here: only ``rollstream sql`` and the viewer pay for it
 
-        # No progress bar: DuckDB draws it on stdout once a query runs for 2 s, into ``rollstream sql --json``.
-        con = duckdb.connect(":memory:")
+        con = duckdb.connect(":memory:", config=dict(CONNECT_CONFIG))
         try:
-            con.execute("SET enable_progress_bar = false")
             for name, table in self.tables.items():
                 con.register(name, table)
-            return con.sql(sql).to_arrow_table()
+            for statement in READ_ONLY:
+                con.execute(statement)
+            try:
+                return con.sql(sql).to_arrow_table()
+            except duckdb.PermissionException as e:
+                raise QueryRefused(f"refused: a query over a campaign reads only its tables ({', '.join(self.tables)})"
+                                   f"; files, ATTACH, COPY and extensions are off: {e}") from e
         finally:
             con.close()
+
+
+class QueryRefused(ValueError):
+    """A query asked for something outside the campaign's tables (a file, a database, an extension)."""
 
 
 def shard_paths(store: Store) -> list[str]:
@@ -156,19 +183,26 @@ def _minor(table: pa.Table) -> int:
 
 
 def scan_trajectories(store: Store, *, progress: Callable[[str], None] | None = None,
-                      list_groups: Collection[str] = ()) -> ScannedShards:
+                      list_groups: Collection[str] = (), verdicts: Path | None = None) -> ScannedShards:
     """Check every shard (``decode_shards``, a batch at a time, then dropped) and return the readable ones as a
     dataset over their files. A shard of an older minor (lacking a column its reader derives) is held in memory:
-    only its decoded form has every column."""
+    only its decoded form has every column. With ``verdicts`` (a folder of the user's cache), a shard judged valid
+    by an earlier scan and unchanged since is not decoded again (``audit.verdicts``)."""
     campaign = layout.campaign_id(store.url)
     skipped: list[tuple[str, str]] = []
     groups_of: dict[str, list[str]] = {}
-    files: dict[Store, list[tuple[str, str]]] = {}  # holder -> (its path of the file, shard)
     held: list[pa.Table] = []
     paths = shard_paths(store)
-    for done, (path, table) in enumerate(_checked(store, paths), 1):
+    holders = {p: store.holder(p) for p in paths}
+    ids = {p: identity(holders[p], p) for p in paths} if verdicts is not None else {}
+    kept = load_verdicts(verdicts, store.url) if verdicts is not None else {}
+    valid = {p: i for p, i in ids.items() if i is not None and kept.get(p) == i and p not in list_groups}
+    unjudged = [p for p in paths if p not in valid]
+    if progress is not None and valid:
+        progress(f"{len(valid)} of {len(paths)} shards unchanged since judged valid; checking {len(unjudged)}")
+    for done, (path, table) in enumerate(_checked(store, unjudged), 1):
         if progress is not None and done % SCAN_PROGRESS_EVERY == 0:
-            progress(f"read {done}/{len(paths)} shards")
+            progress(f"read {done}/{len(unjudged)} shards")
         if isinstance(table, Exception):
             skipped.append((path, str(table)))
             if progress is not None:
@@ -177,19 +211,25 @@ def scan_trajectories(store: Store, *, progress: Callable[[str], None] | None = 
         if path in list_groups:
             groups_of[path] = list(dict.fromkeys(table.column("group_id").to_pylist()))
         if _minor(table) >= LAST_ADDITION:  # the file has every column
-            holder = store.holder(path)
-            files.setdefault(holder, []).append((holder.object_path(path), path))
+            valid[path] = ids.get(path)
         else:
             n = table.num_rows
             held.append(table.append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([path] * n, pa.string()))
                         .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string()))
                         .cast(TRAJECTORIES_SCHEMA))
+    if verdicts is not None and (judged := {p: i for p, i in valid.items() if i is not None}) != kept:
+        save_verdicts(verdicts, store.url, judged)
+    files: dict[Store, list[tuple[str, str]]] = {}  # holder -> (its path of the file, shard), in shard order
+    for path in paths:
+        if path in valid:
+            files.setdefault(holders[path], []).append((holders[path].object_path(path), path))
+    shard_field, same_campaign = ds.field("shard"), ds.field("campaign") == campaign
     parts = [ds.FileSystemDataset.from_paths(
         [file for file, _ in shards], schema=TRAJECTORIES_SCHEMA, format=ds.IpcFileFormat(),
         filesystem=_filesystem(holder),
         # Each file's shard and campaign as its partition expression: the scan fills both columns in, and a
         # filter on them skips the other files unopened.
-        partitions=[(ds.field("shard") == shard) & (ds.field("campaign") == campaign) for _, shard in shards])
+        partitions=[(shard_field == shard) & same_campaign for _, shard in shards])
         for holder, shards in files.items()]
     if held or not parts:
         parts.append(ds.dataset(pa.concat_tables(held) if held else TRAJECTORIES_SCHEMA.empty_table()))
@@ -219,12 +259,13 @@ def _eval_row(result: EvalResult) -> dict:
             "pass_at_k": result.pass_at_k, "tasks": result.tasks, "k": result.k}
 
 
-def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = None) -> CampaignTables:
+def campaign_tables(store: Store, *, progress: Callable[[str], None] | None = None,
+                    verdicts: Path | None = None) -> CampaignTables:
     """Read the campaign at ``store`` (a fork over its parents' history) into the tables ``rollstream sql`` and the
-    viewer query."""
+    viewer query; ``verdicts``: the folder where shard verdicts are kept between calls (``scan_trajectories``)."""
     store = records.with_parents(store)
     logs = records.consumption_logs(store)
-    scanned = scan_trajectories(store, progress=progress,
+    scanned = scan_trajectories(store, progress=progress, verdicts=verdicts,
                                 list_groups={d.shard for log in logs for d in log.dropped_stale if not d.groups})
     consumed, dropped = _log_rows(logs, scanned.groups_of)
     evals = [_eval_row(EvalResult.read(store, v)) for v in records.evaluated_versions(store)]

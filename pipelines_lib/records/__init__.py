@@ -34,7 +34,7 @@ requests) and ``audit``. This package is the one import every reader and writer 
 (``from pipelines_lib.records import ConsumptionLog``), whichever module declares the record.
 """
 
-from pipelines_lib.records.audit import AuditRecord, AuditVersionResult, audit_version_results
+from pipelines_lib.records.audit import AuditRecord, AuditVersionResult, audit_version_results, newest_audit
 from pipelines_lib.records.base import RECORD_VERSION_KEY, Record, RecordError
 from pipelines_lib.records.campaign import (
     CampaignManifest,
@@ -42,6 +42,7 @@ from pipelines_lib.records.campaign import (
     ForkParent,
     SplitInfo,
     fork_chain,
+    read_folders,
     with_parents,
 )
 from pipelines_lib.records.evaluate import EvalResult, evaluated_versions, versions_to_evaluate
@@ -89,7 +90,9 @@ __all__ = [
     "evaluated_versions",
     "versions_to_evaluate",
     "fork_chain",
+    "read_folders",
     "heal_attempts",
+    "newest_audit",
     "published_versions",
     "run_records",
     "with_parents",

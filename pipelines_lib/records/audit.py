@@ -41,6 +41,12 @@ class AuditRecord(Record):
         return json_path, text_path
 
 
+def newest_audit(store: Store) -> tuple[str, AuditRecord] | None:
+    """(path, record) of the newest kept audit of the folder, or None when it was never audited."""
+    names = sorted(n for n in store.list(layout.AUDIT) if layout.is_audit_report(n))
+    return (path := f"{layout.AUDIT}/{names[-1]}", AuditRecord.at(store, path)) if names else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class AuditVersionResult(Record):
     """What the audit found in one version folder (its work unit, as plain JSON in ``result``), kept so that a

@@ -1,6 +1,6 @@
 """Records of the campaign as a whole: ``campaign.json`` (``CampaignManifest``, with the ``ForkParent`` of a fork)
 and the prep stage's ``dataset/_SUCCESS`` (``DatasetSuccess``); ``fork_chain`` and ``with_parents`` open a fork
-over its parents' history."""
+over its parents' history, ``read_folders`` names every folder such a view reads."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:
             raise ValueError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
         seen.append(store.uri())
     return chain
+
+
+def read_folders(store: Store) -> list[str]:
+    """The campaign folders a reader of ``store`` reads: its own and, for a fork, each parent's (nearest first)."""
+    return [store.url] + [parent.url for _, parent in fork_chain(store)]
 
 
 def with_parents(store: Store) -> Store:

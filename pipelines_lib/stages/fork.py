@@ -20,7 +20,8 @@ its parent only up to its own fork point.
 Changing the model or the tokenizer would make the parent's checkpoints meaningless, and changing the dataset, the
 group size or the sequence buckets would contradict the inherited history: those are refused (``FIXED_KEYS``); η,
 the loss, the learning rate and the rest may change. Writing ``campaign.json`` is the whole fork: rerunning the
-same fork does nothing, another fork or campaign at the same URL is refused.
+same fork does nothing, another fork or campaign at the same URL is refused, and so is a URL inside the parent's
+folder (or any ancestor's): the fork's writes would land in the history it reads.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ from pipelines_lib.records import (
     ConsumptionLog,
     ForkParent,
     committed_checkpoints,
+    consumption_steps,
+    read_folders,
     with_parents,
 )
 from pipelines_lib.stages.campaign import CampaignMismatchError, code_version, load_campaign_config
 from pipelines_lib.storage import layout
+from pipelines_lib.storage.destination import refuse_inside
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.utc import utc_now_iso
@@ -74,21 +78,43 @@ def config_diff(parent: Mapping[str, Any], fork: Mapping[str, Any], prefix: str 
     return out
 
 
+def missing_steps(logged: list[int], start: int, end: int, *, limit: int = 5) -> tuple[list[int], int]:
+    """The first ``limit`` steps of ``start+1..end`` not in ``logged`` (ascending), and how many are missing in
+    all: arithmetic over the logged steps, never a walk over the range (a step may be any integer)."""
+    have = sorted({s for s in logged if start < s <= end})
+    first: list[int] = []
+    previous = start
+    for s in [*have, end + 1]:
+        first += range(previous + 1, min(s, previous + 1 + limit - len(first)))
+        if len(first) >= limit:
+            break
+        previous = s
+    return first, (end - start) - len(have)
+
+
 def _version_after(parent: Store, step: int) -> int:
     """The parent's policy version after ``step``. The fork's trainer restores the newest committed checkpoint
-    at or before ``step`` (none: the warm start) and replays the logged steps after it, so each must be logged."""
+    at or before ``step`` (none: the warm start) and replays the logged steps after it, so each must be logged;
+    a step past the parent's last logged or checkpointed step is refused with that last step."""
     if step < 1:
         raise ValueError(f"{parent.uri()}: a fork starts after a trained step (>= 1), got step {step}")
-    folders = [f for f in committed_checkpoints(parent) if (layout.checkpoint_step(f) or 0) <= step]
+    checkpoints = committed_checkpoints(parent)
+    logged = consumption_steps(parent)
+    last = max([*logged, *(layout.checkpoint_step(f) or 0 for f in checkpoints)], default=0)
+    if step > last:
+        raise ValueError(f"{parent.uri()}: a fork starts at a step the parent trained, and its last is step {last}; "
+                         f"got step {step}")
+    folders = [f for f in checkpoints if (layout.checkpoint_step(f) or 0) <= step]
     meta = CheckpointMeta.read(parent, folders[-1]) if folders else None
     if meta is not None and meta.step == step:
         return meta.version
     start = 0 if meta is None else meta.step
-    missing = [s for s in range(start + 1, step + 1) if not ConsumptionLog.exists(parent, s)]
-    if missing:
+    first, count = missing_steps(logged, start, step)
+    if count:
         origin = "the warm start" if meta is None else f"the checkpoint of step {start}"
+        more = f" and {count - len(first)} more" if count > len(first) else ""
         raise ValueError(f"{parent.uri(layout.CONSUMED)}: a fork at step {step} replays steps {start + 1}..{step} "
-                         f"from {origin}, but steps {missing} have no consumption log")
+                         f"from {origin}, but steps {first}{more} have no consumption log")
     log = ConsumptionLog.read(parent, step)
     return log.trainer_version if log.published_version is None else log.published_version
 
@@ -98,6 +124,7 @@ def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str,
     ``CampaignConfig.with_overrides``); returns ``{"campaign", "parent", "created"}``. Only reads ``parent``."""
     if parent.uri() == fork.uri():
         raise ValueError(f"{fork.uri()}: a fork needs a new campaign URL, not its parent's")
+    refuse_inside(fork.url, read_folders(parent), what="the fork's folder")
     check_fork_overrides(overrides)
     parent = with_parents(parent)
     base = load_campaign_config(parent)
@@ -116,4 +143,4 @@ def fork_campaign(parent: Store, step: int, fork: Store, overrides: Mapping[str,
     return {"campaign": fork.url, "parent": origin.to_dict(), "created": True}
 
 
-__all__ = ["FIXED_KEYS", "check_fork_overrides", "config_diff", "fork_campaign"]
+__all__ = ["FIXED_KEYS", "check_fork_overrides", "config_diff", "fork_campaign", "missing_steps"]

@@ -3,7 +3,8 @@
 ``replay(store, step)`` reads ``campaign.json`` for the trainer's section, rebuilds the trainer that ran
 (version 0's weights), and recomputes ``step`` from the checkpoint and rows the campaign holds. Nothing is
 written into the campaign; ``dump`` (another store: a local folder or ``gs://``) receives the batch as
-``step-<N>.parquet`` (``step-<N>-what-if.parquet`` under a what-if), create-only like every output.
+``step-<N>.parquet`` (``step-<N>-what-if.parquet`` under a what-if), create-only like every output, and never
+inside the campaign folder (or a fork parent's) it reads.
 
 A what-if changes the loss of that one step: only keys under ``WHAT_IF_KEYS`` (the loss, its clip range and
 correction cap, the aggregation, the advantage estimator) may differ; anything else would not be the same step.
@@ -18,7 +19,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.records import read_folders
 from pipelines_lib.stages.campaign import load_campaign_config
+from pipelines_lib.storage.destination import refuse_inside
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.replay import COMPARED, StepReplay, replay_step
 from pipelines_lib.train.trainer import StreamingTrainer
@@ -44,7 +47,10 @@ def dump_name(step: int, *, what_if: bool) -> str:
 def replay(store: Store, step: int, *, what_if: Mapping[str, Any] | None = None, dump: Store | None = None,
            log: Callable[[str], None] = print) -> dict[str, Any]:
     """Recompute ``step``; returns loss and gradient norm (logged and recomputed), ``identical``, the step's
-    other metrics, the per-group contributions, and where the dump went."""
+    other metrics, the per-group contributions, and where the dump went. A ``dump`` inside a campaign the
+    replay reads is refused before anything runs."""
+    if dump is not None:
+        refuse_inside(dump.url, read_folders(store), what="--dump")
     config = load_campaign_config(store)
     changed = what_if_config(config, what_if) if what_if else config
     trainer = StreamingTrainer(store, config.trainer, eta=config.rollout.eta, group_size=config.rollout.group_size,

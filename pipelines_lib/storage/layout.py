@@ -230,6 +230,14 @@ def audit_report(utc_compact: str, ext: str = "json") -> str:
     return f"{AUDIT}/{utc_compact}.{ext}"
 
 
+_AUDIT_REPORT_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z\.json$")
+
+
+def is_audit_report(name: str) -> bool:
+    """Whether ``name`` (in ``audit/``) is a kept audit's JSON (``audit_report``); the names sort by time."""
+    return bool(_AUDIT_REPORT_RE.match(name))
+
+
 AUDIT_VERSIONS = f"{AUDIT}/versions"
 _AUDIT_VERSION_RE = re.compile(r"^v(?P<version>\d{8})-(?P<digest>[0-9a-f]{16})-(?P<newest>\d+|none)\.json$")
 
