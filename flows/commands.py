@@ -7,7 +7,9 @@ library never imports ``flows``). Each is a ``cli.Command`` (``HELP``, ``add_arg
 ``python -m flows.recover`` and ``python -m flows.stages`` are the same commands.
 
 A config, URL or argument the command can check before Prefect starts fails there, as one line (exit 2); a
-flow run that ends other than Completed is one line naming the run and its state (exit 1).
+flow run that ends other than Completed is one line naming the run and its state (exit 1). SIGTERM or SIGINT stops
+``run``, ``recover`` and ``stage`` politely: the stages end at their next safe point, the campaign's status and the
+command that continues it are printed, and the exit code is 128+signal (``pipelines_lib.stages.stopping``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import yaml
 
 from pipelines_lib.cli import Command, CommandError, add_storage_options, did_you_mean
 from pipelines_lib.configio import ConfigError, parse_overrides
+from pipelines_lib.hints import hint_command
 
 # Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
 # parser, so names such as the presets and stages are checked when a command runs, against their registries.
@@ -61,6 +65,16 @@ def _ended(state: Any, what: str) -> int | None:
         return None
     print(f"rollstream: {what} ended {state.name}: {state.message or ''}".rstrip(": "), file=sys.stderr)
     return 1
+
+
+def _stoppable(args: argparse.Namespace, again: list[str] | None = None) -> AbstractContextManager[Any]:
+    """The flow run under a polite stop (``stages.stopping.stoppable_command``): on SIGTERM/SIGINT its stages end at
+    their safe points, the campaign's status and the command that continues (``again``, default ``recover``) are
+    printed, and the command returns 128+signal."""
+    from pipelines_lib.stages.stopping import stoppable_command
+
+    store = args.settings.store(args.url, _options(args))
+    return stoppable_command(store, hint_command(again or ["recover", store.url], _options(args)))
 
 
 # -- run --------------------------------------------------------------------------------------------------
@@ -112,9 +126,12 @@ def _run(args: argparse.Namespace) -> int:
     run = campaign if args.runner == "threads" else campaign.with_options(
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
     t0 = time.monotonic()
-    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
-                workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
-                return_state=True)
+    with _stoppable(args) as stop:
+        state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
+                    workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
+                    return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"campaign run {args.url}")) is not None:
         return code
     result = state.result()
@@ -147,8 +164,11 @@ def _recover(args: argparse.Namespace) -> int:
 
     from flows.recover import recover
 
-    state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
-                    return_state=True)
+    with _stoppable(args) as stop:
+        state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
+                        return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"recover run {args.url}")) is not None:
         return code
     result = state.result()
@@ -197,8 +217,12 @@ def _stage(args: argparse.Namespace) -> int:
 
     from flows.stages import STAGE_FLOWS
 
-    state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
-                                   return_state=True)
+    again = ["stage", args.name, args.url, *[a for k, v in params.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
+    with _stoppable(args, again) as stop:
+        state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
+                                       return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"{args.name} run {args.url}")) is not None:
         return code
     result = state.result()

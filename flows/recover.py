@@ -22,10 +22,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import entry
 from flows.artifacts import campaign_slug
-from flows.campaign import STAGE_ORDER, crashed, run_stages
+from flows.campaign import STAGE_ORDER, ended, run_stages
 from flows.launch import Launcher, StageRunCrashed
 from flows.runs import abandon_runs, label_run
 from pipelines_lib.stages.campaign import campaign_status
+from pipelines_lib.stages.stopping import Stopped, stop_on_signals
 from tasks.common import open_campaign
 
 
@@ -48,20 +49,21 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
     and the manifests of what ran."""
     log = get_run_logger()
     settings = entry(campaign_url, storage_options)
-    label_run(campaign_url, "recover")
-    abandoned = abandon_runs(campaign_url)
-    status = campaign_status(settings.store(campaign_url, storage_options))
-    plan = recovery_plan(status)
-    log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
-             status["train_steps"], status["latest_checkpoint"], status["published_versions"], status["shards"],
-             plan)
-    _, config = open_campaign(campaign_url, storage_options, settings)
-    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
-                        use_deployments=use_deployments)
-    try:
-        return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
-    except StageRunCrashed as e:
-        return crashed(e)
+    with stop_on_signals(campaign=settings.store(campaign_url, storage_options)):
+        label_run(campaign_url, "recover")
+        abandoned = abandon_runs(campaign_url)
+        status = campaign_status(settings.store(campaign_url, storage_options))
+        plan = recovery_plan(status)
+        log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
+                 status["train_steps"], status["latest_checkpoint"], status["published_versions"], status["shards"],
+                 plan)
+        _, config = open_campaign(campaign_url, storage_options, settings)
+        launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+                            settings=settings, use_deployments=use_deployments)
+        try:
+            return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
+        except (StageRunCrashed, Stopped) as e:
+            return ended(e)
 
 
 if __name__ == "__main__":  # the same command line as `rollstream recover`

@@ -194,11 +194,17 @@ def _run_colocated(args: argparse.Namespace) -> int:
     from pipelines_lib.configio import parse_overrides
     from pipelines_lib.records import EvalResult, evaluated_versions, with_parents
     from pipelines_lib.stages.colocated import run_colocated
+    from pipelines_lib.stages.stopping import stoppable_command
 
     overrides = {**parse_overrides(args.set), "placement": "colocated"}
     config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
     store = open_store(args, args.url)
-    out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
+    again = ["run-colocated", store.url, "--preset", args.preset, *[a for s in args.set for a in ("--set", s)],
+             *(["--config", os.path.abspath(args.config)] if args.config else [])]
+    with stoppable_command(store, hint_command(again, dict(args.storage_option)), campaign=True) as stop:
+        out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
+    if stop.signum is not None:  # SIGTERM/SIGINT: the stages stopped at their safe points; the same command continues
+        return stop.exit_code
     store = with_parents(store)
     evals = {v: EvalResult.read(store, v).greedy_success_rate for v in evaluated_versions(store)}
     print(json.dumps({"campaign": store.url, "wall_s": out["wall_s"], "audit_ok": out["audit"]["ok"],
