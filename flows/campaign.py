@@ -39,7 +39,7 @@ from flows import artifacts, entry
 from flows.launch import Launcher, StageRunCrashed
 from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
-from flows.runs import label_run, release_campaign_limits, stopped
+from flows.runs import campaign_name, label_run, release_campaign_limits, stopped
 from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
@@ -169,8 +169,14 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
 
 
 def run_name() -> str:
-    """``<campaign>-campaign``: a flow run named after the campaign folder it works on."""
-    return f"{artifacts.campaign_slug(flow_run.parameters['campaign_url'])}-campaign"
+    """``<campaign>-campaign``: a flow run named after the campaign folder it works on (a scheduled run's, with its
+    ``{date}`` expanded as the run's body expands it)."""
+    return f"{campaign_name(expand_campaign_url(flow_run.parameters['campaign_url'], run_time()))}-campaign"
+
+
+def run_time() -> dt.datetime:
+    """The time ``{date}``/``{datetime}`` in this run's URL stand for: its scheduled start (a retry keeps it)."""
+    return flow_run.scheduled_start_time or dt.datetime.now(dt.UTC)
 
 
 @flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
@@ -193,7 +199,7 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
         use_deployments: start each stage as a deployment run (``infra/prefect.yaml``) instead of in-process.
         poll_s: seconds between progress polls of the campaign folder.
     """
-    campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
+    campaign_url = expand_campaign_url(campaign_url, run_time())
     normalize_url(campaign_url)  # a URL without its bucket (an unset variable at deploy time) fails here, first
     settings = entry(campaign_url, storage_options)
     with stop_on_signals(campaign=settings.store(campaign_url, storage_options)):

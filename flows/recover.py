@@ -21,10 +21,9 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import entry
-from flows.artifacts import campaign_slug
 from flows.campaign import STAGE_ORDER, ended, run_stages
 from flows.launch import Launcher, StageRunCrashed
-from flows.runs import abandon_runs, label_run
+from flows.runs import abandon_runs, campaign_name, label_run
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.stages.stopping import Stopped, stop_on_signals
 from tasks.common import open_campaign
@@ -37,9 +36,14 @@ def recovery_plan(status: dict[str, Any]) -> list[str]:
     return [s for s in STAGE_ORDER if s in status["todo"]]
 
 
+def recover_run_name(campaign_url: str) -> str:
+    """``<campaign>-recover``: a recover run named after the campaign folder it works on (the heal flow names the
+    run it starts so, before a worker picks it up)."""
+    return f"{campaign_name(campaign_url)}-recover"
+
+
 def run_name() -> str:
-    """``<campaign>-recover``: a flow run named after the campaign folder it works on."""
-    return f"{campaign_slug(flow_run.parameters['campaign_url'])}-recover"
+    return recover_run_name(flow_run.parameters["campaign_url"])
 
 
 @flow(name="rollstream-recover", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))

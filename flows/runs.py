@@ -13,8 +13,9 @@ abandon_runs(url)               Running campaign/recover runs of the same campai
                                 refused while one is a deployment run (tag WATCH_TAG): heartbeats watch those,
                                 and Prefect's zombie automation (flows.heal) crashes them once they fall silent
 ```
-``<name>`` is the campaign folder's last name (``artifacts.campaign_slug``). Every call talks to the Prefect API
-through a client with its own request timeout.
+``<name>`` is the campaign folder's last name: as the folder spells it in tags and run names (``campaign_name``, the
+URL a scheduled run's ``{date}`` expanded to), as an artifact key allows it in limits (``artifacts.campaign_slug``).
+Every call talks to the Prefect API through a client with its own request timeout.
 """
 
 from __future__ import annotations
@@ -52,8 +53,14 @@ class StillRunning(RuntimeError):
     """A deployment run of the campaign is Running: Prefect, not a recovery, decides whether its process is gone."""
 
 
+def campaign_name(campaign_url: str) -> str:
+    """The campaign folder's last name as the folder spells it (``nightly-20261207T0151``): every run name and tag
+    (artifact keys allow lowercase letters only: ``artifacts.campaign_slug``)."""
+    return campaign_url.rstrip("/").rsplit("/", 1)[-1] or "campaign"
+
+
 def campaign_tag(campaign_url: str) -> str:
-    return f"campaign:{campaign_slug(campaign_url)}"
+    return f"campaign:{campaign_name(campaign_url)}"
 
 
 def label_run(campaign_url: str, stage: str, preset: str | None = None) -> None:

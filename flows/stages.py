@@ -21,7 +21,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.runtime import flow_run
 
 from flows import artifacts, entry
-from flows.runs import campaign_limit, label_run, stopped
+from flows.runs import campaign_limit, campaign_name, label_run, stopped
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.stopping import Stopped, stop_on_signals
@@ -41,7 +41,7 @@ def run_name(stage: str) -> Callable[[], str]:
         params = flow_run.parameters
         key = stage_key(stage, worker_index=params.get("worker_index") if stage == "collect" else None,
                         version=params.get("version"))
-        return f"{artifacts.campaign_slug(params['campaign_url'])}-{key}"
+        return f"{campaign_name(params['campaign_url'])}-{key}"
     return name
 
 

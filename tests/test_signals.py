@@ -49,7 +49,9 @@ def _no_hidden_temporaries(store: Store) -> list[str]:
             for n in store.list(f"trajectories/{v}", include_hidden=True) if n.startswith(".")]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+# SIGINT takes the same path after its handler (which the second-signal test below runs cheaply): `make test-all`'s.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
 def test_run_stops_at_safe_points_on_a_signal_and_recover_finishes_the_campaign(
         prefect_api: str, smoke_yaml: str, tmp_path: Path, signum: int) -> None:  # noqa: F811
     url = str(tmp_path / "stopped")
