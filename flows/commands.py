@@ -15,14 +15,16 @@ command that continues it are printed, and the exit code is 128+signal (``pipeli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +69,33 @@ def _ended(state: Any, what: str) -> int | None:
     return 1
 
 
-def _stoppable(args: argparse.Namespace, again: list[str] | None = None) -> AbstractContextManager[Any]:
+@contextlib.contextmanager
+def _stoppable(args: argparse.Namespace, again: list[str] | None = None) -> Iterator[Any]:
     """The flow run under a polite stop (``stages.stopping.stoppable_command``): on SIGTERM/SIGINT its stages end at
     their safe points, the campaign's status and the command that continues (``again``, default ``recover``) are
     printed, and the command returns 128+signal."""
     from pipelines_lib.stages.stopping import stoppable_command
 
     store = args.settings.store(args.url, _options(args))
-    return stoppable_command(store, hint_command(again or ["recover", store.url], _options(args)))
+    with stoppable_command(store, hint_command(again or ["recover", store.url], _options(args))) as stop:
+        _temporary_api_outlives_ctrl_c()
+        yield stop
+
+
+def _temporary_api_outlives_ctrl_c() -> None:
+    """Without a configured Prefect API, start Prefect's temporary server now, with SIGINT blocked in it: a Ctrl-C
+    reaches the terminal's whole process group, and the server would be gone while the run still records its stop
+    there. Prefect reuses the started server (one a process) and ends it at exit with SIGTERM, as before."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited by the server's process
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
 # -- run --------------------------------------------------------------------------------------------------
