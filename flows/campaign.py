@@ -39,13 +39,14 @@ from flows import artifacts, entry
 from flows.launch import Launcher, StageRunCrashed
 from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides
-from flows.runs import label_run, release_campaign_limits
+from flows.runs import campaign_name, label_run, release_campaign_limits, stopped
 from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig, Preset
 from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records import EvalResult, versions_to_evaluate
 from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.stopping import Stopped, check_stop, stop_on_signals
 from pipelines_lib.stages.table import STAGE_NAMES
 from pipelines_lib.stages.view import campaign_view
 from pipelines_lib.storage.errors import StorageError
@@ -110,7 +111,9 @@ def _stop_stages(store: Store, reason: str, running: list[PrefectFuture]) -> Non
 
 
 def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) -> dict[str, Any]:
-    """Run ``stages`` (a subset of ``STAGE_ORDER``, kept in that order); returns their manifests."""
+    """Run ``stages`` (a subset of ``STAGE_ORDER``, kept in that order); returns their manifests. After a stop
+    signal (``stages.stopping``) the running stages end at their safe points and no further stage starts:
+    ``Stopped`` is raised."""
     unknown = set(stages) - set(STAGE_ORDER)
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; valid: {STAGE_ORDER}")
@@ -125,9 +128,11 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         stages = [s for s in stages if s == "audit"]
     for stage in ("prep", "warm_start"):
         if stage in stages:
+            check_stop()
             out[stage] = launcher.submit(stage).result()
             log.info("%s done", stage)
     if "collect" in stages or "train" in stages:
+        check_stop()
         collectors = [launcher.submit("collect", worker_index=i, num_workers=config.workers)
                       for i in range(config.workers)] if "collect" in stages else []
         if "train" in stages:
@@ -137,6 +142,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
             out["train"] = _wait_training(launcher.submit("train"), collectors, progress, poll_s, recover)
             log.info("train done: %s", {k: out["train"].get(k) for k in ("steps", "version", "groups_consumed")})
         out["collect"] = [c.result() for c in collectors]
+    check_stop()  # a stopped trainer returned without its done marker: nothing after it may run
     if "evaluate" in stages:
         evaluated = set(records.evaluated_versions(store))
         todo = [v for v in versions_to_evaluate(records.published_versions(store), config.eval.versions) if v not in evaluated]
@@ -148,6 +154,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
         log.info("evaluated versions %s", sorted(out["evaluate"]))
     artifacts.publish_learning_curve(url, store, config.trainer.max_steps)
     if "audit" in stages:
+        check_stop()
         out["audit"] = launcher.submit("audit").result()
         if not launcher.use_deployments:
             artifacts.publish_audit(url, store, out["audit"])
@@ -162,8 +169,14 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
 
 
 def run_name() -> str:
-    """``<campaign>-campaign``: a flow run named after the campaign folder it works on."""
-    return f"{artifacts.campaign_slug(flow_run.parameters['campaign_url'])}-campaign"
+    """``<campaign>-campaign``: a flow run named after the campaign folder it works on (a scheduled run's, with its
+    ``{date}`` expanded as the run's body expands it)."""
+    return f"{campaign_name(expand_campaign_url(flow_run.parameters['campaign_url'], run_time()))}-campaign"
+
+
+def run_time() -> dt.datetime:
+    """The time ``{date}``/``{datetime}`` in this run's URL stand for: its scheduled start (a retry keeps it)."""
+    return flow_run.scheduled_start_time or dt.datetime.now(dt.UTC)
 
 
 @flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
@@ -186,26 +199,30 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
         use_deployments: start each stage as a deployment run (``infra/prefect.yaml``) instead of in-process.
         poll_s: seconds between progress polls of the campaign folder.
     """
-    campaign_url = expand_campaign_url(campaign_url, flow_run.scheduled_start_time or dt.datetime.now(dt.UTC))
+    campaign_url = expand_campaign_url(campaign_url, run_time())
     normalize_url(campaign_url)  # a URL without its bucket (an unset variable at deploy time) fails here, first
     settings = entry(campaign_url, storage_options)
-    label_run(campaign_url, "campaign", preset)
-    config = CampaignConfig.build(preset=preset, config_path=config_path,
-                                  overrides=overrides.dotted() if overrides else None, workers=workers)
-    init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
-    get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
-    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
-                        use_deployments=use_deployments)
-    try:
-        return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
-    except StageRunCrashed as e:
-        return crashed(e)
+    with stop_on_signals(campaign=settings.store(campaign_url, storage_options)):
+        label_run(campaign_url, "campaign", preset)
+        config = CampaignConfig.build(preset=preset, config_path=config_path,
+                                      overrides=overrides.dotted() if overrides else None, workers=workers)
+        init = init_campaign(campaign_url, config.to_dict(), storage_options, settings)
+        get_run_logger().info("campaign %s (%s)", campaign_url, "new" if init["created"] else "continuing")
+        launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+                            settings=settings, use_deployments=use_deployments)
+        try:
+            return {"init": init, **run_stages(launcher, list(STAGE_ORDER), poll_s=poll_s)}
+        except (StageRunCrashed, Stopped) as e:
+            return ended(e)
 
 
-def crashed(error: StageRunCrashed) -> State:
+def ended(error: StageRunCrashed | Stopped) -> State:
     """The final state of an orchestrating flow whose stage run lost its process: Crashed, as the flow's own lost
     process would be, so that the heal trigger (``flows.heal``) recovers the campaign; a stage's Failed stays
-    Failed (its code or its data, which a retry would meet again)."""
+    Failed (its code or its data, which a retry would meet again). Stopped by a signal (``stages.stopping``):
+    Cancelled, which no automation answers; ``rollstream recover`` continues."""
+    if isinstance(error, Stopped):
+        return stopped(error)
     get_run_logger().error("%s; ending Crashed: the heal automation recovers the campaign", error)
     return Crashed(message=str(error))
 

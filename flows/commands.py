@@ -7,19 +7,24 @@ library never imports ``flows``). Each is a ``cli.Command`` (``HELP``, ``add_arg
 ``python -m flows.recover`` and ``python -m flows.stages`` are the same commands.
 
 A config, URL or argument the command can check before Prefect starts fails there, as one line (exit 2); a
-flow run that ends other than Completed is one line naming the run and its state (exit 1).
+flow run that ends other than Completed is one line naming the run and its state (exit 1). SIGTERM or SIGINT stops
+``run``, ``recover`` and ``stage`` politely: the stages end at their next safe point, the campaign's status and the
+command that continues it are printed, and the exit code is 128+signal (``pipelines_lib.stages.stopping``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ import yaml
 
 from pipelines_lib.cli import Command, CommandError, add_storage_options, did_you_mean
 from pipelines_lib.configio import ConfigError, parse_overrides
+from pipelines_lib.hints import hint_command
 
 # Module level stays light (no JAX, no Prefect): every `rollstream` invocation loads this module to build its
 # parser, so names such as the presets and stages are checked when a command runs, against their registries.
@@ -61,6 +67,35 @@ def _ended(state: Any, what: str) -> int | None:
         return None
     print(f"rollstream: {what} ended {state.name}: {state.message or ''}".rstrip(": "), file=sys.stderr)
     return 1
+
+
+@contextlib.contextmanager
+def _stoppable(args: argparse.Namespace, again: list[str] | None = None) -> Iterator[Any]:
+    """The flow run under a polite stop (``stages.stopping.stoppable_command``): on SIGTERM/SIGINT its stages end at
+    their safe points, the campaign's status and the command that continues (``again``, default ``recover``) are
+    printed, and the command returns 128+signal."""
+    from pipelines_lib.stages.stopping import stoppable_command
+
+    store = args.settings.store(args.url, _options(args))
+    with stoppable_command(store, hint_command(again or ["recover", store.url], _options(args))) as stop:
+        _temporary_api_outlives_ctrl_c()
+        yield stop
+
+
+def _temporary_api_outlives_ctrl_c() -> None:
+    """Without a configured Prefect API, start Prefect's temporary server now, with SIGINT blocked in it: a Ctrl-C
+    reaches the terminal's whole process group, and the server would be gone while the run still records its stop
+    there. Prefect reuses the started server (one a process) and ends it at exit with SIGTERM, as before."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # inherited by the server's process
+    try:
+        SubprocessASGIServer().start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
 
 
 # -- run --------------------------------------------------------------------------------------------------
@@ -113,9 +148,12 @@ def _run(args: argparse.Namespace) -> int:
     run = campaign if args.runner == "threads" else campaign.with_options(
         task_runner=ProcessPoolTaskRunner(max_workers=config.workers + 1))
     t0 = time.monotonic()
-    state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
-                workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
-                return_state=True)
+    with _stoppable(args) as stop:
+        state = run(campaign_url=args.url, preset=args.preset, config_path=args.config, overrides=typed,
+                    workers=args.workers, storage_options=_options(args), use_deployments=args.use_deployments,
+                    return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"campaign run {args.url}")) is not None:
         return code
     result = state.result()
@@ -148,8 +186,11 @@ def _recover(args: argparse.Namespace) -> int:
 
     from flows.recover import recover
 
-    state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
-                    return_state=True)
+    with _stoppable(args) as stop:
+        state = recover(args.url, storage_options=_options(args), use_deployments=args.use_deployments,
+                        return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"recover run {args.url}")) is not None:
         return code
     result = state.result()
@@ -198,8 +239,12 @@ def _stage(args: argparse.Namespace) -> int:
 
     from flows.stages import STAGE_FLOWS
 
-    state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
-                                   return_state=True)
+    again = ["stage", args.name, args.url, *[a for k, v in params.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
+    with _stoppable(args, again) as stop:
+        state = STAGE_FLOWS[args.name](campaign_url=args.url, storage_options=_options(args), **params,
+                                       return_state=True)
+    if stop.signum is not None:
+        return stop.exit_code
     if (code := _ended(state, f"{args.name} run {args.url}")) is not None:
         return code
     result = state.result()

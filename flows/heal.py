@@ -36,6 +36,7 @@ from prefect.settings import get_current_settings
 from flows import entry
 from flows.artifacts import campaign_slug
 from flows.campaign import expand_campaign_url
+from flows.recover import recover_run_name
 from flows.runs import WATCH_TAG
 from pipelines_lib.hints import hint_command
 from pipelines_lib.stages.campaign import claim_heal_attempt
@@ -221,6 +222,7 @@ def heal(flow_run_id: str, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> dict[str
     recovery = run_deployment(
         RECOVER_DEPLOYMENT,
         timeout=0,
+        flow_run_name=recover_run_name(url),  # the name the run keeps once a worker starts it
         parameters={
             "campaign_url": url,
             "storage_options": options,

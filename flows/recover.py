@@ -21,11 +21,11 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import entry
-from flows.artifacts import campaign_slug
-from flows.campaign import STAGE_ORDER, crashed, run_stages
+from flows.campaign import STAGE_ORDER, ended, run_stages
 from flows.launch import Launcher, StageRunCrashed
-from flows.runs import abandon_runs, label_run
+from flows.runs import abandon_runs, campaign_name, label_run
 from pipelines_lib.stages.campaign import campaign_status
+from pipelines_lib.stages.stopping import Stopped, stop_on_signals
 from tasks.common import open_campaign
 
 
@@ -36,9 +36,14 @@ def recovery_plan(status: dict[str, Any]) -> list[str]:
     return [s for s in STAGE_ORDER if s in status["todo"]]
 
 
+def recover_run_name(campaign_url: str) -> str:
+    """``<campaign>-recover``: a recover run named after the campaign folder it works on (the heal flow names the
+    run it starts so, before a worker picks it up)."""
+    return f"{campaign_name(campaign_url)}-recover"
+
+
 def run_name() -> str:
-    """``<campaign>-recover``: a flow run named after the campaign folder it works on."""
-    return f"{campaign_slug(flow_run.parameters['campaign_url'])}-recover"
+    return recover_run_name(flow_run.parameters["campaign_url"])
 
 
 @flow(name="rollstream-recover", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
@@ -48,20 +53,21 @@ def recover(campaign_url: str, storage_options: dict[str, Any] | None = None, us
     and the manifests of what ran."""
     log = get_run_logger()
     settings = entry(campaign_url, storage_options)
-    label_run(campaign_url, "recover")
-    abandoned = abandon_runs(campaign_url)
-    status = campaign_status(settings.store(campaign_url, storage_options))
-    plan = recovery_plan(status)
-    log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
-             status["train_steps"], status["latest_checkpoint"], status["published_versions"], status["shards"],
-             plan)
-    _, config = open_campaign(campaign_url, storage_options, settings)
-    launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options, settings=settings,
-                        use_deployments=use_deployments)
-    try:
-        return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
-    except StageRunCrashed as e:
-        return crashed(e)
+    with stop_on_signals(campaign=settings.store(campaign_url, storage_options)):
+        label_run(campaign_url, "recover")
+        abandoned = abandon_runs(campaign_url)
+        status = campaign_status(settings.store(campaign_url, storage_options))
+        plan = recovery_plan(status)
+        log.info("recover %s: train at step %s (checkpoint %s), versions %s, %s shards; running %s", campaign_url,
+                 status["train_steps"], status["latest_checkpoint"], status["published_versions"], status["shards"],
+                 plan)
+        _, config = open_campaign(campaign_url, storage_options, settings)
+        launcher = Launcher(campaign_url=campaign_url, config=config, storage_options=storage_options,
+                            settings=settings, use_deployments=use_deployments)
+        try:
+            return {"status": status, "plan": plan, "abandoned": abandoned, **run_stages(launcher, plan, poll_s=poll_s)}
+        except (StageRunCrashed, Stopped) as e:
+            return ended(e)
 
 
 if __name__ == "__main__":  # the same command line as `rollstream recover`

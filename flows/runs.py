@@ -8,12 +8,14 @@ campaign_limit(key, url)        <key>:<name>, a global concurrency limit of 1 cr
                                 its recovery never hold one slot twice, two campaigns never block each other
 release_campaign_limits(url, c) deletes the campaign's <key>:<name> limits once it is finished (they would pile
                                 up, three a night); a later recovery creates them again
+stopped(error)                  the Cancelled end state of a run a signal stopped (pipelines_lib.stages.stopping)
 abandon_runs(url)               Running campaign/recover runs of the same campaign -> Crashed, naming this run;
                                 refused while one is a deployment run (tag WATCH_TAG): heartbeats watch those,
                                 and Prefect's zombie automation (flows.heal) crashes them once they fall silent
 ```
-``<name>`` is the campaign folder's last name (``artifacts.campaign_slug``). Every call talks to the Prefect API
-through a client with its own request timeout.
+``<name>`` is the campaign folder's last name: as the folder spells it in tags and run names (``campaign_name``, the
+URL a scheduled run's ``{date}`` expanded to), as an artifact key allows it in limits (``artifacts.campaign_slug``).
+Every call talks to the Prefect API through a client with its own request timeout.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from prefect.client.schemas.filters import (
     FlowRunFilterStateType,
     FlowRunFilterTags,
 )
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.runtime import flow_run
-from prefect.states import Crashed
+from prefect.states import Cancelled, Crashed
 
 from flows.artifacts import campaign_slug
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.stages.stopping import Stopped
 from pipelines_lib.stages.table import STAGES, resources_for
 
 ORCHESTRATING_FLOWS = ("rollstream-campaign", "rollstream-recover")
@@ -50,8 +53,14 @@ class StillRunning(RuntimeError):
     """A deployment run of the campaign is Running: Prefect, not a recovery, decides whether its process is gone."""
 
 
+def campaign_name(campaign_url: str) -> str:
+    """The campaign folder's last name as the folder spells it (``nightly-20261207T0151``): every run name and tag
+    (artifact keys allow lowercase letters only: ``artifacts.campaign_slug``)."""
+    return campaign_url.rstrip("/").rsplit("/", 1)[-1] or "campaign"
+
+
 def campaign_tag(campaign_url: str) -> str:
-    return f"campaign:{campaign_slug(campaign_url)}"
+    return f"campaign:{campaign_name(campaign_url)}"
 
 
 def label_run(campaign_url: str, stage: str, preset: str | None = None) -> None:
@@ -60,6 +69,13 @@ def label_run(campaign_url: str, stage: str, preset: str | None = None) -> None:
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(flow_run.id)
         client.update_flow_run(flow_run.id, tags=sorted({*run.tags, *wanted}))
+
+
+def stopped(error: Stopped) -> State:
+    """The final state of a flow run a signal stopped: Cancelled (a person or a scheduler asked), which no
+    automation answers, unlike Crashed; its stages kept what they committed and ``rollstream recover`` continues."""
+    get_run_logger().warning("%s; ending Cancelled: `rollstream recover` continues the campaign", error)
+    return Cancelled(message=str(error))
 
 
 def campaign_limit(key: str, campaign_url: str) -> str:

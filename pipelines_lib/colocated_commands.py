@@ -39,11 +39,18 @@ if TYPE_CHECKING:
     from pipelines_lib.storage.store import Store
 
 def _run_and_summarise(args: argparse.Namespace, store: Store, config: CampaignConfig) -> int:
-    """Run (or continue) the campaign here; print its summary; 0 when the audit passed, else 1."""
+    """Run (or continue) the campaign here under a polite stop (``stages.stopping``: SIGTERM/SIGINT stop every stage
+    at its next safe point, the status and the ``recover`` command that continues are printed, the exit status is
+    128+signal); print its summary; 0 when the audit passed, else 1."""
     from pipelines_lib.records import EvalResult, evaluated_versions, with_parents
     from pipelines_lib.stages.colocated import run_colocated
+    from pipelines_lib.stages.stopping import stoppable_command
 
-    out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
+    resume = hint_command(["recover", store.url], dict(args.storage_option))
+    with stoppable_command(store, resume, campaign=True) as stop:
+        out = run_colocated(store, config, cache=args.settings.cache, log=to_stderr)
+    if stop.signum is not None:
+        return stop.exit_code
     store = with_parents(store)
     evals = {v: EvalResult.read(store, v).greedy_success_rate for v in evaluated_versions(store)}
     print(json.dumps({"campaign": store.url, "wall_s": out["wall_s"], "audit_ok": out["audit"]["ok"],

@@ -112,6 +112,15 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` is true on any process (a collective: every process must call it)."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
 def digest(text: str) -> int:
     """A 63-bit hash of ``text`` (stable across processes and runs, unlike ``hash``)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1

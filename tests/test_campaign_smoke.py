@@ -98,8 +98,8 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     run_id = str(state.state_details.flow_run_id)
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
-    assert run.name == "smoke-campaign-campaign"
-    assert {"campaign:smoke-campaign", "stage:campaign", "preset:tiny"} <= set(run.tags)
+    assert run.name == "smoke_campaign-campaign"  # the folder's own name
+    assert {"campaign:smoke_campaign", "stage:campaign", "preset:tiny"} <= set(run.tags)
     for key in STAGE_KEYS:
         assert RunRecord.read(store, key, run_id).state == "completed", key
     assert_finished(store)
@@ -186,7 +186,7 @@ def test_recover_finishes_a_campaign_sigkilled_between_checkpoints(prefect_api: 
     result = json.loads(next(s for s in lines if s.startswith("RECOVER RESULT ")).split(" ", 2)[2])
     assert result["plan"] == ["collect", "train", "evaluate", "audit"]
     # The killed run was still Running in Prefect: the recovery marked it Crashed and named itself there.
-    assert [r["name"] for r in result["abandoned"]] == ["smoke-campaign-campaign"]
+    assert [r["name"] for r in result["abandoned"]] == ["smoke_campaign-campaign"]
     # The recovery path that ran: checkpoint 2 restored, logged step 3 replayed, only step 4 trained anew.
     restored = [s for s in lines if "trainer: restored checkpoint" in s]
     assert restored and re.search(r"checkpoints/00000002 \(step 2, version 1\)", restored[0]), lines

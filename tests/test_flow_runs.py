@@ -4,12 +4,15 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from prefect import flow, get_client
 from prefect.client.schemas.objects import StateType
 from prefect.runtime import flow_run
 from prefect.states import Running
 
-from flows.campaign import campaign
+from flows.campaign import campaign, expand_campaign_url
 from flows.runs import (
     WATCH_TAG,
     abandon_runs,
@@ -76,3 +79,15 @@ def test_a_finished_campaigns_slot_limits_are_deleted_and_no_other_campaigns(pre
         left = {lim.name for lim in client.read_global_concurrency_limits(limit=200)}
     assert not left & set(names) and "gpu:trainer:other7" in left
     assert release_campaign_limits("runs/done7", config) == []  # a second release finds nothing, and says so
+
+
+def test_a_scheduled_campaign_run_is_named_and_tagged_after_the_folder_its_url_expanded_to(prefect_api, tmp_path) -> None:
+    template = f"{tmp_path}/Smoke-{{datetime}}"
+    state = campaign(campaign_url=template, config_path=str(tmp_path / "missing.yaml"), return_state=True)
+    assert state.is_failed()  # after the run got its name and tags: the config is read in its body
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    folder = Path(expand_campaign_url(template, run.expected_start_time)).name
+    assert re.fullmatch(r"Smoke-\d{8}T\d{4}", folder)
+    assert run.name == f"{folder}-campaign"
+    assert {f"campaign:{folder}", "stage:campaign"} <= set(run.tags)

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from prefect import get_client
@@ -73,6 +74,7 @@ def test_a_crashed_nightly_run_is_recovered_in_its_own_folder_until_the_budget_i
     with get_client(sync_client=True) as client:
         recovery = client.read_flow_run(first["recover_flow_run_id"])
     assert recovery.deployment_id == recover_id
+    assert recovery.name == f"{Path(folder).name}-recover"  # as the recover flow names itself, not a random name
     assert recovery.parameters == {"campaign_url": folder, "storage_options": None, "use_deployments": True}
 
     again = heal(flow_run_id=f"prefect.flow-run.{crashed.id}", max_attempts=1, return_state=True)  # as triggered

@@ -109,6 +109,21 @@ def test_each_step_logs_the_behaviour_proximal_mismatch_in_its_consumption_log_a
     assert gauges[("train.correction_frac_icepop", 1)] == pytest.approx(metrics["correction_frac_icepop"])
 
 
+def test_a_trainer_asked_to_stop_between_steps_checkpoints_its_last_step_and_a_rerun_replays_nothing(tmp_path) -> None:
+    config = small_config(max_steps=10, checkpoint_every=5, publish_every=5)
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 8)
+    trainer = trainer_for(store, config, should_stop=lambda: trainer.step >= 2, log=lambda s: None)
+    summary = trainer.run()
+    assert summary["stopped"] and summary["steps"] == 2 and not DoneMarker.exists(store)
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(2)]  # not a checkpoint step: the stop's own
+    logs: list[str] = []
+    again = trainer_for(store, config, log=logs.append)
+    again.restore()
+    assert again.step == 2 and not [line for line in logs if "replayed" in line]
+    assert again.run(max_steps=4)["steps"] == 4  # groups 5..8, read again from the cursor of step 2
+    assert len(consumed_group_ids(store)) == 8 == len(set(consumed_group_ids(store)))
+
+
 def test_mixed_precision_trainer_keeps_float32_masters_and_publishes_bfloat16(tmp_path) -> None:
     base = small_config(max_steps=2)
     step = dataclasses.replace(base.trainer.step, precision=Precision(params="float32", compute="bfloat16"))

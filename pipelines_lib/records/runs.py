@@ -17,7 +17,8 @@ from pipelines_lib.storage.store import Store
 
 @dataclass(frozen=True, kw_only=True)
 class StopRequest(Record):
-    """Rollout workers started before ``requested_at`` stop (the campaign asks when its trainer fails for good)."""
+    """Rollout workers and trainers started before ``requested_at`` stop (the campaign asks when its trainer fails for
+    good, or when a signal stops its run: ``stages.stopping``)."""
 
     requested_at: str
     """``layout.utc_compact`` time; also the object's name."""

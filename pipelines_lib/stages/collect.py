@@ -24,13 +24,13 @@ from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.records import DoneMarker, with_parents
 from pipelines_lib.rollout.collect import (
     committed_groups,
-    stop_requested,
     utc_compact,
     wait_for_weights,
     worker_tasks,
 )
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
+from pipelines_lib.stages.stopping import should_stop
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.channel import FolderChannel
@@ -41,7 +41,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             weights: WeightSource | None = None, log: Callable[[str], None] = print, detail: Callable[[str], None] | None = None,
             progress_every: int = 10) -> dict[str, Any]:
     """Run rollout worker ``worker`` (``worker_index`` of ``num_workers``) until the trainer's done marker, a stop
-    request or ``target_groups``; returns its statistics. ``cache`` is the process's cache folder
+    request, a stop signal to this process (``stages.stopping``) or ``target_groups``; returns its statistics. ``cache`` is the process's cache folder
     (``Settings.cache``). ``weights`` replaces the engine backend's source of new weights (colocated placement:
     the trainer's device memory, ``stages.colocated.DeviceWeights``). ``log`` gets a progress line every ``progress_every`` shards, ``detail`` (if given) one
     line per shard: a campaign commits hundreds of shards, too many lines for a terminal by default."""
@@ -79,7 +79,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
                                            tool_latency=config.env.tool_latency, sandbox=sandbox,
                                            seed_salt=f"rollout.{config.seed}"),
                 tasks=tasks, writer=FolderChannel(store).writer(worker_id, rc.writer),
-                weights=published if weights is None else weights, should_stop=lambda: stop_requested(store, since=started),
+                weights=published if weights is None else weights, should_stop=lambda: should_stop(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
             return stats, engine.stats()

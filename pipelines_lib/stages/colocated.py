@@ -16,7 +16,7 @@ Why one process: a TPU chip can be opened by one process only, so rollouts, trai
 it through one JAX runtime; XLA interleaves the programs the threads dispatch. Every record the campaign folder
 gets is written by the same stage functions as in separate placement, so the audit cannot tell the placements
 apart, and η admission and the trainer's window work unchanged (workers still poll the pointer). Every step is
-idempotent, so a rerun continues an interrupted campaign. Nothing here imports Prefect: a REPL, the
+idempotent, so a rerun continues an interrupted (or stopped: ``stages.stopping``) campaign. Nothing here imports Prefect: a REPL, the
 ``rollstream run-colocated`` command and the campaign flow's one colocated task all call ``run_colocated``.
 """
 
@@ -48,6 +48,7 @@ from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.stages.collect import collect
 from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.stages.prep import prep
+from pipelines_lib.stages.stopping import check_stop
 from pipelines_lib.stages.train import train
 from pipelines_lib.stages.warm_start import is_hf_folder, warm_start
 from pipelines_lib.storage.store import Store
@@ -96,10 +97,15 @@ class DeviceWeights:
 
 def _evaluate_all(store: Store, config: CampaignConfig, cache: Path | None,
                   log: Callable[[str], None]) -> dict[int, dict[str, Any]]:
-    """Score every version ``eval.versions`` asks for that has no ``EvalResult`` yet."""
+    """Score every version ``eval.versions`` asks for that has no ``EvalResult`` yet (a stop signal: none after the
+    one being scored)."""
     done = set(records.evaluated_versions(store))
-    wanted = versions_to_evaluate(records.published_versions(store), config.eval.versions)
-    return {v: evaluate(store, config, version=v, cache=cache, log=log).to_dict() for v in wanted if v not in done}
+    out = {}
+    for v in versions_to_evaluate(records.published_versions(store), config.eval.versions):
+        if v not in done:
+            check_stop()
+            out[v] = evaluate(store, config, version=v, cache=cache, log=log).to_dict()
+    return out
 
 
 def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | None,
@@ -164,7 +170,8 @@ def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = 
     """Run (or continue) the campaign at ``store`` in this process (see the module docstring); returns each
     stage's manifest, the memory plan, ``wall_s`` and ``handed_over`` (versions the engines took from device memory).
     ``cache`` is the process's cache folder (``Settings.cache``); ``with_audit=False`` leaves the audit to the
-    caller (the campaign flow audits as its own task)."""
+    caller (the campaign flow audits as its own task). A stop signal (``stages.stopping``) stops the workers and the
+    trainer at their safe points and raises ``Stopped`` before the next stage."""
     if config.placement != "colocated":
         raise ValueError(f"{store.url}: run_colocated needs placement='colocated', got {config.placement!r}")
     started = time.perf_counter()
@@ -175,9 +182,12 @@ def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = 
     store = records.with_parents(store)
     log(f"colocated campaign {store.url} on {jax.default_backend()} ({jax.device_count()} device(s))")
     out["prep"] = prep(store, config)
+    check_stop()
     out["warm_start"] = warm_start(store, config, cache=cache, log=log)
+    check_stop()
     out["train"], out["collect"], out["handed_over"] = _collect_and_train(store, config, cache=cache, log=log)
     out["evaluate"] = _evaluate_all(store, config, cache, log)
+    check_stop()
     if with_audit:
         out["audit"] = audit(store)
     out["wall_s"] = round(time.perf_counter() - started, 3)

@@ -52,7 +52,7 @@ import jax
 import numpy as np
 
 from pipelines_lib import telemetry
-from pipelines_lib.distributed import agree, is_writer
+from pipelines_lib.distributed import agree, any_process, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder, with_dtype
@@ -144,7 +144,9 @@ class StreamingTrainer:
     with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
     which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
     the callee copies what it keeps. ``abort()`` is asked at every wait for groups; an exception it returns is
-    raised (colocated placement: the process's rollout workers failed, so no group will come)."""
+    raised (colocated placement: the process's rollout workers failed, so no group will come). ``should_stop()`` is
+    asked before each step and at every wait for groups; once it says so, ``run`` drops the groups of the unfinished
+    step, checkpoints the steps trained since the last checkpoint and returns without the done marker."""
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class StreamingTrainer:
         tokenizer_dir: str | Path | None = None,
         on_publish: Callable[[int, Decoder], None] | None = None,
         abort: Callable[[], BaseException | None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -167,6 +170,7 @@ class StreamingTrainer:
         self.tokenizer_dir = tokenizer_dir
         self.on_publish = on_publish
         self.abort = abort
+        self.should_stop = should_stop
         self.log = log
         self.clock = clock
         self.sleep = sleep
@@ -184,6 +188,7 @@ class StreamingTrainer:
         self.rng = jax.random.key(self.tc.seed)
         self.step = 0
         self.version = 0
+        self.checkpointed_step = 0
         # What a group must satisfy to be trained on: the campaign's group size, the longest row (bucket and
         # model), the vocabulary.
         self.needs = TrainerNeeds.of(group_size=group_size, seq_buckets=config.seq_buckets,
@@ -204,6 +209,7 @@ class StreamingTrainer:
         if restored is not None:
             folder, meta = restored
             self.step, self.version = meta.step, meta.version
+            self.checkpointed_step = meta.step
             self.tailer = self._tailer_at(TailCursor.from_json(meta.cursor))
             self.rng = jax.random.wrap_key_data(np.asarray(meta.rng, np.uint32))
             self.log(f"trainer: restored checkpoint {folder} (step {meta.step}, version {meta.version})")
@@ -229,8 +235,9 @@ class StreamingTrainer:
         return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
 
     # -- data --------------------------------------------------------------------------------------------
-    def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]]:
-        """``batch_groups`` useful groups from the window; waits while short (idle time)."""
+    def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]] | None:
+        """``batch_groups`` useful groups from the window; waits while short (idle time). None when asked to stop
+        while waiting (the groups read so far stay unconsumed: the cursor of the last step is what is kept)."""
         groups: list[GroupSlice] = []
         zero_adv: list[ZeroAdvantageGroup] = []
         events: list[TailEvent] = []
@@ -275,6 +282,8 @@ class StreamingTrainer:
                 continue  # more may be ready: read them before sleeping
             if self.abort is not None and (reason := self.abort()) is not None:
                 raise reason
+            if jax.process_count() == 1 and self._stop_asked():  # processes agree on a stop between steps only
+                return None
             t0 = self.clock()
             with telemetry.span("data_wait", track="trainer", step=self.step + 1, have=len(groups)):
                 self.sleep(self.tc.poll_s)
@@ -358,16 +367,7 @@ class StreamingTrainer:
                 publish_weights(self.store, served, version=self.version, step=self.step,
                                 tokenizer_dir=self.tokenizer_dir)
         if publish or self.step % self.tc.checkpoint_every == 0:
-            with telemetry.span("checkpoint", track="trainer", step=self.step):
-                save_checkpoint(
-                    self.store,
-                    step=self.step,
-                    version=self.version,
-                    cursor=self.tailer.cursor.to_json(),  # in a replay, the cursor the log led to
-                    rng=self.rng,
-                    model=self.model,
-                    optimizer=self.optimizer,
-                )
+            self._checkpoint(self.tailer.cursor)  # in a replay, the cursor the log led to
         # loss, gradient and behaviour–proximal mismatch figures, reward and staleness per step (TensorBoard reads them)
         for name, value in {**metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}.items():
             if value is not None:
@@ -382,11 +382,40 @@ class StreamingTrainer:
         )
         return record
 
+    def _checkpoint(self, cursor: TailCursor) -> None:
+        with telemetry.span("checkpoint", track="trainer", step=self.step):
+            save_checkpoint(self.store, step=self.step, version=self.version, cursor=cursor.to_json(), rng=self.rng,
+                            model=self.model, optimizer=self.optimizer)
+        self.checkpointed_step = self.step
+
+    def _stop_asked(self) -> bool:
+        return self.should_stop is not None and self.should_stop()
+
+    def _stop_agreed(self) -> bool:
+        """``_stop_asked`` on any process: the processes of a multi-host trainer stop at the same step."""
+        return any_process(self._stop_asked())
+
+    def _stop(self) -> None:
+        """End at a step boundary: checkpoint the steps since the last checkpoint, at the cursor of the last step
+        (the groups gathered for the next step are dropped, read again on resume), so a resume replays nothing."""
+        if self.step > self.checkpointed_step:
+            self._checkpoint(self._logged_cursor)
+        self.log(f"trainer: stopped at step {self.step}/{self.tc.max_steps} (asked to stop), checkpoint at step "
+                 f"{self.checkpointed_step}; no done marker: a rerun continues")
+
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
+        """Train to ``max_steps`` (default and cap: ``trainer.max_steps``) and write the done marker at
+        ``trainer.max_steps``; asked to stop, end early (``_stop``). Returns the summary (``stopped`` says which)."""
         target = min(max_steps or self.tc.max_steps, self.tc.max_steps)
         t_start = self.clock()
+        stopped = False
         while self.step < target:
-            groups, zero_adv, events = self._gather()
+            gathered = None if self._stop_agreed() else self._gather()
+            if gathered is None:
+                self._stop()
+                stopped = True
+                break
+            groups, zero_adv, events = gathered
             record = self._train_on(groups, zero_adv=zero_adv, events=events)
             # A zero loss next to a zero reward reads as a dead run; a step with nothing to learn from says that.
             signal = (f"no learning signal (reward {record.mean_reward:.3f}, equal within every group)"
@@ -414,7 +443,7 @@ class StreamingTrainer:
         )
         if self.step >= self.tc.max_steps and is_writer() and not DoneMarker.exists(self.store):
             done.write(self.store)
-        return done.to_dict()
+        return {**done.to_dict(), "stopped": stopped}
 
 
 __all__ = ["DataTimeoutError", "NonFiniteStepError", "StreamingTrainer", "TrainerConfig"]
