@@ -105,7 +105,7 @@ def test_a_stage_run_stops_at_its_next_safe_point_and_ends_cancelled(prefect_api
 
 
 @pytest.mark.slow
-def test_run_colocated_stops_at_safe_points_on_sigterm_and_the_same_command_finishes_the_campaign(
+def test_run_colocated_stops_at_safe_points_on_sigterm_and_the_printed_recover_finishes_the_campaign(
         tmp_path: Path) -> None:
     url = str(tmp_path / "colocated")
     args = [sys.executable, "-m", "pipelines_lib.cli", "run-colocated", url, "--preset", "smoke"]
@@ -115,12 +115,13 @@ def test_run_colocated_stops_at_safe_points_on_sigterm_and_the_same_command_fini
 
     assert run.proc.returncode == 128 + signal.SIGTERM and took < EXIT_WITHIN_S, output[-3000:]
     store = Store(url)
-    assert f"run them with: {sys.executable} -m pipelines_lib.cli run-colocated {store.url} --preset smoke" in output
+    assert f"run them with: {sys.executable} -m pipelines_lib.cli recover {store.url}" in output
     status = campaign_status(store)
     assert not status["train_done"] and status["latest_checkpoint"] == f"train/checkpoints/{status['train_steps']:08d}"
     assert _no_hidden_temporaries(store) == []
 
-    again = Bounded(args, env=env, what="the same rollstream run-colocated again")
+    again = Bounded([sys.executable, "-m", "pipelines_lib.cli", "recover", url], env=env,
+                    what="the printed rollstream recover")
     output = again.finish()
     assert again.proc.returncode == 0 and '"audit_ok": true' in output, output[-3000:]
     assert store.read_json(layout.TRAIN_DONE)["steps"] == 4
