@@ -5,8 +5,8 @@ quality, over seeds, resumable across commands and sessions.
 per seed s (5 by default; --seeds N or A..B)
   warm start    the tpu_ablation recipe's SFT, colocated, into <scratch>/seed<s>/base (v0)
   arms          sync, eta1, eta2, eta4, eta4_nocorr: run_colocated(init_from=base) with heavy tool latency,
-                each in its own folder; then every published version evaluated on the held-out split (untimed,
-                without tool latency: the score does not depend on it)
+                each in its own folder; then every second published version and the last evaluated on the
+                held-out split (untimed, without tool latency: the score does not depend on it)
 profiles        none and light tool latency: sync and eta4 of seed 0 again (throughput across latency)
 ledger          bench/tpu_ablation_runs.json: each finished (arm, seed) and (profile, arm), keyed by the recipe's
                 fingerprint; a later command runs only what the ledger lacks
@@ -68,12 +68,14 @@ PROFILE_ARMS = ("sync", "eta4")
 PROFILES = {"none": LatencyProfile.none(), "light": LatencyProfile.light(), "heavy": LatencyProfile.heavy()}
 DEFAULT_SEEDS = 5
 WARMUP_STEPS = 2
+EVAL_EVERY = 2
+"""Versions evaluated for the curves: every second one and the last (an evaluation opens an engine: seconds each)."""
 """Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
 LEDGER = Path("bench/tpu_ablation_runs.json")
 RECIPE: dict[str, Any] = {
     "dataset.source": "builtin:twostep", "dataset.env_name": "twostep", "env.name": "twostep",
-    "engine.max_seq_len": 256, "engine.prefill_buckets": [16, 64, 128, 256], "engine.num_slots": 64,
-    "rollout.max_tokens": 256, "rollout.group_size": 8, "rollout.max_concurrency": 64,
+    "engine.max_seq_len": 256, "engine.prefill_buckets": [16, 64, 128, 256], "engine.num_slots": 128,
+    "rollout.max_tokens": 256, "rollout.group_size": 8, "rollout.max_concurrency": 128,
     "rollout.max_groups_per_version": 32, "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0,
     "trainer.seq_buckets": [256], "trainer.max_steps": 16, "trainer.checkpoint_every": 4,
     "sft.error_rate": 0.95, "sft.steps": 300, "sft.optim.total_steps": 300,
@@ -82,7 +84,8 @@ RECIPE: dict[str, Any] = {
 """Over ``tpu_demo``: the ``twostep`` task (two calculator calls, the first result carried into the second) with
 95 % flawed demonstrations, so that v0 answers greedily with a wrong carry or after one call on every seed and
 GRPO has a skill to learn rather than a format; groups of 8 (more groups with any learning signal while success is
-rare); an async budget of two versions' groups per version."""
+rare); 128 episodes in flight (a version's batch at once, so that sync's batch is one wave); an async budget of two
+versions' groups per version."""
 QUICK: dict[str, Any] = {
     "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 32,
     "model.d_ff": 128, "sft.steps": 10, "sft.n_demos": 64, "sft.optim.total_steps": 10, "trainer.max_steps": 2,
@@ -165,7 +168,8 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     run_colocated(store, config, cache=scratch / "cache", log=log)
     command_s = time.monotonic() - t0
     quiet = dataclasses.replace(config, env=dataclasses.replace(config.env, tool_latency=LatencyProfile.none()))
-    for version in records.published_versions(store):
+    published = records.published_versions(store)
+    for version in [v for v in published if v % EVAL_EVERY == 0 or v == published[-1]]:
         evaluate(store, quiet, version=version, cache=scratch / "cache", log=log)
     figures, _ = arm_figures(store)
     done = DoneMarker.read(store)
