@@ -121,8 +121,9 @@ def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
                    "0/sync/light", "0/eta4/light"]
     ran.clear()
     again = tpu_ablation.Ledger.load(path, fingerprint="f1", device="chip", log=print)
-    tpu_ablation.run_ledger(ctx, again, ["sync", "eta4"], (0, 1))  # seed 0 is recorded: only seed 1 runs
-    assert ran == ["base1", "compile", "1/sync/heavy", "1/eta4/heavy"]
+    tpu_ablation.run_ledger(ctx, again, ["sync", "eta2", "eta4"], (0, 1))  # only what seed 0 lacks, then seed 1
+    # The claims' arms over both seeds first, then eta2.
+    assert ran == ["base1", "compile", "1/sync/heavy", "1/eta4/heavy", "base0", "0/eta2/heavy", "1/eta2/heavy"]
     assert sorted(json.loads(path.read_text())["runs"]) == ["0", "1"]
     lines: list[str] = []
     fresh = tpu_ablation.Ledger.load(path, fingerprint="f2", device="chip", log=lines.append)
