@@ -46,10 +46,11 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 
 def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
+    from pipelines_lib.stages.campaign import config_problem
 
     report = audit_campaign(open_store(args, args.url), progress=to_stderr,
                             progress_every=args.progress_every, jobs=args.jobs, since=args.since,
-                            keep=args.keep)
+                            keep=args.keep, config_check=config_problem)
     print(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 

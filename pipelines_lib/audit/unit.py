@@ -17,37 +17,43 @@ from typing import Any
 from pipelines_lib.audit.report import BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
+from pipelines_lib.storage.errors import StorageError
+from pipelines_lib.storage.retry import storage_down
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.needs import TrainerNeeds
 
-Missing = NotFoundError | NotAnObjectError
+Missing = StorageError
+"""Why a listed object was not read: it is gone, not a regular object, too large, or refused (a permission)."""
 
 
-def _read(store: Store, path: str) -> bytes | Missing:
-    # A listed object that is gone or is not a regular object is a finding about it; any other storage error
-    # stops the audit.
+def _read(store: Store, path: str, max_bytes: int | None) -> bytes | Missing:
+    # A listed object that fails on its own is a finding about it, named, and the rest is read on; a storage that
+    # keeps failing (transient errors past the store's retries) stops the reader.
     try:
-        return store.read(path)
-    except (NotFoundError, NotAnObjectError) as e:
+        return store.read(path, max_bytes=max_bytes)
+    except StorageError as e:
+        if storage_down(e):
+            raise
         return e
 
 
-def prefetch(store: Store, paths: Iterable[str], read_ahead: int) -> Iterator[tuple[str, bytes | Missing]]:
-    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory). A local folder is
-    read inline: there is no request latency to hide, and handing each file over from a thread costs more."""
+def prefetch(store: Store, paths: Iterable[str], read_ahead: int,
+             max_bytes: int | None = None) -> Iterator[tuple[str, bytes | Missing]]:
+    """Objects in ``paths`` order, at most ``read_ahead`` requests in flight (bounded memory), each at most
+    ``max_bytes``. A local folder is read inline: there is no request latency to hide, and handing each file over
+    from a thread costs more."""
     if store.local_path() is not None:
-        yield from ((path, _read(store, path)) for path in paths)
+        yield from ((path, _read(store, path, max_bytes)) for path in paths)
         return
     todo = iter(paths)
     with ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="audit-read") as pool:
-        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p))
+        window: deque[tuple[str, Future]] = deque((p, pool.submit(_read, store, p, max_bytes))
                                                   for p in itertools.islice(todo, read_ahead))
         while window:
             path, fut = window.popleft()
             nxt = next(todo, None)
             if nxt is not None:
-                window.append((nxt, pool.submit(_read, store, nxt)))
+                window.append((nxt, pool.submit(_read, store, nxt, max_bytes)))
             yield path, fut.result()
 
 
@@ -96,6 +102,9 @@ class Unit:
     needs: TrainerNeeds | None
     newest_version: int | None
     read_ahead: int
+    over_parents: bool = True
+    """Read over its parents' history (``records.with_parents``), as the merging process reads it: False when the
+    campaign's fork ancestry could not be followed (a finding of its own)."""
 
     @property
     def folder(self) -> str:

@@ -26,6 +26,10 @@ class NotFoundError(StorageError, FileNotFoundError):
     """The object does not exist."""
 
 
+class TooLargeError(StorageError):
+    """The object is larger than its reader reads (``Store.read``'s ``max_bytes``); nothing of it was loaded."""
+
+
 class NotAnObjectError(StorageError):
     """The name exists but is nothing a campaign holds: a FIFO, device, socket or folder, or a symlink leading
     outside the campaign folder. Never retried; readers skip it with this reason and audits report it."""

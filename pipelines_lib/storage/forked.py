@@ -76,15 +76,15 @@ class ForkStore(Store):
         owner = self._owner(rel) if rel and self.inherits(rel) else None
         return self.own if owner is None or owner is self.own else owner.holder(rel)
 
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, *, max_bytes: int | None = None) -> bytes:
         owner = self._owners.get(rel)
         if owner is not None or not self.inherits(rel):
-            return (owner or self.own).read(rel)
+            return (owner or self.own).read(rel, max_bytes=max_bytes)
         try:
-            return self.own.read(rel)
+            return self.own.read(rel, max_bytes=max_bytes)
         except NotFoundError as missing:
             try:
-                data = self.below.read(rel)
+                data = self.below.read(rel, max_bytes=max_bytes)
             except NotFoundError:
                 raise missing from None
             self._remember(rel, self.below)

@@ -50,6 +50,7 @@ from pipelines_lib.storage.errors import (
     NotAnObjectError,
     NotFoundError,
     StorageError,
+    TooLargeError,
     json_problem,
 )
 from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
@@ -59,6 +60,14 @@ if TYPE_CHECKING:
     import fsspec
 
 T = TypeVar("T")
+
+PROTOCOLS = ("file", "gs", "gcs", "memory")
+"""The storage a campaign is kept on (the GCS emulator is ``gs`` with an ``endpoint_url``): the only protocols a
+URL read from a campaign's own content (a fork's parent) may name."""
+
+MAX_JSON_BYTES = 64 << 20
+"""Largest metadata object (a record, a pointer entry) a reader loads: a campaign writes kilobytes, and a
+multi-gigabyte (or sparse) ``campaign.json`` must not cost its reader that much memory."""
 
 TEMP_MARKER = ".tmp-"
 """Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
@@ -228,13 +237,20 @@ class Store:
     def create_json(self, rel: str, obj: Any) -> None:
         self.create(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes; ``TooLargeError`` without loading it when it holds more than ``max_bytes``."""
         path = self._path(rel)
         if self.protocol == "file":
-            return self._call("read", rel, lambda: self._read_local(rel, path))
-        return self._call("read", rel, lambda: self.fs.cat_file(path))
+            return self._call("read", rel, lambda: self._read_local(rel, path, max_bytes))
+        if max_bytes is None:
+            return self._call("read", rel, lambda: self.fs.cat_file(path))
+        # One ranged request: at most one byte past the limit is fetched, whatever the object's size.
+        data = self._call("read", rel, lambda: self.fs.cat_file(path, start=0, end=max_bytes + 1))
+        if len(data) > max_bytes:
+            raise TooLargeError("read", self.uri(rel), f"larger than the {max_bytes} bytes its reader reads")
+        return data
 
-    def _read_local(self, rel: str, path: str) -> bytes:
+    def _read_local(self, rel: str, path: str, max_bytes: int | None = None) -> bytes:
         folder, _, name = path.rpartition("/")
         real_folder = self._real_folders.get(folder)
         if real_folder is None:
@@ -256,10 +272,13 @@ class Store:
         if not stat.S_ISREG(mode):
             raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
         with open(real, "rb") as f:
+            if max_bytes is not None and (size := os.fstat(f.fileno()).st_size) > max_bytes:
+                raise TooLargeError("read", self.uri(rel), f"{size} bytes, larger than the {max_bytes} bytes its "
+                                                           "reader reads")
             return f.read()
 
     def read_json(self, rel: str) -> Any:
-        data = self.read(rel)
+        data = self.read(rel, max_bytes=MAX_JSON_BYTES)
         try:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
@@ -327,8 +346,14 @@ class Store:
         def find() -> list[str]:
             if self.protocol == "file":
                 # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
+                # A folder that cannot be listed (refused, a name too long) is an error naming it, never a silent
+                # hole in the listing; one that is gone (a missing ``rel``, a writer's temporary folder) holds nothing.
+                def failed(e: OSError) -> None:
+                    if not isinstance(e, FileNotFoundError | NotADirectoryError):
+                        raise e
+
                 out = []
-                for folder, dirs, files in os.walk(path):
+                for folder, dirs, files in os.walk(path, onerror=failed):
                     links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
                     out += [os.path.join(folder, n) for n in files + links]
                     dirs[:] = [d for d in dirs if not skipped(os.path.join(folder, d))]
@@ -382,7 +407,7 @@ class Store:
             entry = f"{rel}.d/{name}"
             try:
                 payload: Any = self.read_json(entry)
-            except (NotFoundError, NotAnObjectError) as e:
+            except (NotFoundError, NotAnObjectError, TooLargeError) as e:
                 self._report(entry, str(e))
                 continue
             except StorageError as e:
