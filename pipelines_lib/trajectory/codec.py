@@ -305,7 +305,7 @@ def _decode_sized(data: bytes, where: str, *, validate: bool) -> tuple[pa.Table,
         raise ShardError(str(e)) from e
     try:
         provenance = json.loads((table.schema.metadata or {}).get(SHARD_META_KEY, b"{}"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
         raise ShardError(f"{where}: corrupt {SHARD_META_KEY.decode()} metadata ({e})") from e
     if not isinstance(provenance, dict):
         raise ShardError(f"{where}: {SHARD_META_KEY.decode()} metadata is {type(provenance).__name__}, not an object")
