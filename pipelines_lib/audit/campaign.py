@@ -342,7 +342,7 @@ class _Progress:
 
 
 def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publication],
-             read_ahead: int, etas: EtaBounds, *, training: bool) -> tuple[int, Lineage | None]:
+             read_ahead: int, etas: EtaBounds) -> tuple[int, Lineage | None]:
     """The committed groups (their count) reconciled with the consumption logs, publications and the staleness
     bound each step trained under (``etas``); unreadable or misnamed logs, logs whose tail cursor does not apply
     and lineage's own findings join ``acc.findings``."""
@@ -352,7 +352,7 @@ def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publi
                              message="not a consumption log name (train/consumed/<step:08d>.json)")
                      for f in consumed if f not in log_paths]
     logs = read_records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", acc.findings)
-    acc.findings += cursor_findings(logs, training=training)
+    acc.findings += cursor_findings(logs)
     committed = acc.committed_groups()
     acc.committed.clear()
     lineage, lineage_findings = reconcile(committed, logs, entries, etas)
@@ -405,7 +405,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
         progress(f"audit {store.url}: reused the kept results of {len(reused)} version folder(s) below {since}")
     acc.duplicates()
     etas = eta_bounds(campaign, [p for _, p in listing.chain], acc.findings)
-    groups, lineage = _lineage(store, acc, visible, entries, read_ahead, etas, training=training)
+    groups, lineage = _lineage(store, acc, visible, entries, read_ahead, etas)
     acc.findings += checkpoint_findings(store, read_ahead) + eval_findings(store, read_ahead)
     return _report(store, acc, listing, groups=groups, lineage=lineage, campaign=campaign,
                    seconds=clock() - start, max_listed=max_listed)

@@ -12,8 +12,7 @@ refuses a campaign with any of them before it starts a stage (``state_findings``
 - ``checkpoint_findings``: a committed checkpoint (``COMMITTED`` present) holds its Orbax ``state/`` and a
   ``meta.json`` that reads as ``CheckpointMeta`` of the folder's step with a tail cursor that parses
   (``bad_checkpoint``).
-- ``cursor_findings``: each consumption log carries a tail cursor (delta) that parses (``bad_consumption_log``);
-  the synthetic demo, which never resumes, writes none.
+- ``cursor_findings``: each consumption log's tail cursor (delta) parses (``bad_consumption_log``).
 - ``eval_findings``: each ``eval/v<N>.json`` reads as the ``EvalResult`` of version N (``bad_eval``).
 - ``config_findings``: the config snapshot of a training campaign loads as the stages load it. The check is the
   caller's (``ConfigCheck``): the config imports the model code, which the audit's process never loads.
@@ -32,9 +31,9 @@ from pipelines_lib.audit.report import Finding
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.records import CheckpointMeta, ConsumptionLog, EvalResult, Publication, Record, RecordError
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import StorageError
+from pipelines_lib.storage.errors import MAX_JSON_BYTES, StorageError
 from pipelines_lib.storage.layout import pointer_entry_problem
-from pipelines_lib.storage.store import MAX_JSON_BYTES, TEMP_MARKER, Store
+from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.cursor import TailCursor
 
 R = TypeVar("R", bound=Record)
@@ -121,16 +120,14 @@ def checkpoint_findings(store: Store, read_ahead: int) -> list[Finding]:
     return findings
 
 
-def cursor_findings(logs: list[tuple[str, ConsumptionLog]], *, training: bool) -> list[Finding]:
+def cursor_findings(logs: list[tuple[str, ConsumptionLog]]) -> list[Finding]:
     """A ``bad_consumption_log`` finding per log whose tail cursor a resuming trainer could not apply."""
     out = []
     for path, log in logs:
         if log.cursor_after is not None:
             problem = _cursor_problem(log.cursor_after, TailCursor.from_json)
-        elif log.cursor_delta is not None:
-            problem = _cursor_problem(log.cursor_delta, TailCursor().after)
         else:
-            problem = "no tail cursor; a trainer cannot resume from this log" if training else None
+            problem = None if log.cursor_delta is None else _cursor_problem(log.cursor_delta, TailCursor().after)
         if problem is not None:
             out.append(_finding("bad_consumption_log", path, problem))
     return out
@@ -168,5 +165,5 @@ def state_findings(store: Store, check: ConfigCheck, *, read_ahead: int = 8) -> 
     findings += checkpoint_findings(store, read_ahead)
     paths = [layout.consumed_log(s) for s in records.consumption_steps(store)]
     findings += cursor_findings(read_records(store, paths, ConsumptionLog, read_ahead, "bad_consumption_log",
-                                             findings), training=training)
+                                             findings))
     return findings + eval_findings(store, read_ahead)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, get_type_hints
 
-from pipelines_lib.storage.errors import TooLargeError, json_problem
-from pipelines_lib.storage.store import MAX_JSON_BYTES, Store
+from pipelines_lib.storage.errors import MAX_JSON_BYTES, TooLargeError, json_problem
+from pipelines_lib.storage.store import Store
 
 
 class RecordError(ValueError):

@@ -11,7 +11,11 @@ from typing import Any, ClassVar, Literal
 from pipelines_lib.records.base import Record, RecordError, _Record
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.forked import ForkStore
-from pipelines_lib.storage.store import PROTOCOLS, Store, normalize_url
+from pipelines_lib.storage.store import Store, normalize_url
+
+LINEAGE_PROTOCOLS = ("file", "gs", "gcs", "memory")
+"""The storage a campaign is kept on (the GCS emulator is ``gs`` with an ``endpoint_url``): the only protocols a
+fork's ``parent.url``, read from the campaign's own content, may name."""
 
 # -- campaign.json ---------------------------------------------------------------------------------------
 
@@ -52,7 +56,7 @@ class CampaignManifest(Record):
 
 
 class ForkLineageError(RecordError):
-    """A fork's ``parent`` that cannot be followed: a URL on storage no campaign is kept on (``PROTOCOLS``; anything
+    """A fork's ``parent`` that cannot be followed: a URL on storage no campaign is kept on (``LINEAGE_PROTOCOLS``; anything
     else, ``http://`` say, would have every reader of the campaign fetch what its content names)."""
 
 
@@ -64,8 +68,8 @@ def _parent_store(store: Store, parent: ForkParent) -> Store:
     where = store.uri(CampaignManifest.PATH)
     try:
         protocol = normalize_url(parent.url).split("://", 1)[0]
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol {protocol!r} is not campaign storage ({', '.join(PROTOCOLS)})")
+        if protocol not in LINEAGE_PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r} is not campaign storage ({', '.join(LINEAGE_PROTOCOLS)})")
         return store.other(parent.url)
     except (ValueError, ImportError) as e:
         raise ForkLineageError(f"{where}: parent.url {parent.url!r}: {e}") from None

@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines_lib.storage.errors import (
+    MAX_JSON_BYTES,
     AlreadyExistsError,
     NotAnObjectError,
     NotFoundError,
     StorageError,
     TooLargeError,
     json_problem,
+    raise_unless_gone,
 )
 from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
 from pipelines_lib.storage.retry import RetryPolicy, call_with_deadline, is_transient, jitter
@@ -60,14 +62,6 @@ if TYPE_CHECKING:
     import fsspec
 
 T = TypeVar("T")
-
-PROTOCOLS = ("file", "gs", "gcs", "memory")
-"""The storage a campaign is kept on (the GCS emulator is ``gs`` with an ``endpoint_url``): the only protocols a
-URL read from a campaign's own content (a fork's parent) may name."""
-
-MAX_JSON_BYTES = 64 << 20
-"""Largest metadata object (a record, a pointer entry) a reader loads: a campaign writes kilobytes, and a
-multi-gigabyte (or sparse) ``campaign.json`` must not cost its reader that much memory."""
 
 TEMP_MARKER = ".tmp-"
 """Temporary objects are hidden (leading dot) and carry this marker; readers skip them, audits report them."""
@@ -242,11 +236,10 @@ class Store:
         path = self._path(rel)
         if self.protocol == "file":
             return self._call("read", rel, lambda: self._read_local(rel, path, max_bytes))
-        if max_bytes is None:
-            return self._call("read", rel, lambda: self.fs.cat_file(path))
-        # One ranged request: at most one byte past the limit is fetched, whatever the object's size.
-        data = self._call("read", rel, lambda: self.fs.cat_file(path, start=0, end=max_bytes + 1))
-        if len(data) > max_bytes:
+        # With a limit, one ranged request: at most one byte past it is fetched, whatever the object's size.
+        end = None if max_bytes is None else max_bytes + 1
+        data = self._call("read", rel, lambda: self.fs.cat_file(path, start=None if end is None else 0, end=end))
+        if max_bytes is not None and len(data) > max_bytes:
             raise TooLargeError("read", self.uri(rel), f"larger than the {max_bytes} bytes its reader reads")
         return data
 
@@ -272,9 +265,8 @@ class Store:
         if not stat.S_ISREG(mode):
             raise NotAnObjectError("read", self.uri(rel), f"not a regular file ({_file_kind(mode)})")
         with open(real, "rb") as f:
-            if max_bytes is not None and (size := os.fstat(f.fileno()).st_size) > max_bytes:
-                raise TooLargeError("read", self.uri(rel), f"{size} bytes, larger than the {max_bytes} bytes its "
-                                                           "reader reads")
+            if max_bytes is not None and (n := os.fstat(f.fileno()).st_size) > max_bytes:
+                raise TooLargeError("read", self.uri(rel), f"{n} bytes, larger than the {max_bytes} bytes its reader reads")
             return f.read()
 
     def read_json(self, rel: str) -> Any:
@@ -346,14 +338,8 @@ class Store:
         def find() -> list[str]:
             if self.protocol == "file":
                 # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
-                # A folder that cannot be listed (refused, a name too long) is an error naming it, never a silent
-                # hole in the listing; one that is gone (a missing ``rel``, a writer's temporary folder) holds nothing.
-                def failed(e: OSError) -> None:
-                    if not isinstance(e, FileNotFoundError | NotADirectoryError):
-                        raise e
-
                 out = []
-                for folder, dirs, files in os.walk(path, onerror=failed):
+                for folder, dirs, files in os.walk(path, onerror=raise_unless_gone):
                     links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
                     out += [os.path.join(folder, n) for n in files + links]
                     dirs[:] = [d for d in dirs if not skipped(os.path.join(folder, d))]
@@ -411,7 +397,7 @@ class Store:
                 self._report(entry, str(e))
                 continue
             except StorageError as e:
-                if isinstance(e.__cause__, json.JSONDecodeError):
+                if isinstance(e.__cause__, ValueError | RecursionError):  # not JSON (nested too deeply, say)
                     self._report(entry, str(e))
                     continue
                 raise
