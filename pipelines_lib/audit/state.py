@@ -23,6 +23,7 @@ file, larger than a record may be or not the record becomes a finding of the giv
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -63,22 +64,20 @@ def read_records(store: Store, paths: list[str], cls: type[R], read_ahead: int, 
 def pointer_entries(store: Store, read_ahead: int, findings: list[Finding], *, training: bool) -> list[Publication]:
     """The valid entries of the ``weights/LATEST`` pointer; every other object among them is a ``bad_pointer_entry``
     finding. ``training``: the campaign publishes real weights (the synthetic demo has none)."""
-    entries = []
     paths = [f"{POINTER_ENTRIES}/{n}" for n in store.list(POINTER_ENTRIES, include_hidden=True)
              if TEMP_MARKER not in n]
-    for path, data in prefetch(store, paths, read_ahead, max_bytes=MAX_JSON_BYTES):
-        try:
-            if isinstance(data, StorageError):
-                raise RecordError(str(data))
-            entry = Publication.from_bytes(data, where=path)
-            problem = pointer_entry_problem(path.rsplit("/", 1)[-1], entry.to_dict())
-            if problem is None and training:
-                problem = _weights_problem(store, entry)
-            if problem is not None:
-                raise RecordError(problem)
+    bad: list[Finding] = []
+    entries = []
+    for path, entry in read_records(store, paths, Publication, read_ahead, "bad_pointer_entry", bad):
+        problem = pointer_entry_problem(path.rsplit("/", 1)[-1], entry.to_dict())
+        if problem is None and training:
+            problem = _weights_problem(store, entry)
+        if problem is None:
             entries.append(entry)
-        except RecordError as e:
-            findings.append(_finding("bad_pointer_entry", path, f"{e} (readers skip it)"))
+        else:
+            bad.append(_finding("bad_pointer_entry", path, problem))
+    findings += sorted((dataclasses.replace(f, message=f"{f.message} (readers skip it)") for f in bad),
+                       key=lambda f: f.path)
     return entries
 
 
