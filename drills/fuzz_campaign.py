@@ -4,7 +4,11 @@ A real campaign is written once per process (``rollstream demo``: shards, consum
 entries; plus a telemetry file). Each case copies it, applies a few ``Edit``s (a metadata file's bytes
 replaced; a shard's bytes cut or flipped, its schema metadata replaced or a value made null; an object renamed;
 a symlink planted: a loop, one leading out of the campaign, one to a folder, a dangling one) and runs one
-command (``COMMANDS``) through ``cli.main``, in this process. The contract (``check_campaign``): the command
+command (``COMMANDS``) through ``cli.main``, in this process. Targeted edits plant the damage a restart or a
+reader trips on (``TARGETED``): a config nested too deeply or of the wrong types, a multi-gigabyte sparse record,
+a fork parent that is the campaign itself or on no campaign storage, a garbage tail cursor, a pointer entry
+escaping its folder, an empty folder named like a shard, shard metadata nested too deeply, control characters in
+a trajectory id. The contract (``check_campaign``): the command
 returns; with 0 or 1 it printed its report, with 2 one line on stderr naming the command (after any progress
 lines); never an exception out of ``main``, never a traceback.
 """
@@ -14,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
 """Each command's arguments: ``{c}`` the damaged campaign, ``{scratch}`` a folder for its outputs."""
 
 EDIT_KINDS = ("metadata", "shard_cut", "shard_flip", "shard_meta", "shard_null", "rename", "loop", "outside",
-              "folder_link", "dangling")
+              "folder_link", "dangling", "targeted")
 
 HOSTILE_JSON = (b"[1, 2]", b"[" * 100_000 + b"]" * 100_000, b"{", b"", b"\xff\xfe\x00", b"null", b'{"version": 1e999}',
                 b'{"schema_version": 1, "version": -1}', b'"x"', b"{}")
@@ -79,6 +85,61 @@ def _base_campaign() -> Path:
     return folder
 
 
+def _manifest(root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    path = root / "campaign.json"
+    with contextlib.suppress(ValueError):  # a manifest an earlier edit already broke stays as it is
+        manifest = json.loads(path.read_bytes())
+        edit(manifest)
+        path.write_text(json.dumps(manifest))
+
+
+def _parent(url: str) -> Callable[[dict[str, Any]], None]:
+    return lambda m: m.update(parent={"url": url, "step": 1, "version": 0, "config_diff": {}})
+
+
+def _bad_config(m: dict[str, Any]) -> None:
+    m.update(kind="campaign", config={"model": {"vocab_size": "512"}, "trainer": {"max_steps": -3},
+                                      "seed": float("nan")})
+
+
+def _first(root: Path, pattern: str) -> Path | None:
+    return next(iter(sorted(p for p in root.glob(pattern) if p.is_file() and not p.is_symlink())), None)
+
+
+def _rewrite_json(target: Path | None, fields: dict[str, Any]) -> None:
+    if target is not None:
+        with contextlib.suppress(ValueError):
+            target.write_text(json.dumps({**json.loads(target.read_bytes()), **fields}))
+
+
+def _deep_shard_meta(root: Path) -> None:
+    from pipelines_lib.trajectory.codec import SHARD_META_KEY
+
+    if (shard := _first(root, "trajectories/*/*.arrow")) is not None:
+        _replace_meta(shard, SHARD_META_KEY, b"[" * 100_000 + b"]" * 100_000)
+
+
+def _escapes_in_an_id(root: Path) -> None:
+    if (shard := _first(root, "trajectories/*/*.arrow")) is not None:
+        _edit_table(shard, lambda t: _set_first(t, "trajectory_id", "\x1b[2J\x1b]0;pwned\x07id"))
+
+
+TARGETED: tuple[Callable[[Path], None], ...] = (
+    lambda root: _manifest(root, lambda m: m.update(config={"x": json.loads("[" * 900 + "]" * 900)})),
+    lambda root: os.truncate(root / "campaign.json", 3 << 30),  # sparse: no disk, 3 GB to a reader that reads it
+    lambda root: _manifest(root, _parent(str(root))),
+    lambda root: _manifest(root, _parent("http://127.0.0.1:9/campaign")),
+    lambda root: _manifest(root, _parent("nosuch://bucket/campaign")),
+    lambda root: _manifest(root, _bad_config),
+    lambda root: _rewrite_json(_first(root, "train/consumed/*.json"), {"cursor_delta": "[1, 2"}),
+    lambda root: _rewrite_json(_first(root, "weights/LATEST.json.d/*.json"), {"path": "../../../etc"}),
+    lambda root: (root / "trajectories" / "v00000000" / "w5-00000000-2.arrow").mkdir(exist_ok=True),
+    _deep_shard_meta,
+    _escapes_in_an_id,
+)
+"""The ``targeted`` edits (``Edit.value`` picks one): damage a restart or a reader trips on."""
+
+
 def _apply(edit: Edit, root: Path) -> None:
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
     shards = [p for p in files if p.suffix == ".arrow"] or files
@@ -104,32 +165,49 @@ def _apply(edit: Edit, root: Path) -> None:
         names = ("v00000000", "w0-00000000-2.arrow", ".hidden", "x.arrow", "w0-99999999-0.arrow",
                  f"w0-00000000-2.arrow{'.tmp-' if edit.value % 2 else ''}")
         target.rename(target.with_name(names[edit.value % len(names)]))
+    elif edit.kind == "targeted":
+        TARGETED[edit.value % len(TARGETED)](root)
     else:
         _plant_link(edit, root, files)
 
 
-def _replace_shard_meta(path: Path, value: int) -> None:
+def _replace_meta(path: Path, key: bytes, value: bytes) -> None:
     from drills.fuzz import _with_meta
+
+    with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
+        path.write_bytes(_with_meta(path.read_bytes(), key, value))
+
+
+def _replace_shard_meta(path: Path, value: int) -> None:
     from pipelines_lib.trajectory.codec import SHARD_META_KEY
     from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 
-    key = (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2]
-    with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
-        path.write_bytes(_with_meta(path.read_bytes(), key, HOSTILE_META[value % len(HOSTILE_META)]))
+    _replace_meta(path, (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2], HOSTILE_META[value % len(HOSTILE_META)])
 
 
-def _null_a_value(path: Path, value: int) -> None:
-    """The first value of one column made null, the column declared nullable (the IPC reader lets both by)."""
+def _edit_table(path: Path, edit: Callable[[Any], Any]) -> None:
     import pyarrow as pa
 
     from drills.fuzz import _ipc
 
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
-        table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
-        i = value % table.num_columns
-        column = table.column(i)
-        nulled = pa.array([None, *column.to_pylist()[1:]], column.type)
-        path.write_bytes(_ipc(table.set_column(i, table.schema.field(i).with_nullable(True), nulled)))
+        path.write_bytes(_ipc(edit(pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all())))
+
+
+def _set_first(table: Any, i: int | str, value: Any) -> Any:
+    """``table`` with the first value of column ``i`` replaced, the column declared nullable (the IPC reader lets
+    both by)."""
+    import pyarrow as pa
+
+    i = table.schema.get_field_index(i) if isinstance(i, str) else i
+    column = table.column(i)
+    return table.set_column(i, table.schema.field(i).with_nullable(True),
+                            pa.array([value, *column.to_pylist()[1:]], column.type))
+
+
+def _null_a_value(path: Path, value: int) -> None:
+    """The first value of one column made null."""
+    _edit_table(path, lambda t: _set_first(t, value % t.num_columns, None))
 
 
 def _plant_link(edit: Edit, root: Path, files: list[Path]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from pipelines_lib.cli import Command, CommandError, add_storage_options, did_you_mean
+from pipelines_lib.cli import Command, CommandError, add_storage_options, did_you_mean, open_store, say
 from pipelines_lib.configio import ConfigError, parse_overrides
 from pipelines_lib.hints import hint_command
 
@@ -178,11 +178,24 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 def _recover(args: argparse.Namespace) -> int:
     flow_logging(args.verbose)
-    from pipelines_lib.stages.campaign import campaign_status
+    from pipelines_lib.audit import audit_campaign
+    from pipelines_lib.audit.state import state_findings
+    from pipelines_lib.records import with_parents
+    from pipelines_lib.stages.campaign import campaign_status, config_problem
 
-    status = campaign_status(args.settings.store(args.url, _options(args)))
+    store = open_store(args, args.url)
+    status = campaign_status(store)
     if "init" in status["todo"]:
         raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
+    # Refused before anything is written: a record a restarted stage reads that is damaged would stop it midway.
+    if damaged := state_findings(with_parents(store), config_problem):
+        raise CommandError(f"{args.url}: not recovered: {len(damaged)} damaged record(s) a restart reads, the first "
+                           f"{damaged[0]} (`rollstream audit` lists them)")
+    if not status["todo"]:
+        report = audit_campaign(store, jobs=None, config_check=config_problem)
+        say(f"{args.url}: finished, nothing to recover; audit {'OK' if report.ok else 'FAILED'} "
+            f"({sum(report.violation_counts.values())} violations, {len(report.bad_files)} bad files)")
+        return 0 if report.ok else 1
 
     from flows.recover import recover
 
@@ -196,7 +209,7 @@ def _recover(args: argparse.Namespace) -> int:
     result = state.result()
     ok = result.get("audit", {}).get("ok")
     took_over = "".join(f"; took over {r['name']} ({r['id']}), now Crashed" for r in result["abandoned"])
-    print(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}{took_over}")
+    say(f"recovered {args.url}: ran {result['plan']}; audit {'OK' if ok else 'FAILED'}{took_over}")
     return 0 if ok else 1
 
 

@@ -134,9 +134,25 @@ def open_campaign_store(args: argparse.Namespace, url: str) -> Store:
     return store
 
 
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than tab and newline: C0, DEL and C1 (``\\x1b`` starts a terminal's commands)."""
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character but tab and newline written as its escape (``\\x1b``): whatever a
+    campaign holds (a trajectory id, an object's name, a tool's output) reaches the terminal as text, never as a
+    command to it. Every line a command prints goes through here (``say``, ``to_stderr``)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+def say(text: str) -> None:
+    """The command's result on stdout, ``printable``."""
+    print(printable(text))
+
+
 def to_stderr(line: str) -> None:
-    """A progress or warning line on stderr (stdout carries the command's result)."""
-    print(line, file=sys.stderr, flush=True)
+    """A progress or warning line on stderr (stdout carries the command's result), ``printable``."""
+    print(printable(line), file=sys.stderr, flush=True)
 
 
 def _export_weights_args(p: argparse.ArgumentParser) -> None:
@@ -185,7 +201,7 @@ def _train(args: argparse.Namespace) -> int:
     store = open_store(args, args.url)
     try:
         summary = train(store, load_campaign_config(store), max_steps=args.max_steps, cache=args.settings.cache,
-                        process_id=args.process_id, log=lambda line: print(line, flush=True))
+                        process_id=args.process_id, log=say)
     except (ReplayError, NonFiniteStepError) as e:  # the message names the step (and the shard): one line
         raise CommandError(str(e)) from e
     print(json.dumps(summary))
@@ -222,7 +238,7 @@ def _metrics(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, sort_keys=True))
         return 0
     for name, stats in summary.items():
-        print(f"{name:<40} " + "  ".join(f"{k}={v}" for k, v in stats.items()))
+        say(f"{name:<40} " + "  ".join(f"{k}={v}" for k, v in stats.items()))
     return 0
 
 
@@ -257,18 +273,18 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"step {result['step']}: restored checkpoint of step {result['from_checkpoint']}, "
-              f"re-trained {result['replayed_steps']} logged step(s)")
+        say(f"step {result['step']}: restored checkpoint of step {result['from_checkpoint']}, "
+            f"re-trained {result['replayed_steps']} logged step(s)")
         for key in ("loss", "grad_norm"):
-            print(f"{key:<10} logged {result[key]['logged']!r:<24} recomputed {result[key]['recomputed']!r}")
+            say(f"{key:<10} logged {result[key]['logged']!r:<24} recomputed {result[key]['recomputed']!r}")
         for key, value in sorted(result["metrics"].items()):
-            print(f"  {key:<32} {value:.6g}")
+            say(f"  {key:<32} {value:.6g}")
         for g in result["groups"]:
-            print(f"  group {g['group_id']:<24} loss {g['loss']:+.6g}  advantages {g['advantages']}")
+            say(f"  group {g['group_id']:<24} loss {g['loss']:+.6g}  advantages {g['advantages']}")
         if result["dump"]:
-            print(f"dump: {result['dump']}")
-        print("what-if: " + json.dumps(result["what_if"]) if what_if
-              else f"identical: {'yes' if result['identical'] else 'NO'}")
+            say(f"dump: {result['dump']}")
+        say("what-if: " + json.dumps(result["what_if"]) if what_if
+            else f"identical: {'yes' if result['identical'] else 'NO'}")
     return 0 if result["identical"] or what_if else 1
 
 
@@ -299,9 +315,9 @@ def _fork(args: argparse.Namespace) -> int:
     parent = result["parent"]
     changed = ", ".join(f"{k}={v['fork']}" for k, v in parent["config_diff"].items()) or "nothing"
     options = dict(args.storage_option)
-    print(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
-          f"(version {parent['version']}) into {result['campaign']}; changed: {changed}\n"
-          f"run it with: {hint_command(['recover', result['campaign']], options)}")
+    say(f"{'forked' if result['created'] else 'already forked'} {parent['url']} at step {parent['step']} "
+        f"(version {parent['version']}) into {result['campaign']}; changed: {changed}\n"
+        f"run it with: {hint_command(['recover', result['campaign']], options)}")
     if note := secrets_note(options):
         print(note)
     return 0
@@ -325,7 +341,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2, default=str))
         return 0
     options = dict(args.storage_option)
-    print(render_status(status, recover=hint_command(["recover", store.url], options)))
+    say(render_status(status, recover=hint_command(["recover", store.url], options)))
     if status["todo"] and (note := secrets_note(options)):
         print(note)
     return 0

@@ -24,6 +24,7 @@ from pipelines_lib.cli import (
     did_you_mean,
     open_campaign_store,
     open_store,
+    say,
     to_stderr,
 )
 from pipelines_lib.storage.store import Store
@@ -46,11 +47,12 @@ def _audit_args(p: argparse.ArgumentParser) -> None:
 
 def _audit(args: argparse.Namespace) -> int:
     from pipelines_lib.audit import audit_campaign
+    from pipelines_lib.stages.campaign import config_problem
 
     report = audit_campaign(open_store(args, args.url), progress=to_stderr,
                             progress_every=args.progress_every, jobs=args.jobs, since=args.since,
-                            keep=args.keep)
-    print(report.to_json() if args.json else report.render_text())
+                            keep=args.keep, config_check=config_problem)
+    say(report.to_json() if args.json else report.render_text())
     return 0 if report.ok else 1
 
 
@@ -126,7 +128,7 @@ def _sql(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     except duckdb.Error as e:
         raise CommandError(f"query failed: {e}") from e
-    print(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
+    say(json.dumps(result.to_pylist(), default=str, indent=2) if args.json
           else render_text(result, max_rows=args.max_rows))
     return 0
 
@@ -158,10 +160,14 @@ def _view(args: argparse.Namespace) -> int:
         raise CommandError(str(e)) from e
     if view.tokenizer is None:
         to_stderr(f"rollstream view: turns shown as token ids ({view.tokenizer_note})")
-    for shard, reason in view.summary["skipped_shards"]:
+    skipped = view.summary["skipped_shards"]
+    for shard, reason in skipped:
         to_stderr(f"rollstream view: skipped unreadable shard {shard}: {reason}")
+    if not view.total_groups:
+        raise CommandError(f"{args.url}: no readable shard to show ({len(skipped)} unreadable; `rollstream audit` "
+                           "says why)" if skipped else f"{args.url}: no shards yet: nothing to show")
     path = write_view(store, view)
-    print(store.uri(path))
+    say(store.uri(path))
     if args.serve:
         serve(render_html(view), port=args.port, announce=to_stderr)
     return 0

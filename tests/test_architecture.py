@@ -54,6 +54,7 @@ JSON_PARSERS_ELSEWHERE = {
     "drills/supervisor.py": "a child process's JSON output",
     "drills/fault_campaign.py": "arguments of the drill's child process",
     "drills/fuzz.py": "generated fuzz inputs",
+    "drills/fuzz_campaign.py": "records of a copied campaign it damages by hand",
     "pipelines_lib/engine/vllm_supervisor.py": "the dtype in config.json of the model folder the server loads",
     "bench/realsize.py": "a child process's JSON output",
     "bench/scale.py": "a child process's JSON output and arguments",
@@ -61,6 +62,7 @@ JSON_PARSERS_ELSEWHERE = {
 }
 BAD_INPUT_PLANTERS = {
     "drills/poison.py": "plants junk under record paths (names no stage writes) to check that readers skip it",
+    "drills/fuzz_campaign.py": "damages records of a copied campaign (what a restart trips on) to check the commands",
 }
 
 

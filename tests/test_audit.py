@@ -31,6 +31,7 @@ from pipelines_lib.records import (
     ConsumedGroup,
     ConsumptionLog,
     DroppedStale,
+    EvalResult,
     ForkParent,
     Publication,
 )
@@ -211,14 +212,17 @@ def _clean_lineage(store: Store, infos: list[ShardInfo]) -> None:
     _log(2, 0, [(w0v0, 1)], published=1).write(store)
     _log(3, 1, [(w1v0, 0)], dropped=[(w1v0, 1)], published=2).write(store)
     for version, step in ((0, 0), (1, 2), (2, 3)):
-        Publication(version=version, path=layout.weights_dir(version), step=step,
-                    published_at=f"t{version}").advance(store)
+        published = Publication(version=version, path=layout.weights_dir(version), step=step,
+                                published_at=f"t{version}")
+        published.write(store)  # the weights folder's marker, as publish writes it before the pointer moves
+        published.advance(store)
 
 
 def test_a_clean_campaign_passes_with_counts_distributions_and_lineage(store: Store) -> None:
     infos = _base(store)
     _clean_lineage(store, infos)
-    store.create_json(layout.eval_path(2), {"accuracy": 0.5})  # the audit lists evaluations, it does not read them
+    EvalResult(version=2, split="heldout", temperature=1.0, tasks=2, k=1, greedy={}, greedy_success_rate=0.5,
+               pass_at_k=None, wall_s=1.0, generated_tokens=8).write(store)
     lines: list[str] = []
     report = audit_campaign(store, progress=lines.append, progress_every=3)
     assert report.ok, report.render_text()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from drills.fuzz_campaign import COMMANDS, TARGETED, CampaignCase, Edit, check_campaign
 from pipelines_lib import cli
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
@@ -157,3 +158,12 @@ def test_a_telemetry_line_nested_too_deeply_is_skipped_with_a_reason(tmp_path: P
     assert [r["name"] for r in read_records(store, on_skip=skipped.append)] == ["loss"]
     assert skipped == [f"skipped {store.uri(layout.telemetry_file('trainer-1.jsonl'))} line 2: not JSON (nested too "
                        "deeply)"]
+
+
+@pytest.mark.parametrize("target", range(len(TARGETED)))
+def test_each_targeted_damage_through_every_command_is_a_report_or_one_line(target: int) -> None:
+    """A config nested too deeply or of the wrong types, a sparse multi-gigabyte record, a fork that is its own
+    parent or names other storage, a garbage cursor, a pointer entry escaping its folder, an empty folder named like
+    a shard, shard metadata nested too deeply, control characters in an id: each command's contract holds."""
+    for command in sorted(COMMANDS):
+        check_campaign(CampaignCase(edits=(Edit(kind="targeted", pick=0, value=target),), command=command))

@@ -13,11 +13,11 @@ say "OK". The folder is listed once, a version folder at a time:
   the model's ``max_seq_len``, token ids in the vocabulary, rewards within ``MAX_ABS_REWARD``, policy versions not newer than the newest published and matching the version
   folder, contiguous groups, content written under this shard's name (``untrainable_group``,
   ``interleaved_groups``, ``copied_shard``). The trainer's tailer skips exactly these.
+- a version folder that does not list (``unreadable``) or holds an empty folder (``not_a_file``): never skipped.
 - anything whose name carries ``TEMP_MARKER``, anywhere: an orphaned temporary (a warning).
-- consumption logs and the ``weights/LATEST`` pointer's entries, read as ``records``: handed to
-  ``lineage.reconcile``; one that does not read as its record is a finding, and so is a pointer entry whose name
-  and content disagree (``bad_pointer_entry``: readers skip it).
-- ``campaign.json`` and the evaluations: reported as found.
+- what a restart restores from (``state``): the ``weights/LATEST`` entries, checkpoints, consumption logs' tail
+  cursors, evaluations and the config snapshot (``config_check``); each that would stop a restart is a finding.
+  Consumption logs and pointer entries are then handed to ``lineage.reconcile``.
 - for a fork (``campaign.json`` names a ``parent``): the folder is read over its parent's history up to the fork
   point (``records.with_parents``: the parent's shards up to the fork's version, its consumption logs up to the
   step, its publications), read-only, so lineage walks back from the fork's versions through the parent's
@@ -49,31 +49,39 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from pipelines_lib import records
 from pipelines_lib.audit.lineage import CommittedGroup, EtaBounds, GroupKey, eta_bounds, reconcile
 from pipelines_lib.audit.pool import results
 from pipelines_lib.audit.report import Ancestor, AuditReport, BadFile, Finding, Lineage
-from pipelines_lib.audit.unit import Gathered, Tally, Unit, prefetch
+from pipelines_lib.audit.state import (
+    ConfigCheck,
+    checkpoint_findings,
+    config_findings,
+    cursor_findings,
+    eval_findings,
+    pointer_entries,
+    read_records,
+)
+from pipelines_lib.audit.unit import Gathered, Tally, Unit
 from pipelines_lib.records import (
     AuditVersionResult,
     CampaignManifest,
     ConsumptionLog,
+    ForkLineageError,
+    ForkLoopError,
     ForkParent,
     Publication,
-    Record,
     RecordError,
 )
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
-from pipelines_lib.storage.layout import pointer_entry_problem
+from pipelines_lib.storage.errors import AlreadyExistsError, NotFoundError, StorageError
+from pipelines_lib.storage.retry import storage_down
 from pipelines_lib.storage.store import TEMP_MARKER, Store
 from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
 from pipelines_lib.utc import utc_now_iso
 
-R = TypeVar("R", bound=Record)
-_POINTER_ENTRIES = f"{layout.WEIGHTS_LATEST}.d/"
 _TRAJECTORIES = f"{layout.TRAJECTORIES}/"
 
 
@@ -176,42 +184,9 @@ def _keep(store: Store, unit: Unit, result: dict[str, Any]) -> None:
         record.write(store)
 
 
-def _records(store: Store, paths: list[str], cls: type[R], read_ahead: int, kind: str,
-             findings: list[Finding]) -> list[tuple[str, R]]:
-    """Records ``cls`` at ``paths`` (in order); unreadable or invalid ones become findings of ``kind``."""
-    out = []
-    for path, data in prefetch(store, paths, read_ahead):
-        try:
-            if isinstance(data, NotFoundError | NotAnObjectError):
-                raise RecordError(str(data))
-            out.append((path, cls.from_bytes(data, where=path)))
-        except RecordError as e:
-            findings.append(Finding(kind=kind, path=path, row=None, trajectory_id=None, message=str(e)))
-    return out
-
-
 def _campaign(store: Store, findings: list[Finding]) -> dict[str, Any] | None:
-    parsed = _records(store, [layout.CAMPAIGN_JSON], CampaignManifest, 1, "bad_campaign_json", findings)
+    parsed = read_records(store, [layout.CAMPAIGN_JSON], CampaignManifest, 1, "bad_campaign_json", findings)
     return parsed[0][1].to_dict() if parsed else None
-
-
-def _pointer_entries(store: Store, paths: list[str], read_ahead: int, findings: list[Finding]) -> list[Publication]:
-    """The valid entries of the ``weights/LATEST`` pointer among ``paths``; any other object there (a stray name,
-    content that disagrees with its name, a non-record) is a ``bad_pointer_entry`` finding: readers skip it."""
-    entries = []
-    for path, data in prefetch(store, paths, read_ahead):
-        try:
-            if isinstance(data, NotFoundError | NotAnObjectError):
-                raise RecordError(str(data))
-            entry = Publication.from_bytes(data, where=path)
-            problem = pointer_entry_problem(path.rsplit("/", 1)[-1], entry.to_dict())
-            if problem is not None:
-                raise RecordError(problem)
-            entries.append(entry)
-        except RecordError as e:
-            findings.append(Finding(kind="bad_pointer_entry", path=path, row=None, trajectory_id=None,
-                                    message=f"{e} (readers skip it)"))
-    return entries
 
 
 def _needs(campaign: dict[str, Any] | None, findings: list[Finding]) -> TrainerNeeds | None:
@@ -271,6 +246,11 @@ class _Listing:
     temporaries: list[str] = field(default_factory=list)
 
     @property
+    def over_parents(self) -> bool:
+        """Whether the campaign is read over its parents' history (a fork whose ancestry could be followed)."""
+        return bool(self.chain)
+
+    @property
     def visible(self) -> list[str]:
         return [f for f in self.files if not _is_temporary(f)]
 
@@ -279,18 +259,35 @@ def _list(store: Store, findings: list[Finding]) -> _Listing:
     try:
         chain = records.fork_chain(store)
         store = records.with_parents(store)
+    except ForkLineageError as e:  # the campaign is audited on its own folder
+        chain = []
+        findings.append(Finding(kind="fork_cycle" if isinstance(e, ForkLoopError) else "bad_fork_parent",
+                                path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None, message=str(e)))
     except RecordError:
         chain = []  # a campaign.json that does not read: ``_campaign`` reports it
-    except ValueError as e:
-        chain = []
-        findings.append(Finding(kind="fork_cycle", path=layout.CAMPAIGN_JSON, row=None, trajectory_id=None,
-                                message=str(e)))
     files = store.walk("", skip=_version_folder)  # the version folders' contents: one at a time, in ``_units``
     outside = set(files)
     folders = [name for name in store.list(layout.TRAJECTORIES, include_hidden=True)
                if f"{_TRAJECTORIES}{name}" not in outside]
     return _Listing(store=store, chain=chain, files=files, folders=folders, listed=len(files),
                     temporaries=[f for f in files if _is_temporary(f)])
+
+
+def _version_objects(store: Store, folder: str, acc: _Merged) -> list[str]:
+    """Every object under version folder ``folder``. A folder that cannot be listed is an ``unreadable`` bad file
+    (its shards go unaudited), an empty folder inside it (named like a shard, say) a ``not_a_file`` one."""
+    try:
+        inside = store.walk(folder)
+        names = store.list(folder, include_hidden=True)
+    except StorageError as e:
+        if storage_down(e):
+            raise
+        acc.bad_files.append(BadFile(path=folder, kind="unreadable", reason=f"the folder does not list: {e}"))
+        return []
+    held = {f[len(folder) + 1:].split("/", 1)[0] for f in inside}
+    acc.bad_files += [BadFile(path=f"{folder}/{n}", kind="not_a_file", reason="an empty folder")
+                      for n in names if n not in held]
+    return inside
 
 
 def _units(listing: _Listing, acc: _Merged, *, needs: TrainerNeeds | None, newest: int | None, read_ahead: int,
@@ -300,7 +297,7 @@ def _units(listing: _Listing, acc: _Merged, *, needs: TrainerNeeds | None, newes
     store = listing.store
     kept = records.audit_version_results(store) if since is not None else {}
     for name in listing.folders:
-        inside = store.walk(f"{_TRAJECTORIES}{name}")
+        inside = _version_objects(store, f"{_TRAJECTORIES}{name}", acc)
         listing.listed += len(inside)
         listing.temporaries.extend(f for f in inside if _is_temporary(f))
         shards = []
@@ -315,7 +312,8 @@ def _units(listing: _Listing, acc: _Merged, *, needs: TrainerNeeds | None, newes
             continue
         shards.sort()
         unit = Unit(version=shards[0][0].version, url=store.url, storage_options=dict(store.storage_options),
-                    shards=tuple(f for _, f in shards), needs=needs, newest_version=newest, read_ahead=read_ahead)
+                    shards=tuple(f for _, f in shards), needs=needs, newest_version=newest, read_ahead=read_ahead,
+                    over_parents=listing.over_parents)
         result = None
         if since is not None and unit.version < since:
             result = _reusable(store, kept.get((unit.version, unit.digest), []), newest)
@@ -349,14 +347,15 @@ class _Progress:
 def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publication],
              read_ahead: int, etas: EtaBounds) -> tuple[int, Lineage | None]:
     """The committed groups (their count) reconciled with the consumption logs, publications and the staleness
-    bound each step trained under (``etas``); unreadable or misnamed logs and lineage's own findings join
-    ``acc.findings``."""
+    bound each step trained under (``etas``); unreadable or misnamed logs, logs whose tail cursor does not apply
+    and lineage's own findings join ``acc.findings``."""
     consumed = [f for f in visible if f.startswith(layout.CONSUMED + "/")]
     log_paths = [f for f in consumed if layout.parse_consumed_name(f.rsplit("/", 1)[-1]) is not None]
     acc.findings += [Finding(kind="bad_consumption_log", path=f, row=None, trajectory_id=None,
                              message="not a consumption log name (train/consumed/<step:08d>.json)")
                      for f in consumed if f not in log_paths]
-    logs = _records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", acc.findings)
+    logs = read_records(store, log_paths, ConsumptionLog, read_ahead, "bad_consumption_log", acc.findings)
+    acc.findings += cursor_findings(logs)
     committed = acc.committed_groups()
     acc.committed.clear()
     lineage, lineage_findings = reconcile(committed, logs, entries, etas)
@@ -366,7 +365,7 @@ def _lineage(store: Store, acc: _Merged, visible: list[str], entries: list[Publi
 
 def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = None, progress_every: int = 100,
                    read_ahead: int = 8, max_listed: int = 1000, jobs: int | None = 1, since: int | None = None,
-                   keep: bool = False, unit_timeout_s: float = 3600.0,
+                   keep: bool = False, unit_timeout_s: float = 3600.0, config_check: ConfigCheck | None = None,
                    clock: Callable[[], float] = time.monotonic) -> AuditReport:
     """Audit the campaign at ``store``, one version folder per work unit, in this process (``jobs`` = 1) or on
     ``jobs`` worker processes (None: as many as the campaign's size pays for, ``pool.auto_jobs``), each given at
@@ -374,7 +373,8 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     has no ``campaign.json``, ``pool.AuditWorkerError`` when a worker dies or overruns.
 
     ``keep`` writes each folder's result under ``audit/versions/`` (``AuditVersionResult``); with ``since``,
-    folders below that version reuse a kept result of the same shards instead of being read again."""
+    folders below that version reuse a kept result of the same shards instead of being read again.
+    ``config_check`` loads the config snapshot as the stages do (``state.ConfigCheck``; None: not checked)."""
     if progress_every < 1 or read_ahead < 1 or (jobs is not None and jobs < 1) or not unit_timeout_s > 0:
         raise ValueError(f"progress_every, read_ahead and jobs must be >= 1 and unit_timeout_s > 0, got "
                          f"{progress_every}, {read_ahead}, {jobs}, {unit_timeout_s}")
@@ -387,11 +387,12 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     said = _Progress(url=store.url, out=progress, every=progress_every, clock=clock, start=start)
     said.say(f"{len(listing.files)} objects and {len(listing.folders)} trajectory folder(s) listed")
     campaign = _campaign(store, acc.findings)
+    acc.findings += config_findings(campaign, config_check)
     needs = _needs(campaign, acc.findings)
+    training = campaign is not None and campaign.get("kind") == "campaign"
     visible = listing.visible
     # Pointer entries first: the newest published version bounds the policy versions a shard may carry.
-    entries = _pointer_entries(store, [f for f in visible if f.startswith(_POINTER_ENTRIES)], read_ahead,
-                               acc.findings)
+    entries = pointer_entries(store, read_ahead, acc.findings, training=training)
     newest = max((e.version for e in entries), default=None)
     acc.bad_files += [_foreign(f) for f in visible if f.startswith(_TRAJECTORIES)]  # not in a version folder
     reused: set[int] = set()
@@ -408,6 +409,7 @@ def audit_campaign(store: Store, *, progress: Callable[[str], None] | None = Non
     acc.duplicates()
     etas = eta_bounds(campaign, [p for _, p in listing.chain], acc.findings)
     groups, lineage = _lineage(store, acc, visible, entries, read_ahead, etas)
+    acc.findings += checkpoint_findings(store, read_ahead) + eval_findings(store, read_ahead)
     return _report(store, acc, listing, groups=groups, lineage=lineage, campaign=campaign,
                    seconds=clock() - start, max_listed=max_listed)
 

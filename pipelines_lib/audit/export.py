@@ -57,7 +57,7 @@ from pipelines_lib.audit.card import write_card
 from pipelines_lib.audit.unit import prefetch
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.destination import refuse_inside
-from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, NotFoundError
+from pipelines_lib.storage.errors import AlreadyExistsError, NotAnObjectError, StorageError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import DEFAULT_LIMITS, ShardError, decode_shards, identity_problem
 from pipelines_lib.trajectory.schema import (
@@ -153,8 +153,8 @@ def _export_version(store: Store, out: Store, version: int, read_ahead: int = 8)
     with pq.ParquetWriter(sink, EXPORT_SCHEMA, compression="zstd") as writer:
         objects = prefetch(store, listed, read_ahead, max_bytes=DEFAULT_LIMITS.max_file_bytes)
         while batch := list(itertools.islice(objects, BATCH_SHARDS)):
-            fetched = [(path, data) for path, data in batch if not isinstance(data, NotFoundError | NotAnObjectError)]
-            skipped += [(path, str(data)) for path, data in batch if isinstance(data, NotFoundError | NotAnObjectError)]
+            fetched = [(path, data) for path, data in batch if not isinstance(data, StorageError)]
+            skipped += [(path, str(data)) for path, data in batch if isinstance(data, StorageError)]
             for (path, _), decoded in zip(fetched, decode_shards([(d, store.uri(p)) for p, d in fetched]), strict=True):
                 if isinstance(decoded, ShardError):
                     skipped.append((path, str(decoded)))

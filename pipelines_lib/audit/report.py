@@ -17,10 +17,10 @@ from typing import Any
 from pipelines_lib.audit.stats import Summary
 
 FILE_PROBLEMS = ("foreign_name", "unreadable", "foreign_schema", "schema_version", "not_a_file", "oversized")
-"""Kinds of ``BadFile``: not a shard name; bytes that are not Arrow IPC (or storage refused them); Arrow
-without rollstream schema metadata; a rollstream schema this code cannot read (other major, wrong types); a
-FIFO, device or symlink leading outside the campaign (never opened); declared sizes over the readers' limits
-(never decoded)."""
+"""Kinds of ``BadFile``: not a shard name; bytes that are not Arrow IPC (or storage refused them), or a version
+folder that does not list; Arrow without rollstream schema metadata; a rollstream schema this code cannot read
+(other major, wrong types); a FIFO, device, empty folder or symlink leading outside the campaign (never opened);
+declared sizes over the readers' limits (never decoded)."""
 
 
 @dataclass(frozen=True, kw_only=True)

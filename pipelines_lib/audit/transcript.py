@@ -91,8 +91,10 @@ def _ended(row: Mapping[str, Any], turn: Mapping[str, Any], stop_ids: Sequence[i
 
 
 def decodes(row: Mapping[str, Any], tokenizer: ChatTokenizer | None) -> bool:
-    """Whether ``tokenizer`` is the one the row's ids belong to."""
-    return tokenizer is not None and row["tokenizer_hash"] == tokenizer.tokenizer_hash
+    """Whether ``tokenizer`` is the one the row's ids belong to: its hash, and every id one of its ids (a shard
+    holding others, -5 say, is damaged: its turns keep their ids)."""
+    return (tokenizer is not None and row["tokenizer_hash"] == tokenizer.tokenizer_hash
+            and all(0 <= i < tokenizer.vocab_size for i in row["tokens"]))
 
 
 def transcript(row: Mapping[str, Any], tokenizer: ChatTokenizer | None) -> list[dict[str, Any]]:
@@ -131,5 +133,6 @@ def prompt_text(turns: Sequence[Mapping[str, Any]], prompt_len: int) -> str:
 
 
 def vocabulary(tokenizer: ChatTokenizer, ids: Iterable[int]) -> dict[int, str]:
-    """Each id's own text (``decode([id])``: a byte-level piece of a multi-byte character shows as U+FFFD)."""
-    return {i: tokenizer.decode([i]) for i in sorted(set(ids))}
+    """Each id's own text (``decode([id])``: a byte-level piece of a multi-byte character shows as U+FFFD); an id
+    that is none of the tokenizer's has none (the page shows the number)."""
+    return {i: tokenizer.decode([i]) for i in sorted(set(ids)) if 0 <= i < tokenizer.vocab_size}

@@ -17,19 +17,24 @@ from typing import Any
 from pipelines_lib.audit.report import BadFile, Counts, Finding
 from pipelines_lib.audit.stats import Distribution
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError
+from pipelines_lib.storage.errors import StorageError
+from pipelines_lib.storage.retry import storage_down
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.needs import TrainerNeeds
 
-Missing = NotFoundError | NotAnObjectError
+Missing = StorageError
+"""Why a listed object was not read: it is gone, not a regular object, too large, or refused (a permission)."""
 
 
 def _read(store: Store, path: str, max_bytes: int | None) -> bytes | Missing:
-    # A listed object that is gone, is not a regular object or is over ``max_bytes`` is a finding about it; any
-    # other storage error stops the audit.
+    # A listed object that fails on its own (gone, not a regular object, over ``max_bytes``, refused) is a finding
+    # about it, named, and the rest is read on; a storage that keeps failing (transient errors past the store's
+    # retries) stops the reader.
     try:
         return store.read(path, max_bytes=max_bytes)
-    except (NotFoundError, NotAnObjectError) as e:
+    except StorageError as e:
+        if storage_down(e):
+            raise
         return e
 
 
@@ -98,6 +103,9 @@ class Unit:
     needs: TrainerNeeds | None
     newest_version: int | None
     read_ahead: int
+    over_parents: bool = True
+    """Read over its parents' history (``records.with_parents``), as the merging process reads it: False when the
+    campaign's fork ancestry could not be followed (a finding of its own)."""
 
     @property
     def folder(self) -> str:

@@ -157,6 +157,8 @@ def _add_advantages(groups: list[dict[str, Any]], advantages: Advantages) -> Non
 
 
 def _group_records(trajectories: ds.Dataset, chosen: list[str], parts: ViewParts) -> list[dict[str, Any]]:
+    if not chosen:  # no readable shard: nothing to open
+        return []
     keep = set(chosen)
     shards = sorted({k.partition("#")[0] for k in chosen})  # a filter on ``shard`` opens only these files
     rows = [r for r in trajectories.to_table(filter=ds.field("shard").isin(shards)).to_pylist()
@@ -207,8 +209,9 @@ def build_view(store: Store, *, max_groups: int = DEFAULT_MAX_GROUPS, progress: 
 
 
 def _json_for_script(obj: Any) -> str:
-    """JSON safe inside <script>: no '</' can close the element early."""
-    return json.dumps(obj, separators=(",", ":"), default=str).replace("</", "<\\/")
+    """JSON safe inside <script>: with no '<' at all, no '</script>' can close the element early and no '<!--'
+    can open a comment that swallows the rest of the page ('\\u003c' is the same string to ``JSON.parse``)."""
+    return json.dumps(obj, separators=(",", ":"), default=str).replace("<", "\\u003c")
 
 
 def render_html(view: View) -> str:

@@ -32,7 +32,7 @@ from pipelines_lib import records
 from pipelines_lib.audit.report import BadFile, Finding
 from pipelines_lib.audit.unit import Gathered, Missing, Unit, prefetch
 from pipelines_lib.storage import layout
-from pipelines_lib.storage.errors import NotAnObjectError, NotFoundError, StorageError, TooLargeError
+from pipelines_lib.storage.errors import NotAnObjectError, StorageError, TooLargeError
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.codec import ShardError, check_declared_sizes, decode_shard, identity_problem
 from pipelines_lib.trajectory.needs import limits_of
@@ -145,7 +145,7 @@ class UnitAudit(Gathered):
                 self.bad_files.append(BadFile(path=path, kind="oversized", reason=str(data)))
             elif isinstance(data, NotAnObjectError):
                 self.bad_files.append(BadFile(path=path, kind="not_a_file", reason=str(data)))
-            elif isinstance(data, NotFoundError):
+            elif isinstance(data, StorageError):
                 self.bad_files.append(BadFile(path=path, kind="unreadable", reason=str(data)))
             elif (decoded := self._decode(store.uri(path), path, data)) is not None:
                 batch.append((path, sid, *decoded, len(data)))
@@ -280,7 +280,9 @@ def audit_unit(unit: Unit, store: Store | None = None,
                on_shard: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
     """The result of one version folder (``UnitAudit.to_plain``); ``store`` is the caller's, or one opened here in a
     worker process. ``on_shard(1)`` follows each shard."""
-    store = store or records.with_parents(Store(unit.url, storage_options=unit.storage_options))
+    if store is None:
+        store = Store(unit.url, storage_options=unit.storage_options)
+        store = records.with_parents(store) if unit.over_parents else store
     acc = UnitAudit(folder=unit.folder, needs=unit.needs, newest_version=unit.newest_version)
 
     def fetched() -> Iterator[tuple[str, layout.ShardId, bytes | Missing]]:

@@ -39,6 +39,8 @@ from pipelines_lib.records.base import RECORD_VERSION_KEY, Record, RecordError
 from pipelines_lib.records.campaign import (
     CampaignManifest,
     DatasetSuccess,
+    ForkLineageError,
+    ForkLoopError,
     ForkParent,
     SplitInfo,
     fork_chain,
@@ -73,6 +75,8 @@ __all__ = [
     "DoneMarker",
     "DroppedStale",
     "EvalResult",
+    "ForkLineageError",
+    "ForkLoopError",
     "ForkParent",
     "HealAttempt",
     "Publication",

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, get_type_hints
 
-from pipelines_lib.storage.errors import json_problem
+from pipelines_lib.storage.errors import MAX_JSON_BYTES, TooLargeError, json_problem
 from pipelines_lib.storage.store import Store
 
 
@@ -29,6 +29,20 @@ class RecordError(ValueError):
 
 
 RECORD_VERSION_KEY = "record_version"
+MAX_DEPTH = 64
+"""Deepest nesting of objects and lists a record may hold: a campaign writes a few levels, and building or
+printing one nested thousands deep would exhaust the interpreter's stack."""
+
+
+def depth_problem(raw: Any, limit: int = MAX_DEPTH) -> str | None:
+    """Why parsed JSON ``raw`` is nested too deeply to read (None: it is not), found without recursion."""
+    level = [raw]
+    for _ in range(limit + 1):
+        containers = [x for x in level if isinstance(x, dict | list)]
+        if not containers:
+            return None
+        level = [v for x in containers for v in (x.values() if isinstance(x, dict) else x)]
+    return f"nested deeper than {limit} levels"
 
 
 def _check(value: Any, tp: Any, where: str) -> Any:
@@ -125,10 +139,14 @@ class Record(_Record):
     @classmethod
     def from_bytes(cls, data: bytes, *, where: str) -> Self:
         """The record in an object's raw bytes (for readers that fetch many objects at once, like the audit)."""
+        if len(data) > MAX_JSON_BYTES:
+            raise RecordError(f"{where}: {len(data)} bytes, larger than a {cls.__name__} may be ({MAX_JSON_BYTES})")
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError) as e:
             raise RecordError(f"{where}: not valid JSON for a {cls.__name__}: {json_problem(e)}") from None
+        if (problem := depth_problem(raw)) is not None:
+            raise RecordError(f"{where}: not a {cls.__name__}: {problem}")
         return cls.from_json(raw, where=where)
 
     def to_json(self) -> dict[str, Any]:
@@ -164,7 +182,11 @@ class Record(_Record):
     @classmethod
     def at(cls, store: Store, rel: str) -> Self:
         """The record at ``rel``: a path its writer returned or a listing found (audits, run records)."""
-        return cls.from_bytes(store.read(rel), where=store.uri(rel))  # bytes that are no such record: RecordError
+        try:
+            data = store.read(rel, max_bytes=MAX_JSON_BYTES)
+        except TooLargeError as e:
+            raise RecordError(str(e)) from None
+        return cls.from_bytes(data, where=store.uri(rel))  # bytes that are no such record: RecordError
 
     def _create(self, store: Store, rel: str) -> None:
         store.create_json(rel, self.to_json())

@@ -8,10 +8,14 @@ import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pipelines_lib.records.base import Record, _Record
+from pipelines_lib.records.base import Record, RecordError, _Record
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.forked import ForkStore
-from pipelines_lib.storage.store import Store
+from pipelines_lib.storage.store import Store, normalize_url
+
+LINEAGE_PROTOCOLS = ("file", "gs", "gcs", "memory")
+"""The storage a campaign is kept on (the GCS emulator is ``gs`` with an ``endpoint_url``): the only protocols a
+fork's ``parent.url``, read from the campaign's own content, may name."""
 
 # -- campaign.json ---------------------------------------------------------------------------------------
 
@@ -51,17 +55,38 @@ class CampaignManifest(Record):
         return self.config.get("eval", {}).get("versions", "all")
 
 
+class ForkLineageError(RecordError):
+    """A fork's ``parent`` that cannot be followed: a URL on storage no campaign is kept on (``LINEAGE_PROTOCOLS``; anything
+    else, ``http://`` say, would have every reader of the campaign fetch what its content names)."""
+
+
+class ForkLoopError(ForkLineageError):
+    """A fork's ancestry comes back to a campaign already in it."""
+
+
+def _parent_store(store: Store, parent: ForkParent) -> Store:
+    where = store.uri(CampaignManifest.PATH)
+    try:
+        protocol = normalize_url(parent.url).split("://", 1)[0]
+        if protocol not in LINEAGE_PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r} is not campaign storage ({', '.join(LINEAGE_PROTOCOLS)})")
+        return store.other(parent.url)
+    except (ValueError, ImportError) as e:
+        raise ForkLineageError(f"{where}: parent.url {parent.url!r}: {e}") from None
+
+
 def fork_chain(store: Store) -> list[tuple[Store, ForkParent]]:
     """A fork's ancestry: ``(campaign, its parent entry)`` from ``store`` up to the first campaign that is no
     fork, nearest first (empty for a campaign that is no fork, or a folder without ``campaign.json``).
-    A chain that comes back to a campaign already in it is an error naming the loop."""
+    A chain that comes back to a campaign already in it is a ``ForkLoopError`` naming the loop, a parent URL
+    that is no campaign storage a ``ForkLineageError``."""
     chain: list[tuple[Store, ForkParent]] = []
     seen = [store.uri()]
     while store.exists(CampaignManifest.PATH) and (parent := CampaignManifest.read(store).parent) is not None:
         chain.append((store, parent))
-        store = store.other(parent.url)
+        store = _parent_store(store, parent)
         if store.uri() in seen:
-            raise ValueError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
+            raise ForkLoopError(f"{seen[0]}: its fork ancestry loops: {' -> '.join([*seen, store.uri()])}")
         seen.append(store.uri())
     return chain
 

@@ -13,6 +13,7 @@ from typing import Any
 from pipelines_lib import telemetry
 from pipelines_lib.audit import audit_campaign
 from pipelines_lib.records import AuditRecord
+from pipelines_lib.stages.campaign import config_problem
 from pipelines_lib.storage.store import Store
 
 
@@ -20,7 +21,7 @@ def audit(store: Store, *, progress: Callable[[str], None] | None = None, since:
     """Audit and keep the report (and each version folder's result, for a later incremental audit from ``since``);
     returns the verdict, where the report is and its headline counts."""
     with telemetry.recording(store, "audit", sample_every_s=None), telemetry.span("stage.audit", track="stage"):
-        report = audit_campaign(store, progress=progress, since=since, keep=True)
+        report = audit_campaign(store, progress=progress, since=since, keep=True, config_check=config_problem)
     kept = AuditRecord(audited_at=report.audited_at, ok=report.ok, warnings=report.warnings,
                        report=report.to_dict())
     json_path, text_path = kept.write(store, report.render_text())

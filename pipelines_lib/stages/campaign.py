@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines_lib import records
+from pipelines_lib.configio import ConfigError
 from pipelines_lib.records import (
     CampaignManifest,
     DatasetSuccess,
@@ -77,6 +78,18 @@ def load_campaign_config(store: Store) -> CampaignConfig:
     from pipelines_lib.config import CampaignConfig
 
     return CampaignConfig.from_mapping(manifest.config)
+
+
+def config_problem(config: dict[str, Any]) -> str | None:
+    """Why a config snapshot does not load as ``load_campaign_config`` loads it (None: it loads): the audit's
+    ``config_check``, so the audit refuses a config every stage would refuse."""
+    from pipelines_lib.config import CampaignConfig  # the model code (JAX): only when a config is checked
+
+    try:
+        CampaignConfig.from_mapping(config)
+    except (ConfigError, ValueError, TypeError) as e:
+        return str(e)
+    return None
 
 
 def _numbered(store: Store, folder: str, parse: Callable[[str], int | None], ignored: list[str]) -> list[int]:

@@ -36,8 +36,20 @@ class TooLargeError(NotAnObjectError):
     its bytes are read. Readers skip it like any object that is nothing a campaign holds."""
 
 
+MAX_JSON_BYTES = 64 << 20
+"""Largest metadata object (a record, a pointer entry) a reader loads: a campaign writes kilobytes, and a
+multi-gigabyte (or sparse) ``campaign.json`` must not cost its reader that much memory."""
+
+
 def json_problem(e: ValueError | RecursionError) -> str:
     """What ``json.loads`` refused, in words: a document nested too deeply (``[[[...]]]`` 100,000 deep) raises
     ``RecursionError``, whose own message is about the interpreter's stack; readers of campaign objects catch it
     with ``ValueError`` and report this."""
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
+def raise_unless_gone(e: OSError) -> None:
+    """A local walk's ``onerror``: a folder it cannot list (refused, a name too long) is an error naming it, never a
+    silent hole in the listing; one that is gone (a missing root, a writer's temporary folder) holds nothing."""
+    if not isinstance(e, FileNotFoundError | NotADirectoryError):
+        raise e

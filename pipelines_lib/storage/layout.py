@@ -48,8 +48,11 @@ ROLLOUT_STOPS = "rollout"
 """``rollout/STOP-<utc>.json`` markers: rollout workers started before such a marker stop (the campaign writes
 one when its trainer fails for good, so in-process workers do not run forever); later workers ignore it."""
 
-_WORKER_RE = re.compile(r"^[A-Za-z0-9_.]+$")
-_SHARD_RE = re.compile(r"^(?P<worker>[A-Za-z0-9_.]+)-(?P<seq>\d{8})(?:-(?P<groups>\d+))?\.arrow$")
+_WORKER = r"[A-Za-z0-9_][A-Za-z0-9_.]*"
+"""A worker id: letters, digits, '_' and '.', never first: a name starting with '.' is hidden from every listing
+(temporaries are), so its shards would be committed and never read."""
+_WORKER_RE = re.compile(rf"^{_WORKER}$")
+_SHARD_RE = re.compile(rf"^(?P<worker>{_WORKER})-(?P<seq>\d{{8}})(?:-(?P<groups>\d+))?\.arrow$")
 _VERSION_RE = re.compile(r"^v(?P<version>\d{8})$")
 _CONSUMED_RE = re.compile(r"^(?P<step>\d{8})\.json$")
 _EVAL_RE = re.compile(r"^v(?P<version>\d{8})\.json$")
@@ -87,7 +90,7 @@ def campaign_id(url: str) -> str:
 
 def check_worker_id(worker_id: str) -> str:
     if not _WORKER_RE.match(worker_id):
-        raise ValueError(f"worker_id may only use letters, digits, '_' and '.', got {worker_id!r}")
+        raise ValueError(f"worker_id may only use letters, digits, '_' and '.' (not first), got {worker_id!r}")
     return worker_id
 
 

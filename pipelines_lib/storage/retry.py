@@ -66,6 +66,12 @@ def is_transient(exc: BaseException) -> bool:
                     "ContentLengthError", "ServerTimeoutError"}
 
 
+def storage_down(e: BaseException) -> bool:
+    """Whether a ``StorageError`` is the storage failing (a transient error past the retries) rather than one
+    object or folder (gone, refused, not a file): a reader names the latter and goes on, and stops on the former."""
+    return e.__cause__ is not None and is_transient(e.__cause__)
+
+
 def call_with_deadline(op: str, url: str, fn: Callable[[], T], timeout_s: float) -> T:
     """``fn()``, or ``StorageError(op, url)`` once ``timeout_s`` passes without its result.
 

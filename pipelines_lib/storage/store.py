@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pipelines_lib.storage.errors import (
+    MAX_JSON_BYTES,
     AlreadyExistsError,
     NotAnObjectError,
     NotFoundError,
     StorageError,
     TooLargeError,
     json_problem,
+    raise_unless_gone,
 )
 from pipelines_lib.storage.layout import parse_pointer_entry, pointer_entry_problem
 from pipelines_lib.storage.retry import RetryPolicy, call_with_deadline, is_transient, jitter
@@ -266,7 +268,7 @@ class Store:
             return f.read()
 
     def read_json(self, rel: str) -> Any:
-        data = self.read(rel)
+        data = self.read(rel, max_bytes=MAX_JSON_BYTES)
         try:
             return json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deeply
@@ -335,7 +337,7 @@ class Store:
             if self.protocol == "file":
                 # A symlinked folder is listed as an object, never entered: it may lead anywhere on the machine.
                 out = []
-                for folder, dirs, files in os.walk(path):
+                for folder, dirs, files in os.walk(path, onerror=raise_unless_gone):
                     links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
                     out += [os.path.join(folder, n) for n in files + links]
                     dirs[:] = [d for d in dirs if not skipped(os.path.join(folder, d))]
@@ -389,11 +391,11 @@ class Store:
             entry = f"{rel}.d/{name}"
             try:
                 payload: Any = self.read_json(entry)
-            except (NotFoundError, NotAnObjectError) as e:
+            except (NotFoundError, NotAnObjectError, TooLargeError) as e:
                 self._report(entry, str(e))
                 continue
             except StorageError as e:
-                if isinstance(e.__cause__, json.JSONDecodeError):
+                if isinstance(e.__cause__, ValueError | RecursionError):  # not JSON (nested too deeply, say)
                     self._report(entry, str(e))
                     continue
                 raise
