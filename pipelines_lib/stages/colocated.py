@@ -143,7 +143,7 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     return trained, collected, weights.handed_over
 
 
-def plan_colocated(config: CampaignConfig, log: Callable[[str], None] = print) -> MemoryPlan:
+def plan_colocated(config: CampaignConfig) -> MemoryPlan:
     """The campaign's memory plan on this process's first device, checked (``MemoryPlanError`` naming the part and
     the setting to change): first what arithmetic counts exactly, before anything compiles; then with the train
     step's temporaries, from XLA's memory analysis of the compiled step on an accelerator with a one-device trainer,
@@ -160,7 +160,6 @@ def plan_colocated(config: CampaignConfig, log: Callable[[str], None] = print) -
         rows = trainer_rows(config.trainer, group_size=config.rollout.group_size, n_devices=1)
         plan = plan_memory(model, config.trainer, config.engine, **args,
                            step_temporaries=xla_step_temporaries(model, config.trainer, rows=rows))
-    log(plan.render())
     plan.check()
     return plan
 
@@ -175,8 +174,9 @@ def run_colocated(store: Store, config: CampaignConfig, *, cache: Path | None = 
     if config.placement != "colocated":
         raise ValueError(f"{store.url}: run_colocated needs placement='colocated', got {config.placement!r}")
     started = time.perf_counter()
-    plan = plan_colocated(config, log)
+    plan = plan_colocated(config)  # refuses a config that cannot fit before anything is written
     out: dict[str, Any] = {"memory_plan": plan.to_dict(), "init": init_campaign(store, config)}
+    log(plan.render())  # after init_campaign: a campaign started with another config is refused in one line
     if config.engine.num_blocks == "auto":  # the manifest keeps "auto"; the engines get the plan's pool
         config = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_blocks=plan.kv_blocks))
     store = records.with_parents(store)
