@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="the arms the ablation runs, comma-separated (default: all; --quick: the headline three)")
     p.add_argument("--preset", default=None, metavar="NAME",
-                   help="the campaign preset the learning benchmark runs over its seeds (default: make demo's, "
-                        "pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
+                   help="the campaign preset (a recipe in recipes/) the learning benchmark runs over its seeds (default: "
+                        "make demo's, pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 

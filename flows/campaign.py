@@ -16,7 +16,7 @@ Stages start in-process (threads of this flow run: one process, one shared XLA r
 colocated`` runs everything up to the audit as one task in this process (``tasks.colocated``: the trainer hands
 its weights to the engines in device memory), then the same evaluation tables, curve and audit.
 
-Command line: ``rollstream run URL [--preset tiny|smoke|wide|tpu_demo] [--config FILE] [--set key=value ...]``
+Command line: ``rollstream run URL [--preset RECIPE] [--config FILE] [--set key=value ...]``
 (``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 
@@ -38,11 +38,11 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import artifacts, entry
 from flows.launch import Launcher, StageRunCrashed
 from flows.monitor import TrainProgress
-from flows.params import CampaignOverrides
+from flows.params import CampaignOverrides, Recipe
 from flows.runs import label_run, release_campaign_limits
 from pipelines_lib import records
 from pipelines_lib.audit.view import write_view
-from pipelines_lib.config import CampaignConfig, Preset
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records import EvalResult, versions_to_evaluate
 from pipelines_lib.rollout.collect import request_stop
@@ -167,7 +167,7 @@ def run_name() -> str:
 
 
 @flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
-def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None = None,
+def campaign(campaign_url: str, preset: Recipe = "tiny", config_path: str | None = None,
              overrides: CampaignOverrides | None = None, workers: int | None = None,
              storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
              poll_s: float = 5.0) -> dict[str, Any] | State:
@@ -176,7 +176,8 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     Args:
         campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
-        preset: the config the YAML and overrides apply to (a ``PRESETS`` name: ``tiny``, ``make demo``'s ``wide``, ...).
+        preset: the config the YAML and overrides apply to: a recipe's name (``recipes/<name>.yaml``: ``tiny``,
+            ``make demo``'s ``wide``, ...).
         config_path: YAML over the preset; None runs the preset.
         overrides: any subset of the config over the YAML, nested by section (``{"trainer": {"max_steps": 4}}``);
             typed from the config dataclasses (``flows.params``), so Prefect shows a form and refuses a bad

@@ -68,10 +68,10 @@ def _ended(state: Any, what: str) -> int | None:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder to create or continue: a path, file://... or gs://bucket/prefix/name")
     p.add_argument("--preset", default="tiny",
-                   help="config the YAML and --set apply to: tiny (the embedded defaults, 4-9 minutes on 2 cores, the ending "
-                        "varies by seed), smoke (a one-minute campaign), wide (make demo's: the task on a wider "
-                        "model, steady over seeds, 9-11 minutes on 2 cores) or tpu_demo (a "
-                        "25M-parameter model colocated on one accelerator chip)")
+                   help="config the YAML and --set apply to: a recipe of the repository's recipes/ folder, by name: "
+                        "tiny (the embedded defaults), smoke (a one-minute campaign), wide (make demo's: the task on "
+                        "a wider model, steady over seeds), twostep (a two-call task) or tpu_demo (a 25M-parameter "
+                        "model colocated on one accelerator chip); each file's header says what it is for")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override over the YAML, repeatable (e.g. trainer.max_steps=4, eval.versions=ends)")

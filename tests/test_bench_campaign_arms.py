@@ -49,7 +49,7 @@ def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_et
 
 
 def test_uncorrected_arms_set_eta_and_turn_the_off_policy_correction_off() -> None:
-    config = CampaignConfig.twostep()
+    config = CampaignConfig.preset("twostep")
     assert arm_overrides("eta8_nocorr", config) == {"rollout.eta": 8, "trainer.step.loss.correction": "none"}
     assert config.with_overrides(arm_overrides("eta4_nocorr", config)).trainer.step.loss.correction == "none"
     assert config.trainer.step.loss.correction == "tis"  # the corrected arms keep the default

@@ -49,7 +49,7 @@ def record_kinds(store: Store) -> set[str]:
 
 def test_device_weights_serve_a_copy_that_outlives_the_trainers_buffers(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
-    model = Decoder(CampaignConfig.smoke().model, rngs=nnx.Rngs(0))
+    model = Decoder(CampaignConfig.preset("smoke").model, rngs=nnx.Rngs(0))
     expected = jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.Param))
     weights = DeviceWeights(store)
     weights.hand_over(3, model)
@@ -64,7 +64,7 @@ def test_device_weights_serve_a_copy_that_outlives_the_trainers_buffers(tmp_path
 
 def test_device_weights_follow_the_campaign_pointer_and_load_versions_they_never_saw(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
-    model = Decoder(CampaignConfig.smoke().model, rngs=nnx.Rngs(1))
+    model = Decoder(CampaignConfig.preset("smoke").model, rngs=nnx.Rngs(1))
     weights = DeviceWeights(store)
     assert weights.latest() is None
     publish_weights(store, model, version=0, step=0)
@@ -89,7 +89,7 @@ def test_colocated_and_separate_campaigns_leave_folders_the_audit_cannot_tell_ap
     results, stores, audits = {}, {}, {}
     for placement in ("separate", "colocated"):
         path = tmp_path / f"{placement}.yaml"
-        path.write_text(yaml.safe_dump({**CampaignConfig.smoke().to_dict(), "placement": placement}))
+        path.write_text(yaml.safe_dump({**CampaignConfig.preset("smoke").to_dict(), "placement": placement}))
         url = str(tmp_path / placement)
         results[placement] = campaign(url, config_path=str(path), poll_s=0.5)
         stores[placement] = Store(url)

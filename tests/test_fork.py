@@ -222,7 +222,7 @@ def test_a_fork_of_a_smoke_campaign_runs_to_completion_through_the_fork_flow(pre
     from pipelines_lib.config import CampaignConfig
 
     smoke = tmp_path / "smoke.yaml"
-    smoke.write_text(yaml.safe_dump(CampaignConfig.smoke().to_dict()))
+    smoke.write_text(yaml.safe_dump(CampaignConfig.preset("smoke").to_dict()))
     parent = Store(str(tmp_path / "parent"))
     campaign(parent.url, config_path=str(smoke), poll_s=0.5)
     before = checksums(parent)

@@ -89,7 +89,7 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the stage subprocesses report to this test's API
     url = str(tmp_path / "drilled")
-    init_campaign.fn(url, CampaignConfig.smoke().with_overrides(DRILL_RUN).to_dict())
+    init_campaign.fn(url, CampaignConfig.preset("smoke").with_overrides(DRILL_RUN).to_dict())
     prep_flow(url)
     warm_start_flow(url)
     store = Store(url)

@@ -14,7 +14,7 @@ second call (``wrong_carry``). Both answers are well-formed integers, so the ``f
 Operands have one digit by default. Measured on the tiny model: with two-digit operands a 500-step warm start
 on mostly clean demonstrations still fails at the carry and at looking the third operand back up in the prompt
 (5 % greedy, 19 % pass@4: too little reward for GRPO to start from); with one digit, 300 steps on 70 % clean
-demonstrations solve every held-out task greedily. ``CampaignConfig.twostep()`` sits between: one digit, a
+demonstrations solve every held-out task greedily. The ``twostep`` recipe (``recipes/twostep.yaml``) sits between: one digit, a
 shorter warm start, 60 % flawed demonstrations.
 """
 
