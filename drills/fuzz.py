@@ -136,7 +136,7 @@ def check_config(case: ConfigCase) -> None:
 def check_shard(data: bytes) -> None:
     from pipelines_lib.storage.store import Store
     from pipelines_lib.trajectory.codec import ShardError, decode_shard
-    from pipelines_lib.trajectory.reader import ShardTailer
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.window import Window
 
     try:
@@ -149,7 +149,7 @@ def check_shard(data: bytes) -> None:
     with tempfile.TemporaryDirectory(prefix="rollstream-fuzz-") as d:
         store = Store(d)
         store.create(SHARD_WHERE, data)
-        tailer = ShardTailer(store)
+        tailer = FolderChannel(store).reader()
         groups = tailer.next_groups(10_000, Window(version=0, eta=0))
         events = tailer.drain_events()
         if readable:

@@ -47,7 +47,7 @@ from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
 from pipelines_lib.train.trainer import TrainerConfig
-from pipelines_lib.trajectory.writer import WriterConfig
+from pipelines_lib.trajectory.channel import WriterConfig
 
 LOCKSTEP_MAX_AGE_S = 86_400.0
 """``lockstep()``'s shard age limit: longer than any version's groups take, so shards are cut by the commit alone."""

@@ -31,8 +31,9 @@ from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DroppedStale, ZeroAdvantageGroup
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import summarize
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_eta() -> None:

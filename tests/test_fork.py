@@ -34,9 +34,10 @@ from pipelines_lib.stages.fork import fork_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 from tests.conftest import TRAINED_STEPS, checksums
 
 

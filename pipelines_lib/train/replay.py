@@ -33,7 +33,7 @@ from pipelines_lib.train.checkpoint import restore_latest
 from pipelines_lib.train.losses import get_loss
 from pipelines_lib.train.step import StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 from pipelines_lib.train.trainer import StreamingTrainer, TrainerConfig
-from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.channel import GroupSlice
 
 COMPARED = ("loss", "grad_norm")
 """The logged metrics a replay must reproduce exactly to count as identical."""

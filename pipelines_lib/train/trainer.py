@@ -61,10 +61,9 @@ from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.step import StepConfig, train_step
-from pipelines_lib.trajectory.channel import FolderChannel, GroupSource
-from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.channel import Channel, GroupSlice, GroupSource
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
-from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.trainable import INFRA_REASON, TrainerNeeds
 from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
@@ -129,7 +128,8 @@ class StreamingTrainer:
     with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
     which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
     the callee copies what it keeps. ``abort()`` is asked at every wait for groups; an exception it returns is
-    raised (colocated placement: the process's rollout workers failed, so no group will come)."""
+    raised (colocated placement: the process's rollout workers failed, so no group will come). ``channel`` is where
+    groups come from, and a replayed step's groups are read again (default: the campaign folder's shards)."""
 
     def __init__(
         self,
@@ -144,8 +144,10 @@ class StreamingTrainer:
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        channel: Channel | None = None,
     ) -> None:
         self.store = with_parents(store)  # a fork resumes from, and tails, its parent's history too
+        self.channel = channel or FolderChannel(self.store)
         self.tc = config
         self.eta = eta
         self.group_size = group_size
@@ -207,12 +209,11 @@ class StreamingTrainer:
 
     def _tailer_at(self, cursor: TailCursor) -> GroupSource:
         self._logged_cursor = cursor.copy()
-        return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
+        return self.channel.reader(cursor=cursor, needs=self.needs)
 
     def reload_group(self, g: ConsumedGroup) -> GroupSlice:
-        """The group a consumption-log entry names, read back from its shard (replay and benchmarks)."""
-        table, _ = read_shard(self.store, g.shard)
-        part = table.slice(g.row_start, g.row_end - g.row_start)
+        """The group a consumption-log entry names, read back through the channel (replay and benchmarks)."""
+        part = self.tailer.reread(g.shard, g.row_start, g.row_end)
         return GroupSlice(
             shard=g.shard, version=g.version, row_start=g.row_start, row_end=g.row_end, group_id=g.group_id, table=part
         )
