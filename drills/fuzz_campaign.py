@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drills.fuzz import ContractViolation
+from drills.fuzz_arrow import ContractViolation, ipc, with_meta
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "audit": ("audit", "{c}", "--jobs", "1"),
@@ -109,27 +109,25 @@ def _apply(edit: Edit, root: Path) -> None:
 
 
 def _replace_shard_meta(path: Path, value: int) -> None:
-    from drills.fuzz import _with_meta
     from pipelines_lib.trajectory.codec import SHARD_META_KEY
     from pipelines_lib.trajectory.schema import SCHEMA_VERSION_KEY
 
     key = (SCHEMA_VERSION_KEY, SHARD_META_KEY)[value % 2]
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
-        path.write_bytes(_with_meta(path.read_bytes(), key, HOSTILE_META[value % len(HOSTILE_META)]))
+        path.write_bytes(with_meta(path.read_bytes(), key, HOSTILE_META[value % len(HOSTILE_META)]))
 
 
 def _null_a_value(path: Path, value: int) -> None:
     """The first value of one column made null, the column declared nullable (the IPC reader lets both by)."""
     import pyarrow as pa
 
-    from drills.fuzz import _ipc
 
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
         table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
         i = value % table.num_columns
         column = table.column(i)
         nulled = pa.array([None, *column.to_pylist()[1:]], column.type)
-        path.write_bytes(_ipc(table.set_column(i, table.schema.field(i).with_nullable(True), nulled)))
+        path.write_bytes(ipc(table.set_column(i, table.schema.field(i).with_nullable(True), nulled)))
 
 
 def _plant_link(edit: Edit, root: Path, files: list[Path]) -> None:

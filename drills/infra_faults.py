@@ -83,7 +83,7 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
                     progress: Callable[[str], None] = print) -> InfraDrillReport:
     from flax import nnx
 
-    from drills.fixtures import small_trainer_config
+    from harness.fixtures import small_trainer_config
     from pipelines_lib.agents import AgentConfig, make_agent, run_episode
     from pipelines_lib.engine.api import SamplingParams
     from pipelines_lib.engine.scripted import ScriptedEngine

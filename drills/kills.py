@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
+from harness.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.records import (
     DoneMarker,
     EvalResult,

@@ -20,8 +20,8 @@ infra           drills/infra_faults.py     sandbox start failures and dependency
 A figure two drills both report (``reliability.cli_tracebacks``, ``reliability.hangs``: each drill counts its
 own cases) is summed over the drills that ran.
 
-Figures are flat ``reliability.*`` keys merged with the bench framework's ``merge_results`` (one record per
-run, ``quick`` says which sizes). A full run of some drills (``only``) updates their part of the report
+Figures are flat ``reliability.*`` keys merged with ``harness.results.merge_results``, as the benchmarks' are (one
+record per run, ``quick`` says which sizes). A full run of some drills (``only``) updates their part of the report
 (``with_rerun``). A figure that several drills report (``hangs``, ``cli_tracebacks``: counts of the
 same failure over different cases) is their sum. The full drill (``quick=False``: 500 cases per fuzz target, 10 trainer, 5
 publish-moment, 20 rollout-worker and 5 evaluator kills) also writes ``bench/reliability.json`` (every detail) and regenerates
@@ -45,10 +45,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BenchResult
-from bench.runner import RESULTS, _write_atomically, machine_info, merge_results
 from drills.bounds import BOUNDS_MEASURED, render_bounds_section
 from drills.storage_faults import FAULT_MEASURED, render_fault_section
+from harness.results import RESULTS, machine_info, merge_results, write_atomically
 
 DETAILS = Path("bench/reliability.json")
 REPORT = Path("RELIABILITY.md")
@@ -225,18 +224,18 @@ def run_drills(*, quick: bool = False, out_dir: Path = Path("."), progress: Call
     results_path = Path(out_dir) / RESULTS
     previous = json.loads(results_path.read_text()) if results_path.exists() else {}
     kept = {k: v for k, v in previous.get("figures", {}).items() if k.startswith(f"{NAME}.") and k not in figures}
-    merged = merge_results(previous, NAME, BenchResult(figures={**kept, **figures},
-                                                       notes=f"rollstream drills, sizes {dataclasses.asdict(sizes)}"),
-                           run)
-    _write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
+    merged = merge_results(previous, NAME, {**run, "rows": [], "plots": [],
+                                            "notes": f"rollstream drills, sizes {dataclasses.asdict(sizes)}"},
+                           figures={**kept, **figures})
+    write_atomically(results_path, json.dumps(merged, indent=2) + "\n")
     details_path = Path(out_dir) / DETAILS
     if not quick and (not only or details_path.exists()):
         record = {"run": run, "sizes": dataclasses.asdict(sizes), "figures": figures, "details": details,
                   "drill_figures": by_drill}
         if only:  # a full rerun of some drills: the report keeps the others from the last full drill
             record = with_rerun(json.loads(details_path.read_text()), run, by_drill, details)
-        _write_atomically(details_path, json.dumps(record, indent=2, default=str) + "\n")
-        _write_atomically(Path(out_dir) / REPORT, render_report(record))
+        write_atomically(details_path, json.dumps(record, indent=2, default=str) + "\n")
+        write_atomically(Path(out_dir) / REPORT, render_report(record))
     return figures
 
 

@@ -41,13 +41,12 @@ from flows.monitor import TrainProgress
 from flows.params import CampaignOverrides, Recipe
 from flows.runs import label_run, release_campaign_limits
 from pipelines_lib import records
-from pipelines_lib.audit.view import write_view
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records import EvalResult, versions_to_evaluate
-from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.collect import request_stop
 from pipelines_lib.stages.table import STAGE_NAMES
-from pipelines_lib.stages.view import campaign_view
+from pipelines_lib.stages.view import write_campaign_view
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store, normalize_url
 from tasks.colocated import colocated_campaign
@@ -153,7 +152,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
         # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
-        out["view"] = store.uri(write_view(store, campaign_view(store, cache=launcher.settings.cache)))
+        out["view"] = store.uri(write_campaign_view(store, cache=launcher.settings.cache))
         log.info("report and learning curve: %s", out["view"])
         # The campaign is finished: its per-campaign slots go (a recovery would create them again).
         out["released_limits"] = release_campaign_limits(url, config)

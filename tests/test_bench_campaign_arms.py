@@ -25,7 +25,7 @@ from bench.campaign_arms import (
     telemetry_figures,
 )
 from bench.registry import BenchContext, load_benches
-from drills.fixtures import done_marker, eval_result, run_record
+from harness.fixtures import done_marker, eval_result, run_record
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DroppedStale, ZeroAdvantageGroup

@@ -18,8 +18,8 @@ from flax import nnx
 
 from bench.scale import fake_devices_env
 from bench.tpu import QUICK_CAMPAIGN
-from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from flows.campaign import campaign
+from harness.fixtures import seed_trainer_campaign, small_trainer_config
 from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import nest_dotted, parse_overrides

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from drills.fixtures import final_params
+from harness.fixtures import final_params
 from pipelines_lib.audit import audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.view import build_view, render_html

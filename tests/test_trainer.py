@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
+from harness.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig

@@ -1,6 +1,7 @@
 """What a rollout worker needs from the campaign folder besides the channel: its share of tasks (minus the groups
 the channel says it committed, ``Channel.committed_groups``), when weights exist, and when to stop. The collect
-stage (``pipelines_lib.stages.collect``) runs the orchestrator over these.
+stage (``pipelines_lib.stages.collect``, which names the workers and writes stop requests) runs the orchestrator over
+these.
 
 Group ids are ``<task_id>.e<epoch>``: deterministic, so a restarted worker knows what it has done (task i
 belongs to worker ``i % num_workers``); the shard-name worker id is ``<worker>.<start-nonce>``, unique per
@@ -20,11 +21,6 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 
-def worker_name(worker_index: int) -> str:
-    """The stable name of rollout worker ``worker_index`` (a restart keeps it, so it skips its committed groups)."""
-    return f"rollout{worker_index}"
-
-
 def worker_tasks(tasks: list[Task], *, worker_index: int, num_workers: int, skip: set[str],
                  epochs: int | None = None) -> Iterator[tuple[Task, str]]:
     """This worker's share of ``tasks``, epoch after epoch, minus groups already done."""
@@ -40,11 +36,6 @@ def worker_tasks(tasks: list[Task], *, worker_index: int, num_workers: int, skip
 
 def utc_compact(when: dt.datetime | None = None) -> str:
     return (when or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%S%fZ")
-
-
-def request_stop(store: Store, reason: str) -> str:
-    """Ask every rollout worker running now to stop (workers started later are not affected)."""
-    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
 
 
 def stop_requested(store: Store, *, since: str) -> bool:

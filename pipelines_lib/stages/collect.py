@@ -21,7 +21,7 @@ from pipelines_lib.dataset import load_split
 from pipelines_lib.engine.backends import open_engine
 from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.publish import CampaignWeights
-from pipelines_lib.records import DoneMarker, with_parents
+from pipelines_lib.records import DoneMarker, StopRequest, with_parents
 from pipelines_lib.rollout.collect import (
     stop_requested,
     utc_compact,
@@ -33,6 +33,16 @@ from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.trajectory.folder import FolderChannel
+
+
+def worker_name(worker_index: int) -> str:
+    """The stable name of rollout worker ``worker_index`` (a restart keeps it, so it skips its committed groups)."""
+    return f"rollout{worker_index}"
+
+
+def request_stop(store: Store, reason: str) -> str:
+    """Ask every rollout worker running now to stop (workers started later are not affected)."""
+    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
