@@ -1,6 +1,6 @@
 """Benchmark ``ablation``: staleness η against the off-policy correction, on the ``twostep`` task.
 
-From one warm start of ``CampaignConfig.twostep()`` (same seeds, tasks and eval set), the arms of
+From one warm start of the ``twostep`` recipe (same seeds, tasks and eval set), the arms of
 ``bench/campaign_arms.py`` run in turn, each the real campaign command:
 
 ```
@@ -91,9 +91,10 @@ WITHIN_PTS = 3.0
 
 
 def shared_config(*, quick: bool, seed: int = 0) -> CampaignConfig:
-    """The config every arm of ``seed`` shares: ``CampaignConfig.twostep()`` with ``COMMON``, the mode's sizes and
+    """The config every arm of ``seed`` shares: the ``twostep`` recipe with ``COMMON``, the mode's sizes and
     the seed (``bench.seeds.seed_overrides``)."""
-    return CampaignConfig.twostep().with_overrides({**COMMON, **(QUICK if quick else FULL), **seed_overrides(seed)})
+    return CampaignConfig.preset("twostep").with_overrides(
+        {**COMMON, **(QUICK if quick else FULL), **seed_overrides(seed)})
 
 
 def mismatch_figures(store: Store) -> dict[str, float]:
@@ -175,7 +176,7 @@ def over_seed_figures(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> 
              "dropped share and the behaviour–proximal mismatch; each claim judged on the interval of its paired "
              "per-seed difference.",
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file per seed: "
-           "`CampaignConfig.twostep()` with one sampled eval attempt, heavy tool latency and raised episode and tool "
+           "the `twostep` recipe (`recipes/twostep.yaml`) with one sampled eval attempt, heavy tool latency and raised episode and tool "
            "deadlines, seed N setting `seed`, `dataset.seed`, `sft.seed` and `trainer.seed`), each `init_from` its "
            "seed's SFT warm start (the preset's 200 steps); every fourth published version and the last evaluated "
            "after its arm's command (untimed); curves of the first seed. Uncorrected arms set "
@@ -213,7 +214,7 @@ def ablation(ctx: BenchContext) -> BenchResult:
     sizes: dict[str, object] = {**COMMON, **(QUICK if ctx.quick else FULL)}
     notes = ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
              + "; ".join(c.render() for c in judged) + ". "
-             + "Every arm: `CampaignConfig.twostep()` with "
+             + "Every arm: the `twostep` recipe with "
              + ", ".join(f"{k}={v}" for k, v in sizes.items() if k != "env.tool_latency")
              + f", heavy tool latency (`env.tool_latency` = {sizes['env.tool_latency']}), `init_from` its seed's warm "
              f"start (mean {statistics.fmean(warm_s):.0f} s). Seeds: {len(per_seed)}; table values other than final "

@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds this run may take: tpu_ablation starts no (arm, seed) it does not expect to finish "
                         "within them and records what it has (default: no limit)")
     p.add_argument("--preset", default=None, metavar="NAME",
-                   help="the campaign preset the learning benchmark runs over its seeds (default: make demo's, "
-                        "pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
+                   help="the campaign preset (a recipe in recipes/) the learning benchmark runs over its seeds (default: "
+                        "make demo's, pipelines_lib.config.DEMO_PRESET; e.g. tiny)")
     p.add_argument("--out", type=Path, default=Path("."), help="folder holding bench/ and BENCHMARKS.md")
 
 

@@ -225,7 +225,7 @@ def seed_figures(runs: Sequence[SeedRun]) -> dict[str, float]:
              "wrong format but samples the right one: `CampaignConfig.tiny()`'s comment) and the wall clock of the "
              "whole campaign command; over seeds, the gain's mean, minimum, spread (max − min) and 95 % t interval.",
     method=f"`python -m flows.campaign --preset {DEMO_PRESET} --set eval.versions=ends` (the `make demo` command: "
-           f"`CampaignConfig.{DEMO_PRESET}()`, the embedded task on a 3.3M-parameter decoder: arithmetic with a calculator under "
+           f"`recipes/{DEMO_PRESET}.yaml`, the embedded task on a 3.3M-parameter decoder: arithmetic with a calculator under "
            "light tool latency, 2 rollout workers and the trainer as threads of one process, Prefect's ephemeral API; "
            "`--preset NAME` runs another preset, recorded as `learning.preset`), once per seed "
            "(`--seeds`, default 5; seed N sets `seed`, `dataset.seed`, `sft.seed` and `trainer.seed` to N), one "

@@ -1,6 +1,6 @@
 """Benchmark ``learning2``: does streaming GRPO teach the policy something it could not do, not just a format?
 
-The campaign of ``learning`` on the ``twostep`` task (``CampaignConfig.twostep()``: two calculator calls, the
+The campaign of ``learning`` on the ``twostep`` task (the ``twostep`` recipe, ``recipes/twostep.yaml``: two calculator calls, the
 first result carried into the second). Its warm start answers in the right form (one integer in
 ``<answer>``) but often answers after one call, with the intermediate result; the gain has to come from
 making the second call and carrying the right number. The preset is written to a config file once and the
@@ -30,7 +30,7 @@ QUICK: dict[str, object] = {"sft.steps": 40, "sft.optim.total_steps": 40, "train
              "`twostep` task, the gain in points, the share of v0's greedy answers that are well-formed (one integer "
              "in `<answer>`: the gain is not a format fix), pass@k per version, and the wall clock of the whole "
              "campaign command.",
-    method="`python -m flows.campaign --config <CampaignConfig.twostep() as YAML> --set eval.versions=ends` (tiny decoder, "
+    method="`python -m flows.campaign --config <the twostep recipe as YAML> --set eval.versions=ends` (tiny decoder, "
            "2 rollout workers and the trainer as threads of one process, light tool latency, Prefect's ephemeral "
            "API); results read back from the campaign folder, the versions between v0 and the last evaluated after "
            "the timed command. `--quick`: 40 SFT steps, 4 trainer steps, 16 held-out tasks (a smoke run).",
@@ -39,7 +39,7 @@ QUICK: dict[str, object] = {"sft.steps": 40, "sft.optim.total_steps": 40, "train
            Goal(key="learning2.wallclock_s", op="<=", value=900.0, why="within 15 minutes on 2 cores")),
 )
 def learning2(ctx: BenchContext) -> BenchResult:
-    config = CampaignConfig.twostep()
+    config = CampaignConfig.preset("twostep")
     if ctx.quick:
         config = config.with_overrides(QUICK)
     config_path = ctx.scratch / "twostep.yaml"

@@ -81,7 +81,7 @@ class BenchContext:
     """The arms a benchmark made of arms runs (``--arms``, the ablation); None: all of them."""
     preset: str | None = None
     """The campaign preset a benchmark that runs the demo command starts from (``--preset``, the learning
-    benchmark; ``pipelines_lib.config.PRESETS``); None: ``make demo``'s, ``pipelines_lib.config.DEMO_PRESET``."""
+    benchmark; a recipe of ``recipes/``, ``pipelines_lib.config.preset_names()``); None: ``make demo``'s, ``pipelines_lib.config.DEMO_PRESET``."""
 
     def seed_list(self, default: int) -> tuple[int, ...]:
         """``seeds`` if given, else seeds 0 to ``default`` - 1."""

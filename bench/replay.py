@@ -18,7 +18,7 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 def replay_bench(ctx: BenchContext) -> BenchResult:
     import time
 
-    from drills.fixtures import seed_trainer_campaign, small_trainer_config
+    from harness.fixtures import seed_trainer_campaign, small_trainer_config
     from pipelines_lib.stages.replay import replay
     from pipelines_lib.stages.train import train
 

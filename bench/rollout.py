@@ -88,8 +88,9 @@ from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.rollout.episodes import sample_seed
 from pipelines_lib.rollout.orchestrator import EpisodeFn, Orchestrator
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.record import Trajectory
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 PROFILES: dict[str, LatencyProfile] = {
     "none": LatencyProfile.none(),
@@ -247,7 +248,7 @@ async def measure_window(engine: Any, rc: RolloutConfig, episode_fn: EpisodeFn, 
     store = Store(f"memory://rollstream-bench-{bench}/{name}")
     orchestrator = Orchestrator(config=rc, engine=engine, episode_fn=episode,
                                 tasks=worker_tasks(tasks, worker_index=0, num_workers=1, skip=set()),
-                                writer=ShardWriter(store, worker_id="bench", config=rc.writer))
+                                writer=FolderChannel(store).writer("bench", rc.writer))
     engine.reset_stats()
     if skip == 0:
         marks.append(mark())
@@ -406,7 +407,7 @@ def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
            "Each arm skips its first K finished trajectories (ramp-up) and counts the next N (sync: whole "
            "batches; async: about 4 × max_concurrency, so the window is long next to the 5 s tail): "
            "throughput = N / time from the K-th to the (K+N)-th; busy fraction = engine compute seconds / that window. Groups are committed by the real "
-           "`ShardWriter` to a `memory://` store. Busy time is the union of the engine's compute steps from "
+           "the folder channel's writer to a `memory://` store. Busy time is the union of the engine's compute steps from "
            "dispatch until their results are on the host (steps are pipelined; a step found already finished "
            "when the host came for it is credited nothing, so it is a lower bound). Code arm: the code env, "
            "the forced call is the python tool running the task's reference function on one test input in "

@@ -19,8 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -40,26 +38,9 @@ from bench.registry import (
     key_owner,
     load_benches,
 )
+from harness.results import RESULTS, machine_info, merge_results, write_atomically
 
-RESULTS = Path("bench/results.json")
 REPORT = Path("BENCHMARKS.md")
-
-
-def machine_info() -> dict[str, Any]:
-    """What the figures depend on: CPU, memory, load (other jobs share small machines), library versions."""
-    import numpy
-    import pyarrow
-
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "load_1min": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(),
-        "pyarrow": pyarrow.__version__,
-        "numpy": numpy.__version__,
-    }
 
 
 def check_result(name: str, result: BenchResult, benches: Mapping[str, Bench] | None = None) -> None:
@@ -73,21 +54,6 @@ def check_result(name: str, result: BenchResult, benches: Mapping[str, Bench] | 
                 raise ValueError(f"benchmark {name!r} returned label {key!r} = {value!r}: must be text")
         elif not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"benchmark {name!r} returned figure {key!r} = {value!r}: must be a finite number")
-
-
-def merge_results(previous: Mapping[str, Any], name: str, result: BenchResult, run: Mapping[str, Any],
-                  benches: Mapping[str, Bench] | None = None) -> dict[str, Any]:
-    """``previous`` with benchmark ``name``'s figures and run record replaced by this run's (pure)."""
-    def owner(key: str) -> str:
-        return key_owner(key, dict(benches)) if benches else key.split(".", 1)[0]
-
-    figures = {k: v for k, v in previous.get("figures", {}).items() if owner(k) != name}
-    figures.update({k: float(v) for k, v in result.figures.items()})
-    labels = {k: v for k, v in previous.get("labels", {}).items() if owner(k) != name} | result.labels
-    runs = dict(previous.get("runs", {}))
-    runs[name] = {**run, "rows": result.rows, "plots": result.plots, "notes": result.notes}
-    return {"figures": dict(sorted(figures.items())), **({"labels": dict(sorted(labels.items()))} if labels else {}),
-            "runs": dict(sorted(runs.items()))}
 
 
 def _fmt(x: Any) -> str:
@@ -160,13 +126,6 @@ def render_markdown(results: Mapping[str, Any], benches: Mapping[str, Bench]) ->
     return "\n".join(out).rstrip() + "\n"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -230,15 +189,16 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
                "seconds": round(seconds, 2), "machine": machine_info()}
         # Re-read first: another process (the drills) may have written its figures since we started.
         results = json.loads(results_path.read_text()) if results_path.exists() else results
-        results = merge_results(results, name, result, run, benches)
+        results = merge_results(results, name, {**run, "rows": result.rows, "plots": result.plots, "notes": result.notes},
+                                figures=result.figures, labels=result.labels, owner=lambda k: key_owner(k, benches))
         figures.update(result.figures)
         # Saved after each benchmark: a later one failing does not lose this one's figures.
-        _write_atomically(results_path, json.dumps(results, indent=2) + "\n")
-        _write_atomically(out_dir / REPORT, render_markdown(results, benches))
+        write_atomically(results_path, json.dumps(results, indent=2) + "\n")
+        write_atomically(out_dir / REPORT, render_markdown(results, benches))
         for doc in documents(out_dir):  # the figures blocks of the README and docs/ quote the record too
             text = doc.read_text()
             if rerender(text, results) != text:
-                _write_atomically(doc, rerender(text, results))
+                write_atomically(doc, rerender(text, results))
         progress(f"bench {name}: {len(result.figures)} figures in {seconds:.1f} s")
     if failures:
         raise BenchmarksFailed(failures, figures)

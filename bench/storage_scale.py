@@ -43,13 +43,13 @@ from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.records import CampaignManifest
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import GroupSource, WriterConfig
 from pipelines_lib.trajectory.cursor import TailCursor
-from pipelines_lib.trajectory.reader import ShardTailer
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 FULL_SIZES = (1_000, 5_000, 20_000)
@@ -71,7 +71,7 @@ def label(n: int) -> str:
 def build_campaign(root: Path, n_shards: int) -> Store:
     """A campaign of ``n_shards`` one-group shards over ``VERSIONS`` versions, written by ``ShardWriter``."""
     memory = Store(f"memory://storage-scale-{uuid.uuid4().hex[:8]}/{root.name}")
-    writers = [ShardWriter(memory, worker_id=f"w{i}.{uuid.uuid4().hex[:6]}", config=WriterConfig(max_groups=1))
+    writers = [FolderChannel(memory).writer(f"w{i}.{uuid.uuid4().hex[:6]}", WriterConfig(max_groups=1))
                for i in range(WRITERS)]
     per_version = n_shards // VERSIONS
     for version in range(VERSIONS):
@@ -118,7 +118,7 @@ def _peak_memory_run(cmd: list[str]) -> tuple[float, float, float, int]:
     return time.perf_counter() - start, peak / 2**20, peak_pss / 2**20, proc.returncode
 
 
-def _drain(tailer: ShardTailer, window: Window) -> tuple[int, int]:
+def _drain(tailer: GroupSource, window: Window) -> tuple[int, int]:
     """Hand out everything in ``window``; returns (calls, groups)."""
     calls = groups = 0
     while True:
@@ -131,7 +131,7 @@ def _drain(tailer: ShardTailer, window: Window) -> tuple[int, int]:
 
 
 def measure_tailer(store: Store) -> dict[str, float]:
-    tailer = ShardTailer(store, needs=NEEDS)
+    tailer = FolderChannel(store).reader(needs=NEEDS)
     deltas: list[int] = []
     for version in range(VERSIONS):
         before = tailer.cursor.copy()
@@ -145,7 +145,7 @@ def measure_tailer(store: Store) -> dict[str, float]:
         start = time.perf_counter()
         tailer.next_groups(BATCH_GROUPS, last)
         polls.append(time.perf_counter() - start)
-    fresh = ShardTailer(store, needs=NEEDS, cursor=TailCursor(retired_below=last.start))
+    fresh = FolderChannel(store).reader(cursor=TailCursor(retired_below=last.start), needs=NEEDS)
     start, cpu = time.perf_counter(), time.process_time()
     calls, groups = _drain(fresh, last)
     drain_s, drain_cpu_s = time.perf_counter() - start, time.process_time() - cpu

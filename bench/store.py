@@ -35,11 +35,12 @@ import pyarrow.compute as pc
 from bench.plots import barh
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import COMPRESSION, encode_shard, read_shard
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.record import Trajectory, group_min_version, to_table
 from pipelines_lib.trajectory.schema import TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 QUICK = {"groups": 32, "group_size": 8, "max_len": 2048, "repeats": 3}
 FULL = {"groups": 128, "group_size": 8, "max_len": 2048, "repeats": 5}
@@ -89,8 +90,8 @@ def _encode_create(store: Store, table: pa.Table) -> None:
 
 
 def _store_write(store: Store, groups: list[list[Trajectory]]) -> None:
-    writer = ShardWriter(store, worker_id="bench",
-                         config=WriterConfig(max_groups=len(groups) + 1, max_bytes=2**62, max_age_s=1e9))
+    writer = FolderChannel(store).writer(
+        "bench", WriterConfig(max_groups=len(groups) + 1, max_bytes=2**62, max_age_s=1e9))
     for g in groups:
         writer.add_group(g)
     [_info] = writer.flush()

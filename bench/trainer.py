@@ -1,7 +1,7 @@
 """Benchmarks ``trainer`` (the streaming trainer's tokens/s next to a bare train loop) and ``publish``.
 
 ```
-prepare (untimed)   synthetic whole groups → ShardWriter → trajectories/v00000000/ in a local folder;
+prepare (untimed)   synthetic whole groups → the folder channel's writer → trajectories/v00000000/ in a local folder;
                     weights v0 published
 streaming arm       StreamingTrainer.run: tail shards, skip zero-advantage groups, build the batch,
                     train_step, write train/consumed/<step>.json          (publication and checkpoints off)
@@ -46,8 +46,9 @@ from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.reload import reload_step
 from pipelines_lib.train.step import train_step
 from pipelines_lib.train.trainer import StreamingTrainer
+from pipelines_lib.trajectory.channel import WriterConfig
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 QUICK = {"repeats": 2, "steps": 1}
 FULL = {"repeats": 4, "steps": 4}
@@ -65,7 +66,7 @@ def bench_config() -> CampaignConfig:
 
 def write_shards(store: Store, config: CampaignConfig, n_groups: int) -> None:
     """``n_groups`` synthetic groups of version 0 in shards of 16 groups, then weights v0."""
-    writer = ShardWriter(store, worker_id="bench", config=WriterConfig(max_groups=16, max_age_s=1e9))
+    writer = FolderChannel(store).writer("bench", WriterConfig(max_groups=16, max_age_s=1e9))
     for i in range(n_groups):
         writer.add_group(synthetic_group(prompt_id=f"p{i:05d}", group_size=config.rollout.group_size,
                                          worker_id="bench", policy_version=0, seed=i,
@@ -79,7 +80,7 @@ def logged_batches(trainer: StreamingTrainer, steps: range) -> list[tuple[TrainB
     out = []
     for step in steps:
         entry = ConsumptionLog.read(trainer.store, step)
-        batch, n_tokens = trainer.batch(reload_step(trainer.store, entry, trainer.needs))
+        batch, n_tokens = trainer.batch(reload_step(trainer.tailer, entry, trainer.needs, uri=trainer.store.uri))
         out.append((batch, n_tokens))
     return out
 

@@ -55,8 +55,8 @@ from pipelines_lib.stages.train import train
 from pipelines_lib.stages.warm_start import warm_start
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.step import logprobs_fn
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.record import Trajectory
-from pipelines_lib.trajectory.writer import WriterConfig
 
 EAGER = ("--enforce-eager",)
 """Servers of tests and of the campaign part skip torch.compile: it would spend about a minute of a 2-core

@@ -33,6 +33,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from drills import fuzz_campaign
+from drills.fuzz_arrow import ContractViolation, ipc, with_meta
 from pipelines_lib.storage import layout
 
 CASE_TIME_S = 1.0
@@ -47,10 +49,6 @@ TOOLS: dict[str, dict[str, Any]] = {
 """Tools offered to the parsers: one permissive schema, one strict."""
 
 SHARD_WHERE = layout.shard_path(0, "fuzz.0", 0)
-
-
-class ContractViolation(AssertionError):
-    """The entry point answered hostile input in a way its contract forbids (a bad message, a wrong result)."""
 
 
 def _require(cond: bool, message: str) -> None:
@@ -136,7 +134,7 @@ def check_config(case: ConfigCase) -> None:
 def check_shard(data: bytes) -> None:
     from pipelines_lib.storage.store import Store
     from pipelines_lib.trajectory.codec import ShardError, decode_shard
-    from pipelines_lib.trajectory.reader import ShardTailer
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.window import Window
 
     try:
@@ -149,7 +147,7 @@ def check_shard(data: bytes) -> None:
     with tempfile.TemporaryDirectory(prefix="rollstream-fuzz-") as d:
         store = Store(d)
         store.create(SHARD_WHERE, data)
-        tailer = ShardTailer(store)
+        tailer = FolderChannel(store).reader()
         groups = tailer.next_groups(10_000, Window(version=0, eta=0))
         events = tailer.drain_events()
         if readable:
@@ -390,18 +388,6 @@ def _valid_shard(n_groups: int, seed: int) -> bytes:
     return encode_shard(to_table(rows), {"worker_id": "fuzz.0", "seq": 0})
 
 
-def _ipc(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
-
-
-def _with_meta(data: bytes, key: bytes, value: bytes) -> bytes:
-    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    return _ipc(table.replace_schema_metadata({**(table.schema.metadata or {}), key: value}))
-
-
 def shard_inputs() -> Any:
     import hypothesis.strategies as st
 
@@ -413,13 +399,13 @@ def shard_inputs() -> Any:
     flipped = st.tuples(valid, st.integers(0, 10**6), st.integers(1, 255)).map(
         lambda t: t[0][: t[1] % len(t[0])] + bytes([t[0][t[1] % len(t[0])] ^ t[2]]) + t[0][t[1] % len(t[0]) + 1:])
     versions = st.sampled_from(["2.0", "0.9", "1.7", "x", "", "1", "999999999999999999999.0", "-1.0", "1.0.0"])
-    future = st.tuples(valid, versions).map(lambda t: _with_meta(t[0], SCHEMA_VERSION_KEY, t[1].encode()))
+    future = st.tuples(valid, versions).map(lambda t: with_meta(t[0], SCHEMA_VERSION_KEY, t[1].encode()))
     provenance = st.sampled_from([b"", b"{", b"[1, 2]", b"null", b"\xff\xfe", b'"x"', b'{"seq": "NaN"}'])
-    bad_prov = st.tuples(valid, provenance).map(lambda t: _with_meta(t[0], SHARD_META_KEY, t[1]))
+    bad_prov = st.tuples(valid, provenance).map(lambda t: with_meta(t[0], SHARD_META_KEY, t[1]))
     other = st.dictionaries(st.text(min_size=1, max_size=8), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=2,
                                                                          max_size=2),
-                            min_size=1, max_size=3).map(lambda d: _ipc(pa.table(d)))
-    dataset_file = st.just(_ipc(pa.table({"task_id": ["a"], "prompt": ["1+1"], "answer": ["2"]})))
+                            min_size=1, max_size=3).map(lambda d: ipc(pa.table(d)))
+    dataset_file = st.just(ipc(pa.table({"task_id": ["a"], "prompt": ["1+1"], "answer": ["2"]})))
     parquet = st.just(0).map(lambda _: _parquet(pa.table({"x": [1, 2]})))
     return st.one_of(st.binary(max_size=2000), st.just(b""), valid, truncated, flipped, future, bad_prov, other,
                      dataset_file, parquet)
@@ -456,7 +442,7 @@ def dataset_inputs() -> Any:
     def encoded(rows: list[dict[str, Any]], suffix: str) -> DatasetCase:
         table = as_table(rows)
         try:
-            return DatasetCase(suffix=suffix, data=_ipc(table) if suffix == ".arrow" else _parquet(table))
+            return DatasetCase(suffix=suffix, data=ipc(table) if suffix == ".arrow" else _parquet(table))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # e.g. Parquet cannot store an empty struct
             return DatasetCase(suffix=suffix, data=b"")
 
@@ -468,13 +454,6 @@ def dataset_inputs() -> Any:
         lambda t: DatasetCase(suffix=t[0].suffix, data=t[0].data[: int(len(t[0].data) * t[1])]))
     return st.one_of(raw.map(lambda t: DatasetCase(suffix=t[0], data=t[1])), arrow, parquet, truncated,
                      st.builds(DatasetCase, suffix=st.just(".jsonl"), data=lines | many_good))
-
-
-def _campaigns() -> Any:
-    """``drills.fuzz_campaign``, imported when its target runs: it imports this module's ``ContractViolation``."""
-    import drills.fuzz_campaign
-
-    return drills.fuzz_campaign
 
 
 # -- registry and counting runner -----------------------------------------------------------------------
@@ -493,8 +472,8 @@ FUZZ_TARGETS: dict[str, FuzzTarget] = {t.name: t for t in (
     FuzzTarget(name="config", strategy=config_inputs, check=check_config),
     FuzzTarget(name="shards", strategy=shard_inputs, check=check_shard),
     FuzzTarget(name="dataset", strategy=dataset_inputs, check=check_dataset),
-    FuzzTarget(name="campaigns", strategy=lambda: _campaigns().campaign_inputs(),
-               check=lambda case: _campaigns().check_campaign(case)),
+    FuzzTarget(name="campaigns", strategy=lambda: fuzz_campaign.campaign_inputs(),
+               check=lambda case: fuzz_campaign.check_campaign(case)),
 )}
 
 
@@ -536,5 +515,5 @@ def run_fuzz(max_examples: int = 500, *, seed: int = 0, names: list[str] | None 
     return tallies
 
 
-__all__ = ["CASE_TIME_S", "FUZZ_TARGETS", "ConfigCase", "ContractViolation", "DatasetCase", "FuzzTarget", "Tally",
+__all__ = ["CASE_TIME_S", "FUZZ_TARGETS", "ConfigCase", "DatasetCase", "FuzzTarget", "Tally",
            "check_calculator", "check_config", "check_dataset", "check_parsers", "check_shard", "run_fuzz"]

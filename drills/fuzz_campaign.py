@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drills.fuzz import ContractViolation
+from drills.fuzz_arrow import ContractViolation, ipc, with_meta
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "audit": ("audit", "{c}", "--jobs", "1"),
@@ -172,10 +172,8 @@ def _apply(edit: Edit, root: Path) -> None:
 
 
 def _replace_meta(path: Path, key: bytes, value: bytes) -> None:
-    from drills.fuzz import _with_meta
-
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
-        path.write_bytes(_with_meta(path.read_bytes(), key, value))
+        path.write_bytes(with_meta(path.read_bytes(), key, value))
 
 
 def _replace_shard_meta(path: Path, value: int) -> None:
@@ -188,10 +186,8 @@ def _replace_shard_meta(path: Path, value: int) -> None:
 def _edit_table(path: Path, edit: Callable[[Any], Any]) -> None:
     import pyarrow as pa
 
-    from drills.fuzz import _ipc
-
     with contextlib.suppress(Exception):  # a shard an earlier edit already broke stays as it is
-        path.write_bytes(_ipc(edit(pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all())))
+        path.write_bytes(ipc(edit(pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all())))
 
 
 def _set_first(table: Any, i: int | str, value: Any) -> Any:

@@ -83,7 +83,7 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
                     progress: Callable[[str], None] = print) -> InfraDrillReport:
     from flax import nnx
 
-    from drills.fixtures import small_trainer_config
+    from harness.fixtures import small_trainer_config
     from pipelines_lib.agents import AgentConfig, make_agent, run_episode
     from pipelines_lib.engine.api import SamplingParams
     from pipelines_lib.engine.scripted import ScriptedEngine
@@ -95,9 +95,10 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
     from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.stages.train import train
     from pipelines_lib.storage.store import Store
+    from pipelines_lib.trajectory.channel import WriterConfig
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.schema import INFRA_STATUSES
     from pipelines_lib.trajectory.trainable import INFRA_REASON
-    from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
     if n_groups % 3 != 0:
         raise ValueError(f"n_groups must be a multiple of 3 (the plan's period), got {n_groups}")
@@ -142,7 +143,7 @@ def run_infra_drill(scratch: Path, *, n_groups: int = 9, retries: int = 1,
     store = Store(str(scratch / "infra-drill"))
     init_campaign(store, config)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
+    writer = FolderChannel(store).writer("w0", WriterConfig(max_groups=3))
     for group in groups:
         writer.add_group(group)
     writer.flush()

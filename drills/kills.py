@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from drills.supervisor import KillDrill, KillRecord, partial_visible, resume_gaps
+from harness.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.records import (
     DoneMarker,
     EvalResult,
@@ -193,7 +193,7 @@ def drill_rollout_config() -> Any:
     """The tiny campaign with a shard per 2 groups, so kills land between, during and after commits. No trainer
     runs in this drill, so the per-version backpressure is off (it would wait for a version that never comes)."""
     from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.trajectory.writer import WriterConfig
+    from pipelines_lib.trajectory.channel import WriterConfig
 
     base = CampaignConfig.tiny()
     return dataclasses.replace(base, rollout=dataclasses.replace(

@@ -69,18 +69,19 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 def seed_campaign(root: Path) -> Path:
     """A tiny-preset campaign: two shards of one group, consumption logs of steps 1-3, a telemetry file."""
-    from drills.fixtures import consumption_log
+    from harness.fixtures import consumption_log
     from pipelines_lib import telemetry
     from pipelines_lib.config import CampaignConfig
     from pipelines_lib.stages.campaign import init_campaign
     from pipelines_lib.storage.store import Store
+    from pipelines_lib.trajectory.channel import WriterConfig
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.synthetic import synthetic_group
-    from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
     store = Store(str(root / "campaign"))
     config = CampaignConfig.tiny()
     init_campaign(store, config)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1))
+    writer = FolderChannel(store).writer("w0", WriterConfig(max_groups=1))
     for i in range(2):
         writer.add_group(synthetic_group(prompt_id=f"p{i}", group_size=4, worker_id="w0", policy_version=0, seed=i,
                                          vocab_size=config.model.vocab_size, max_len=40))

@@ -465,9 +465,9 @@ def _device(path: Path) -> bool:
     return True
 
 
-_TAIL = ("from pipelines_lib.storage.store import Store; from pipelines_lib.trajectory.reader import ShardTailer; "
+_TAIL = ("from pipelines_lib.storage.store import Store; from pipelines_lib.trajectory.folder import FolderChannel; "
          "from pipelines_lib.trajectory.window import Window; "
-         "t = ShardTailer(Store({url!r})); g = t.next_groups(8, Window(version=0, eta=0)); "
+         "t = FolderChannel(Store({url!r})).reader(); g = t.next_groups(8, Window(version=0, eta=0)); "
          "print(len(g), 'groups;', [e.reason for e in t.drain_events()])")
 
 

@@ -224,7 +224,7 @@ class ReplayOutcome(CaseOutcome):
 
 def run_replay_case(name: str, root: Path) -> ReplayOutcome:
     """Train to step 3 (step 3 logged after the step-2 checkpoint), damage the campaign (``name``), restart."""
-    from drills.fixtures import seed_trainer_campaign, small_trainer_config
+    from harness.fixtures import seed_trainer_campaign, small_trainer_config
     from pipelines_lib.stages.train import train
     from pipelines_lib.train.reload import ReplayError
     from pipelines_lib.train.trainer import NonFiniteStepError

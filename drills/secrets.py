@@ -4,7 +4,7 @@ Planted, all fake and unique: secret-looking environment variables (``GOOGLE_APP
 a fake service-account file, ``ROLLSTREAM_API_TOKEN``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``) and a ``token``
 storage option given to the campaign's ``Store`` and to the ``rollstream audit`` command line. Then a tiny
 campaign runs in this process: init, prep, publish a random-init model as v0, collect a few groups (or, in the
-quick variant, commit synthetic groups through the ``ShardWriter``), telemetry flush and Perfetto export,
+quick variant, commit synthetic groups through the folder channel's writer), telemetry flush and Perfetto export,
 ``audit_campaign`` (report written under ``audit/``) and ``rollstream audit --json``. Everything printed or
 logged meanwhile is captured.
 
@@ -114,10 +114,10 @@ def scan(folder: Path, secrets: dict[str, str], *, skip: tuple[Path, ...] = ()) 
 
 
 def _synthetic_rollouts(store: Any, config: Any) -> None:
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.synthetic import synthetic_group
-    from pipelines_lib.trajectory.writer import ShardWriter
 
-    writer = ShardWriter(store, worker_id="drill.0")
+    writer = FolderChannel(store).writer("drill.0")
     for i in range(3):
         writer.add_group(synthetic_group(prompt_id=f"p{i}", group_size=config.rollout.group_size, worker_id="drill.0",
                                          policy_version=0, seed=i, vocab_size=config.model.vocab_size, max_len=40))

@@ -1,7 +1,7 @@
 """Storage faults through a real network path: ``FaultProxy`` in front of a GCS-API server, four parts.
 
 ``run_fault_drill`` runs them in order; ``fault_figures`` turns the results into ``reliability.*`` figures and
-``render_fault_section`` into RELIABILITY.md's section (``drills/runner.py`` calls both).
+``render_fault_section`` into RELIABILITY.md's section (``drills/runner.py`` and ``drills/report.py`` call them).
 
 1. ``workload``: ``run_fault_workload`` drives one ``Store`` (gcsfs → proxy → emulator) through many creates, reads
    and lists in a few threads, then a ``ShardWriter`` → ``ShardTailer`` round trip of synthetic groups, and
@@ -41,10 +41,10 @@ from pipelines_lib.settings import DEFAULTS
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.retry import RetryPolicy
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.reader import ShardTailer
+from pipelines_lib.trajectory.channel import WriterConfig
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
 DRILL_RETRY = RetryPolicy(attempts=8, base_delay_s=0.05, max_delay_s=0.5, deadline_s=60.0)
 OUTAGE_STALL_S = 300.0
@@ -126,13 +126,13 @@ def run_fault_workload(store: Store, proxy: FaultProxy, *, n_objects: int = 60, 
     listed = set(store.list("objects"))
     found = sum(ok and f"{i:05d}.bin" in listed for i, ok in enumerate(read_back))
 
-    writer = ShardWriter(store, worker_id="fault.0", config=WriterConfig(max_groups=3))
+    writer = FolderChannel(store).writer("fault.0", WriterConfig(max_groups=3))
     for i in range(n_groups):
         writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=2, worker_id="fault.0", policy_version=0,
                                          seed=i, max_len=24))
     writer.flush()
     committed = [g for info in writer.committed for g in info.group_ids]
-    tailer = ShardTailer(store)
+    tailer = FolderChannel(store).reader()
     got = [g.group_id for g in tailer.next_groups(10 * n_groups + 1, Window(version=0, eta=0))]
     counts = Counter(got)
     return WorkloadResult(

@@ -16,7 +16,7 @@ Stages start in-process (threads of this flow run: one process, one shared XLA r
 colocated`` runs everything up to the audit as one task in this process (``tasks.colocated``: the trainer hands
 its weights to the engines in device memory), then the same evaluation tables, curve and audit.
 
-Command line: ``rollstream run URL [--preset tiny|smoke|wide|tpu_demo] [--config FILE] [--set key=value ...]``
+Command line: ``rollstream run URL [--preset RECIPE] [--config FILE] [--set key=value ...]``
 (``flows.commands``; ``python -m flows.campaign`` is the same command).
 """
 
@@ -38,17 +38,16 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import artifacts, entry
 from flows.launch import Launcher, StageRunCrashed
 from flows.monitor import TrainProgress
-from flows.params import CampaignOverrides
+from flows.params import CampaignOverrides, Recipe
 from flows.runs import campaign_name, label_run, release_campaign_limits, stopped
 from pipelines_lib import records
-from pipelines_lib.audit.view import write_view
-from pipelines_lib.config import CampaignConfig, Preset
+from pipelines_lib.config import CampaignConfig
 from pipelines_lib.hints import hint_command, secrets_note
 from pipelines_lib.records import EvalResult, versions_to_evaluate
-from pipelines_lib.rollout.collect import request_stop
+from pipelines_lib.stages.collect import request_stop
 from pipelines_lib.stages.stopping import Stopped, check_stop, stop_on_signals
 from pipelines_lib.stages.table import STAGE_NAMES
-from pipelines_lib.stages.view import campaign_view
+from pipelines_lib.stages.view import write_campaign_view
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store, normalize_url
 from tasks.colocated import colocated_campaign
@@ -160,7 +159,7 @@ def run_stages(launcher: Launcher, stages: list[str], *, poll_s: float = 5.0) ->
             artifacts.publish_audit(url, store, out["audit"])
         log.info("audit %s: %s", "OK" if out["audit"]["ok"] else "FAILED", out["audit"]["report"])
         # The finished campaign's report and learning-curve PNG, in its own folder (view/<utc>/).
-        out["view"] = store.uri(write_view(store, campaign_view(store, cache=launcher.settings.cache)))
+        out["view"] = store.uri(write_campaign_view(store, cache=launcher.settings.cache))
         log.info("report and learning curve: %s", out["view"])
         # The campaign is finished: its per-campaign slots go (a recovery would create them again).
         out["released_limits"] = release_campaign_limits(url, config)
@@ -180,7 +179,7 @@ def run_time() -> dt.datetime:
 
 
 @flow(name="rollstream-campaign", flow_run_name=run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
-def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None = None,
+def campaign(campaign_url: str, preset: Recipe = "tiny", config_path: str | None = None,
              overrides: CampaignOverrides | None = None, workers: int | None = None,
              storage_options: dict[str, Any] | None = None, use_deployments: bool = False,
              poll_s: float = 5.0) -> dict[str, Any] | State:
@@ -189,7 +188,8 @@ def campaign(campaign_url: str, preset: Preset = "tiny", config_path: str | None
     Args:
         campaign_url: the campaign folder (``file:///...``, a path, or ``gs://bucket/prefix/name``); it names
             the campaign. ``{date}``/``{datetime}`` expand to the scheduled run time (``expand_campaign_url``).
-        preset: the config the YAML and overrides apply to (a ``PRESETS`` name: ``tiny``, ``make demo``'s ``wide``, ...).
+        preset: the config the YAML and overrides apply to: a recipe's name (``recipes/<name>.yaml``: ``tiny``,
+            ``make demo``'s ``wide``, ...).
         config_path: YAML over the preset; None runs the preset.
         overrides: any subset of the config over the YAML, nested by section (``{"trainer": {"max_steps": 4}}``);
             typed from the config dataclasses (``flows.params``), so Prefect shows a form and refuses a bad

@@ -103,11 +103,13 @@ def _temporary_api_outlives_ctrl_c() -> None:
 def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder to create or continue: a path, file://... or gs://bucket/prefix/name")
     p.add_argument("--preset", default="tiny",
-                   help="config the YAML and --set apply to: tiny (the embedded defaults, 4-9 minutes on 2 cores, the ending "
-                        "varies by seed), smoke (a plumbing check of every stage that cannot learn: about 3 minutes on 2 "
-                        "cores with a cold JAX compilation cache, less when warm), wide (make demo's: the task on a wider "
-                        "model, steady over seeds, 9-11 minutes on 2 cores) or tpu_demo (a "
-                        "25M-parameter model colocated on one accelerator chip)")
+                   help="config the YAML and --set apply to: a recipe of the repository's recipes/ folder, by name: "
+                        "tiny (the embedded defaults, 4-9 minutes on 2 cores, the ending varies by seed), smoke (a "
+                        "plumbing check of every stage that cannot learn: about 3 minutes on 2 cores with a cold JAX "
+                        "compilation cache, less when warm), wide (make demo's: the task on a wider model, steady over "
+                        "seeds, 9-11 minutes on 2 cores), twostep (a two-call task), tpu_demo (a 25M-parameter model "
+                        "colocated on one accelerator chip) or tpu_real (tpu_demo at Qwen3-0.6B's shape under the "
+                        "memory plan); each file's header says what it is for")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override over the YAML, repeatable (e.g. trainer.max_steps=4, eval.versions=ends)")
@@ -178,21 +180,19 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 def _recover(args: argparse.Namespace) -> int:
     flow_logging(args.verbose)
-    from pipelines_lib.audit import audit_campaign
-    from pipelines_lib.audit.state import state_findings
-    from pipelines_lib.records import with_parents
-    from pipelines_lib.stages.campaign import campaign_status, config_problem
+    from pipelines_lib.stages.audit import audit_report, damaged_records
+    from pipelines_lib.stages.campaign import campaign_status
 
     store = open_store(args, args.url)
     status = campaign_status(store)
     if "init" in status["todo"]:
         raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
     # Refused before anything is written: a record a restarted stage reads that is damaged would stop it midway.
-    if damaged := state_findings(with_parents(store), config_problem):
+    if damaged := damaged_records(store):
         raise CommandError(f"{args.url}: not recovered: {len(damaged)} damaged record(s) a restart reads, the first "
                            f"{damaged[0]} (`rollstream audit` lists them)")
     if not status["todo"]:
-        report = audit_campaign(store, jobs=None, config_check=config_problem)
+        report = audit_report(store)
         say(f"{args.url}: finished, nothing to recover; audit {'OK' if report.ok else 'FAILED'} "
             f"({sum(report.violation_counts.values())} violations, {len(report.bad_files)} bad files)")
         return 0 if report.ok else 1

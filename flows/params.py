@@ -28,11 +28,11 @@ import inspect
 import types
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, model_validator
 
-from pipelines_lib.config import CampaignConfig
+from pipelines_lib.config import CampaignConfig, preset_names
 from pipelines_lib.configdoc import attribute_docs
 from pipelines_lib.configio import nest_dotted
 
@@ -114,3 +114,8 @@ def _class_doc(cls: type) -> str | None:
 
 CampaignOverrides = overrides_model(CampaignConfig)
 """The ``overrides`` parameter of the campaign flow: any subset of ``CampaignConfig``, nested by section."""
+
+Recipe = Literal[preset_names()]
+"""The ``preset`` parameter of the campaign flow: a recipe's name (``recipes/<name>.yaml``), the folder as it is when
+the flow is imported (a deployment made before a recipe was added needs deploying again), so the form offers them
+and the server refuses another."""

@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 
 from flows import artifacts, entry
 from flows.runs import campaign_limit, campaign_name, label_run, stopped
-from pipelines_lib.publish import CampaignWeights
+from pipelines_lib.records import Publication
 from pipelines_lib.settings import Settings
 from pipelines_lib.stages.stopping import Stopped, stop_on_signals
 from pipelines_lib.stages.table import resources_for, stage
@@ -113,9 +113,10 @@ def evaluate_flow(campaign_url: str, version: int | None = None, storage_options
     settings = entry(campaign_url, storage_options)
     label_run(campaign_url, "evaluate")
     if version is None:
-        version = CampaignWeights(open_store(campaign_url, storage_options, settings)).latest()
-        if version is None:
+        latest = Publication.latest(open_store(campaign_url, storage_options, settings))
+        if latest is None:
             raise ValueError(f"{campaign_url}: nothing published yet to evaluate")
+        version = latest.version
     result = evaluate_version(campaign_url, version, storage_options, settings)
     artifacts.publish_eval_table(campaign_url, version, result)
     return result

@@ -62,7 +62,8 @@ def _run_and_summarise(args: argparse.Namespace, store: Store, config: CampaignC
 
 def _run_colocated_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder to create or continue")
-    p.add_argument("--preset", default="tiny", help="config the YAML and --set apply to (e.g. tiny, wide, tpu_demo)")
+    p.add_argument("--preset", default="tiny",
+                   help="config the YAML and --set apply to: a recipe in recipes/ (e.g. tiny, wide, tpu_demo, tpu_real)")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
     add_storage_options(p)

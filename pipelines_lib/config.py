@@ -18,8 +18,9 @@ CampaignConfig
 Each sub-config lives next to the code that uses it and validates itself; this module only composes
 them (``envs.spec.EnvSpec`` pairs an env with the latency wrapped around its tools and its sandbox). Only the stages
 (``pipelines_lib.stages``) take a whole ``CampaignConfig``; core code takes its own section. ``CampaignConfig.from_yaml`` reads a YAML file
-(unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores,
-``smoke()`` the same cut to a plumbing check of every stage that cannot learn (the test suite's).
+(unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores. The
+presets are recipes, not code: ``recipes/<name>.yaml`` overlays ``tiny()`` (or the recipe it names in
+``extends:``), and ``CampaignConfig.preset("smoke")`` loads one (``docs/RECIPES.md``).
 Variants are made with ``dataclasses.replace`` or ``with_overrides({"rollout.eta": 2})``.
 """
 
@@ -43,16 +44,20 @@ from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.memplan import MemoryConfig
-from pipelines_lib.model.config import QWEN3_0P6B, ModelConfig
+from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
-from pipelines_lib.train.step import Precision
 from pipelines_lib.train.trainer import TrainerConfig
-from pipelines_lib.trajectory.writer import WriterConfig
+from pipelines_lib.trajectory.channel import WriterConfig
 
 LOCKSTEP_MAX_AGE_S = 86_400.0
 """``lockstep()``'s shard age limit: longer than any version's groups take, so shards are cut by the commit alone."""
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+"""The recipes folder, ``recipes/<name>.yaml``: beside the ``pipelines_lib`` package both in a checkout (used
+through ``PYTHONPATH`` or an editable install) and in an installed one (``pyproject.toml`` ships it as package
+data)."""
 
 Placement = Literal["separate", "colocated"]
 PLACEMENTS: tuple[str, ...] = typing.get_args(Placement)
@@ -206,139 +211,6 @@ class CampaignConfig:
         )
 
     @classmethod
-    def twostep(cls) -> CampaignConfig:
-        """``tiny()`` on the ``twostep`` task: two calculator calls, the first result carried into the second.
-
-        Trajectories run to ~170 tokens (two calls, two results, the answer), so the engine, rollouts and
-        train batches use the tiny model's whole 256-token context. 60 % of the warm start's demonstrations are
-        flawed (half answer after one call, half carry a wrong number), and it is cut to 200 steps. The warm start
-        is strongly seed-dependent: v0 greedy success 7.8-75 % over the initial weights measured (the ``ablation``
-        benchmark's seeds 0-2: 15.6, 7.8, 20.3 %). Measured once on a lucky draw (``learning2`` benchmark, 2 cores
-        shared with a test suite and another benchmark): v0 answers 100 % of held-out tasks well-formed and makes
-        both calls, yet solves 74 % greedily; 30 GRPO steps at ``tiny()``'s
-        learning rate bring greedy success to 98 % in 517 s. The first version dips (v1: 22 %, a third of its answers
-        malformed) and the policy recovers from v2 on; at 5e-4 the same dip went to 0 % in the ablation's
-        synchronous arm and never recovered (every group all-zero reward: nothing left to learn from).
-        """
-        tiny = cls.tiny()
-        return dataclasses.replace(
-            tiny,
-            dataset=dataclasses.replace(tiny.dataset, source="builtin:twostep", env_name="twostep"),
-            env=dataclasses.replace(tiny.env, name="twostep"),
-            engine=dataclasses.replace(tiny.engine, max_seq_len=256, prefill_buckets=(16, 64, 128, 256)),
-            rollout=dataclasses.replace(tiny.rollout, max_tokens=256),
-            trainer=dataclasses.replace(tiny.trainer, seq_buckets=(256,), max_steps=30, checkpoint_every=5),
-            sft=dataclasses.replace(tiny.sft, steps=200, error_rate=0.6,
-                                    optim=dataclasses.replace(tiny.sft.optim, total_steps=200)),
-        )
-
-    @classmethod
-    def wide(cls) -> CampaignConfig:
-        """``make demo``'s preset: ``tiny()``'s task and rollouts on a decoder twice as wide, steady over seeds.
-
-        d_model 256 with 4 heads of 64 and an MLP of 768 (3.3M parameters, about 4x ``tiny()``'s compute per
-        token); 85 % flawed demonstrations (``tiny()``: 70 %) so that v0 starts near 0 % greedy success on every
-        seed; SFT lr 2e-3; GRPO lr warmed up to 2e-4 over 15 steps, then a cosine decay to 5e-5 at step 60 (a wider
-        model moves further per Adam step). On the tiny model seeds 3 and 4 plateau near 70-76 % (one kind of
-        answer stays a guess instead of a copy of the tool's result). ``rollstream bench --only learning`` (seeds
-        0-4, one after another on 2 cores) measured v0 0-3.1 % -> 92.2-98.4 % (minimum gain 89.1, spread 9.4;
-        ``tiny()``: 64.1 and 28.1) in 499-685 s a seed, against ``tiny()``'s 212-550 s.
-        """
-        tiny = cls.tiny()
-        return dataclasses.replace(
-            tiny,
-            model=dataclasses.replace(tiny.model, d_model=256, head_dim=64, d_ff=768),
-            sft=dataclasses.replace(tiny.sft, error_rate=0.85, optim=dataclasses.replace(tiny.sft.optim, lr=2e-3)),
-            # GRPO's learning rate warms up over 15 steps: at 2e-4 from the start, seed 4's policy lost the task at
-            # v4 (every group unrewarded from then on) whether the rate then stayed or decayed; after the warm-up
-            # the policies are past the fragile first versions. The cosine decay to a quarter makes the last steps
-            # smaller than the middle ones (at a constant 1.5e-4 the endings spread 84.4-98.4 % over seeds 0-4).
-            trainer=dataclasses.replace(tiny.trainer, optim=dataclasses.replace(
-                tiny.trainer.optim, lr=2e-4, warmup_steps=15, schedule="cosine",
-                total_steps=tiny.trainer.max_steps, min_lr_ratio=0.25)),
-        )
-
-    @classmethod
-    def tpu_demo(cls) -> CampaignConfig:
-        """``tiny()``'s task and recipe with a 25M-parameter model, colocated on one accelerator chip.
-
-        The model is ``tiny()``'s shape widened (d_model 512, 8 layers of 8 query and 4 KV heads of 64, MLP 1536):
-        25.4M parameters, the same tokenizer and context. One rollout worker (one engine, 32 slots) shares the chip
-        with the trainer; float32 throughout (a TPU's float32 matmuls already run on its bfloat16 units, and the
-        warm start and the engines then agree on the dtype). Learning rates are ``tiny()``'s scaled down with the
-        width (SFT 1e-3, GRPO 1e-4): a wider model moves further per Adam step. 16 GRPO steps of 8 groups (``tiny()``
-        runs 60): on the chip, groups from step 9 on were almost all solved by every sample (no learning signal), and
-        a 30-step run reached only step 26 in 520 s, waiting longer for each rare mixed group. v0 and the last
-        version evaluated. Sized to finish, compiles included, within one 10-minute command on a TPU v5e chip
-        (``tpu_campaign`` benchmark: v0 0 % -> v8 100 % held-out greedy success in 170 s).
-        """
-        tiny = cls.tiny()
-        return dataclasses.replace(
-            tiny,
-            placement="colocated",
-            workers=1,
-            model=dataclasses.replace(tiny.model, d_model=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=64,
-                                      d_ff=1536),
-            engine=dataclasses.replace(tiny.engine, num_slots=32),
-            rollout=dataclasses.replace(tiny.rollout, max_concurrency=32),
-            trainer=dataclasses.replace(tiny.trainer, max_steps=16, checkpoint_every=4,
-                                        optim=dataclasses.replace(tiny.trainer.optim, lr=1e-4)),
-            sft=dataclasses.replace(tiny.sft, optim=dataclasses.replace(tiny.sft.optim, lr=1e-3)),
-            eval=dataclasses.replace(tiny.eval, versions="ends"),
-        )
-
-    @classmethod
-    def tpu_real(cls) -> CampaignConfig:
-        """``tpu_demo``'s campaign at Qwen3-0.6B's shape (``model.config.QWEN3_0P6B``), colocated on one chip.
-
-        Set ``init_from`` to a Hugging Face folder of that shape (the ``tpu_real`` benchmark writes one of random
-        weights with the project's export). bfloat16 serving and compute on float32 masters with bfloat16 Adam
-        moments; 64 engine slots over a KV pool the memory plan sizes (``engine.num_blocks: auto``). The embedded
-        tokenizer's ids are the first rows of the model's 151,936-row embedding; ids sampled past them decode to
-        nothing (as a real checkpoint's padded vocabulary rows do), so a random model earns no reward and every group
-        trains (``skip_zero_advantage: false``). Sized for throughput and memory, not learning: 6 steps, 3 versions.
-        """
-        demo = cls.tpu_demo()
-        precision = Precision(params="float32", compute="bfloat16")
-        return dataclasses.replace(
-            demo,
-            model=dataclasses.replace(ModelConfig.from_hf_config(QWEN3_0P6B, max_seq_len=demo.engine.max_seq_len),
-                                      dtype="bfloat16"),
-            engine=dataclasses.replace(demo.engine, num_slots=64, block_size=64, num_blocks="auto"),
-            rollout=dataclasses.replace(demo.rollout, max_concurrency=64),
-            trainer=dataclasses.replace(demo.trainer, max_steps=6, publish_every=2, checkpoint_every=6,
-                                        skip_zero_advantage=False,
-                                        step=dataclasses.replace(demo.trainer.step, precision=precision,
-                                                                 remat="attention"),
-                                        optim=dataclasses.replace(demo.trainer.optim, moment_dtype="bfloat16")),
-            eval=dataclasses.replace(demo.eval, n_tasks=16, samples=1),
-        )
-
-    @classmethod
-    def smoke(cls) -> CampaignConfig:
-        """``tiny()`` cut to a plumbing check: every stage runs and leaves its marker, and nothing is learned.
-
-        4 trainer steps of 2 groups (v1 at step 2, v2 at step 4, checkpoints at both), a 10-step warm start that
-        learns nothing useful, and 4 held-out tasks per evaluation. Its policy solves no task, so every group has
-        all-equal rewards: the trainer logs "no learning signal" at each step and the campaign's summary says that
-        no version solved a task, rather than a zero loss and "+0.0 points". Zero-advantage groups train (skipping
-        them would starve the trainer). Its wall time is mostly JAX compiling its programs, so a run with a warm
-        compilation cache takes much less than a cold one (``rollstream run --help`` states both). The test suite
-        runs it, through the campaign and recover flows, on a local folder and on a GCS emulator.
-        """
-        tiny = cls.tiny()
-        return dataclasses.replace(
-            tiny,
-            dataset=dataclasses.replace(tiny.dataset, n_train=256, n_heldout=8),
-            engine=dataclasses.replace(tiny.engine, num_slots=8),
-            rollout=dataclasses.replace(tiny.rollout, max_concurrency=8),
-            trainer=dataclasses.replace(tiny.trainer, max_steps=4, publish_every=2, checkpoint_every=2,
-                                        batch_groups=2, skip_zero_advantage=False),
-            sft=dataclasses.replace(tiny.sft, steps=10, n_demos=64),
-            eval=dataclasses.replace(tiny.eval, n_tasks=4, samples=1),
-        )
-
-    @classmethod
     def from_mapping(cls, data: dict[str, Any], *, base: CampaignConfig | None = None) -> CampaignConfig:
         """Overlay ``data`` (nested mapping) on ``base`` (default: ``tiny()``)."""
         merged = _deep_merge(to_mapping(base or cls.tiny()), data)
@@ -347,9 +219,10 @@ class CampaignConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, *, base: CampaignConfig | None = None) -> CampaignConfig:
         """Overlay the YAML file ``path`` on ``base``; read with bounded work (``configio.load_yaml``)."""
-        data = load_yaml(path) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+        return cls._overlay(_yaml_mapping(path), path, base)
+
+    @classmethod
+    def _overlay(cls, data: dict[str, Any], path: str | Path, base: CampaignConfig | None) -> CampaignConfig:
         try:
             return cls.from_mapping(data, base=base)
         except ConfigError as e:
@@ -360,13 +233,28 @@ class CampaignConfig:
         return type(self).from_mapping(nest_dotted(overrides), base=self)
 
     @classmethod
-    def preset(cls, name: str) -> CampaignConfig:
-        """The preset ``name`` of ``PRESETS``; an unknown name is refused with the valid ones."""
-        if name not in PRESETS:
-            close = difflib.get_close_matches(name, PRESETS, n=1)
-            raise ConfigError(f"unknown preset {name!r}{f'; did you mean {close[0]!r}?' if close else ''}; "
-                              f"valid: {', '.join(PRESETS)}")
-        return getattr(cls, name)()
+    def preset(cls, name: str, *, folder: Path = RECIPES) -> CampaignConfig:
+        """The recipe ``<folder>/<name>.yaml`` over the recipe it ``extends:`` (default: ``tiny()``); an unknown
+        name is refused with the valid ones, a loop of ``extends`` with its chain."""
+        return cls._recipe(name, folder, ())
+
+    @classmethod
+    def _recipe(cls, name: str, folder: Path, chain: tuple[str, ...]) -> CampaignConfig:
+        names = preset_names(folder)
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            within = f" (extended by {chain[-1]!r})" if chain else ""
+            raise ConfigError(f"unknown preset {name!r}{within}{f'; did you mean {close[0]!r}?' if close else ''}; "
+                              f"valid: {', '.join(names)} (the recipes in {folder})")
+        if name in chain:
+            raise ConfigError(f"recipe {name!r} extends itself: {' -> '.join((*chain, name))}")
+        path = folder / f"{name}.yaml"
+        data = _yaml_mapping(path)
+        parent = data.pop("extends", None)
+        if parent is not None and not isinstance(parent, str):
+            raise ConfigError(f"{path}: extends: expected a recipe's name, got {type(parent).__name__} {parent!r}")
+        base = cls.tiny() if parent is None else cls._recipe(parent, folder, (*chain, name))
+        return cls._overlay(data, path, base)
 
     @classmethod
     def build(cls, *, preset: str = "tiny", config_path: str | Path | None = None,
@@ -387,11 +275,20 @@ class CampaignConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
 
-Preset = Literal["tiny", "smoke", "wide", "tpu_demo", "tpu_real"]
-PRESETS: tuple[str, ...] = typing.get_args(Preset)
-"""Names of the presets (``CampaignConfig`` class methods) a campaign can start from."""
-DEMO_PRESET: Preset = "wide"
+DEMO_PRESET = "wide"
 """The preset ``make demo`` runs, and the learning benchmark by default: the one whose ending holds over seeds."""
+
+
+def preset_names(folder: Path = RECIPES) -> tuple[str, ...]:
+    """The presets a campaign can start from: the recipes in ``folder``, by name."""
+    return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+
+
+def _yaml_mapping(path: str | Path) -> dict[str, Any]:
+    data = load_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -404,4 +301,4 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["DEMO_PRESET", "PLACEMENTS", "PRESETS", "Placement", "Preset", "CampaignConfig", "ConfigError"]
+__all__ = ["DEMO_PRESET", "PLACEMENTS", "RECIPES", "Placement", "CampaignConfig", "ConfigError", "preset_names"]

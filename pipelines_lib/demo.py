@@ -3,8 +3,8 @@
 It exercises the real storage path and records end to end, in seconds:
 
 1. ``campaign.json``, then for each policy version ``v``: ``WORKERS`` rollout workers commit synthetic groups
-   through ``ShardWriter``;
-2. a simulated trainer (no model: it only moves data) tails the shards with ``ShardTailer`` inside the window
+   through the campaign folder's channel (``folder.FolderChannel``);
+2. a simulated trainer (no model: it only moves data) tails the shards through the same channel inside the window
    ``[v - ETA, v]``, consumes ``STEPS_PER_VERSION`` batches, writes a consumption log per step and publishes
    ``v + 1`` through the ``weights/LATEST`` pointer. It consumes fewer groups than the workers make, so a
    backlog builds up and the oldest groups fall out of the window: the audit shows them as dropped stale;
@@ -24,11 +24,11 @@ from pipelines_lib.records import CampaignManifest, ConsumptionLog, Publication
 from pipelines_lib.stages.campaign import code_version
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.reader import ShardTailer
+from pipelines_lib.trajectory.channel import WriterConfig
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 from pipelines_lib.utc import utc_now_iso
 
 VERSIONS = 5
@@ -64,8 +64,9 @@ def run_demo(out_url: str | None = None, *, echo: Callable[[str], None] = print)
                      config={"versions": VERSIONS, "workers": WORKERS, "groups_per_worker": GROUPS_PER_WORKER,
                              "group_size": GROUP_SIZE, "batch_groups": BATCH_GROUPS, "eta": ETA}).write(store)
     _publish(store, 0, 0)
-    writers = [ShardWriter(store, worker_id=f"w{i}", config=WriterConfig(max_groups=2)) for i in range(WORKERS)]
-    tailer = ShardTailer(store)
+    channel = FolderChannel(store)
+    writers = [channel.writer(f"w{i}", WriterConfig(max_groups=2)) for i in range(WORKERS)]
+    tailer = channel.reader()
     step = 0
     for version in range(VERSIONS):
         for w in writers:

@@ -11,9 +11,8 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from pipelines_lib.rollout.collect import worker_name
 from pipelines_lib.settings import DEFAULTS, Settings
-from pipelines_lib.stages.collect import collect
+from pipelines_lib.stages.collect import collect, worker_name
 from pipelines_lib.stages.table import stage
 from tasks.common import IO_RETRY_DELAYS_S, open_campaign, retry_transient, stage_key, stage_run
 

@@ -129,7 +129,7 @@ steps 4, 8, 12."""
 @pytest.fixture(scope="session")
 def trained_campaign(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """A finished small trainer campaign (``TRAINED_STEPS``), for the tests that only read it (replay, fork)."""
-    from drills.fixtures import seed_trainer_campaign, small_trainer_config
+    from harness.fixtures import seed_trainer_campaign, small_trainer_config
     from pipelines_lib.stages.train import train
 
     config = small_trainer_config(TRAINED_STEPS, checkpoint_every=4, publish_every=4)

@@ -2,9 +2,11 @@
 
 ```
 flows -> tasks -> pipelines_lib/stages -> core -> pipelines_lib/records -> storage/layout -> storage
+bench, drills -> harness -> pipelines_lib
 ```
-The library's floors are the table in docs/ARCHITECTURE.md §1, read here. Walked statically (``ast``), so a lazy
-import inside a function counts as much as a top-level one.
+The library's floors are the table in docs/ARCHITECTURE.md §1, read here; the repository's packages stand on
+``TREE_FLOORS``. Walked statically (``ast``), so a lazy import inside a function counts as much as a top-level
+one; no module of the tree (``TREE``) imports another in a cycle.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "pipelines_lib"
-UPPER = ("prefect", "flows", "tasks", "bench", "drills")
+UPPER = ("prefect", "flows", "tasks", "bench", "drills", "harness")
 """Never imported by the library."""
+TREE_FLOORS = {"pipelines_lib": 0, "harness": 1, "tasks": 1, "bench": 2, "drills": 2, "flows": 2}
+"""The repository's packages: each imports only packages on lower floors (tests, beside the tree, import any)."""
+TREE = tuple(TREE_FLOORS)
+FOUNDATION = ("pipelines_lib.records", "pipelines_lib.storage", "pipelines_lib.settings", "pipelines_lib.utc",
+              "pipelines_lib.hints", "pipelines_lib.configio")
+"""The library's floors under its core (records, storage, process settings, time, hints, config parsing): flows and
+tasks may use them beside the stage level, never the core itself (engine, rollout, train, audit, ...)."""
 STAGE_LEVEL = ("pipelines_lib.stages", "pipelines_lib.config", "pipelines_lib.configdoc", "pipelines_lib.cli",
                "pipelines_lib.inspect_commands", "pipelines_lib.colocated_commands", "pipelines_lib.demo")
 """Modules that may see the whole campaign config; core modules never import them."""
@@ -85,31 +94,46 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-LIB_MODULES = {_module(p): p for p in _sources("pipelines_lib")}
+TREE_MODULES = {_module(p): p for p in _sources(*TREE)}
+LIB_MODULES = {m: p for m, p in TREE_MODULES.items() if m.split(".")[0] == "pipelines_lib"}
 
 
-def _lib_target(name: str) -> str | None:
-    while name and name not in LIB_MODULES:
+def _target(name: str) -> str | None:
+    """The module of the tree an imported name lives in (``pipelines_lib.records.Publication``: the package)."""
+    while name and name not in TREE_MODULES:
         name = name.rpartition(".")[0]
     return name or None
 
 
-def _graph() -> dict[str, set[str]]:
-    graph = {}
-    for name, path in LIB_MODULES.items():
-        graph[name] = {t for i in _imports(path) if (t := _lib_target(i)) is not None and t != name}
-    return graph
+def _graph(modules: dict[str, Path] = LIB_MODULES) -> dict[str, set[str]]:
+    return {name: {t for i in _imports(path) if (t := _target(i)) is not None and t != name}
+            for name, path in modules.items()}
 
 
 def _is_stage_level(module: str) -> bool:
     return any(module == s or module.startswith(s + ".") for s in STAGE_LEVEL)
 
 
-def test_the_library_imports_have_no_cycle() -> None:
+def test_no_module_of_the_tree_imports_another_in_a_cycle() -> None:
+    assert {m.split(".")[0] for m in TREE_MODULES} == set(TREE)  # the walk reads every package
     try:
-        tuple(graphlib.TopologicalSorter(_graph()).static_order())
+        tuple(graphlib.TopologicalSorter(_graph(TREE_MODULES)).static_order())
     except graphlib.CycleError as e:
-        pytest.fail(f"import cycle in pipelines_lib: {' -> '.join(e.args[1])}")
+        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+
+
+def test_the_repository_s_packages_import_only_packages_on_lower_floors() -> None:
+    up = sorted(f"{m} imports {t}" for m, targets in _graph(TREE_MODULES).items() for t in targets
+                if (a := m.split(".")[0]) != (b := t.split(".")[0]) and not TREE_FLOORS[b] < TREE_FLOORS[a])
+    assert up == []
+
+
+def test_flows_and_tasks_reach_the_library_only_through_the_stage_level() -> None:
+    reach = sorted(f"{m} imports {t}" for m, targets in _graph(TREE_MODULES).items()
+                   if m.split(".")[0] in ("flows", "tasks") for t in targets
+                   if t.startswith("pipelines_lib.") and not _is_stage_level(t)
+                   and not any(t == f or t.startswith(f + ".") for f in FOUNDATION))
+    assert reach == []
 
 
 def test_the_library_never_imports_orchestration_or_the_harness() -> None:

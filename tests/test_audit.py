@@ -38,12 +38,13 @@ from pipelines_lib.records import (
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import NotFoundError
 from pipelines_lib.storage.store import TEMP_MARKER, Store
+from pipelines_lib.trajectory.channel import ShardInfo, WriterConfig
 from pipelines_lib.trajectory.codec import encode_shard
 from pipelines_lib.trajectory.record import Turn, to_table
 from pipelines_lib.trajectory.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TRAJECTORY_SCHEMA
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.validate import validate_table, validate_tables
-from pipelines_lib.trajectory.writer import ShardInfo, ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 PLANTED = "trajectories/v00000000/bad-00000000.arrow"
 

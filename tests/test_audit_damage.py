@@ -107,7 +107,7 @@ def test_recover_refuses_a_damaged_campaign_in_one_line_before_writing_anything(
 
 
 def test_recover_on_a_finished_campaign_says_so_with_a_clean_audit_and_exit_0(tmp_path: Path, capsys) -> None:
-    from drills.fixtures import seed_trainer_campaign, small_trainer_config
+    from harness.fixtures import seed_trainer_campaign, small_trainer_config
     from pipelines_lib import records
     from pipelines_lib.stages.audit import audit
     from pipelines_lib.stages.evaluate import evaluate

@@ -21,7 +21,7 @@ from pipelines_lib.storage.store import Store
 def hand_written_campaign(root: Path) -> Store:
     """Two steps (v1 published at step 2, 30 s after the trainer started) and evaluations of v0 and v1."""
     store = Store(str(root))
-    init_campaign(store, CampaignConfig.twostep())
+    init_campaign(store, CampaignConfig.preset("twostep"))
     for step, (diff, kl, capped) in enumerate([(0.1, 0.02, 0.0), (0.3, 0.06, 0.5)], start=1):
         ConsumptionLog(step=step, trainer_version=0, created_at="2026-01-01T00:00:10+00:00", groups=[], metrics={
             "prox_behav_logp_abs_diff": diff, "behav_prox_kl": kl, "correction_frac_tis": capped}).write(store)

@@ -25,14 +25,15 @@ from bench.campaign_arms import (
     telemetry_figures,
 )
 from bench.registry import BenchContext, load_benches
-from drills.fixtures import done_marker, eval_result, run_record
+from harness.fixtures import done_marker, eval_result, run_record
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.records import ConsumedGroup, ConsumptionLog, DroppedStale, ZeroAdvantageGroup
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import summarize
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_eta() -> None:
@@ -49,7 +50,7 @@ def test_sync_arm_budgets_one_versions_batch_per_worker_and_eta_arms_set_only_et
 
 
 def test_uncorrected_arms_set_eta_and_turn_the_off_policy_correction_off() -> None:
-    config = CampaignConfig.twostep()
+    config = CampaignConfig.preset("twostep")
     assert arm_overrides("eta8_nocorr", config) == {"rollout.eta": 8, "trainer.step.loss.correction": "none"}
     assert config.with_overrides(arm_overrides("eta4_nocorr", config)).trainer.step.loss.correction == "none"
     assert config.trainer.step.loss.correction == "tis"  # the corrected arms keep the default

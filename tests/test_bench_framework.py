@@ -18,7 +18,8 @@ from bench.registry import (
     load_benches,
     register_bench,
 )
-from bench.runner import BenchmarksFailed, merge_results, render_markdown, run_benchmarks
+from bench.runner import BenchmarksFailed, render_markdown, run_benchmarks
+from harness.results import merge_results
 from pipelines_lib import cli
 
 
@@ -66,7 +67,7 @@ def test_markdown_is_regenerated_from_results_alone() -> None:
 
 def test_merge_is_pure_and_drops_stale_keys_of_the_benchmark_that_ran() -> None:
     previous = {"figures": {"a.x": 1.0, "b.y": 2.0}, "runs": {}}
-    merged = merge_results(previous, "a", BenchResult(figures={"a.z": 3.0}), {"quick": True})
+    merged = merge_results(previous, "a", {"quick": True}, figures={"a.z": 3.0})
     assert merged["figures"] == {"a.z": 3.0, "b.y": 2.0}
     assert previous["figures"] == {"a.x": 1.0, "b.y": 2.0}
 
@@ -153,8 +154,7 @@ def test_a_registered_prefix_owns_its_keys_over_the_benchmark_named_by_their_fir
 
 def test_text_labels_are_merged_by_owner_and_shown_beside_the_figures() -> None:
     previous = {"figures": {"a.x": 1.0}, "labels": {"a.device": "old chip", "b.device": "TPU v4"}, "runs": {}}
-    merged = merge_results(previous, "a", BenchResult(figures={"a.x": 2.0}, labels={"a.device": "TPU v5 lite"}),
-                           {"quick": False})
+    merged = merge_results(previous, "a", {"quick": False}, figures={"a.x": 2.0}, labels={"a.device": "TPU v5 lite"})
     assert merged["labels"] == {"a.device": "TPU v5 lite", "b.device": "TPU v4"}
     md = render_markdown(merged, {"toy": _toy({})})
     assert "| `a.device` | TPU v5 lite | |" in md and "| `a.x` | 2 |" in md

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from drills.fixtures import done_marker, eval_result, trained_campaign
+from harness.fixtures import done_marker, eval_result, trained_campaign
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.stages.audit import audit as audit_stage
 from pipelines_lib.stages.campaign import (

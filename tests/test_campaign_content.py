@@ -146,11 +146,11 @@ def test_a_sparse_multi_gigabyte_campaign_json_is_refused_unread(trained: Path, 
 
 def test_shard_metadata_nested_too_deeply_is_named_and_every_command_reads_on(demo: Path, tmp_path: Path,
                                                                              capsys) -> None:
-    from drills.fuzz import _with_meta
+    from drills.fuzz_arrow import with_meta
     from pipelines_lib.trajectory.codec import SHARD_META_KEY
 
     path = demo / SHARD
-    path.write_bytes(_with_meta(path.read_bytes(), SHARD_META_KEY, b"[" * 100_000 + b"]" * 100_000))
+    path.write_bytes(with_meta(path.read_bytes(), SHARD_META_KEY, b"[" * 100_000 + b"]" * 100_000))
     code, out, _ = _run(capsys, "audit", demo, "--jobs", "1")
     assert code == 1 and f"{SHARD}: unreadable: " in out and "29 shards" in out
     code, out, err = _run(capsys, "export", demo, tmp_path / "out", "--jobs", "1")

@@ -44,7 +44,7 @@ STAGE_KEYS = ("init", "prep", "warm_start", "collect-w0", "collect-w1", "train",
 def smoke_yaml(tmp_path: Path) -> str:
     """The smoke preset as a campaign YAML file (the way a user passes a config)."""
     path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(CampaignConfig.smoke().to_dict()))
+    path.write_text(yaml.safe_dump(CampaignConfig.preset("smoke").to_dict()))
     return str(path)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines_lib.trajectory.channel import Channel, FolderChannel
+from pipelines_lib.trajectory.channel import Channel, WriterConfig
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.memory import MemoryChannel
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import WriterConfig
 
 
 class Clock:
@@ -108,3 +108,28 @@ def test_a_group_the_trainer_cannot_train_on_is_skipped_with_its_reason(make_cha
     assert (event.kind, event.groups) == ("skipped", ("three@w0",))
     assert event.reason == "group three@w0 has 3 rows, the campaign's group_size is 2"
     assert reader.cursor.groups_skipped == 1
+
+
+def test_a_group_handed_out_is_read_again_by_its_address(make_channel) -> None:
+    channel = make_channel()
+    writer = channel.writer("w0", WriterConfig(max_groups=3))
+    for p in range(3):
+        writer.add_group(_group(f"p{p}", 1))
+    writer.flush()
+    handed = channel.reader().next_groups(3, Window(version=1, eta=0))
+    again = channel.reader()  # a fresh reader, as a restarted trainer replaying a logged step has
+    for g in handed:
+        assert again.reread(g.shard, g.row_start, g.row_end).equals(g.table)
+    assert again.cursor.groups_consumed == 0  # reading a logged group again hands nothing out
+
+
+def test_a_workers_committed_groups_are_listed_across_its_starts(make_channel) -> None:
+    channel = make_channel()
+    for start, groups in (("rollout0.a1", ("p0", "p1")), ("rollout0.b2", ("p2",)), ("rollout1.c3", ("q0",))):
+        writer = channel.writer(start)
+        for pid in groups:
+            writer.add_group(_group(pid, 0, start))
+        writer.flush()
+    channel.writer("rollout0.d4").add_group(_group("unflushed", 0, "rollout0.d4"))
+    assert channel.committed_groups("rollout0") == {"p0@rollout0.a1", "p1@rollout0.a1", "p2@rollout0.b2"}
+    assert channel.committed_groups("rollout2") == set()

@@ -18,8 +18,8 @@ from flax import nnx
 
 from bench.scale import fake_devices_env
 from bench.tpu import QUICK_CAMPAIGN
-from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from flows.campaign import campaign
+from harness.fixtures import seed_trainer_campaign, small_trainer_config
 from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import nest_dotted, parse_overrides
@@ -50,7 +50,7 @@ def record_kinds(store: Store) -> set[str]:
 
 def test_device_weights_serve_a_copy_that_outlives_the_trainers_buffers(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
-    model = Decoder(CampaignConfig.smoke().model, rngs=nnx.Rngs(0))
+    model = Decoder(CampaignConfig.preset("smoke").model, rngs=nnx.Rngs(0))
     expected = jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.Param))
     weights = DeviceWeights(store)
     weights.hand_over(3, model)
@@ -65,7 +65,7 @@ def test_device_weights_serve_a_copy_that_outlives_the_trainers_buffers(tmp_path
 
 def test_device_weights_follow_the_campaign_pointer_and_load_versions_they_never_saw(tmp_path: Path) -> None:
     store = Store(str(tmp_path / "c"))
-    model = Decoder(CampaignConfig.smoke().model, rngs=nnx.Rngs(1))
+    model = Decoder(CampaignConfig.preset("smoke").model, rngs=nnx.Rngs(1))
     weights = DeviceWeights(store)
     assert weights.latest() is None
     publish_weights(store, model, version=0, step=0)
@@ -90,7 +90,7 @@ def test_colocated_and_separate_campaigns_leave_folders_the_audit_cannot_tell_ap
     results, stores, audits = {}, {}, {}
     for placement in ("separate", "colocated"):
         path = tmp_path / f"{placement}.yaml"
-        path.write_text(yaml.safe_dump({**CampaignConfig.smoke().to_dict(), "placement": placement}))
+        path.write_text(yaml.safe_dump({**CampaignConfig.preset("smoke").to_dict(), "placement": placement}))
         url = str(tmp_path / placement)
         results[placement] = campaign(url, config_path=str(path), poll_s=0.5)
         stores[placement] = Store(url)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drills.fixtures import eval_result, trained_campaign
+from harness.fixtures import eval_result, trained_campaign
 from pipelines_lib import cli
 from pipelines_lib.cli import build_parser
 from pipelines_lib.config import CampaignConfig

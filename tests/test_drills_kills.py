@@ -103,7 +103,7 @@ def test_publication_check_sets_unmarked_leftovers_apart_and_flags_a_marked_vers
         tmp_path: Path) -> None:
     from flax import nnx
 
-    from drills.fixtures import small_trainer_config
+    from harness.fixtures import small_trainer_config
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
     from pipelines_lib.records import Publication

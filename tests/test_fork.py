@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from drills.fixtures import final_params
+from harness.fixtures import final_params
 from pipelines_lib.audit import audit_campaign
 from pipelines_lib.audit.export import export_parquet
 from pipelines_lib.audit.view import build_view, render_html
@@ -34,9 +34,10 @@ from pipelines_lib.stages.fork import fork_campaign
 from pipelines_lib.stages.train import train, trainer_for
 from pipelines_lib.storage.errors import AlreadyExistsError
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 from tests.conftest import TRAINED_STEPS, checksums
 
 
@@ -221,7 +222,7 @@ def test_a_fork_of_a_smoke_campaign_runs_to_completion_through_the_fork_flow(pre
     from pipelines_lib.config import CampaignConfig
 
     smoke = tmp_path / "smoke.yaml"
-    smoke.write_text(yaml.safe_dump(CampaignConfig.smoke().to_dict()))
+    smoke.write_text(yaml.safe_dump(CampaignConfig.preset("smoke").to_dict()))
     parent = Store(str(tmp_path / "parent"))
     campaign(parent.url, config_path=str(smoke), poll_s=0.5)
     before = checksums(parent)

@@ -16,13 +16,14 @@ from pipelines_lib.envs import InfraError, make_env, run_tool
 from pipelines_lib.model.tokenizer import ChatTokenizer
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.trainable import TrainerNeeds
 from pipelines_lib.trajectory.validate import validate_table
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 def arithmetic_episode(tok: ChatTokenizer, *, failures: int, kind: str, retries: int):

@@ -62,7 +62,7 @@ def test_num_blocks_auto_gives_the_pool_what_the_other_parts_leave() -> None:
 
 
 def test_a_colocated_campaign_that_cannot_fit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    real = CampaignConfig.tpu_real()
+    real = CampaignConfig.preset("tpu_real")
     config = dataclasses.replace(real, memory=MemoryConfig(device_gib=15.75),
                                  engine=dataclasses.replace(real.engine, num_slots=512, num_blocks=None))
     store = Store(str(tmp_path / "campaign"))
@@ -99,4 +99,4 @@ def test_num_blocks_auto_and_a_colocated_dtype_mismatch_are_refused_with_the_set
     with pytest.raises(ValueError, match="engine.num_blocks='auto' needs placement='colocated'"):
         CampaignConfig.tiny().with_overrides({"engine.num_blocks": "auto"})
     with pytest.raises(ValueError, match="set model.dtype and trainer.step.precision.compute alike"):
-        CampaignConfig.tpu_real().with_overrides({"model.dtype": "float32"})
+        CampaignConfig.preset("tpu_real").with_overrides({"model.dtype": "float32"})

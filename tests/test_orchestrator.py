@@ -13,9 +13,10 @@ from pipelines_lib.envs.base import Task
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 class VersionedEngine:

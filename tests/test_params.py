@@ -19,7 +19,7 @@ from prefect.exceptions import PrefectHTTPStatusError
 
 from flows.campaign import campaign
 from flows.params import CampaignOverrides, Overrides
-from pipelines_lib.config import CampaignConfig
+from pipelines_lib.config import CampaignConfig, preset_names
 from pipelines_lib.configdoc import attribute_docs
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.storage.store import Store
@@ -48,7 +48,7 @@ def test_dotted_overrides_round_trip_through_the_model_into_the_config() -> None
     config = CampaignConfig.build(preset="smoke", overrides=model.dotted())
     assert (config.trainer.max_steps, config.trainer.optim.lr, config.eval.versions, config.workers) == \
         (4, 0.001, "ends", 3)
-    assert config.rollout == CampaignConfig.smoke().rollout  # what is not named keeps the preset's value
+    assert config.rollout == CampaignConfig.preset("smoke").rollout  # what is not named keeps the preset's value
 
 
 def test_the_campaign_flows_parameter_schema_has_the_typed_fields() -> None:
@@ -67,6 +67,8 @@ def test_the_campaign_flows_parameter_schema_has_the_typed_fields() -> None:
         "type": "array", "items": {"type": "integer"}}
     # OptimConfig serves the trainer and the warm start: one definition, referenced twice
     assert defs["SFTConfigOverrides"]["properties"]["optim"]["anyOf"][0] == {"$ref": "#/definitions/OptimConfigOverrides"}
+    # the preset is a choice among the recipes' names, twostep among them
+    assert schema["properties"]["preset"]["enum"] == list(preset_names()) and "twostep" in preset_names()
 
 
 @pytest.mark.parametrize(("overrides", "needles"), [
@@ -104,7 +106,7 @@ def test_the_flow_builds_its_config_from_the_typed_overrides(prefect_api: str, t
     # A folder started on the plain smoke preset: the same URL with trainer.max_steps overridden is another
     # experiment, refused naming the section, so the overrides reached the config the flow built.
     store = Store(str(tmp_path / "c"))
-    init_campaign(store, CampaignConfig.smoke())
+    init_campaign(store, CampaignConfig.preset("smoke"))
     state = campaign(campaign_url=store.url, preset="smoke", overrides={"trainer": {"max_steps": 3}},
                      return_state=True)
     assert state.is_failed() and "sections differing: ['trainer']" in state.message, state.message

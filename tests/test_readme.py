@@ -213,7 +213,7 @@ def test_view_serve_serves_the_report_on_loopback(demo_campaign: Store) -> None:
 
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md")),
         ROOT / "infra" / "README.md"]
-REPO_DIRS = ("pipelines_lib", "flows", "tasks", "bench", "drills", "tests", "docs", "infra", "scripts")
+REPO_DIRS = ("pipelines_lib", "flows", "tasks", "bench", "drills", "recipes", "tests", "docs", "infra", "scripts")
 """Top-level folders of the repository: a path starting with one is a repository path, not a campaign object's."""
 FILE_NAME = re.compile(r"[\w-]+\.(py|md|ya?ml|toml|sh|cfg|json|txt)")
 

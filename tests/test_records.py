@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from drills.fixtures import consumption_log, done_marker, eval_result
+from harness.fixtures import consumption_log, done_marker, eval_result
 from pipelines_lib.records import ConsumptionLog, DoneMarker, EvalResult, RecordError, consumption_steps
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError

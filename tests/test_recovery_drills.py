@@ -83,13 +83,13 @@ def test_recover_finishes_a_campaign_after_killed_trainer_and_worker_and_a_faile
         prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.recover import recover
     from flows.stages import evaluate_flow, prep_flow, warm_start_flow
-    from pipelines_lib.rollout.collect import request_stop
     from pipelines_lib.stages.campaign import campaign_status
+    from pipelines_lib.stages.collect import request_stop
     from tasks.init import init_campaign
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the stage subprocesses report to this test's API
     url = str(tmp_path / "drilled")
-    init_campaign.fn(url, CampaignConfig.smoke().with_overrides(DRILL_RUN).to_dict())
+    init_campaign.fn(url, CampaignConfig.preset("smoke").with_overrides(DRILL_RUN).to_dict())
     prep_flow(url)
     warm_start_flow(url)
     store = Store(url)

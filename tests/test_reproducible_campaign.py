@@ -25,7 +25,7 @@ PROCESS_OR_CLOCK = ("trajectory_id", "worker_id", "timings")
 
 
 def lockstep_smoke(seed: int) -> CampaignConfig:
-    smoke = CampaignConfig.smoke().with_overrides(
+    smoke = CampaignConfig.preset("smoke").with_overrides(
         {"seed": seed, "dataset.seed": seed, "sft.seed": seed, "trainer.seed": seed, "eval.versions": "ends"}
     )
     return dataclasses.replace(smoke.lockstep(), placement="colocated")
@@ -73,7 +73,7 @@ def weights(store: Store) -> dict[int, list[np.ndarray]]:
 
 
 def test_lockstep_needs_one_worker_whole_prefills_fixed_shapes_every_group_trained_and_a_version_budget() -> None:
-    lockstep = CampaignConfig.smoke().lockstep()
+    lockstep = CampaignConfig.preset("smoke").lockstep()
     assert (
         lockstep.workers,
         lockstep.rollout.max_groups_per_version,
@@ -121,7 +121,7 @@ def test_two_lockstep_smoke_campaigns_with_one_seed_write_the_same_shards_and_pu
 
 
 def test_fixed_shapes_run_one_decode_program_and_one_prefill_program_per_prompt_bucket() -> None:
-    engine = CampaignConfig.smoke().lockstep().engine
+    engine = CampaignConfig.preset("smoke").lockstep().engine
     assert engine.row_buckets == (engine.num_slots,) and engine.attention_spans == (engine.blocks_per_sequence,)
     assert (engine.decode_variants, engine.prefill_variants) == (1, len(engine.prefill_buckets))
     assert (engine.rows_for(1), engine.span_for(1)) == (engine.num_slots, engine.blocks_per_sequence)

@@ -23,9 +23,10 @@ from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokeniz
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.rollout.orchestrator import Orchestrator
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.validate import validate_table
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 TOKENIZER = load_tokenizer(ensure_default_tokenizer())
 MODEL_CFG = dataclasses.replace(ModelConfig.tiny(), n_layers=1, max_seq_len=160)

@@ -12,6 +12,7 @@ import pytest
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import ShardError, encode_shard, read_shard
 from pipelines_lib.trajectory.cursor import TailCursor
 from pipelines_lib.trajectory.reader import ShardTailer
@@ -24,7 +25,7 @@ from pipelines_lib.trajectory.schema import (
 )
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 class FakeClock:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from drills.fixtures import seed_trainer_campaign, small_trainer_config
 from flows.recover import recover
+from harness.fixtures import seed_trainer_campaign, small_trainer_config
 from pipelines_lib.records import AuditRecord
 from pipelines_lib.stages.campaign import campaign_status
 from pipelines_lib.storage import layout

@@ -7,11 +7,12 @@ import json
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.cursor import TailCursor
 from pipelines_lib.trajectory.reader import ShardTailer
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 def _write(store: Store, *, version: int, writers: list[ShardWriter], shards_per_writer: int,

@@ -37,7 +37,8 @@ from pipelines_lib.telemetry.trace import (
     summarize,
     to_chrome_trace,
 )
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.channel import WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 
 class Clock:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from drills.fixtures import seed_trainer_campaign, small_trainer_config
+from harness.fixtures import seed_trainer_campaign, small_trainer_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = re.compile(r"^(rollstream|__editable__|prefect|pipelines_lib|flows|tasks|bench|drills)\b|\.pth$", re.I)

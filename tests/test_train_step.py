@@ -18,7 +18,7 @@ from pipelines_lib.train.batch import TrainBatch, batch_from_groups, bucket_leng
 from pipelines_lib.train.losses import LossConfig
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer, make_optimizer, make_schedule
 from pipelines_lib.train.step import Precision, StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
-from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.channel import GroupSlice
 from pipelines_lib.trajectory.record import to_table
 from pipelines_lib.trajectory.synthetic import synthetic_group
 

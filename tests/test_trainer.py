@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from drills.fixtures import consumed_group_ids, final_params, seed_trainer_campaign
+from harness.fixtures import consumed_group_ids, final_params, seed_trainer_campaign, small_trainer_config
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.mesh import MeshConfig, make_mesh
 from pipelines_lib.model.config import ModelConfig
@@ -37,10 +37,12 @@ from pipelines_lib.storage.store import Store
 from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.step import Precision
-from pipelines_lib.train.trainer import DataTimeoutError
+from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer
+from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import read_shard
+from pipelines_lib.trajectory.memory import MemoryChannel
 from pipelines_lib.trajectory.synthetic import synthetic_group
-from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
+from pipelines_lib.trajectory.writer import ShardWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_DEVICE = make_mesh(MeshConfig())
@@ -289,6 +291,27 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
     groups = consumed_group_ids(store)
     assert len(groups) == len(set(groups)) == 12, "a group was trained twice or skipped"
     assert final_params(store) == expected
+
+
+def test_the_trainer_trains_and_resumes_over_the_in_memory_channel_as_over_the_folder(tmp_path) -> None:
+    config = small_trainer_config(6, checkpoint_every=5)  # checkpoints at the publications: step 3 is log-only
+    reference = seed_trainer_campaign(str(tmp_path / "folder"), config, 14)
+    train(reference, config, log=lambda s: None)
+    channel = MemoryChannel()
+    store = seed_trainer_campaign(str(tmp_path / "memory"), config, 14, channel=channel)
+
+    def trainer() -> StreamingTrainer:
+        return StreamingTrainer(store, config.trainer, eta=config.rollout.eta, group_size=config.rollout.group_size,
+                                log=lambda s: None, channel=channel)
+
+    assert trainer().run(max_steps=3)["steps"] == 3
+    resumed = trainer()
+    resumed.restore()  # checkpoint 2, then step 3 replayed from the groups its log names, read from the channel
+    assert resumed.step == 3
+    assert resumed.run()["steps"] == 6
+    assert store.list(layout.TRAJECTORIES) == []  # the groups never touched the folder
+    assert consumed_group_ids(store) == consumed_group_ids(reference)
+    assert final_params(store) == final_params(reference)
 
 
 def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_bit_identical(tmp_path) -> None:

@@ -14,7 +14,7 @@ second call (``wrong_carry``). Both answers are well-formed integers, so the ``f
 Operands have one digit by default. On the tiny model, with two-digit operands a long warm start on mostly clean
 demonstrations still fails at the carry and at looking the third operand back up in the prompt (too little
 reward for GRPO to start from); with one digit, a shorter one on mostly clean demonstrations solves every held-out
-task greedily. ``CampaignConfig.twostep()`` sits between: one digit, a
+task greedily. The ``twostep`` recipe (``recipes/twostep.yaml``) sits between: one digit, a
 shorter warm start, 60 % flawed demonstrations.
 """
 

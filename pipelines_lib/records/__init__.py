@@ -10,7 +10,7 @@ Publication         weights/v<N:08d>/PUBLISHED.json, and each       publish.publ
                     entry of the weights/LATEST pointer
 EvalResult          eval/v<N:08d>.json                              evaluate.evaluate
 DoneMarker          train/DONE.json                                 train.trainer
-StopRequest         rollout/STOP-<utc>.json                         rollout.collect.request_stop
+StopRequest         rollout/STOP-<utc>.json                         stages.stopping.request_stop
 RunRecord           runs/<key>-<flow_run_id>[-failed-<n>].json      tasks.common.stage_run
 HealAttempt         heal/<attempt:04d>.json                         stages.campaign.claim_heal_attempt
 AuditRecord         audit/<utc>.json (+ .txt)                       tasks.audit (an ``audit.AuditReport``)

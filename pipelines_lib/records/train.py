@@ -16,7 +16,7 @@ from pipelines_lib.trajectory.window import staleness
 from pipelines_lib.utc import utc_now_iso
 
 if TYPE_CHECKING:  # the reader brings Arrow: the audit reads consumption logs in a process that never decodes
-    from pipelines_lib.trajectory.reader import GroupSlice
+    from pipelines_lib.trajectory.channel import GroupSlice
 
 # -- train/consumed/<step>.json ---------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""What a rollout worker needs from the campaign folder besides shards: its share of tasks, what it already
-committed, when weights exist, and when to stop. The collect stage (``pipelines_lib.stages.collect``) runs the
-orchestrator over these.
+"""What a rollout worker needs from the campaign folder besides the channel: its share of tasks (minus the groups
+the channel says it committed, ``Channel.committed_groups``), when weights exist, and when to stop. The collect
+stage (``pipelines_lib.stages.collect``, which names the workers and writes stop requests) runs the orchestrator over
+these.
 
 Group ids are ``<task_id>.e<epoch>``: deterministic, so a restarted worker knows what it has done (task i
 belongs to worker ``i % num_workers``); the shard-name worker id is ``<worker>.<start-nonce>``, unique per
@@ -18,23 +19,6 @@ from pipelines_lib.envs.base import Task
 from pipelines_lib.records import DoneMarker, Publication, StopRequest
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.codec import read_shard
-
-
-def worker_name(worker_index: int) -> str:
-    """The stable name of rollout worker ``worker_index`` (a restart keeps it, so it skips its committed groups)."""
-    return f"rollout{worker_index}"
-
-
-def committed_groups(store: Store, worker: str) -> set[str]:
-    """Group ids already committed by any run of logical worker ``worker``."""
-    done: set[str] = set()
-    for vdir in store.list(layout.TRAJECTORIES):
-        for name in store.list(f"{layout.TRAJECTORIES}/{vdir}"):
-            if name.startswith(f"{worker}."):
-                table, _ = read_shard(store, f"{layout.TRAJECTORIES}/{vdir}/{name}", validate=False)
-                done.update(table.column("group_id").to_pylist())
-    return done
 
 
 def worker_tasks(tasks: list[Task], *, worker_index: int, num_workers: int, skip: set[str],
@@ -52,11 +36,6 @@ def worker_tasks(tasks: list[Task], *, worker_index: int, num_workers: int, skip
 
 def utc_compact(when: dt.datetime | None = None) -> str:
     return (when or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%S%fZ")
-
-
-def request_stop(store: Store, reason: str) -> str:
-    """Ask every rollout worker running now to stop (workers started later are not affected)."""
-    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
 
 
 def stop_requested(store: Store, *, since: str) -> bool:

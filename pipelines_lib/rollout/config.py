@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipelines_lib.trajectory.writer import WriterConfig
+from pipelines_lib.trajectory.channel import WriterConfig
 
 MAX_CONCURRENCY = 65_536
 """Most episodes one process keeps in flight (rollout or evaluation): beyond this the event loop, not the engine,

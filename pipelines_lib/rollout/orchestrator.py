@@ -40,10 +40,9 @@ from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.telemetry.samplers import ThroughputGauges
-from pipelines_lib.trajectory.channel import GroupSink
+from pipelines_lib.trajectory.channel import GroupSink, ShardInfo
 from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.window import Window, admits, zero_advantage
-from pipelines_lib.trajectory.writer import ShardInfo
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""

@@ -2,7 +2,8 @@
 
 Each audit is a snapshot of a folder that may still grow, so reports are named by their time
 (``audit/<UTC timestamp>.json`` and ``.txt``) instead of being a once-only marker. It needs no
-``campaign.json``: it reports what it finds.
+``campaign.json``: it reports what it finds. ``damaged_records`` and ``audit_report`` are what a recover command
+checks first, without keeping anything.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelines_lib import telemetry
-from pipelines_lib.audit import audit_campaign
-from pipelines_lib.records import AuditRecord
+from pipelines_lib.audit import AuditReport, audit_campaign
+from pipelines_lib.audit.report import Finding
+from pipelines_lib.audit.state import state_findings
+from pipelines_lib.records import AuditRecord, with_parents
 from pipelines_lib.stages.campaign import config_problem
 from pipelines_lib.storage.store import Store
 
@@ -31,4 +34,15 @@ def audit(store: Store, *, progress: Callable[[str], None] | None = None, since:
             "seconds": report.seconds}
 
 
-__all__ = ["audit"]
+def damaged_records(store: Store) -> list[Finding]:
+    """The damaged records a restarted stage would read (``audit.state.state_findings``, over the campaign's parents
+    too): a recover refuses these before it writes anything."""
+    return state_findings(with_parents(store), config_problem)
+
+
+def audit_report(store: Store, *, jobs: int | None = None) -> AuditReport:
+    """The audit's verdict on the campaign, nothing kept (a command's answer on a finished campaign)."""
+    return audit_campaign(store, jobs=jobs, config_check=config_problem)
+
+
+__all__ = ["audit", "audit_report", "damaged_records"]

@@ -23,17 +23,21 @@ from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.records import DoneMarker, with_parents
 from pipelines_lib.rollout.collect import (
-    committed_groups,
     utc_compact,
     wait_for_weights,
     worker_tasks,
 )
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
 from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
-from pipelines_lib.stages.stopping import should_stop
+from pipelines_lib.stages.stopping import request_stop, should_stop
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
-from pipelines_lib.trajectory.channel import FolderChannel
+from pipelines_lib.trajectory.folder import FolderChannel
+
+
+def worker_name(worker_index: int) -> str:
+    """The stable name of rollout worker ``worker_index`` (a restart keeps it, so it skips its committed groups)."""
+    return f"rollout{worker_index}"
 
 
 def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: int, num_workers: int,
@@ -57,7 +61,8 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
     started = utc_compact()
     worker_id = f"{worker}.{time.time_ns() // 1000:x}"
     tokenizer = open_tokenizer(config.tokenizer, cache=cache)
-    skip = committed_groups(store, worker)
+    channel = FolderChannel(store)
+    skip = channel.committed_groups(worker)
     tasks = worker_tasks(load_split(store, "train"), worker_index=worker_index, num_workers=num_workers, skip=skip)
     rc = config.rollout if target_groups is None else dataclasses.replace(config.rollout, target_groups=target_groups)
     commits = shards = 0
@@ -78,7 +83,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
                 episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
                                            tool_latency=config.env.tool_latency, sandbox=sandbox,
                                            seed_salt=f"rollout.{config.seed}"),
-                tasks=tasks, writer=FolderChannel(store).writer(worker_id, rc.writer),
+                tasks=tasks, writer=channel.writer(worker_id, rc.writer),
                 weights=published if weights is None else weights, should_stop=lambda: should_stop(store, since=started),
                 on_commit=on_commit)
             stats = await orchestrator.run()
@@ -99,4 +104,4 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             "engine": engine_stats if isinstance(engine_stats, dict) else getattr(engine_stats, "__dict__", {})}
 
 
-__all__ = ["collect"]
+__all__ = ["collect", "request_stop", "worker_name"]

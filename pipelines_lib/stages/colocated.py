@@ -42,10 +42,9 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import read_hf_config
 from pipelines_lib.publish import CampaignWeights
 from pipelines_lib.records import versions_to_evaluate
-from pipelines_lib.rollout.collect import request_stop, worker_name
 from pipelines_lib.stages.audit import audit
 from pipelines_lib.stages.campaign import init_campaign
-from pipelines_lib.stages.collect import collect
+from pipelines_lib.stages.collect import collect, request_stop, worker_name
 from pipelines_lib.stages.evaluate import evaluate
 from pipelines_lib.stages.prep import prep
 from pipelines_lib.stages.stopping import check_stop

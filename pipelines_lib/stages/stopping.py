@@ -31,7 +31,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pipelines_lib.rollout.collect import request_stop, stop_requested
+from pipelines_lib.records import StopRequest
+from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.stages.campaign import campaign_status, render_status
 from pipelines_lib.storage.store import Store
 
@@ -120,6 +121,11 @@ def stopping() -> int | None:
     return _active.signum if _active is not None else None
 
 
+def request_stop(store: Store, reason: str) -> str:
+    """Ask every rollout worker running now to stop (workers started later are not affected)."""
+    return StopRequest(requested_at=utc_compact(), reason=reason).write(store)
+
+
 def should_stop(store: Store, *, since: str) -> bool:
     """A stage's stop test: this process got a stop signal, or the campaign a stop request newer than ``since``
     (``rollout.collect.utc_compact``), or its trainer is done."""
@@ -177,5 +183,5 @@ def stoppable_command(store: Store, resume: str, *, campaign: bool = False) -> I
         print(f"stopped; {store.url}:\n{report()}", file=sys.stderr, flush=True)
 
 
-__all__ = ["GRACE_S", "SignalStop", "Stopped", "check_stop", "should_stop", "stop_on_signals", "stoppable_command",
+__all__ = ["GRACE_S", "SignalStop", "Stopped", "check_stop", "request_stop", "should_stop", "stop_on_signals", "stoppable_command",
            "stopping"]

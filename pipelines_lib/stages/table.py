@@ -1,12 +1,11 @@
 """The stage table: the one declaration of the campaign's stages, in run order.
 
 ```
-Stage(name, done_marker, pool, resources, retries, per)
+Stage(name, done_marker, pool, resources, retries)
   done_marker  the marker record that says it is done: a retry or recovery that finds it skips the stage
                (None: never done; the audit is done once a record exists and every other stage is done)
   pool         the work pool its deployment runs on; resources sizes one run from the campaign config
   retries      task-level retries of failures worth retrying (after the store's own, seconds-scale ones)
-  per          one run per campaign, per rollout worker, or per published version
 ```
 The Prefect flows and tasks, the launcher's deployment names, ``campaign_status`` (and so the recover flow) and
 ``infra/prefect.yaml`` all follow it (``tests/test_stage_table.py`` checks the last one). Adding a stage is one
@@ -19,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pipelines_lib import records
 from pipelines_lib.records import CampaignManifest, DatasetSuccess, DoneMarker, Publication
@@ -64,7 +63,6 @@ class Stage:
     pool: str
     resources: Callable[..., Resources]
     retries: int = 3
-    per: Literal["campaign", "worker", "version"] = "campaign"
 
     @property
     def flow_name(self) -> str:
@@ -85,10 +83,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="warm_start", done_marker=lambda s: Publication.exists(s, 0),
           pool=ACCEL_POOL, resources=warm_start_resources),
     Stage(name="collect", done_marker=DoneMarker.exists, pool=ACCEL_POOL,
-          resources=collect_resources, per="worker"),
+          resources=collect_resources),
     Stage(name="train", done_marker=DoneMarker.exists, pool=ACCEL_POOL, resources=train_resources),
     Stage(name="evaluate", done_marker=_evaluated, pool=CPU_POOL,
-          resources=evaluate_resources, per="version"),
+          resources=evaluate_resources),
     Stage(name="audit", done_marker=_audited, pool=CPU_POOL, resources=cpu_light),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, View, ViewParts, build_view
+from pipelines_lib.audit.view import DEFAULT_MAX_GROUPS, View, ViewParts, build_view, write_view
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.model.tokenizer import open_tokenizer
 from pipelines_lib.records import CampaignManifest
@@ -57,3 +57,9 @@ def campaign_view(
 ) -> View:
     """``build_view`` with ``view_parts``: what ``rollstream view`` and the campaign flow write."""
     return build_view(store, max_groups=max_groups, progress=progress, parts=view_parts(store, cache=cache))
+
+
+def write_campaign_view(store: Store, *, cache: Path | None = None) -> str:
+    """``campaign_view`` committed into the campaign as ``view/<utc>/`` (the report and its learning curve, what
+    the campaign flow leaves when it ends); the report's path."""
+    return write_view(store, campaign_view(store, cache=cache))

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from flax import struct
 
 from pipelines_lib.train.advantages import compute_advantages
-from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.channel import GroupSlice
 
 
 @struct.dataclass

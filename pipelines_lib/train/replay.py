@@ -34,7 +34,7 @@ from pipelines_lib.train.losses import get_loss
 from pipelines_lib.train.reload import reload_step
 from pipelines_lib.train.step import StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
 from pipelines_lib.train.trainer import StreamingTrainer, TrainerConfig
-from pipelines_lib.trajectory.reader import GroupSlice
+from pipelines_lib.trajectory.channel import GroupSlice
 
 COMPARED = ("loss", "grad_norm")
 """The logged metrics a replay must reproduce exactly to count as identical."""
@@ -99,7 +99,8 @@ def retrain_to(trainer: StreamingTrainer, step: int) -> CheckpointMeta | None:
     restored = restore_latest(store, model=trainer.model, optimizer=trainer.optimizer, before_step=step + 1)
     start = 0 if restored is None else restored[1].step
     for s in range(start + 1, step + 1):
-        batch, _ = trainer.batch(reload_step(store, ConsumptionLog.read(store, s), trainer.needs))
+        groups = reload_step(trainer.tailer, ConsumptionLog.read(store, s), trainer.needs, uri=store.uri)
+        batch, _ = trainer.batch(groups)
         train_step(trainer.model, trainer.optimizer, batch, cfg=trainer.tc.step)
     return None if restored is None else restored[1]
 
@@ -116,7 +117,7 @@ def replay_step(trainer: StreamingTrainer, step: int, *, what_if: TrainerConfig 
     restored = retrain_to(trainer, step - 1)
     start = 0 if restored is None else restored.step
     entry = ConsumptionLog.read(store, step)
-    groups = reload_step(store, entry, trainer.needs)
+    groups = reload_step(trainer.tailer, entry, trainer.needs, uri=store.uri)
     tc = what_if or trainer.tc
     batch, _ = batch_from_groups(groups, group_size=trainer.group_size, advantage=tc.advantage,
                                  seq_buckets=tc.seq_buckets, batch_size=tc.batch_groups * trainer.group_size,

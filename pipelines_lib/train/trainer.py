@@ -65,10 +65,10 @@ from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.reload import reload_step, undigested
 from pipelines_lib.train.step import StepConfig, train_step
-from pipelines_lib.trajectory.channel import FolderChannel, GroupSource
+from pipelines_lib.trajectory.channel import Channel, GroupSlice, GroupSource
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
+from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
-from pipelines_lib.trajectory.reader import GroupSlice
 from pipelines_lib.trajectory.trainable import INFRA_REASON
 from pipelines_lib.trajectory.window import Window, zero_advantage
 from pipelines_lib.utc import utc_now_iso
@@ -146,7 +146,8 @@ class StreamingTrainer:
     the callee copies what it keeps. ``abort()`` is asked at every wait for groups; an exception it returns is
     raised (colocated placement: the process's rollout workers failed, so no group will come). ``should_stop()`` is
     asked before each step and at every wait for groups; once it says so, ``run`` drops the groups of the unfinished
-    step, checkpoints the steps trained since the last checkpoint and returns without the done marker."""
+    step, checkpoints the steps trained since the last checkpoint and returns without the done marker. ``channel``
+    is where groups come from, and a replayed step's groups are read again (default: the campaign folder's shards)."""
 
     def __init__(
         self,
@@ -162,8 +163,10 @@ class StreamingTrainer:
         log: Callable[[str], None] = print,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        channel: Channel | None = None,
     ) -> None:
         self.store = with_parents(store)  # a fork resumes from, and tails, its parent's history too
+        self.channel = channel or FolderChannel(self.store)
         self.tc = config
         self.eta = eta
         self.group_size = group_size
@@ -189,8 +192,7 @@ class StreamingTrainer:
         self.step = 0
         self.version = 0
         self.checkpointed_step = 0
-        # What a group must satisfy to be trained on: the campaign's group size, the longest row (bucket and
-        # model), the vocabulary.
+        # What a group must satisfy to be trained on: the group size, the longest row (bucket, model), the vocabulary.
         self.needs = TrainerNeeds.of(group_size=group_size, seq_buckets=config.seq_buckets,
                                      max_seq_len=self.model.cfg.max_seq_len, vocab_size=self.model.cfg.vocab_size,
                                      max_shard_bytes=config.max_shard_bytes, max_shard_rows=config.max_shard_rows)
@@ -218,7 +220,8 @@ class StreamingTrainer:
             entry = ConsumptionLog.read(self.store, self.step + 1)
             cursor = entry.cursor_after_step(self.tailer.cursor,
                                              where=self.store.uri(ConsumptionLog.path_of(entry.step)))
-            groups = reload_step(self.store, entry, self.needs)  # ReplayError: rows not what the step trained on
+            # read again through the channel; ReplayError: rows not what the step trained on
+            groups = reload_step(self.tailer, entry, self.needs, uri=self.store.uri)
             if unknown := undigested(entry):
                 self.log(f"trainer: step {entry.step}'s log records no digest for {unknown} group(s) (written before "
                          "digests were): replayed with the trainable checks only")
@@ -226,13 +229,11 @@ class StreamingTrainer:
             self._train_on(groups, replay=entry)
             replayed += 1
         if replayed:
-            self.log(
-                f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}"
-            )
+            self.log(f"trainer: replayed {replayed} logged step(s) after the checkpoint; now at step {self.step}")
 
     def _tailer_at(self, cursor: TailCursor) -> GroupSource:
         self._logged_cursor = cursor.copy()
-        return FolderChannel(self.store).reader(cursor=cursor, needs=self.needs)
+        return self.channel.reader(cursor=cursor, needs=self.needs)
 
     # -- data --------------------------------------------------------------------------------------------
     def _gather(self) -> tuple[list[GroupSlice], list[ZeroAdvantageGroup], list[TailEvent]] | None:

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from pipelines_lib.storage import layout
+from pipelines_lib.trajectory.channel import GroupSlice, WriterConfig
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
-from pipelines_lib.trajectory.reader import GroupSlice
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_problem, group_runs, infra_problem
 from pipelines_lib.trajectory.window import Window
-from pipelines_lib.trajectory.writer import GroupBuffer, WriterConfig
+from pipelines_lib.trajectory.writer import GroupBuffer
 
 Commit = tuple[layout.ShardId, pa.Table, list[tuple[int, int, str]]]
 """A committed shard: its name, its rows and its groups' row ranges."""
@@ -52,6 +52,11 @@ class MemoryChannel:
         with self._lock:
             return list(self._commits.get(version, ()))
 
+    def committed_groups(self, worker: str) -> set[str]:
+        with self._lock:
+            return {gid for commits in self._commits.values() for sid, _, runs in commits
+                    if sid.worker_id.startswith(f"{worker}.") for *_, gid in runs}
+
 
 class MemoryWriter(GroupBuffer):
     def __init__(self, channel: MemoryChannel, *, worker_id: str, config: WriterConfig | None = None,
@@ -75,6 +80,13 @@ class MemoryReader:
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
         return events
+
+    def reread(self, shard: str, row_start: int, row_end: int) -> pa.Table:
+        sid = layout.parse_shard_path(shard)
+        for committed, table, _ in self._channel.commits(sid.version) if sid is not None else ():
+            if committed == sid:
+                return table.slice(row_start, row_end - row_start)
+        raise KeyError(f"memory channel: no committed shard {shard!r}")
 
     def next_groups(self, max_groups: int, window: Window) -> list[GroupSlice]:
         if max_groups < 1:

@@ -54,14 +54,13 @@ ways a group can appear twice:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import GroupSlice
 from pipelines_lib.trajectory.codec import (
     ShardError,
     decode_shard,
@@ -74,30 +73,11 @@ from pipelines_lib.trajectory.needs import ShardLimits, limits_of
 from pipelines_lib.trajectory.trainable import (
     TrainerNeeds,
     clean_groups,
-    group_digest,
     group_problem,
     group_runs,
     infra_problem,
 )
 from pipelines_lib.trajectory.window import Window
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupSlice:
-    """One whole group: rows ``[row_start, row_end)`` of shard ``shard``."""
-
-    shard: str
-    version: int
-    row_start: int
-    row_end: int
-    group_id: str
-    table: pa.Table
-
-    @property
-    def digest(self) -> str:
-        """``trainable.group_digest`` of the rows: what the consumption log records of them."""
-        return group_digest(self.table)
-
 
 DECODE_AHEAD_SHARDS = 64
 """Pending shards of a version decoded and validated together (a small shard's checks cost their overhead)."""
@@ -152,6 +132,11 @@ class ShardTailer:
     def drain_events(self) -> list[TailEvent]:
         events, self._events = self._events, []
         return events
+
+    def reread(self, shard: str, row_start: int, row_end: int) -> pa.Table:
+        """Rows ``[row_start, row_end)`` of ``shard`` read again: a group handed out before (a logged step's)."""
+        table, _ = read_shard(self.store, shard, limits=limits_of(self.needs))
+        return table.slice(row_start, row_end - row_start)
 
     def _decode_ahead(self, sid: layout.ShardId, newest: int | None) -> None:
         """Decode ``sid`` and the pending shards after it in its version (up to ``DECODE_AHEAD_SHARDS`` or

@@ -23,43 +23,10 @@ import pyarrow.compute as pc
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.errors import AlreadyExistsError, StorageError
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import ShardInfo, WriterConfig
 from pipelines_lib.trajectory.codec import TOKEN_BYTES, decode_shard, encode_shard
 from pipelines_lib.trajectory.record import Trajectory, group_min_version, to_table
 from pipelines_lib.utc import utc_now_iso
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardInfo:
-    """A committed shard."""
-
-    path: str
-    version: int
-    worker_id: str
-    seq: int
-    n_groups: int
-    n_rows: int
-    n_bytes: int
-    group_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class WriterConfig:
-    """When the shard writer commits."""
-
-    max_groups: int = 8
-    """Commit once this many groups of one version are buffered."""
-    max_bytes: int = 32 * 2**20
-    """...or once their estimated Arrow size passes this."""
-    max_age_s: float = 5.0
-    """...or once the oldest buffered group has waited this long (bounds trainer latency on a trickle)."""
-
-    def __post_init__(self) -> None:
-        if self.max_groups < 1:
-            raise ValueError(f"WriterConfig.max_groups must be >= 1, got {self.max_groups}")
-        if self.max_bytes < 1:
-            raise ValueError(f"WriterConfig.max_bytes must be >= 1, got {self.max_bytes}")
-        if self.max_age_s <= 0:
-            raise ValueError(f"WriterConfig.max_age_s must be > 0, got {self.max_age_s}")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 ```
 small_trainer_config(max_steps, eta=...)   a 1-layer model, batches of 2 groups: steps of a few hundred ms on CPU
 seed_trainer_campaign(url, config, n)      campaign.json, a random-init v0 and n synthetic groups in shards of 3
+                                           (in the folder, or in the channel given)
 final_params(store)                        the published parameters of the finished run, as one JSON string
 consumed_group_ids(store)                  the groups of every consumption log, in step order
 consumption_log / done_marker / ...        whole records with the fields a test does not care about filled in
@@ -32,6 +33,7 @@ from pipelines_lib.records import (
 from pipelines_lib.stages.campaign import init_campaign
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.trajectory.channel import Channel
 
 
 def small_trainer_config(max_steps: int, *, eta: int = 10_000, **trainer: Any) -> CampaignConfig:
@@ -48,20 +50,22 @@ def small_trainer_config(max_steps: int, *, eta: int = 10_000, **trainer: Any) -
                                    "data_timeout_s": 30, **trainer}))
 
 
-def seed_trainer_campaign(url: str, config: CampaignConfig, n_groups: int) -> Store:
-    """init, a random-init v0, and ``n_groups`` synthetic groups in shards of 3."""
+def seed_trainer_campaign(url: str, config: CampaignConfig, n_groups: int, *, channel: Channel | None = None) -> Store:
+    """init, a random-init v0, and ``n_groups`` synthetic groups in shards of 3, committed to ``channel`` (default:
+    the campaign folder's)."""
     from flax import nnx
 
     from pipelines_lib.model.decoder import Decoder
     from pipelines_lib.publish import publish_weights
     from pipelines_lib.stages.campaign import init_campaign
+    from pipelines_lib.trajectory.channel import WriterConfig
+    from pipelines_lib.trajectory.folder import FolderChannel
     from pipelines_lib.trajectory.synthetic import synthetic_group
-    from pipelines_lib.trajectory.writer import ShardWriter, WriterConfig
 
     store = Store(url)
     init_campaign(store, config)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
+    writer = (channel or FolderChannel(store)).writer("w0", WriterConfig(max_groups=3))
     for i in range(n_groups):
         writer.add_group(synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0,
                                          seed=i, vocab_size=config.model.vocab_size, max_len=60))
