@@ -59,6 +59,15 @@ def on_grid(curve: Curve, grid: Sequence[float], *, axis: int) -> list[float]:
     return out
 
 
+def paired_figures(values: OverSeeds, key: str) -> dict[str, float]:
+    """``OverSeeds.figures`` of a paired comparison, without an interval while one seed gives none (a goal on the
+    interval then reads as not measured, not as met by a single value)."""
+    figures = values.figures(key)
+    if len(values.values) < 2:
+        figures = {k: v for k, v in figures.items() if not k.endswith(("_ci_low", "_ci_high"))}
+    return figures
+
+
 def paired(runs: Mapping[int, Mapping[str, Any]], a: str, b: str) -> list[int]:
     """Seeds that have both arms, in order."""
     return sorted(s for s, arms in runs.items() if a in arms and b in arms)
@@ -105,7 +114,7 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
         eta4 = [100 * runs[s]["eta4"]["final_success"] for s in gap_seeds]
         claim = Claim.within(f"(a) η = 4 with the correction ends within {WITHIN_PTS:g} points of sync", sync, eta4,
                              WITHIN_PTS)
-        figures |= claim.differences.figures(f"{prefix}eta4_gap_pts")
+        figures |= paired_figures(claim.differences, f"{prefix}eta4_gap_pts")
         claims.append(claim)
     ratio_seeds = [s for s in gap_seeds if (ttt["sync"][s] or 0.0) > 0.0]
     if ratio_seeds:
@@ -113,13 +122,13 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
         ratios = tuple((ttt["eta4"][s] if ttt["eta4"][s] is not None else runs[s]["eta4"]["wall_s"]) / ttt["sync"][s]
                        for s in ratio_seeds)
         diff = OverSeeds(ratios)
-        figures |= diff.figures(f"{prefix}eta4_time_to_target_ratio")
+        figures |= paired_figures(diff, f"{prefix}eta4_time_to_target_ratio")
         figures[f"{prefix}eta4_time_to_target_censored"] = float(len(censored))
         supported = len(ratios) > 1 and not censored and diff.interval()[1] <= RATIO_GOAL
         text = f"(b) η = 4 reaches the target in at most {RATIO_GOAL:g} of sync's time"
         if censored:
             text += f" (seeds {censored}: η = 4 never reached it; ratio censored at its wall clock)"
-        claims.append(Claim(text, diff, supported))
+        claims.append(Claim(text, diff, supported, unit="×", measure="ratio"))
     if len(gap_seeds) > len(ratio_seeds):
         open_.append(f"seeds {sorted(set(gap_seeds) - set(ratio_seeds))}: sync never reached the target (or its v0 "
                      f"did), no ratio")
@@ -128,7 +137,7 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
         claim = Claim.worse("(c) η = 4 without the correction ends below η = 4 with it",
                             [100 * runs[s]["eta4"]["final_success"] for s in corr_seeds],
                             [100 * runs[s]["eta4_nocorr"]["final_success"] for s in corr_seeds])
-        figures |= claim.differences.figures(f"{prefix}eta4_nocorr_gap_pts")
+        figures |= paired_figures(claim.differences, f"{prefix}eta4_nocorr_gap_pts")
         claims.append(claim)
     for name, seeds in (("(a)", gap_seeds), ("(b)", ratio_seeds), ("(c)", corr_seeds)):
         if len(seeds) < 2:

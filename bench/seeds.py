@@ -88,6 +88,10 @@ class Claim:
     text: str
     differences: OverSeeds
     supported: bool
+    unit: str = " pts"
+    """How ``render`` writes the differences (a ratio claim's are ``×``)."""
+    measure: str = "difference"
+    """What ``render`` calls the paired values (a ratio claim's: ``ratio``)."""
 
     @classmethod
     def within(cls, text: str, a: Sequence[float], b: Sequence[float], bound: float) -> Claim:
@@ -101,7 +105,7 @@ class Claim:
 
     def render(self) -> str:
         verdict = "supported" if self.supported else "NOT supported by the interval"
-        return f"{self.text}: {verdict} (difference {self.differences.text(' pts')})"
+        return f"{self.text}: {verdict} ({self.measure} {self.differences.text(self.unit)})"
 
 
 __all__ = ["Claim", "DEFAULT_LEVEL", "OverSeeds", "seed_args", "seed_overrides"]

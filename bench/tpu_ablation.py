@@ -42,15 +42,15 @@ import datetime as dt
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.ablation import mismatch_figures
-from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, on_grid
+from bench.ablation_plots import plot_curves, plot_timeline, save_trace
+from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
-from bench.plots import figure
-from bench.registry import BenchContext, BenchResult, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, BenchSkipped, Goal, register_bench
 from bench.seeds import OverSeeds, seed_overrides
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
@@ -66,6 +66,9 @@ HEADLINE_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 """The arms every claim compares: run over all seeds before ``eta1`` and ``eta2``."""
 QUICK_ARMS = ("sync", "eta4")
 PROFILE_ARMS = ("sync", "eta4")
+TIMELINE_ARMS = ("sync", "eta4")
+"""Seed 0's arms whose telemetry is kept as a Perfetto trace (``bench/tpu_trace_heavy_<arm>.json.gz``) and drawn
+as the chip's timeline."""
 """The arms run again under the ``none`` and ``light`` latency profiles (seed 0) for throughput."""
 PROFILES = {"none": LatencyProfile.none(), "light": LatencyProfile.light(), "heavy": LatencyProfile.heavy()}
 DEFAULT_SEEDS = 5
@@ -266,7 +269,7 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         ctx.progress(f"{NAME}: {label}")
         figures, store = timed(lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
                                run_arm(scratch, base, shared, arm, profile=profile, log=ctx.progress))
-        if on_timeline is not None and seed == 0 and profile == main and arm in ("sync", "eta4"):
+        if on_timeline is not None and seed == 0 and profile == main and arm in TIMELINE_ARMS:
             on_timeline(arm, store)
         done[arm] = figures
         if profile == main:
@@ -301,89 +304,21 @@ def throughput_figures(ledger: Ledger) -> dict[str, float]:
     return out
 
 
-def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str]) -> None:
-    """Success against wall clock and against steps per arm: the mean over seeds and a band from the lowest to
-    the highest seed, each seed's curve a step function of its evaluated versions."""
-    with figure(path, figsize=(11, 4), dpi=100, ncols=2, sharey=True) as (fig, (by_step, by_wall)):
-        for axis, ax in ((0, by_step), (1, by_wall)):
-            for arm in arms:
-                curves = [runs[s][arm]["curve"] for s in sorted(runs) if arm in runs[s]]
-                if not curves:
-                    continue
-                end = max(p[axis] for c in curves for p in c)
-                grid = [end * i / 100 for i in range(101)]
-                ys = [on_grid(c, grid, axis=axis) for c in curves]
-                mean = [100 * sum(col) / len(col) for col in zip(*ys, strict=True)]
-                style = "--" if arm.endswith(NO_CORRECTION) else "-"
-                (line,) = ax.plot(grid, mean, style, label=f"{arm} (n={len(curves)})")
-                ax.fill_between(grid, [100 * min(col) for col in zip(*ys, strict=True)],
-                                [100 * max(col) for col in zip(*ys, strict=True)], color=line.get_color(), alpha=0.15)
-        by_step.set_xlabel("trainer step")
-        by_step.set_ylabel("held-out greedy success, % (mean; band: min to max over seeds)")
-        by_step.set_ylim(0, 100)
-        by_wall.set_xlabel("seconds since the trainer started")
-        by_wall.legend(fontsize=8)
-        fig.suptitle("twostep on one chip, heavy tool latency: sync vs async η (dashed: without the correction)")
-
-
-def plot_timeline(path: Path, stores: Mapping[str, Store], *, seconds: float = 40.0) -> None:
-    """The first ``seconds`` of each campaign's trainer window: the chip's device spans (engine, trainer), the
-    trainer's waits for data and the rollout's episodes in flight, one panel per campaign."""
-    from pipelines_lib.telemetry.trace import read_records
-
-    with figure(path, figsize=(11, 1.9 * len(stores) + 0.6), dpi=100, nrows=len(stores), sharex=True) as (fig, axes):
-        for ax, (name, store) in zip(axes if len(stores) > 1 else [axes], stores.items(), strict=True):
-            done = DoneMarker.read(store)
-            start_us = (dt.datetime.fromisoformat(done.finished_at).timestamp() - done.wall_s) * 1e6
-            spans = [r for r in read_records(store) if r["type"] == "span"]
-            lanes = {"chip: engine": lambda r: r["track"] == "chip" and r["process"].startswith("rollout"),
-                     "chip: trainer": lambda r: r["track"] == "chip" and r["process"].startswith("trainer"),
-                     "trainer: waits for data": lambda r: r["name"] == "data_wait",
-                     "rollout: tool calls": lambda r: r["name"].startswith("tool_call")}
-            for y, (label, wanted) in enumerate(lanes.items()):
-                bars = [((r["ts_us"] - start_us) / 1e6, r["dur_us"] / 1e6) for r in spans if wanted(r)]
-                bars = [(x, w) for x, w in bars if x < seconds and x + w > 0]
-                ax.broken_barh(bars, (y - 0.4, 0.8), color=f"C{y}", alpha=0.35 if "tool" in label else 0.9)
-            ax.set_yticks(range(len(lanes)), list(lanes))
-            ax.set_xlim(0, seconds)
-            ax.set_title(f"{name}: chip busy {_busy(store):.0%} of the trainer's wall clock", fontsize=9)
-        (axes[-1] if len(stores) > 1 else axes).set_xlabel("seconds since the trainer started")
-        fig.suptitle("one chip, heavy tool latency: what the chip does while tools wait", fontsize=10)
-
-
-def _busy(store: Store) -> float:
-    from pipelines_lib.telemetry.trace import chip_busy, read_records
-
-    done = DoneMarker.read(store)
-    end = dt.datetime.fromisoformat(done.finished_at).timestamp()
-    return chip_busy(read_records(store), int((end - done.wall_s) * 1e6), int(end * 1e6),
-                     processes=("rollout", "trainer"))
-
-
-def save_trace(path: Path, store: Store) -> None:
-    """The campaign's telemetry as a gzipped Perfetto/Chrome JSON trace (``rollstream trace``'s format)."""
-    import gzip
-
-    from pipelines_lib.telemetry.trace import read_records, to_chrome_trace
-
-    path.write_bytes(gzip.compress(json.dumps(to_chrome_trace(read_records(store))).encode(), mtime=0))
-
-
-def ablation(ctx: BenchContext, *, device: str, ledger_path: Path) -> BenchResult:
-    """Run what the ledger lacks for ``ctx``'s seeds and arms, then every figure from the whole ledger."""
+def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = True) -> BenchResult:
+    """Run what the ledger lacks for ``ctx``'s seeds and arms (``run``), then every figure from the whole ledger."""
     arms = chosen_arms(ctx.arms, quick=ctx.quick)
     seeds = ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS)
     ledger = Ledger.load(ledger_path, fingerprint=fingerprint(quick=ctx.quick), device=device, log=ctx.progress)
-    timeline: dict[str, Store] = {}
+    traces = {arm: ctx.plot_dir / f"tpu_trace_heavy_{arm}.json.gz" for arm in TIMELINE_ARMS}
 
     def keep(arm: str, store: Store) -> None:
-        timeline[arm] = store
-        if arm == "eta4":
-            save_trace(ctx.plot_dir / "tpu_trace_heavy_eta4.json.gz", store)
-        if len(timeline) == 2:
-            plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", timeline)
+        save_trace(traces[arm], store)
 
-    skipped = run_ledger(ctx, ledger, arms, seeds, on_timeline=keep)
+    skipped = run_ledger(ctx, ledger, arms, seeds, on_timeline=keep) if run else []
+    saved = {f"{arm}: chip busy {ledger.runs[0][arm]['chip_busy']:.0%} of the trainer's wall clock": trace
+             for arm, trace in traces.items() if trace.exists() and arm in ledger.runs.get(0, {})}
+    if saved:  # traces of seed 0, saved by whichever command ran each arm
+        plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", saved)
     figures, claims, open_ = ablation_figures(ledger.runs, ARMS, prefix="tpu.ablation.")
     figures |= throughput_figures(ledger)
     plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS)
@@ -397,7 +332,8 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path) -> BenchResul
                      **{k: figures.get(f"tpu.ablation.{arm}.{k}", "n/a") for k in (
                          "time_to_target_s", "never_reached", "wall_s", "command_s", "staleness_mean",
                          "dropped_stale_share", "mismatch_mean", "chip_busy")}})
-    notes = ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
+    notes = ("" if run else f"Rendered from the ledger on a machine without an accelerator: every figure was "
+             f"measured on {device}. ") + ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
              + ("; ".join(c.render() for c in claims) or "none judged yet") + ". "
              + (f"Open: {'; '.join(open_)}. " if open_ else "")
              + (f"Left for a later command (budget): {', '.join(skipped)}. " if skipped else "")
@@ -435,7 +371,16 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path) -> BenchResul
 def bench_tpu_ablation(ctx: BenchContext) -> BenchResult:
     from bench.tpu import accelerator
 
-    kind, _ = accelerator()  # BenchSkipped on a CPU: the CPU test runs ``ablation`` itself at QUICK sizes
     # A quick run's ledger lives and dies with its scratch folder: smoke figures never mix with the chip's runs.
     ledger = ctx.scratch / "ledger.json" if ctx.quick else ctx.plot_dir.parent / LEDGER
+    try:
+        kind, _ = accelerator()
+    except BenchSkipped:  # no chip here: the figures of the chip's ledger, if there is one, are rendered again
+        if ctx.quick or not ledger.exists():
+            raise
+        recorded = json.loads(ledger.read_text())
+        if recorded.get("fingerprint") != fingerprint(quick=False):
+            raise BenchSkipped(f"{ledger} was measured with another recipe; nothing to render here") from None
+        ctx.progress(f"{NAME}: no accelerator here: the figures of {ledger} ({recorded['device']}), nothing run")
+        return ablation(ctx, device=recorded["device"], ledger_path=ledger, run=False)
     return ablation(ctx, device=kind, ledger_path=ledger)

@@ -58,6 +58,7 @@ def test_a_seed_missing_from_one_arm_is_left_out_of_its_pairs_and_its_claims_sta
     figures, claims, open_ = ablation_figures(runs, ["sync", "eta4", "eta4_nocorr"], prefix="x.")
     assert figures["x.sync.seeds"] == 2.0 and figures["x.eta4.seeds"] == 1.0
     assert figures["x.eta4_gap_pts"] == 0.0  # seed 0 alone
+    assert "x.eta4_gap_pts_ci_high" not in figures  # one pair has no interval: a goal on it is not met by one value
     assert not any(c.supported for c in claims)  # one pair has no interval
     assert "arm eta4_nocorr: no run yet" in open_
     assert "claim (a): 1 paired seed(s), an interval needs 2 or more" in open_
