@@ -77,20 +77,6 @@ EVAL_EVERY = 2
 """Versions evaluated for the curves: every second one and the last (an evaluation opens an engine: seconds each)."""
 """Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
 LEDGER = Path("bench/tpu_ablation_runs.json")
-RECIPE: dict[str, Any] = {
-    "dataset.source": "builtin:twostep", "dataset.env_name": "twostep", "env.name": "twostep",
-    "engine.max_seq_len": 256, "engine.prefill_buckets": [16, 64, 128, 256], "engine.num_slots": 128,
-    "rollout.max_tokens": 256, "rollout.group_size": 8, "rollout.max_concurrency": 128,
-    "rollout.max_groups_per_version": 32, "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0,
-    "trainer.seq_buckets": [256], "trainer.max_steps": 16, "trainer.checkpoint_every": 4,
-    "sft.error_rate": 0.95, "sft.steps": 300, "sft.optim.total_steps": 300,
-    "eval.n_tasks": 64, "eval.samples": 1, "eval.versions": "ends",
-}
-"""Over ``tpu_demo``: the ``twostep`` task (two calculator calls, the first result carried into the second) with
-95 % flawed demonstrations, so that v0 answers greedily with a wrong carry or after one call on every seed and
-GRPO has a skill to learn rather than a format; groups of 8 (more groups with any learning signal while success is
-rare); 128 episodes in flight (a version's batch at once, so that sync's batch is one wave); an async budget of two
-versions' groups per version."""
 QUICK: dict[str, Any] = {
     "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 32,
     "model.d_ff": 128, "sft.steps": 10, "sft.n_demos": 64, "sft.optim.total_steps": 10, "trainer.max_steps": 2,
@@ -103,10 +89,10 @@ mostly unrewarded); the success figures are noise."""
 
 
 def shared_config(*, quick: bool, seed: int, profile: str = "heavy") -> CampaignConfig:
-    """The config every arm of ``seed`` shares: ``tpu_demo`` with ``RECIPE`` (``QUICK`` over it), the seed and the
+    """The config every arm of ``seed`` shares: the ``tpu_ablation`` recipe (``QUICK`` over it), the seed and the
     latency profile."""
-    return CampaignConfig.build(preset="tpu_demo", overrides={
-        **RECIPE, **(QUICK if quick else {}), **seed_overrides(seed), "env.tool_latency": to_mapping(PROFILES[profile])})
+    return CampaignConfig.build(preset=NAME, overrides={
+        **(QUICK if quick else {}), **seed_overrides(seed), "env.tool_latency": to_mapping(PROFILES[profile])})
 
 
 def fingerprint(*, quick: bool) -> str:
@@ -352,8 +338,8 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              "success, staleness, dropped share, mismatch and the chip busy fraction; claims on paired per-seed "
              "differences. Throughput (trajectories and useful samples per hour, chip busy, host idle) of sync and "
              "η = 4 under no, light and heavy tool latency.",
-    method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: `tpu_demo` with the "
-           "twostep recipe `RECIPE`, heavy tool latency for the ablation; every published version evaluated "
+    method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: the `tpu_ablation` "
+           "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the ablation; every published version evaluated "
            "after its arm (untimed, no tool latency). Results accumulate in `bench/tpu_ablation_runs.json` per "
            "(arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
            "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
