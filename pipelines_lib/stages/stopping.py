@@ -45,8 +45,14 @@ class Stopped(Exception):
     """The run was stopped by a signal before it finished; its stages kept what they had committed."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}; the stages kept what they had committed")
+        # A value that is no signal's number is named as given: a worker's error reaches its parent pickled, and
+        # unpickling calls this again with the same argument (``__reduce__``).
+        name = signal.Signals(signum).name if isinstance(signum, int) else str(signum)
+        super().__init__(f"stopped by {name}; the stages kept what they had committed")
         self.signum = signum
+
+    def __reduce__(self) -> tuple[type[Stopped], tuple[int]]:
+        return type(self), (self.signum,)
 
 
 def _say(line: str) -> None:
