@@ -41,6 +41,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bench.arm_stats import choose_arms
 from bench.campaign_arms import NO_CORRECTION, PROFILES, run_arm_set
 from bench.learning import version_evals
 from bench.plots import figure
@@ -60,14 +61,10 @@ QUICK_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 
 
 def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
-    """The arms a run takes (``--arms``; by default ``QUICK_ARMS`` when quick, else ``ARMS``), in ``ARMS`` order.
-    Every claim compares with ``sync``, so it is always run."""
-    if not arms:
-        return QUICK_ARMS if quick else ARMS
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        raise ValueError(f"unknown ablation arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
-    return tuple(a for a in ARMS if a in {"sync", *arms})
+    """The arms a run takes (``bench.arm_stats.choose_arms`` over this benchmark's arms)."""
+    return choose_arms(arms, name=NAME, arms=ARMS, quick_arms=QUICK_ARMS, quick=quick)
+
+
 COMMON: dict[str, object] = {"eval.samples": 1, "env.tool_latency": to_mapping(PROFILES["heavy"]),
                              "rollout.episode_timeout_s": 600.0, "rollout.tool_timeout_s": 30.0}
 """Every arm: one sampled eval attempt (only greedy success is reported), heavy tool latency and deadlines no

@@ -41,6 +41,18 @@ Curve = Sequence[Sequence[float]]
 """``[[trainer step, seconds since the trainer started, held-out greedy success], ...]`` per evaluated version."""
 
 
+def choose_arms(requested: Sequence[str] | None, *, name: str, arms: Sequence[str], quick_arms: Sequence[str],
+                quick: bool) -> tuple[str, ...]:
+    """The arms a run of benchmark ``name`` takes: ``requested`` (``--arms``) plus sync, which every claim compares
+    with, in ``arms`` order; by default all of ``arms`` (``quick_arms`` when quick). An unknown arm is refused."""
+    if not requested:
+        return tuple(quick_arms if quick else arms)
+    unknown = sorted(set(requested) - set(arms))
+    if unknown:
+        raise ValueError(f"unknown {name} arm(s) {', '.join(unknown)}; the arms are {', '.join(arms)}")
+    return tuple(a for a in arms if a in {"sync", *requested})
+
+
 def time_to_target(curve: Curve, target: float) -> float | None:
     """Seconds since the trainer started at which the first version with success >= ``target`` was published;
     None when none did."""
@@ -147,4 +159,4 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
     return figures, claims, open_
 
 
-__all__ = ["RATIO_GOAL", "TARGET_SHARE", "WITHIN_PTS", "ablation_figures", "on_grid", "paired", "time_to_target"]
+__all__ = ["RATIO_GOAL", "TARGET_SHARE", "WITHIN_PTS", "ablation_figures", "choose_arms", "on_grid", "paired", "time_to_target"]

@@ -48,7 +48,7 @@ from typing import Any
 
 from bench.ablation import mismatch_figures
 from bench.ablation_plots import plot_curves, plot_timeline, save_trace
-from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures
+from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, choose_arms
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
 from bench.registry import BenchContext, BenchResult, BenchSkipped, Goal, register_bench
 from bench.seeds import OverSeeds, seed_overrides
@@ -136,14 +136,8 @@ class Ledger:
 
 
 def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
-    """The arms a run takes (``--arms``; by default all, ``QUICK_ARMS`` when quick), sync always, in ``ARMS``
-    order."""
-    if not arms:
-        return QUICK_ARMS if quick else ARMS
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        raise ValueError(f"unknown {NAME} arm(s) {', '.join(unknown)}; the arms are {', '.join(ARMS)}")
-    return tuple(a for a in ARMS if a in {"sync", *arms})
+    """The arms a run takes (``bench.arm_stats.choose_arms`` over this benchmark's arms)."""
+    return choose_arms(arms, name=NAME, arms=ARMS, quick_arms=QUICK_ARMS, quick=quick)
 
 
 def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, profile: str,
