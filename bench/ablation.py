@@ -41,7 +41,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.arm_stats import choose_arms
+from bench.arm_stats import WITHIN_PTS, choose_arms
 from bench.campaign_arms import NO_CORRECTION, PROFILES, run_arm_set
 from bench.learning import version_evals
 from bench.plots import figure
@@ -83,8 +83,6 @@ ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_p95", "stale
 
 DEFAULT_SEEDS = 3
 """Seeds of a full run: each arm runs once per seed, from that seed's warm start (``--quick``: 1)."""
-WITHIN_PTS = 3.0
-"""The claim about η = 4 with the correction: it ends within this many points of sync."""
 
 
 def shared_config(*, quick: bool, seed: int = 0) -> CampaignConfig:

@@ -21,7 +21,7 @@ command, and each command opens with a short campaign that is thrown away (``run
 arm's wall clock pays for compilation: otherwise the first arm of a command (sync) would, and time to target
 would favour whichever arm ran later.
 
-**What is measured per run** (``RUN_KEYS``): final held-out greedy success (the last version), its curve (success
+**What is measured per run** (``run_arm``): final held-out greedy success (the last version), its curve (success
 per version against the trainer step that published it and the seconds since the trainer started), the trainer's
 wall clock (``train/DONE.json``) and the command's (compilation and the in-run evaluation of v0 and the last
 version included), staleness and dropped share of trained groups, the behaviour–proximal mismatch, trajectories and
@@ -333,8 +333,9 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              "differences. Throughput (trajectories and useful samples per hour, chip busy, host idle) of sync and "
              "η = 4 under no, light and heavy tool latency.",
     method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: the `tpu_ablation` "
-           "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the ablation; every published version evaluated "
-           "after its arm (untimed, no tool latency). Results accumulate in `bench/tpu_ablation_runs.json` per "
+           "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the "
+           "ablation; every second published version and the last evaluated after its arm (untimed, no tool "
+           "latency). Results accumulate in `bench/tpu_ablation_runs.json` per "
            "(arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
            "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
            "sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",
