@@ -67,8 +67,8 @@ HEADLINE_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 QUICK_ARMS = ("sync", "eta4")
 PROFILE_ARMS = ("sync", "eta4")
 TIMELINE_ARMS = ("sync", "eta4")
-"""Seed 0's arms whose telemetry is kept as a Perfetto trace (``bench/tpu_trace_heavy_<arm>.json.gz``) and drawn
-as the chip's timeline."""
+"""The arms whose telemetry is kept as a Perfetto trace (``bench/tpu_trace_heavy_seed<s>_<arm>.json.gz``, both of
+one seed) and drawn as the chip's timeline."""
 """The arms run again under the ``none`` and ``light`` latency profiles (seed 0) for throughput."""
 PROFILES = {"none": LatencyProfile.none(), "light": LatencyProfile.light(), "heavy": LatencyProfile.heavy()}
 DEFAULT_SEEDS = 5
@@ -201,24 +201,35 @@ def _warm_start(scratch: Path, shared: CampaignConfig, log: Callable[[str], None
 
 
 def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Sequence[int],
-               *, on_timeline: Callable[[str, Store], None] | None = None) -> list[str]:
+               *, on_timeline: Callable[[int, str, Store], None] | None = None,
+               timeline_seed: int | None = None) -> list[str]:
     """Run every (seed, arm) and (profile, arm) the ledger lacks, saving it after each; returns what was left out
-    for the budget. ``on_timeline(name, store)`` sees seed 0's sync and η = 4 folders while they exist."""
+    for the budget. ``on_timeline(seed, arm, store)`` sees ``timeline_seed``'s sync and η = 4 folders while they
+    exist.
+
+    The budget check estimates a run by what that arm took before (its longest ``command_s`` in the ledger, else
+    the longest run of this command) plus the seed's warm start when it is not made yet (the longest of this
+    command), so a command cut short still runs the short arms that fit."""
     started = time.monotonic()
-    longest = [0.0]
+    longest = {"run": 0.0, "warm start": 0.0}
     skipped: list[str] = []
 
-    def affordable(what: str, parts: int) -> bool:
+    def estimate(arm: str, profile: str) -> float:
+        done = [runs[arm]["command_s"] for runs in (ledger.runs.values() if profile == main
+                                                    else [ledger.profiles.get(profile, {})]) if arm in runs]
+        return max(done, default=longest["run"])
+
+    def affordable(what: str, cost: float) -> bool:
         left = None if ctx.budget_s is None else ctx.budget_s - (time.monotonic() - started)
-        if left is not None and left < max(longest[0], 1.0) * 1.1 * parts:
+        if left is not None and left < max(cost, 1.0) * 1.1:
             skipped.append(what)
             return False
         return True
 
-    def timed(fn: Callable[[], Any]) -> Any:
+    def timed(kind: str, fn: Callable[[], Any]) -> Any:
         t0 = time.monotonic()
         result = fn()
-        longest[0] = max(longest[0], time.monotonic() - t0)
+        longest[kind] = max(longest[kind], time.monotonic() - t0)
         return result
 
     # Quick mode (a CPU smoke run) without tool latency: under heavy latency its sync arm alone waits a minute.
@@ -235,22 +246,22 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         label = f"seed {seed} {arm}" + ("" if profile == main else f" ({profile} latency)")
         if arm in done:
             continue
-        if not affordable(label, parts=1 if seed in bases else 2):  # a new seed's warm start comes first
+        if not affordable(label, estimate(arm, profile) + (0.0 if seed in bases else longest["warm start"])):
             continue
         shared = shared_config(quick=ctx.quick, seed=seed, profile=profile)
         scratch = ctx.scratch / f"seed{seed}"
         if seed not in bases:
             ctx.progress(f"{NAME}: seed {seed}: warm start")
-            bases[seed] = timed(lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))
+            bases[seed] = timed("warm start", lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))
         if not compiled and not ctx.quick:  # a quick run's timings mean nothing: it skips the warm-up
             ctx.progress(f"{NAME}: compiling (a {WARMUP_STEPS}-step campaign, not recorded)")
-            compiled.append(timed(lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
+            compiled.append(timed("run", lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
                 scratch, base, shared, log=ctx.progress)))
         ctx.progress(f"{NAME}: {label}")
-        figures, store = timed(lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
+        figures, store = timed("run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
                                run_arm(scratch, base, shared, arm, profile=profile, log=ctx.progress))
-        if on_timeline is not None and seed == 0 and profile == main and arm in TIMELINE_ARMS:
-            on_timeline(arm, store)
+        if on_timeline is not None and seed == timeline_seed and profile == main and arm in TIMELINE_ARMS:
+            on_timeline(seed, arm, store)
         done[arm] = figures
         if profile == main:
             ledger.runs[seed] = done
@@ -289,15 +300,34 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     arms = chosen_arms(ctx.arms, quick=ctx.quick)
     seeds = ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS)
     ledger = Ledger.load(ledger_path, fingerprint=fingerprint(quick=ctx.quick), device=device, log=ctx.progress)
-    traces = {arm: ctx.plot_dir / f"tpu_trace_heavy_{arm}.json.gz" for arm in TIMELINE_ARMS}
 
-    def keep(arm: str, store: Store) -> None:
-        save_trace(traces[arm], store)
+    def trace(seed: int, arm: str) -> Path:
+        return ctx.plot_dir / f"tpu_trace_heavy_seed{seed}_{arm}.json.gz"
 
-    skipped = run_ledger(ctx, ledger, arms, seeds, on_timeline=keep) if run else []
-    saved = {f"{arm}: chip busy {ledger.runs[0][arm]['chip_busy']:.0%} of the trainer's wall clock": trace
-             for arm, trace in traces.items() if trace.exists() and arm in ledger.runs.get(0, {})}
-    if saved:  # traces of seed 0, saved by whichever command ran each arm
+    def paired(seed: int) -> bool:
+        return all(trace(seed, arm).exists() and arm in ledger.runs.get(seed, {}) for arm in TIMELINE_ARMS)
+
+    # The timeline compares arms of one seed: the first seed with a saved pair, else the first whose timeline arms
+    # this command runs or has traces of (a trace is kept while its arm's folder exists).
+    timeline_seed = min((s for s in ledger.runs if paired(s)), default=None)
+    if timeline_seed is None:
+        timeline_seed = next((s for s in seeds if all(a in arms for a in TIMELINE_ARMS) and all(
+            trace(s, a).exists() or a not in ledger.runs.get(s, {}) for a in TIMELINE_ARMS)), None)
+
+    def keep(seed: int, arm: str, store: Store) -> None:
+        save_trace(trace(seed, arm), store)
+
+    skipped = run_ledger(ctx, ledger, arms, seeds, on_timeline=keep, timeline_seed=timeline_seed) if run else []
+    shown = min((s for s in ledger.runs if paired(s)), default=None)
+    if shown is not None:
+        for stale in ctx.plot_dir.glob("tpu_trace_heavy_seed*_*.json.gz"):  # a pair of another seed supersedes
+            if stale not in {trace(shown, arm) for arm in TIMELINE_ARMS}:
+                stale.unlink()
+    shown_seeds = [shown] if shown is not None else sorted(ledger.runs)
+    saved = {f"seed {seed} {arm}: chip busy {ledger.runs[seed][arm]['chip_busy']:.0%} of the trainer's wall clock":
+             trace(seed, arm) for seed in shown_seeds for arm in TIMELINE_ARMS
+             if trace(seed, arm).exists() and arm in ledger.runs[seed]}
+    if saved:  # the traces, saved by whichever command ran each arm
         plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", saved)
     figures, claims, open_ = ablation_figures(ledger.runs, ARMS, prefix="tpu.ablation.")
     figures |= throughput_figures(ledger)

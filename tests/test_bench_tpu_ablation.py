@@ -188,7 +188,7 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
         assert 0.0 < figures["chip_busy"] <= 1.0 and figures["trajectories"] > 0
     assert result.figures["tpu.ablation.sync.seeds"] == 1.0
     assert (tmp_path / "tpu_ablation_curves.png").stat().st_size > 0
-    assert (tmp_path / "tpu_trace_heavy_eta4.json.gz").exists() and (tmp_path / "tpu_chip_timeline.png").exists()
+    assert (tmp_path / "tpu_trace_heavy_seed0_eta4.json.gz").exists() and (tmp_path / "tpu_chip_timeline.png").exists()
     lines.clear()
     again = tpu_ablation.ablation(ctx, device="cpu", ledger_path=tmp_path / "ledger.json")
     assert not any("warm start" in line for line in lines)  # nothing left to run
