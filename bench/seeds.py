@@ -104,6 +104,8 @@ class Claim:
         return cls(text, diff, len(diff.values) > 1 and diff.interval()[0] > 0)
 
     def render(self) -> str:
+        if len(self.differences.values) < 2:  # one seed has no interval: nothing is judged yet
+            return f"{self.text}: open, one paired seed ({self.measure} {self.differences.values[0]:.1f}{self.unit})"
         verdict = "supported" if self.supported else "NOT supported by the interval"
         return f"{self.text}: {verdict} ({self.measure} {self.differences.text(self.unit)})"
 

@@ -41,6 +41,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,7 +49,7 @@ from typing import Any
 
 from bench.ablation import mismatch_figures
 from bench.ablation_plots import plot_curves, plot_timeline, save_trace
-from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, choose_arms
+from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, choose_arms, paired_figures
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
 from bench.registry import BenchContext, BenchResult, BenchSkipped, Goal, register_bench
 from bench.seeds import OverSeeds, seed_overrides
@@ -274,25 +275,42 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
 
 
 def throughput_figures(ledger: Ledger) -> dict[str, float]:
-    """``tpu.rollout.<profile>.*``: per latency profile, sync and η = 4 trajectories and useful samples per hour,
-    chip busy and host idle share, and async over sync in useful samples per hour (heavy: seed 0's ablation
-    runs)."""
+    """``tpu.rollout.<profile>.*``: per latency profile, sync's and η = 4's trajectories and useful samples per
+    hour, chip busy and host idle share (means over the seeds measured), and async over sync in useful samples and
+    in trajectories per hour: the mean of the per-seed ratios with its interval where more than one seed pairs the
+    two arms. Heavy latency reads the ablation's runs (every seed); none and light the profile runs (seed 0)."""
     out: dict[str, float] = {}
-    by_profile = {**ledger.profiles, "heavy": ledger.runs.get(0, {})}
-    for profile, arms in by_profile.items():
+    by_profile = {**{p: {0: arms} for p, arms in ledger.profiles.items()}, "heavy": ledger.runs}
+    for profile, runs in by_profile.items():
         for arm in PROFILE_ARMS:
-            if arm not in arms:
+            seeds = [s for s in sorted(runs) if arm in runs[s]]
+            if not seeds:
                 continue
-            f = arms[arm]
             tag = "sync" if arm == "sync" else "async"
             for key in ("traj_per_hour", "useful_samples_per_hour", "chip_busy", "host_idle_share", "wall_s"):
-                out[f"tpu.rollout.{profile}.{key}_{tag}"] = round(float(f[key]), 4)
-        if not all(a in arms for a in PROFILE_ARMS):
-            continue
+                out[f"tpu.rollout.{profile}.{key}_{tag}"] = round(statistics.fmean(runs[s][arm][key] for s in seeds), 4)
+        pairs = [runs[s] for s in sorted(runs) if all(a in runs[s] for a in PROFILE_ARMS)]
         for suffix, key in (("", "useful_samples_per_hour"), ("_trajectories", "traj_per_hour")):
-            if arms["sync"][key] > 0:  # a sync run with no useful sample has no ratio to speak of
-                out[f"tpu.rollout.{profile}.async_over_sync{suffix}"] = round(arms["eta4"][key] / arms["sync"][key], 4)
+            ratios = tuple(arms["eta4"][key] / arms["sync"][key] for arms in pairs if arms["sync"][key] > 0)
+            if ratios:  # a sync run with no useful sample has no ratio to speak of
+                out |= paired_figures(OverSeeds(ratios), f"tpu.rollout.{profile}.async_over_sync{suffix}")
     return out
+
+
+def v0_figures(ledger: Ledger) -> dict[str, float]:
+    """``tpu.ablation.v0_pts*``: the warm start's held-out success per seed (every arm of a seed starts from it),
+    over seeds; its spread says how robust the recipe's warm start is."""
+    v0 = tuple(100 * next(iter(arms.values()))["v0_success"] for _, arms in sorted(ledger.runs.items()) if arms)
+    return OverSeeds(v0).figures("tpu.ablation.v0_pts") if v0 else {}
+
+
+def per_seed(ledger: Ledger) -> str:
+    """Each seed's v0 and final success per arm, one clause per seed (what the means and intervals summarise)."""
+    def clause(seed: int, arms: dict[str, dict[str, Any]]) -> str:
+        v0 = 100 * next(iter(arms.values()))["v0_success"]
+        finals = ", ".join(f"{arm} {100 * arms[arm]['final_success']:.1f}" for arm in ARMS if arm in arms)
+        return f"seed {seed}: {v0:.1f} -> {finals}"
+    return "; ".join(clause(seed, arms) for seed, arms in sorted(ledger.runs.items()) if arms) or "none yet"
 
 
 def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = True) -> BenchResult:
@@ -330,7 +348,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     if saved:  # the traces, saved by whichever command ran each arm
         plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", saved)
     figures, claims, open_ = ablation_figures(ledger.runs, ARMS, prefix="tpu.ablation.")
-    figures |= throughput_figures(ledger)
+    figures |= throughput_figures(ledger) | v0_figures(ledger)
     plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS)
     rows = []
     for arm in ARMS:
@@ -347,6 +365,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              + ("; ".join(c.render() for c in claims) or "none judged yet") + ". "
              + (f"Open: {'; '.join(open_)}. " if open_ else "")
              + (f"Left for a later command (budget): {', '.join(skipped)}. " if skipped else "")
+             + f"Per seed, v0 -> final held-out success in points per arm: {per_seed(ledger)}. "
              + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
              f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
     return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},
@@ -375,6 +394,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
                 why="η = 4 reaches the target in half sync's time, whole interval"),
            Goal(key="tpu.ablation.sync_final_pts_mean", op=">=", value=50.0, why="a task that learns"),
            Goal(key="tpu.ablation.sync_final_pts_mean", op="<=", value=90.0, why="a task that does not saturate"),
+           Goal(key="tpu.ablation.v0_pts_spread", op="<=", value=10.0, why="a warm start robust over seeds"),
            Goal(key="tpu.rollout.heavy.async_over_sync", op=">=", value=3.0, why="asynchrony hides tool latency"),
            Goal(key="tpu.rollout.heavy.chip_busy_async", op=">=", value=0.9, why="the chip is kept busy")),
     prefixes=("tpu.ablation.", "tpu.rollout."),

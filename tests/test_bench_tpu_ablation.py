@@ -88,6 +88,25 @@ def test_a_sync_run_that_never_reaches_the_target_anchors_no_ratio() -> None:
     assert any(line.startswith("seeds [1]: sync never reached the target") for line in open_)
 
 
+def test_heavy_throughput_is_the_mean_of_per_seed_ratios_with_an_interval_and_v0_spread_is_over_seeds(
+        tmp_path: Path) -> None:
+    def arms(v0: float, sync_useful: float, eta4_useful: float) -> dict[str, dict[str, float]]:
+        common = {"traj_per_hour": 100.0, "chip_busy": 0.5, "host_idle_share": 0.5, "wall_s": 10.0, "v0_success": v0}
+        return {"sync": {**common, "useful_samples_per_hour": sync_useful},
+                "eta4": {**common, "useful_samples_per_hour": eta4_useful}}
+
+    ledger = tpu_ablation.Ledger(tmp_path / "l.json", "f", "chip", runs={
+        0: arms(0.10, 10.0, 20.0), 1: arms(0.30, 10.0, 40.0), 2: {"eta4": arms(0.25, 1.0, 99.0)["eta4"]}})
+    figures = tpu_ablation.throughput_figures(ledger) | tpu_ablation.v0_figures(ledger)
+    # Seeds 0 and 1 pair: ratios 2 and 4, mean 3, t(0.975, 1) = 12.706 x stdev 1.414 / sqrt 2 = 12.71 each side.
+    assert figures["tpu.rollout.heavy.async_over_sync"] == 3.0
+    assert figures["tpu.rollout.heavy.async_over_sync_ci_low"] == pytest.approx(3.0 - 12.71, abs=0.01)
+    assert figures["tpu.rollout.heavy.async_over_sync_trajectories"] == 1.0
+    assert figures["tpu.rollout.heavy.useful_samples_per_hour_async"] == pytest.approx((20 + 40 + 99) / 3)
+    # v0 per seed: 10, 30 and 25 points; spread 20.
+    assert figures["tpu.ablation.v0_pts_spread"] == 20.0 and figures["tpu.ablation.v0_pts_min"] == 10.0
+
+
 def test_seeds_are_a_count_or_an_inclusive_range() -> None:
     assert seed_range("3") == (0, 1, 2)
     assert seed_range("3..4") == (3, 4)
