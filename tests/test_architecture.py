@@ -40,6 +40,7 @@ CAMPAIGN_PATH = re.compile(r"^(campaign\.json|(dataset|trajectories|train|weight
 JSON_PARSERS_ELSEWHERE = {
     "pipelines_lib/agents/parsers.py": "tool-call arguments in model output",
     "bench/tpu_ablation.py": "its own ledger of finished (arm, seed) runs",
+    "bench/tpu_warm_start.py": "its own ledger of finished (candidate, seed) runs",
     "bench/ablation_plots.py": "a Perfetto trace it saved itself",
     "pipelines_lib/audit/campaign.py": "the committed groups it compressed itself while merging",
     "pipelines_lib/audit/pool.py": "answers of the audit's worker processes (JSON lines on a pipe)",
