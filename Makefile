@@ -70,10 +70,11 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollstream bench
 
 # On an accelerator machine, from a checkout set up by scripts/tpu_setup.sh (no venv there): the tpu_* benchmarks,
-# one after another in this one process (a TPU chip admits one process). TPU_PYTHON: the machine's python.
+# one after another in this one process (a TPU chip admits one process). TPU_PYTHON: the machine's python. JAX_PLATFORMS
+# is emptied, over the cpu exported above, so that JAX picks the machine's accelerator.
 TPU_PYTHON ?= python3
 bench-tpu:
-	$(TPU_PYTHON) -m bench.cli --only tpu
+	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu
 
 # On an accelerator machine: the chip's test tier in one process (scripts/tpu_tests.sh sets the machine up first).
 test-tpu:

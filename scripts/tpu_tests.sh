@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The chip's test tier: the tests that compare kernels with XLA and run the benchmarks' code paths, on an accelerator
-# machine set up by scripts/tpu_setup.sh (no Prefect there, no TCP sockets), in ONE process (a TPU chip admits one
-# process: no pytest-xdist), tpu-marked tests included and slow ones left out as in `make test` (add `-m ''` for
-# them). Installs pytest and hypothesis into the same target when the machine lacks them. Tests of the CPU backend
-# (marked cpu_only) skip on a chip.
+# The chip's test tier: the tests whose code paths or numbers change on an accelerator (the Pallas kernels against
+# their XLA references, the model, the train step, the accelerator benchmarks, weights and checkpoints restored onto
+# the chip from another device set), on an accelerator machine set up by scripts/tpu_setup.sh (no Prefect there, no
+# TCP sockets), in ONE process (a TPU chip admits one process: no pytest-xdist), tpu-marked tests included and slow
+# ones left out as in `make test` (add `-m ''` for them). Installs pytest and hypothesis into the same target when the
+# machine lacks them. Tests of the CPU backend (marked cpu_only) skip on a chip.
 #
-#   scripts/tpu_tests.sh [PYTEST ARGS...]     (run from anywhere; exit status: pytest's)
+# JAX runs on the machine's accelerator: JAX_PLATFORMS is set empty (JAX picks the accelerator), over the `cpu` that
+# the Makefile exports and tests/conftest.py assumes for the CPU suite; on a machine where JAX finds no accelerator
+# the tier refuses to run (it would pass without testing anything of the chip).
+#
+#   scripts/tpu_tests.sh [PYTEST ARGS...]     (run from anywhere; exit status: pytest's, 2 without an accelerator)
 #   PYTHON=python3  TARGET=build/tpu-site  INDEX_URL=file:///opt/pypi/simple   as scripts/tpu_setup.sh
 set -euo pipefail
 
@@ -24,5 +29,12 @@ if ((${#missing[@]})); then
     --target "$target" "${missing[@]}" >&2
 fi
 cd "$root"
+export JAX_PLATFORMS=
+backend=$("$python" -c 'import jax; print(jax.default_backend())')
+if [[ $backend == cpu ]]; then
+  echo "tpu_tests: JAX finds no accelerator on this machine (its backend is cpu); the tier runs on a chip" >&2
+  exit 2
+fi
 exec "$python" -m pytest -q -p no:cacheprovider -p no:xdist \
-  tests/test_train_step.py tests/test_bench_tpu.py tests/test_model.py tests/test_paged_attention.py "$@"
+  tests/test_train_step.py tests/test_bench_tpu.py tests/test_model.py tests/test_paged_attention.py \
+  tests/test_restore_topology.py "$@"

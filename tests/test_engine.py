@@ -30,7 +30,9 @@ from pipelines_lib.model.weights import load_weights, save_weights
 from pipelines_lib.publish import CampaignWeights, publish_weights
 from pipelines_lib.storage.store import Store
 
-CONFIG = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32))
+# One decode step a call, as a CPU runs by default, on any backend (an accelerator's default runs several): the
+# step and dispatch counts the tests hold are a one-step engine's; MULTI and the tests naming decode_steps run more.
+CONFIG = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32), decode_steps=1)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
@@ -444,7 +446,7 @@ def test_prefix_reuse_prefills_only_the_new_turn_and_matches_a_fresh_prefill(mod
 def test_a_conversation_finds_its_prefix_after_other_requests_used_its_slot(model: Decoder) -> None:
     """The prefix cache is keyed by tokens, not slots: with one slot, two other requests run between the turns
     and the second turn still prefills only its new tokens, with the tokens of a fresh prefill."""
-    config = EngineConfig(num_slots=1, max_seq_len=96, prefill_buckets=(16, 32), num_blocks=24)
+    config = EngineConfig(num_slots=1, max_seq_len=96, prefill_buckets=(16, 32), num_blocks=24, decode_steps=1)
     turn1 = prompt(40)
 
     async def body(engine: JaxEngine) -> tuple[Any, dict[str, float], list[int]]:
@@ -546,7 +548,7 @@ def test_engine_config_names_bad_values() -> None:
         EngineConfig(prefill_buckets=(512,), max_seq_len=256)
 
 
-ONE_SLOT = EngineConfig(num_slots=1, max_seq_len=96, prefill_buckets=(16, 32))
+ONE_SLOT = EngineConfig(num_slots=1, max_seq_len=96, prefill_buckets=(16, 32), decode_steps=1)
 
 
 def test_next_step_is_dispatched_before_the_previous_one_is_read(model: Decoder) -> None:
@@ -665,7 +667,8 @@ def test_busy_time_counts_overlapping_steps_once_and_host_bound_steps_not_at_all
     assert collect(22.0, 35.0, ready=False) == (13.0, False)
 
 
-SCARCE = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32), block_size=16, num_blocks=8)
+SCARCE = EngineConfig(num_slots=4, max_seq_len=96, prefill_buckets=(16, 32), block_size=16, num_blocks=8,
+                      decode_steps=1)
 """Blocks for two requests of 52 positions (4 blocks each) although four slots are free."""
 
 

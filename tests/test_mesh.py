@@ -164,11 +164,13 @@ def test_mesh_configs_reject_bad_values(build, match: str) -> None:
         build()
 
 
-@pytest.mark.parametrize(("prng_impl", "eager_impl"), [(None, "threefry2x32"), ("rbg", "rbg")])
+@pytest.mark.parametrize(("prng_impl", "eager_impl"), [(None, "default"), ("rbg", "rbg")])
 def test_create_sharded_builds_the_factorys_model_in_one_compiled_program_on_its_shardings(
         prng_impl: str | None, eager_impl: str) -> None:
-    # On a CPU the default generator is JAX's threefry (the weights nnx.Rngs(seed) gives); an accelerator's
-    # default, the hardware generator, is asked for by name here and must still be the eager factory's.
+    # The default generator is the backend's: on a CPU JAX's threefry (the weights nnx.Rngs(seed) gives), on an
+    # accelerator the hardware generator; the latter is also asked for by name and must still be the eager factory's.
+    if eager_impl == "default":
+        eager_impl = "threefry2x32" if jax.default_backend() == "cpu" else "rbg"
     cfg = ModelConfig.tiny()
     mesh = make_mesh(MeshConfig(), devices=jax.devices()[:1])
     lowered: list[str] = []

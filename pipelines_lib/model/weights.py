@@ -10,7 +10,9 @@ publish stage adds the version pointer on top of these two functions.
 
 The decoder's layers are stacked (``layers/attn/q_proj/kernel`` of shape ``[n_layers, ...]``). A folder in
 the unrolled layout of earlier releases (one subtree per layer: ``layers/0/attn/q_proj/kernel``, ...) is
-converted as it loads: its item is read whole on each process, the layers stacked, then placed on the mesh.
+converted as it loads: its item is read whole into each process's host memory, the layers stacked, then placed on
+the mesh. Either layout loads onto whatever devices the loading process has, whichever devices saved it: the
+restore is given the shardings (or the host) to read into, never the saved ones.
 """
 
 from __future__ import annotations
@@ -72,13 +74,16 @@ def load_weights(path_or_url: str, mesh: Mesh | None = None) -> Decoder:
     mesh = make_mesh(MeshConfig()) if mesh is None else mesh
     item = _path(path_or_url) / STATE_ITEM
     with ocp.StandardCheckpointer() as checkpointer:
-        if unrolled_layers(checkpointer.metadata(item).item_metadata.tree):
-            stacked = _stack_layers(checkpointer.restore(item), cfg.n_layers, item)
-            nnx.replace_by_pure_dict(abstract_params, _variable_values(stacked))
-            params = place_state(abstract_params, mesh)
-        else:
-            params = checkpointer.restore(item, sharded_shapes(abstract_params, mesh))
-    return nnx.merge(graphdef, params, rest)
+        saved = checkpointer.metadata(item).item_metadata.tree
+        if not unrolled_layers(saved):
+            return nnx.merge(graphdef, checkpointer.restore(item, sharded_shapes(abstract_params, mesh)), rest)
+    # Read into host memory, not onto the shardings the item records: those name the devices of the process that
+    # wrote it (``cpu:0``, eight fake devices), which this process may not have.
+    on_host = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
+    with ocp.PyTreeCheckpointer() as reader:
+        unrolled = reader.restore(item, args=ocp.args.PyTreeRestore(restore_args=on_host))
+    nnx.replace_by_pure_dict(abstract_params, _variable_values(_stack_layers(unrolled, cfg.n_layers, item)))
+    return nnx.merge(graphdef, place_state(abstract_params, mesh), rest)
 
 
 def unrolled_layers(tree: Any) -> bool:

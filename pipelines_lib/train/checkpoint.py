@@ -77,6 +77,8 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer,
     if not folders:
         return None
     folder = folders[-1]
+    # The shapes and shardings of the model and optimizer as placed now, not those the checkpoint records: a
+    # checkpoint saved on one mesh or device set restores onto another.
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _items(model, optimizer))
     def restore() -> Any:
         path = orbax_path(store.uri(f"{folder}/state"))
