@@ -124,13 +124,14 @@ class QueryRefused(ValueError):
 
 def shard_paths(store: Store) -> list[str]:
     """Every shard name in the campaign folder, in version, worker, seq order."""
-    out = []
+    out: list[tuple[layout.ShardId, str]] = []  # each name parsed once: a repeat query pays this per shard
     for folder in store.list(layout.TRAJECTORIES):
         if layout.parse_version_dir(folder) is None:
             continue
-        out += [p for n in store.list(f"{layout.TRAJECTORIES}/{folder}")
-                if layout.parse_shard_path(p := f"{layout.TRAJECTORIES}/{folder}/{n}") is not None]
-    return sorted(out, key=lambda p: layout.parse_shard_path(p))
+        for n in store.list(f"{layout.TRAJECTORIES}/{folder}"):
+            if (shard := layout.parse_shard_path(p := f"{layout.TRAJECTORIES}/{folder}/{n}")) is not None:
+                out.append((shard, p))
+    return [p for _, p in sorted(out, key=lambda parsed: parsed[0])]
 
 
 @dataclass(frozen=True, kw_only=True)

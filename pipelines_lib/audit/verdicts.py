@@ -148,6 +148,11 @@ def _prefix(campaign: str) -> str:
     return hashlib.sha256(campaign.encode()).hexdigest()[:32]
 
 
+def _is_segment_name(name: str, campaign: str) -> bool:
+    """A name ``SegmentWriter`` gives a segment of ``campaign``: a file of the folder itself."""
+    return name.startswith(f"{_prefix(campaign)}-") and name.endswith(".arrow") and "/" not in name
+
+
 def _trusted(path: Path) -> bool:
     """The file is this user's own and nobody else may write it."""
     st = os.lstat(path)
@@ -182,7 +187,8 @@ def load_segments(folder: Path, campaign: str, schema: pa.Schema) -> list[Segmen
         return []
     out = []
     for name, shards in named.items():
-        if isinstance(shards, dict) and (rows := _open_rows(folder / name, schema)) is not None:
+        if isinstance(shards, dict) and _is_segment_name(name, campaign) \
+                and (rows := _open_rows(folder / name, schema)) is not None:
             out.append(Segment(name=name, shards={p: i for p, i in shards.items() if isinstance(i, list)}, rows=rows))
     return out
 
