@@ -12,24 +12,26 @@
 
 A shard that does not read (truncated, foreign, newer major schema) is skipped and listed, never fatal: an
 auditor still gets answers from the rest. To know which, every shard is decoded and validated once when the
-folder is opened, a batch at a time, and dropped; given a verdict folder (``rollstream sql`` passes one in the
-user's cache), a shard judged valid by an earlier query and unchanged since is not decoded again, so a repeat
-query over an unchanged campaign checks only its new shards (``audit.verdicts`` says why a kept verdict cannot
-hide a changed shard). ``trajectories`` is then a ``pyarrow.dataset`` over the
-readable shard files, not a table in memory: a query reads the files again, only the columns it names
-(projection pushdown), and a filter on ``shard``, ``campaign`` or a shard column reaches the scan (filter
-pushdown; ``shard`` and ``campaign`` are each file's partition expression, so a filter on them skips files
-unopened). Memory stays that of a batch plus DuckDB's working set: the ``sql`` benchmark's
+folder is opened, a batch at a time, and dropped. Without a verdict folder, ``trajectories`` is then a
+``pyarrow.dataset`` over the readable shard files, not a table in memory: a query reads the files again, only the
+columns it names (projection pushdown), and a filter on ``shard``, ``campaign`` or a shard column reaches the scan
+(filter pushdown; ``shard`` and ``campaign`` are each file's partition expression, so a filter on them skips files
+unopened). Given a verdict folder (``rollstream sql`` passes one in the user's cache), the rows of each local shard
+judged valid are written there as they are checked, in a few large Arrow files (``audit.verdicts``), and
+``trajectories`` scans those, memory-mapped: a shard judged valid by an earlier query and unchanged since is
+neither decoded nor opened again, so a repeat query over an unchanged campaign reads one file per kept segment
+instead of one per shard (``audit.verdicts`` says why a kept verdict cannot hide a changed shard). Memory stays
+that of a batch plus DuckDB's working set and the pages of the columns a query reads: the ``sql`` benchmark's
 ``sql.rss_mb_20k_shards`` (peak RSS of a process opening a 20 k-shard campaign and running a query over every
 row, interpreter and libraries included) is a fraction of what reading every shard into one table took on the
-same campaign, and the query is faster too. The other
-tables are small and built in memory. Shards are create-only, so the files scanned are the
-bytes checked; a storage error during the scan fails the query (the check's reads are retried, the scan's are
-not).
+same campaign. The other tables are small and built in memory. The rows scanned are the bytes checked: kept rows
+are the decoded ones, and shards are create-only; a storage error during the scan fails the query (the check's
+reads are retried, the scan's are not).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +43,7 @@ import pyarrow.fs as pafs
 
 from pipelines_lib import records
 from pipelines_lib.audit.unit import Missing, prefetch
-from pipelines_lib.audit.verdicts import identity, load_verdicts, save_verdicts
+from pipelines_lib.audit.verdicts import SegmentWriter, identity, load_segments, plan_reuse
 from pipelines_lib.records import ConsumptionLog, EvalResult
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -64,6 +66,9 @@ overheads dominate a small shard), and the batch's file bytes bound what the che
 SCAN_READ_AHEAD = 8
 """Objects of a bucket fetched at once while checking (``unit.prefetch``; a local folder is read inline)."""
 SCAN_PROGRESS_EVERY = 100
+KEPT_SEGMENTS = 8
+"""Segments of kept rows per campaign before the next write merges them into one (``audit.verdicts``): a repeat
+query scans at most this many files, plus the shards it checks."""
 CONNECT_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                   "allow_community_extensions": False}
 """What the connection starts with: no extension is fetched or loaded behind a query's back."""
@@ -119,13 +124,14 @@ class QueryRefused(ValueError):
 
 def shard_paths(store: Store) -> list[str]:
     """Every shard name in the campaign folder, in version, worker, seq order."""
-    out = []
+    out: list[tuple[layout.ShardId, str]] = []  # each name parsed once: a repeat query pays this per shard
     for folder in store.list(layout.TRAJECTORIES):
         if layout.parse_version_dir(folder) is None:
             continue
-        out += [p for n in store.list(f"{layout.TRAJECTORIES}/{folder}")
-                if layout.parse_shard_path(p := f"{layout.TRAJECTORIES}/{folder}/{n}") is not None]
-    return sorted(out, key=lambda p: layout.parse_shard_path(p))
+        for n in store.list(f"{layout.TRAJECTORIES}/{folder}"):
+            if (shard := layout.parse_shard_path(p := f"{layout.TRAJECTORIES}/{folder}/{n}")) is not None:
+                out.append((shard, p))
+    return [p for _, p in sorted(out, key=lambda parsed: parsed[0])]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,47 +188,67 @@ def _minor(table: pa.Table) -> int:
     return int(table.schema.metadata[SCHEMA_VERSION_KEY].split(b".")[1])
 
 
+def _rows(table: pa.Table, shard: str, campaign: str) -> pa.Table:
+    """A decoded shard's rows as ``trajectories`` holds them (cast only when its columns differ: a cast per shard
+    costs more than decoding it)."""
+    n = table.num_rows
+    rows = (table.append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([shard] * n, pa.string()))
+            .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string())))
+    return (rows.replace_schema_metadata(TRAJECTORIES_SCHEMA.metadata) if rows.schema.equals(TRAJECTORIES_SCHEMA)
+            else rows.cast(TRAJECTORIES_SCHEMA))
+
+
+def _groups_of(dataset: ds.Dataset, shards: Collection[str]) -> dict[str, list[str]]:
+    """Group ids of each of ``shards`` in ``dataset``, in row order."""
+    if not shards:
+        return {}
+    rows = dataset.to_table(columns=["shard", "group_id"], filter=ds.field("shard").isin(list(shards)))
+    out: dict[str, dict[str, None]] = {}
+    for shard, group in zip(rows.column("shard").to_pylist(), rows.column("group_id").to_pylist(), strict=True):
+        out.setdefault(shard, {})[group] = None
+    return {shard: list(groups) for shard, groups in out.items()}
+
+
 def scan_trajectories(store: Store, *, progress: Callable[[str], None] | None = None,
                       list_groups: Collection[str] = (), verdicts: Path | None = None) -> ScannedShards:
     """Check every shard (``decode_shards``, a batch at a time, then dropped) and return the readable ones as a
     dataset over their files. A shard of an older minor (lacking a column its reader derives) is held in memory:
-    only its decoded form has every column. With ``verdicts`` (a folder of the user's cache), a shard judged valid
-    by an earlier scan and unchanged since is not decoded again (``audit.verdicts``)."""
+    only its decoded form has every column. With ``verdicts`` (a folder of the user's cache), the rows of each shard
+    judged valid are kept there, and a shard judged valid by an earlier scan and unchanged since is neither decoded
+    nor opened again: the dataset scans its kept rows (``audit.verdicts``)."""
     campaign = layout.campaign_id(store.url)
     skipped: list[tuple[str, str]] = []
-    groups_of: dict[str, list[str]] = {}
-    held: list[pa.Table] = []
-    paths = shard_paths(store)
-    holders = {p: store.holder(p) for p in paths}
-    ids = {p: identity(holders[p], p) for p in paths} if verdicts is not None else {}
-    kept = load_verdicts(verdicts, store.url) if verdicts is not None else {}
-    valid = {p: i for p, i in ids.items() if i is not None and kept.get(p) == i and p not in list_groups}
-    unjudged = [p for p in paths if p not in valid]
-    if progress is not None and valid:
-        progress(f"{len(valid)} of {len(paths)} shards unchanged since judged valid; checking {len(unjudged)}")
-    for done, (path, table) in enumerate(_checked(store, unjudged), 1):
-        if progress is not None and done % SCAN_PROGRESS_EVERY == 0:
-            progress(f"read {done}/{len(unjudged)} shards")
-        if isinstance(table, Exception):
-            skipped.append((path, str(table)))
-            if progress is not None:
-                progress(f"skipped {path}: {table}")
-            continue
-        if path in list_groups:
-            groups_of[path] = list(dict.fromkeys(table.column("group_id").to_pylist()))
-        if _minor(table) >= LAST_ADDITION:  # the file has every column
-            valid[path] = ids.get(path)
-        else:
-            n = table.num_rows
-            held.append(table.append_column(TRAJECTORIES_SCHEMA.field("shard"), pa.array([path] * n, pa.string()))
-                        .append_column(TRAJECTORIES_SCHEMA.field("campaign"), pa.array([campaign] * n, pa.string()))
-                        .cast(TRAJECTORIES_SCHEMA))
-    if verdicts is not None and (judged := {p: i for p, i in valid.items() if i is not None}) != kept:
-        save_verdicts(verdicts, store.url, judged)
     files: dict[Store, list[tuple[str, str]]] = {}  # holder -> (its path of the file, shard), in shard order
-    for path in paths:
-        if path in valid:
-            files.setdefault(holders[path], []).append((holders[path].object_path(path), path))
+    tables: list[pa.Table] = []  # rows not scanned from a shard file: kept segments, older minors decoded
+    paths = shard_paths(store)
+    ids = {p: identity(store.holder(p), p) for p in paths} if verdicts is not None else {}
+    reuse = plan_reuse(load_segments(verdicts, store.url, TRAJECTORIES_SCHEMA) if verdicts is not None else [], ids,
+                       max_segments=KEPT_SEGMENTS)
+    kept = {p for s in reuse.whole for p in s.shards} | reuse.carried.keys()
+    unjudged = [p for p in paths if p not in kept]
+    if progress is not None and kept:
+        progress(f"{len(kept)} of {len(paths)} shards unchanged since judged valid; checking {len(unjudged)}")
+    with contextlib.ExitStack() as stack:
+        writer = (stack.enter_context(SegmentWriter(verdicts, store.url, TRAJECTORIES_SCHEMA))
+                  if verdicts is not None and reuse.changed else None)
+        if writer is not None:
+            writer.carry(reuse.carried)
+        for done, (path, table) in enumerate(_checked(store, unjudged), 1):
+            if progress is not None and done % SCAN_PROGRESS_EVERY == 0:
+                progress(f"read {done}/{len(unjudged)} shards")
+            if isinstance(table, Exception):
+                skipped.append((path, str(table)))
+                if progress is not None:
+                    progress(f"skipped {path}: {table}")
+            elif writer is not None and (ident := ids.get(path)) is not None:
+                writer.add(path, ident, _rows(table, path, campaign))
+            elif _minor(table) >= LAST_ADDITION:  # the file has every column
+                holder = store.holder(path)
+                files.setdefault(holder, []).append((holder.object_path(path), path))
+            else:
+                tables.append(_rows(table, path, campaign))
+        new = writer.commit(reuse.whole) if writer is not None else None
+    tables += [s.rows for s in reuse.whole] + ([new.rows] if new is not None else [])
     shard_field, same_campaign = ds.field("shard"), ds.field("campaign") == campaign
     parts = [ds.FileSystemDataset.from_paths(
         [file for file, _ in shards], schema=TRAJECTORIES_SCHEMA, format=ds.IpcFileFormat(),
@@ -231,10 +257,10 @@ def scan_trajectories(store: Store, *, progress: Callable[[str], None] | None = 
         # filter on them skips the other files unopened.
         partitions=[(shard_field == shard) & same_campaign for _, shard in shards])
         for holder, shards in files.items()]
-    if held or not parts:
-        parts.append(ds.dataset(pa.concat_tables(held) if held else TRAJECTORIES_SCHEMA.empty_table()))
-    return ScannedShards(dataset=ds.dataset(parts) if len(parts) > 1 else parts[0], skipped=skipped,
-                         groups_of=groups_of)
+    if tables or not parts:
+        parts.append(ds.dataset(pa.concat_tables(tables) if tables else TRAJECTORIES_SCHEMA.empty_table()))
+    dataset = ds.dataset(parts) if len(parts) > 1 else parts[0]
+    return ScannedShards(dataset=dataset, skipped=skipped, groups_of=_groups_of(dataset, list_groups))
 
 
 def _log_rows(logs: list[ConsumptionLog], groups_of: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
