@@ -51,6 +51,7 @@ from pipelines_lib.settings import Settings, apply_process_defaults
 from pipelines_lib.storage.destination import DestinationError, refuse_inside
 from pipelines_lib.storage.errors import StorageError
 from pipelines_lib.storage.store import Store
+from pipelines_lib.terminal import printable
 
 RunFn = Callable[[argparse.Namespace], int]
 EXIT_BROKEN_PIPE = 141
@@ -134,19 +135,8 @@ def open_campaign_store(args: argparse.Namespace, url: str) -> Store:
     return store
 
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""Control characters other than tab and newline: C0, DEL and C1 (``\\x1b`` starts a terminal's commands)."""
-
-
-def printable(text: str) -> str:
-    """``text`` with each control character but tab and newline written as its escape (``\\x1b``): whatever a
-    campaign holds (a trajectory id, an object's name, a tool's output) reaches the terminal as text, never as a
-    command to it. Every line a command prints goes through here (``say``, ``to_stderr``)."""
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
-
-
 def say(text: str) -> None:
-    """The command's result on stdout, ``printable``."""
+    """The command's result on stdout, ``printable`` (``pipelines_lib.terminal``)."""
     print(printable(text))
 
 

@@ -20,6 +20,7 @@ import pytest
 from pipelines_lib import cli
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
+from pipelines_lib.terminal import printable
 
 SHARD = "trajectories/v00000000/w0-00000000-2.arrow"
 """A shard of the demo campaign (``rollstream demo``)."""
@@ -193,7 +194,7 @@ def test_control_characters_in_a_campaign_reach_the_terminal_escaped(demo: Path,
         assert "\x1b" not in out + err and "\x07" not in out + err, argv
     _, out, _ = _run(capsys, "audit", demo, "--jobs", "1")
     assert "\\x1b[2J\\x1b]0;owned\\x07" in out and "w0\\x1b[31m-00000009-2.arrow: foreign_name" in out
-    assert cli.printable("tab\tand\nnewline stay; \x9b\x7f\x00 do not") == \
+    assert printable("tab\tand\nnewline stay; \x9b\x7f\x00 do not") == \
         "tab\tand\nnewline stay; \\x9b\\x7f\\x00 do not"
 
 

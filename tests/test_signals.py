@@ -130,7 +130,8 @@ def test_run_colocated_stops_at_safe_points_on_sigterm_and_the_printed_recover_f
 _HANDLER = """
 import sys, time
 from pipelines_lib.stages.stopping import stop_on_signals
-with stop_on_signals(report=lambda: "STATUS TABLE", resume="rollstream recover X", grace_s=float(sys.argv[1])):
+with stop_on_signals(report=lambda: "STATUS TABLE of c\x1b[2J", resume="rollstream recover X",
+                     grace_s=float(sys.argv[1])):
     print("armed", flush=True)
     time.sleep(120)  # a stage with no safe point in sight
 """
@@ -159,4 +160,28 @@ def test_the_watchdog_exits_with_the_status_when_no_safe_point_comes_within_the_
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 143, out
-    assert "still running 1s after the signal" in out and "STATUS TABLE" in out
+    assert "still running 1s after the signal" in out and "STATUS TABLE of c\\x1b[2J" in out and "\x1b" not in out
+
+
+_STOPPED = """
+import signal, sys
+from pipelines_lib.hints import hint_command
+from pipelines_lib.stages.stopping import check_stop, stoppable_command
+from pipelines_lib.storage.store import Store
+store = Store(sys.argv[1])
+with stoppable_command(store, hint_command(["recover", store.url])) as stop:
+    signal.raise_signal(signal.SIGTERM)
+    check_stop()
+sys.exit(stop.exit_code)
+"""
+
+
+def test_a_control_sequence_in_a_campaign_s_name_reaches_the_stop_message_escaped(tmp_path: Path) -> None:
+    folder = tmp_path / "c\x1b]0;owned\x07"
+    folder.mkdir()
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_STOPPED), str(folder)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, proc.stderr
+    escaped = str(tmp_path / "c\\x1b]0;owned\\x07")
+    assert f"stopped; file://{escaped}:" in proc.stderr and f"recover 'file://{escaped}'" in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr

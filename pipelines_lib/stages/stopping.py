@@ -35,6 +35,7 @@ from pipelines_lib.records import StopRequest
 from pipelines_lib.rollout.collect import stop_requested, utc_compact
 from pipelines_lib.stages.campaign import campaign_status, render_status
 from pipelines_lib.storage.store import Store
+from pipelines_lib.terminal import printable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_S = 20.0
@@ -56,9 +57,10 @@ class Stopped(Exception):
 
 
 def _say(line: str) -> None:
+    """``line`` on stderr, ``printable``: the status and the campaign's URL are the campaign's content."""
     # os.write, not print: a signal handler may run while the main thread is inside a print to the same stream.
     with contextlib.suppress(OSError):
-        os.write(sys.stderr.fileno(), f"{line}\n".encode(errors="replace"))
+        os.write(sys.stderr.fileno(), f"{printable(line)}\n".encode(errors="replace"))
 
 
 @dataclass
@@ -186,7 +188,7 @@ def stoppable_command(store: Store, resume: str, *, campaign: bool = False) -> I
             contextlib.suppress(Stopped):
         yield stop
     if stop.signum is not None:
-        print(f"stopped; {store.url}:\n{report()}", file=sys.stderr, flush=True)
+        print(printable(f"stopped; {store.url}:\n{report()}"), file=sys.stderr, flush=True)
 
 
 __all__ = ["GRACE_S", "SignalStop", "Stopped", "check_stop", "request_stop", "should_stop", "stop_on_signals", "stoppable_command",
