@@ -180,17 +180,13 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 def _recover(args: argparse.Namespace) -> int:
     flow_logging(args.verbose)
-    from pipelines_lib.stages.audit import audit_report, damaged_records
+    from pipelines_lib.stages.audit import audit_report, recovery_refusal
     from pipelines_lib.stages.campaign import campaign_status
 
     store = open_store(args, args.url)
     status = campaign_status(store)
-    if "init" in status["todo"]:
-        raise CommandError(f"{args.url}: no campaign.json: nothing to recover; start it with `rollstream run`")
-    # Refused before anything is written: a record a restarted stage reads that is damaged would stop it midway.
-    if damaged := damaged_records(store):
-        raise CommandError(f"{args.url}: not recovered: {len(damaged)} damaged record(s) a restart reads, the first "
-                           f"{damaged[0]} (`rollstream audit` lists them)")
+    if refusal := recovery_refusal(store, status):
+        raise CommandError(f"{args.url}: {refusal}")
     if not status["todo"]:
         report = audit_report(store)
         say(f"{args.url}: finished, nothing to recover; audit {'OK' if report.ok else 'FAILED'} "

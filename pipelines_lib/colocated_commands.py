@@ -12,8 +12,9 @@ but the URL::
 This ``recover`` is the one a checkout on ``PYTHONPATH`` has (a TPU VM: no install, no Prefect). An installed
 distribution that registers its own ``recover`` under ``cli.COMMAND_GROUP`` (``flows.commands``: the recover flow,
 through Prefect, which also runs a separate-placement campaign's stages) replaces it, so ``status`` and every other
-hint can print ``recover`` wherever they run. A campaign whose stages run as separate processes is refused here
-with the command that recovers it.
+hint can print ``recover`` wherever they run. Both recovers refuse, before writing anything, what
+``stages.audit.recovery_refusal`` names (no ``campaign.json``, a damaged record a restarted stage reads); a campaign
+whose stages run as separate processes is refused here with the command that recovers it.
 """
 
 from __future__ import annotations
@@ -97,9 +98,12 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from pipelines_lib.stages.campaign import load_campaign_config
+    from pipelines_lib.stages.audit import recovery_refusal
+    from pipelines_lib.stages.campaign import campaign_status, load_campaign_config
 
     store = open_campaign_store(args, args.url)
+    if refusal := recovery_refusal(store, campaign_status(store)):  # the recover flow's own checks, before any write
+        raise CommandError(f"{args.url}: {refusal}")
     config = load_campaign_config(store)
     if config.placement != "colocated":
         raise CommandError(

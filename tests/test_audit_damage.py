@@ -91,10 +91,14 @@ def test_each_damage_a_restart_trips_on_fails_the_audit_naming_it(trained: Path,
     assert expected in out
 
 
+@pytest.mark.parametrize("recover", ["installed", "built-in"])
 @pytest.mark.parametrize("damage", ["pointer entry escaping its folder", "checkpoint with garbage meta",
                                     "consumption log with a garbage cursor", "garbage evaluation", "NaN seed"])
-def test_recover_refuses_a_damaged_campaign_in_one_line_before_writing_anything(trained: Path, capsys,
-                                                                               damage: str) -> None:
+def test_recover_refuses_a_damaged_campaign_in_one_line_before_writing_anything(
+        trained: Path, capsys, monkeypatch: pytest.MonkeyPatch, damage: str, recover: str) -> None:
+    """Both recovers: the recover flow's command and the built-in one a checkout without Prefect has."""
+    if recover == "built-in":
+        monkeypatch.setattr(cli, "entry_points", lambda group: ())  # no installed command replaces the built-in
     edit, expected = DAMAGE[damage]
     edit(trained)
     before = checksums(Store(str(trained)))

@@ -2,8 +2,9 @@
 
 Each audit is a snapshot of a folder that may still grow, so reports are named by their time
 (``audit/<UTC timestamp>.json`` and ``.txt``) instead of being a once-only marker. It needs no
-``campaign.json``: it reports what it finds. ``damaged_records`` and ``audit_report`` are what a recover command
-checks first, without keeping anything.
+``campaign.json``: it reports what it finds. ``recovery_refusal`` (over ``damaged_records``) is what every recover
+command checks first, the Prefect one and the built-in one alike, and ``audit_report`` what it answers on a finished
+campaign, without keeping anything.
 """
 
 from __future__ import annotations
@@ -40,9 +41,21 @@ def damaged_records(store: Store) -> list[Finding]:
     return state_findings(with_parents(store), config_problem)
 
 
+def recovery_refusal(store: Store, status: dict[str, Any]) -> str | None:
+    """Why a recover must not start on the campaign whose ``campaign_status`` is ``status``, checked before it writes
+    anything: there is no ``campaign.json``, or a record a restarted stage reads is damaged (it would stop that stage
+    midway); None when it may start."""
+    if "init" in status["todo"]:
+        return "no campaign.json: nothing to recover; start it with `rollstream run` (or `run-colocated`)"
+    if damaged := damaged_records(store):
+        return (f"not recovered: {len(damaged)} damaged record(s) a restart reads, the first {damaged[0]} "
+                "(`rollstream audit` lists them)")
+    return None
+
+
 def audit_report(store: Store, *, jobs: int | None = None) -> AuditReport:
     """The audit's verdict on the campaign, nothing kept (a command's answer on a finished campaign)."""
     return audit_campaign(store, jobs=jobs, config_check=config_problem)
 
 
-__all__ = ["audit", "audit_report", "damaged_records"]
+__all__ = ["audit", "audit_report", "damaged_records", "recovery_refusal"]
