@@ -41,6 +41,7 @@ from pipelines_lib.train.trainer import DataTimeoutError, StreamingTrainer
 from pipelines_lib.trajectory.channel import WriterConfig
 from pipelines_lib.trajectory.codec import read_shard
 from pipelines_lib.trajectory.memory import MemoryChannel
+from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.synthetic import synthetic_group
 from pipelines_lib.trajectory.writer import ShardWriter
 
@@ -62,18 +63,30 @@ def small_config(**trainer) -> CampaignConfig:
     )
 
 
-def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14, versions: tuple[int, ...] = (0,)) -> Store:
-    """A campaign with v0 published and ``n_groups`` groups per version in ``versions`` (prompt ``v<V>p<i>``)."""
+def seed_group(config: CampaignConfig, i: int, version: int = 0, prompt_id: str | None = None) -> list[Trajectory]:
+    """Worker ``w<version>``'s group ``i`` (seed ``i``; prompt ``p<i>`` unless given) at ``version``."""
+    return synthetic_group(prompt_id=prompt_id or f"p{i:03d}", group_size=4, worker_id=f"w{version}",
+                           policy_version=version, seed=i, vocab_size=config.model.vocab_size, max_len=60)
+
+
+def unrewarded(group: list[Trajectory]) -> list[Trajectory]:
+    """``group`` with every reward 0: all-equal rewards, so zero advantage."""
+    return [dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group]
+
+
+def seed_campaign(url: str, config: CampaignConfig, n_groups: int = 14, versions: tuple[int, ...] = (0,), *,
+                  per_shard: int = 3, rewarded: bool = True) -> Store:
+    """A campaign with v0 published and ``n_groups`` groups per version in ``versions`` (prompt ``v<V>p<i>``),
+    ``per_shard`` to a shard; ``rewarded=False``: every group ``unrewarded``."""
     store = Store(url)
     init_campaign(store, config)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)),
                     version=0, step=0)
     for v in versions:
-        writer = ShardWriter(store, worker_id=f"w{v}", config=WriterConfig(max_groups=3))
+        writer = ShardWriter(store, worker_id=f"w{v}", config=WriterConfig(max_groups=per_shard))
         for i in range(n_groups):
-            prompt_id = f"p{i:03d}" if versions == (0,) else f"v{v}p{i}"
-            writer.add_group(synthetic_group(prompt_id=prompt_id, group_size=4, worker_id=f"w{v}", policy_version=v,
-                                             seed=i, vocab_size=config.model.vocab_size, max_len=60))
+            group = seed_group(config, i, v, None if versions == (0,) else f"v{v}p{i}")
+            writer.add_group(group if rewarded else unrewarded(group))
         writer.flush()
     return store
 
@@ -153,13 +166,7 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
 
 def test_steps_on_all_equal_reward_groups_say_once_why_their_loss_is_zero(tmp_path) -> None:
     config = small_config(max_steps=3)
-    store = seed_campaign(str(tmp_path / "c"), config, n_groups=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=3))
-    for i in range(6):
-        group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
-                                vocab_size=config.model.vocab_size, max_len=60)
-        writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
-    writer.flush()
+    store = seed_campaign(str(tmp_path / "c"), config, 6, rewarded=False)
     logs: list[str] = []
     trainer = trainer_for(store, config, log=logs.append)
     trainer.run()
@@ -172,13 +179,7 @@ def test_steps_on_all_equal_reward_groups_say_once_why_their_loss_is_zero(tmp_pa
 
 def test_a_step_with_no_learning_signal_says_so_instead_of_a_zero_loss(tmp_path) -> None:
     config = small_config(max_steps=2)
-    store = seed_campaign(str(tmp_path / "c"), config, n_groups=0)
-    writer = ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=2))
-    for i in range(4):
-        group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
-                                vocab_size=config.model.vocab_size, max_len=60)
-        writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
-    writer.flush()
+    store = seed_campaign(str(tmp_path / "c"), config, 4, per_shard=2, rewarded=False)
     logs: list[str] = []
     trainer_for(store, config, log=logs.append).run()
     steps = [line.split(" staleness")[0] for line in logs if line.startswith("trainer: step ")]
@@ -209,9 +210,7 @@ def test_a_stream_of_all_equal_reward_groups_does_not_keep_the_trainer_waiting(t
         for i in range(cap):
             if stop.is_set():
                 return
-            group = synthetic_group(prompt_id=f"p{i:03d}", group_size=4, worker_id="w0", policy_version=0, seed=i,
-                                    vocab_size=config.model.vocab_size, max_len=60)
-            writer.add_group([dataclasses.replace(t, reward=0.0, reward_parts={"correct": 0.0}) for t in group])
+            writer.add_group(unrewarded(seed_group(config, i)))
             writer.flush()
             written.append(i)
             stop.wait(0.02)
