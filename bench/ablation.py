@@ -26,11 +26,14 @@ held-out split, so each arm gets a curve of held-out greedy success against the 
 version and against the seconds since its trainer started. Per arm the table gives final success, the trainer's wall clock, the
 staleness of trained groups, the share of groups dropped as stale, and the behaviour–proximal mismatch the
 trainer logged (mean ``|logp_prox − logp_behav|``, k3 KL, share of tokens the ``tis`` cap bit), averaged
-over steps. The whole set of arms runs once per seed (``--seeds``, default 3), each seed from its own warm start;
-final success is reported per arm over seeds with a 95 % interval (``bench.seeds``), and each claim (η = 4 within 3
-points of sync; uncorrected arms below their corrected ones) on the interval of its paired per-seed difference.
+over steps. The whole set of arms runs once per seed (``--seeds``, default 3), each seed from its own warm start.
+Every figure over seeds, time to target and every claim come from ``bench.arm_stats`` (``ablation_figures``, the
+chip ablation's too): per arm final success over seeds with a 95 % interval, paired by seed each arm's gap to sync
+and wall-clock ratio, and the claims ((a) η = 4 within 3 points of sync, (b) η = 4 at the target in half sync's
+time, (c), (d) each uncorrected arm below its corrected one) on the interval of the paired per-seed difference.
 Headline: ``eta4_gap_pts`` (sync − η = 4 final success, points, mean over seeds) with ``eta4_gap_pts_ci_high``, and
-``eta4_over_sync_wallclock``; ``eta<k>_nocorr_gap_pts`` for the uncorrected arms.
+``eta4_over_sync_wallclock``; ``eta<k>_nocorr_gap_pts`` (sync − uncorrected) and ``eta<k>_correction_gain_pts``
+(corrected − uncorrected) for the uncorrected arms.
 """
 
 from __future__ import annotations
@@ -38,15 +41,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import statistics
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
-from bench.arm_stats import WITHIN_PTS, choose_arms
+from bench.ablation_plots import plot_curves
+from bench.arm_stats import TARGET_SHARE, WITHIN_PTS, ablation_figures, arm_rows, choose_arms
 from bench.campaign_arms import NO_CORRECTION, PROFILES, run_arm_set
 from bench.learning import version_evals
-from bench.plots import figure
 from bench.registry import BenchContext, BenchResult, Goal, register_bench
-from bench.seeds import Claim, OverSeeds, seed_overrides
+from bench.seeds import seed_overrides
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import to_mapping
@@ -77,8 +80,10 @@ recoveries rather than learning. Each arm's command time is recorded (``ablation
 QUICK: dict[str, object] = {"trainer.max_steps": 4, "eval.n_tasks": 16}
 EVAL_EVERY = 4
 """Every fourth published version (and the last) is evaluated for the curves: 5 evaluations per arm, not 16."""
-ROW_KEYS = ("final_success", "wall_s", "staleness_mean", "staleness_p95", "staleness_max", "dropped_stale_share",
-            "trainer_idle_fraction", "mismatch_mean", "behav_prox_kl_mean", "tis_capped_frac_mean", "load_1min")
+ROW_KEYS = ("time_to_target_s", "never_reached", "wall_s", "staleness_mean", "staleness_p95", "staleness_max",
+            "dropped_stale_share", "trainer_idle_fraction", "mismatch_mean", "behav_prox_kl_mean",
+            "tis_capped_frac_mean", "load_1min")
+"""The table's columns after the arm, its seeds and its final success (means over seeds)."""
 
 
 DEFAULT_SEEDS = 3
@@ -111,70 +116,22 @@ def success_curve(ctx: BenchContext, store: Store) -> list[tuple[int, float, flo
     return [(int(e["step"]), max(0.0, e["published_at"] - started), e["greedy"]) for _, e in sorted(evals.items())]
 
 
-def plot_curves(path: Path, curves: Mapping[str, list[tuple[int, float, float]]]) -> None:
-    with figure(path, figsize=(11, 4), dpi=100, ncols=2, sharey=True) as (fig, (by_step, by_wall)):
-        for arm, curve in curves.items():
-            style = "--" if arm.endswith(NO_CORRECTION) else "-"
-            by_step.plot([s for s, _, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
-            by_wall.plot([w for _, w, _ in curve], [100 * y for _, _, y in curve], "o" + style, label=arm, markersize=3)
-        by_step.set_xlabel("trainer step")
-        by_step.set_ylabel("held-out greedy success, %")
-        by_step.set_ylim(0, 100)
-        by_step.set_title("vs trainer steps")
-        by_wall.set_xlabel("seconds since the trainer started")
-        by_wall.set_title("vs wall clock")
-        by_wall.legend(fontsize=8)
-        fig.suptitle("twostep: sync vs async η with the decoupled correction (solid) and without (dashed)")
-
-
-def claims(final: Mapping[str, Sequence[float]]) -> list[Claim]:
-    """The ablation's claims on the per-seed final successes (points) of each arm, paired by seed: what the
-    intervals support is what BENCHMARKS.md states."""
-    out = []
-    if "eta4" in final:
-        out.append(Claim.within(f"η = 4 with the correction ends within {WITHIN_PTS:g} points of sync",
-                                final["sync"], final["eta4"], WITHIN_PTS))
-    for eta in (4, 8):
-        corrected, uncorrected = f"eta{eta}", f"eta{eta}{NO_CORRECTION}"
-        if corrected in final and uncorrected in final:
-            out.append(Claim.worse(f"η = {eta} without the correction ends below η = {eta} with it",
-                                   final[corrected], final[uncorrected]))
-    return out
-
-
-def over_seed_figures(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
-    """Each arm's figures averaged over seeds (``ablation.<arm>.<key>``); its final success in points over seeds
-    (mean, min, spread, interval) and each seed's; each arm's gap to sync (paired by seed) and wall-clock ratio."""
-    arms = list(per_seed[0])
-    figures: dict[str, float] = {"ablation.seeds": float(len(per_seed))}
-    for arm in arms:
-        keys = set.intersection(*(set(seed[arm]) for seed in per_seed))
-        figures |= {f"ablation.{arm}.{k}": statistics.fmean(float(seed[arm][k]) for seed in per_seed) for k in keys}
-        final = [100 * seed[arm]["final_success"] for seed in per_seed]
-        figures |= OverSeeds(tuple(final)).figures(f"ablation.{arm}.final_pts")
-        figures |= {f"ablation.seed{i}.{arm}.final_success": seed[arm]["final_success"]
-                    for i, seed in enumerate(per_seed)}
-        if arm != "sync":
-            gaps = [100 * (seed["sync"]["final_success"] - seed[arm]["final_success"]) for seed in per_seed]
-            figures |= OverSeeds(tuple(gaps)).figures(f"ablation.{arm}_gap_pts")
-            figures[f"ablation.{arm}_over_sync_wallclock"] = statistics.fmean(
-                seed[arm]["wall_s"] / seed["sync"]["wall_s"] for seed in per_seed)
-    return figures
-
-
 @register_bench(
     "ablation",
     title="Staleness ablation: sync vs η = 1, 2, 4, 8 with and without the off-policy correction (twostep), over seeds",
     measures="Held-out greedy success against trainer steps and wall clock for the synchronous loop, async η = 1, "
              "2, 4, 8 with the decoupled correction and η = 4, 8 without it, per seed from that seed's warm start; per "
-             "arm final success over seeds (mean, min, spread, 95 % t interval), trainer wall clock, staleness, "
+             "arm final success over seeds (mean, min, spread, 95 % t interval), time to target, trainer wall clock, "
+             "staleness, "
              "dropped share and the behaviour–proximal mismatch; each claim judged on the interval of its paired "
              "per-seed difference.",
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file per seed: "
            "the `twostep` recipe (`recipes/twostep.yaml`) with one sampled eval attempt, heavy tool latency and raised episode and tool "
            "deadlines, seed N setting `seed`, `dataset.seed`, `sft.seed` and `trainer.seed`), each `init_from` its "
            "seed's SFT warm start (the preset's 200 steps); every fourth published version and the last evaluated "
-           "after its arm's command (untimed); curves of the first seed. Uncorrected arms set "
+           "after its arm's command (untimed); curves: mean over seeds, band from the lowest to the highest. Figures, "
+           "time to target (90 % of sync's mean final success) and claims from `bench/arm_stats.py`, as "
+           "`tpu_ablation`'s. Uncorrected arms set "
            "`trainer.step.loss.correction=none`. Full: `--seeds` (default 3) seeds, 30 trainer steps (15 versions), "
            "64 held-out tasks; `--quick`: one seed, sync, η = 4 and η = 4 uncorrected, 4 trainer steps, 16 held-out "
            "tasks (a smoke run: the success figures are noise). A claim is stated as supported only when the whole "
@@ -185,37 +142,32 @@ def over_seed_figures(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> 
 )
 def ablation(ctx: BenchContext) -> BenchResult:
     arm_names = chosen_arms(ctx.arms, quick=ctx.quick)
-    per_seed, curves, warm_s = [], {}, []
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
+    warm_s = []
     for seed in ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS):
         seed_ctx = dataclasses.replace(ctx, scratch=ctx.scratch / f"seed{seed}")
         seed_ctx.scratch.mkdir()
         run = run_arm_set(seed_ctx, f"ablation seed {seed}", shared_config(quick=ctx.quick, seed=seed), arm_names)
-        for arm, url in run.urls.items():
-            store = Store(url)
-            run.arms[arm] |= mismatch_figures(store)
-            if seed == 0:
-                curves[arm] = success_curve(ctx, store)
-        per_seed.append(run.arms)
+        runs[seed] = {arm: {**run.arms[arm], **mismatch_figures(Store(url)), "curve": success_curve(ctx, Store(url))}
+                      for arm, url in run.urls.items()}
         warm_s.append(run.warm_s)
-    figures = over_seed_figures(per_seed) | {"ablation.warm_start_s": statistics.fmean(warm_s)}
-    judged = claims({arm: [100 * seed[arm]["final_success"] for seed in per_seed] for arm in arm_names})
-    figures |= {f"ablation.claim.{i}.supported": float(c.supported) for i, c in enumerate(judged)}
-    plot_curves(ctx.plot_dir / "ablation_curves.png", curves)
-    rows = [{"arm": arm, "final success (pts, mean and 95 % CI)": OverSeeds(
-                tuple(100 * seed[arm]["final_success"] for seed in per_seed)).text(),
-             **{k: round(figures[f"ablation.{arm}.{k}"], 4) if f"ablation.{arm}.{k}" in figures else "n/a"
-                for k in ROW_KEYS if k != "final_success"}} for arm in arm_names]
+    figures, judged, open_ = ablation_figures(runs, arm_names, prefix="ablation.")
+    figures["ablation.warm_start_s"] = statistics.fmean(warm_s)
+    plot_curves(ctx.plot_dir / "ablation_curves.png", runs, arm_names, title="twostep on the CPU, heavy tool latency")
+    rows = arm_rows(runs, arm_names, figures, prefix="ablation.", keys=ROW_KEYS)
     shared = shared_config(quick=ctx.quick)
     sizes: dict[str, object] = {**COMMON, **(QUICK if ctx.quick else FULL)}
     notes = ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
-             + "; ".join(c.render() for c in judged) + ". "
-             + "Every arm: the `twostep` recipe with "
+             + ("; ".join(c.render() for c in judged) or "none judged") + ". "
+             + (f"Open: {'; '.join(open_)}. " if open_ else "")
+             + f"Target: {figures.get('ablation.target_success', float('nan')):.1%} held-out greedy success "
+             f"({TARGET_SHARE:g} × sync's mean final). Every arm: the `twostep` recipe with "
              + ", ".join(f"{k}={v}" for k, v in sizes.items() if k != "env.tool_latency")
              + f", heavy tool latency (`env.tool_latency` = {sizes['env.tool_latency']}), `init_from` its seed's warm "
-             f"start (mean {statistics.fmean(warm_s):.0f} s). Seeds: {len(per_seed)}; table values other than final "
-             f"success are means over seeds. Trainer steps per arm: {int(per_seed[0]['sync']['steps'])}; held-out "
+             f"start (mean {statistics.fmean(warm_s):.0f} s). Seeds: {len(runs)}; table values other than final "
+             f"success are means over seeds. Trainer steps per arm: {int(runs[min(runs)]['sync']['steps'])}; held-out "
              f"tasks per evaluation: {shared.eval.n_tasks} (one task = {100 / shared.eval.n_tasks:.1f} points); curves: "
-             f"seed 0, every {EVAL_EVERY}th version and the last. wall_s is the trainer's (DONE marker); load_1min the "
+             f"every {EVAL_EVERY}th version and the last. wall_s is the trainer's (DONE marker); load_1min the "
              "machine's load average when the arm ended. Mismatch columns are step means of the trainer's "
              "consumption-log metrics: mean |logp_prox − logp_behav| over loss tokens, k3 KL(π_behav ‖ π_prox), and "
              "the share of tokens whose `tis` weight hit its cap (logged in every arm, applied only in the corrected "

@@ -1,5 +1,5 @@
-"""The chip ablation's pictures (``bench/tpu_ablation.py``): success curves with bands over seeds, and the chip's
-timeline drawn from a saved Perfetto trace of one campaign."""
+"""The ablations' pictures: success curves with bands over seeds (``bench/ablation.py``, ``bench/tpu_ablation.py``),
+and the chip's timeline drawn from a saved Perfetto trace of one campaign (``bench/tpu_ablation.py``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from bench.plots import figure
 from pipelines_lib.storage.store import Store
 
 
-def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str]) -> None:
+def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str], *,
+                title: str) -> None:
     """Success against wall clock and against steps per arm: the mean over seeds and a band from the lowest to
-    the highest seed, each seed's curve a step function of its evaluated versions."""
+    the highest seed, each seed's curve a step function of its evaluated versions (dashed: without the
+    correction); ``title`` names the task and the machine."""
     with figure(path, figsize=(11, 4), dpi=100, ncols=2, sharey=True) as (fig, (by_step, by_wall)):
         for axis, ax in ((0, by_step), (1, by_wall)):
             for arm in arms:
@@ -37,8 +39,8 @@ def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]],
         by_step.set_ylim(0, 100)
         by_wall.set_xlabel("seconds since the trainer started")
         by_wall.legend(fontsize=8)
-        fig.suptitle("twostep on one chip, heavy tool latency: sync vs async η (dashed: without the correction); "
-                     "mean over seeds, band from the lowest to the highest seed", fontsize=10)
+        fig.suptitle(f"{title}: sync vs async η (dashed: without the correction); mean over seeds, band from the "
+                     "lowest to the highest seed", fontsize=10)
 
 
 def trace_spans(path: Path) -> list[tuple[str, str, str, float, float]]:

@@ -8,7 +8,16 @@ runs[seed][arm] = {"final_success": 0.62, "wall_s": 140.0, "curve": [[step, seco
 time_to_target(curve, target)          first seconds at which an evaluated version reached target, or None
 on_grid(curves, grid, axis)            each run's success as a step function of seconds or steps, on one grid
 ablation_figures(runs, arms)           per arm over seeds; paired claims with 95 % intervals, open ones marked
+arm_rows(runs, arms, figures)          the table of a result: one row per arm
 ```
+
+Both ablations, the CPU's (``bench/ablation.py``) and the chip's (``bench/tpu_ablation.py``), report through here,
+each under its own prefix. **Per arm** over the seeds that ran it: final success in points (mean, min, spread,
+interval), each seed's final success, the mean of every other figure its runs recorded, time to target. **Paired
+by seed with sync**, for every other arm: ``<arm>_gap_pts`` (sync − arm, points) and ``<arm>_over_sync_wallclock``
+(the trainer's wall clock over sync's). **Claims**, keyed by letter (``claim.<letter>.supported``): (a) η = 4 ends
+within ``WITHIN_PTS`` of sync, (b) η = 4's time-to-target ratio is at most ``RATIO_GOAL``, (c), (d) ... each
+uncorrected arm ends below its corrected one (``eta<k>_correction_gain_pts``: corrected − uncorrected).
 
 **Time to target.** The target is ``TARGET_SHARE`` of sync's mean final success over its seeds (one number for
 every arm and seed). A version counts from the moment it was published (its curve point's seconds since the
@@ -22,8 +31,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from string import ascii_lowercase
 from typing import Any
 
+from bench.campaign_arms import NO_CORRECTION
 from bench.seeds import Claim, OverSeeds
 
 TARGET_SHARE = 0.9
@@ -32,10 +43,6 @@ WITHIN_PTS = 3.0
 """Claim (a): η = 4 with the correction ends within this many points of sync (whole interval)."""
 RATIO_GOAL = 0.5
 """Claim (b): η = 4 reaches the target in at most this share of sync's time (whole interval)."""
-MEAN_KEYS = ("wall_s", "command_s", "staleness_mean", "staleness_max", "dropped_stale_share", "mismatch_mean",
-             "behav_prox_kl_mean", "tis_capped_frac_mean", "chip_busy", "host_idle_share", "traj_per_hour",
-             "useful_samples_per_hour", "v0_success")
-"""Figures of a run averaged over seeds per arm (those the runs have)."""
 
 Curve = Sequence[Sequence[float]]
 """``[[trainer step, seconds since the trainer started, held-out greedy success], ...]`` per evaluated version."""
@@ -87,11 +94,8 @@ def paired(runs: Mapping[int, Mapping[str, Any]], a: str, b: str) -> list[int]:
 
 def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str], *,
                      prefix: str) -> tuple[dict[str, float], list[Claim], list[str]]:
-    """Figures over seeds (keys under ``prefix``), the claims judged so far, and what is still open.
-
-    Per arm: final success in points (mean, min, spread, interval), time to target (mean over the seeds that
-    reached it, and how many did not), the ``MEAN_KEYS`` means. Paired by seed: η = 4's gap to sync, its time-to-
-    target ratio, and η = 4 corrected minus uncorrected."""
+    """Figures over seeds (keys under ``prefix``), the claims judged so far, and what is still open (module
+    docstring: which figures and claims)."""
     figures: dict[str, float] = {f"{prefix}seeds": float(len(runs))}
     open_: list[str] = []
     sync_final = [100 * runs[s]["sync"]["final_success"] for s in sorted(runs) if "sync" in runs[s]]
@@ -107,27 +111,25 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
         if not seeds:
             open_.append(f"arm {arm}: no run yet")
             continue
-        final = [100 * runs[s][arm]["final_success"] for s in seeds]
-        figures |= OverSeeds(tuple(final)).figures(f"{prefix}{arm}.final_pts")
-        figures[f"{prefix}{arm}.seeds"] = float(len(seeds))
-        for key in MEAN_KEYS:
-            values = [float(runs[s][arm][key]) for s in seeds if key in runs[s][arm]]
-            if values:
-                figures[f"{prefix}{arm}.{key}"] = round(statistics.fmean(values), 4)
+        figures |= arm_figures_over_seeds({s: runs[s][arm] for s in seeds}, prefix=f"{prefix}{arm}.")
+        figures |= {f"{prefix}seed{s}.{arm}.final_success": float(runs[s][arm]["final_success"]) for s in seeds}
         ttt[arm] = {s: time_to_target(runs[s][arm]["curve"], target) for s in seeds}
         reached = [t for t in ttt[arm].values() if t is not None]
         figures[f"{prefix}{arm}.never_reached"] = float(len(seeds) - len(reached))
         if reached:
             figures[f"{prefix}{arm}.time_to_target_s"] = round(statistics.fmean(reached), 2)
+    for arm in arms:
+        if arm != "sync" and (seeds := paired(runs, "sync", arm)):
+            figures |= paired_figures(OverSeeds(tuple(100 * (runs[s]["sync"]["final_success"] - runs[s][arm][
+                "final_success"]) for s in seeds)), f"{prefix}{arm}_gap_pts")
+            figures[f"{prefix}{arm}_over_sync_wallclock"] = round(statistics.fmean(
+                runs[s][arm]["wall_s"] / runs[s]["sync"]["wall_s"] for s in seeds), 4)
     claims: list[Claim] = []
     gap_seeds = paired(runs, "sync", "eta4")
     if gap_seeds:
-        sync = [100 * runs[s]["sync"]["final_success"] for s in gap_seeds]
-        eta4 = [100 * runs[s]["eta4"]["final_success"] for s in gap_seeds]
-        claim = Claim.within(f"(a) η = 4 with the correction ends within {WITHIN_PTS:g} points of sync", sync, eta4,
-                             WITHIN_PTS)
-        figures |= paired_figures(claim.differences, f"{prefix}eta4_gap_pts")
-        claims.append(claim)
+        claims.append(Claim.within(f"(a) η = 4 with the correction ends within {WITHIN_PTS:g} points of sync",
+                                   [100 * runs[s]["sync"]["final_success"] for s in gap_seeds],
+                                   [100 * runs[s]["eta4"]["final_success"] for s in gap_seeds], WITHIN_PTS))
     ratio_seeds = [s for s in gap_seeds if (ttt["sync"][s] or 0.0) > 0.0]
     if ratio_seeds:
         censored = [s for s in ratio_seeds if ttt["eta4"][s] is None]
@@ -144,14 +146,18 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
     if len(gap_seeds) > len(ratio_seeds):
         open_.append(f"seeds {sorted(set(gap_seeds) - set(ratio_seeds))}: sync never reached the target (or its v0 "
                      f"did), no ratio")
-    corr_seeds = paired(runs, "eta4", "eta4_nocorr")
-    if corr_seeds:
-        claim = Claim.worse("(c) η = 4 without the correction ends below η = 4 with it",
-                            [100 * runs[s]["eta4"]["final_success"] for s in corr_seeds],
-                            [100 * runs[s]["eta4_nocorr"]["final_success"] for s in corr_seeds])
-        figures |= paired_figures(claim.differences, f"{prefix}eta4_nocorr_gap_pts")
-        claims.append(claim)
-    for name, seeds in (("(a)", gap_seeds), ("(b)", ratio_seeds), ("(c)", corr_seeds)):
+    judged = {"(a)": gap_seeds, "(b)": ratio_seeds}
+    corrected = [a for a in arms if f"{a}{NO_CORRECTION}" in arms]
+    for letter, arm in zip(ascii_lowercase[2:], corrected, strict=False):
+        name, eta = f"({letter})", arm.removeprefix("eta")
+        judged[name] = seeds = paired(runs, arm, f"{arm}{NO_CORRECTION}")
+        if seeds:
+            claim = Claim.worse(f"{name} η = {eta} without the correction ends below η = {eta} with it",
+                                [100 * runs[s][arm]["final_success"] for s in seeds],
+                                [100 * runs[s][f"{arm}{NO_CORRECTION}"]["final_success"] for s in seeds])
+            figures |= paired_figures(claim.differences, f"{prefix}{arm}_correction_gain_pts")
+            claims.append(claim)
+    for name, seeds in judged.items():
         if len(seeds) < 2:
             open_.append(f"claim {name}: {len(seeds)} paired seed(s), an interval needs 2 or more")
     for claim in claims:  # keyed by the claim's letter: "(a) ..." -> claim.a.supported
@@ -159,4 +165,31 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
     return figures, claims, open_
 
 
-__all__ = ["RATIO_GOAL", "TARGET_SHARE", "WITHIN_PTS", "ablation_figures", "choose_arms", "on_grid", "paired", "time_to_target"]
+def arm_figures_over_seeds(runs: Mapping[int, Mapping[str, Any]], *, prefix: str) -> dict[str, float]:
+    """One arm's runs by seed: how many, final success in points over them (``final_pts``: mean, min, spread,
+    interval) and the mean of every other number they recorded (over the runs that have it)."""
+    figures = OverSeeds(tuple(100 * run["final_success"] for run in runs.values())).figures(f"{prefix}final_pts")
+    figures[f"{prefix}seeds"] = float(len(runs))
+    numbers = sorted({k for run in runs.values() for k, v in run.items()
+                      if isinstance(v, int | float) and not isinstance(v, bool)})
+    for key in numbers:
+        figures[f"{prefix}{key}"] = round(statistics.fmean(float(run[key]) for run in runs.values() if key in run), 4)
+    return figures
+
+
+def arm_rows(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str], figures: Mapping[str, float],
+             *, prefix: str, keys: Sequence[str]) -> list[dict[str, object]]:
+    """The result's table: one row per arm that ran, with its seeds, its final success over them and the figures
+    ``keys`` names (``n/a`` where the arm has none)."""
+    rows: list[dict[str, object]] = []
+    for arm in arms:
+        seeds = [s for s in sorted(runs) if arm in runs[s]]
+        if seeds:
+            final = OverSeeds(tuple(100 * runs[s][arm]["final_success"] for s in seeds))
+            rows.append({"arm": arm, "seeds": ",".join(map(str, seeds)), "final success, pts": final.text(),
+                         **{k: figures.get(f"{prefix}{arm}.{k}", "n/a") for k in keys}})
+    return rows
+
+
+__all__ = ["RATIO_GOAL", "TARGET_SHARE", "WITHIN_PTS", "ablation_figures", "arm_figures_over_seeds",
+           "arm_rows", "choose_arms", "on_grid", "paired", "time_to_target"]

@@ -49,7 +49,7 @@ from typing import Any
 
 from bench.ablation import mismatch_figures
 from bench.ablation_plots import plot_curves, plot_timeline, save_trace
-from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, choose_arms, paired_figures
+from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, arm_rows, choose_arms, paired_figures
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
 from bench.registry import BenchContext, BenchResult, BenchSkipped, Goal, register_bench
 from bench.seeds import OverSeeds, seed_overrides
@@ -349,17 +349,11 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
         plot_timeline(ctx.plot_dir / "tpu_chip_timeline.png", saved)
     figures, claims, open_ = ablation_figures(ledger.runs, ARMS, prefix="tpu.ablation.")
     figures |= throughput_figures(ledger) | v0_figures(ledger)
-    plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS)
-    rows = []
-    for arm in ARMS:
-        seeds_of = [s for s in sorted(ledger.runs) if arm in ledger.runs[s]]
-        if not seeds_of:
-            continue
-        final = OverSeeds(tuple(100 * ledger.runs[s][arm]["final_success"] for s in seeds_of))
-        rows.append({"arm": arm, "seeds": ",".join(map(str, seeds_of)), "final success, pts": final.text(),
-                     **{k: figures.get(f"tpu.ablation.{arm}.{k}", "n/a") for k in (
-                         "time_to_target_s", "never_reached", "wall_s", "command_s", "staleness_mean",
-                         "dropped_stale_share", "mismatch_mean", "chip_busy")}})
+    plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS,
+                title="twostep on one chip, heavy tool latency")
+    rows = arm_rows(ledger.runs, ARMS, figures, prefix="tpu.ablation.", keys=(
+        "time_to_target_s", "never_reached", "wall_s", "command_s", "staleness_mean", "dropped_stale_share",
+        "mismatch_mean", "chip_busy"))
     notes = ("" if run else f"Rendered from the ledger on a machine without an accelerator: every figure was "
              f"measured on {device}. ") + ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
              + ("; ".join(c.render() for c in claims) or "none judged yet") + ". "

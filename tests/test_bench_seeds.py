@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ablation import ARMS, QUICK_ARMS, chosen_arms, claims, over_seed_figures
+from bench.ablation import ARMS, QUICK_ARMS, chosen_arms
+from bench.arm_stats import ablation_figures
 from bench.learning import SeedRun, seed_figures
 from bench.seeds import Claim, OverSeeds, seed_args, seed_overrides
 from pipelines_lib.config import CampaignConfig
@@ -35,23 +36,32 @@ def test_a_claim_holds_only_where_the_whole_interval_of_the_paired_difference_do
     assert Claim.within("one seed", [95.0], [94.0], 3.0).render() == "one seed: open, one paired seed (difference 1.0 pts)"
 
 
-def test_the_ablation_pairs_arms_by_seed_for_its_gaps_and_claims() -> None:
-    def arm(final: float, wall: float) -> dict[str, float]:
-        return {"final_success": final, "wall_s": wall, "steps": 30.0}
+def test_the_ablation_pairs_arms_by_seed_for_its_gaps_and_claims_under_the_names_its_record_has() -> None:
+    def arm(final: float, wall: float, reached_s: float) -> dict[str, object]:
+        return {"final_success": final, "wall_s": wall, "steps": 30.0, "admission_wait_s": wall / 10,
+                "curve": [(0, 0.0, 0.1), (30, reached_s, final)]}
 
-    per_seed = [
-        {"sync": arm(0.95, 100.0), "eta4": arm(0.94, 40.0), "eta4_nocorr": arm(0.60, 40.0)},
-        {"sync": arm(0.90, 120.0), "eta4": arm(0.89, 36.0), "eta4_nocorr": arm(0.65, 36.0)},
-        {"sync": arm(0.97, 110.0), "eta4": arm(0.955, 44.0), "eta4_nocorr": arm(0.55, 44.0)},
-    ]
-    figures = over_seed_figures(per_seed)
+    runs = {
+        0: {"sync": arm(0.95, 100.0, 90.0), "eta4": arm(0.94, 40.0, 30.0), "eta4_nocorr": arm(0.60, 40.0, 30.0)},
+        1: {"sync": arm(0.90, 120.0, 100.0), "eta4": arm(0.89, 36.0, 30.0), "eta4_nocorr": arm(0.65, 36.0, 30.0)},
+        2: {"sync": arm(0.97, 110.0, 95.0), "eta4": arm(0.955, 44.0, 32.0), "eta4_nocorr": arm(0.55, 44.0, 30.0)},
+    }
+    figures, judged, open_ = ablation_figures(runs, ARMS, prefix="ablation.")
     assert figures["ablation.seeds"] == 3.0
     assert figures["ablation.eta4_gap_pts"] == pytest.approx(1.17)  # gaps 1, 1, 1.5
+    assert figures["ablation.eta4_nocorr_gap_pts"] == pytest.approx(34.0)  # sync − uncorrected: 35, 25, 42
+    assert figures["ablation.eta4_correction_gain_pts"] == pytest.approx(32.83)  # corrected − uncorrected
     assert figures["ablation.eta4.final_pts_min"] == pytest.approx(89.0)
+    assert figures["ablation.sync.final_success"] == pytest.approx(0.94)
+    assert figures["ablation.sync.admission_wait_s"] == pytest.approx(11.0)
     assert figures["ablation.seed1.eta4_nocorr.final_success"] == 0.65
-    assert figures["ablation.eta4_over_sync_wallclock"] == pytest.approx((0.4 + 0.3 + 0.4) / 3)
-    judged = claims({name: [100 * s[name]["final_success"] for s in per_seed] for name in per_seed[0]})
-    assert [c.supported for c in judged] == [True, True]
+    assert figures["ablation.eta4_over_sync_wallclock"] == pytest.approx((0.4 + 0.3 + 0.4) / 3, abs=1e-4)
+    assert figures["ablation.eta4_nocorr_over_sync_wallclock"] == pytest.approx((0.4 + 0.3 + 0.4) / 3, abs=1e-4)
+    # (a) within 3 points, (b) at the target in under half sync's time, (c) the uncorrected arm ends below.
+    assert [(c.text[:3], c.supported) for c in judged] == [("(a)", True), ("(b)", True), ("(c)", True)]
+    assert figures["ablation.claim.a.supported"] == figures["ablation.claim.c.supported"] == 1.0
+    # The arms no seed ran are open, and so is the claim on η = 8's correction.
+    assert "arm eta8: no run yet" in open_ and "claim (d): 0 paired seed(s), an interval needs 2 or more" in open_
 
 
 def test_seed_n_sets_every_seed_of_a_campaign() -> None:
