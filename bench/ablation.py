@@ -122,9 +122,8 @@ def success_curve(ctx: BenchContext, store: Store) -> list[tuple[int, float, flo
     measures="Held-out greedy success against trainer steps and wall clock for the synchronous loop, async η = 1, "
              "2, 4, 8 with the decoupled correction and η = 4, 8 without it, per seed from that seed's warm start; per "
              "arm final success over seeds (mean, min, spread, 95 % t interval), time to target, trainer wall clock, "
-             "staleness, "
-             "dropped share and the behaviour–proximal mismatch; each claim judged on the interval of its paired "
-             "per-seed difference.",
+             "staleness, dropped share and the behaviour–proximal mismatch; each claim judged on the interval of its "
+             "paired per-seed difference.",
     method="Arms of `bench/campaign_arms.py` (`python -m flows.campaign --runner threads`, one config file per seed: "
            "the `twostep` recipe (`recipes/twostep.yaml`) with one sampled eval attempt, heavy tool latency and raised episode and tool "
            "deadlines, seed N setting `seed`, `dataset.seed`, `sft.seed` and `trainer.seed`), each `init_from` its "
@@ -148,8 +147,10 @@ def ablation(ctx: BenchContext) -> BenchResult:
         seed_ctx = dataclasses.replace(ctx, scratch=ctx.scratch / f"seed{seed}")
         seed_ctx.scratch.mkdir()
         run = run_arm_set(seed_ctx, f"ablation seed {seed}", shared_config(quick=ctx.quick, seed=seed), arm_names)
-        runs[seed] = {arm: {**run.arms[arm], **mismatch_figures(Store(url)), "curve": success_curve(ctx, Store(url))}
-                      for arm, url in run.urls.items()}
+        runs[seed] = {}
+        for arm, url in run.urls.items():
+            store = Store(url)
+            runs[seed][arm] = {**run.arms[arm], **mismatch_figures(store), "curve": success_curve(ctx, store)}
         warm_s.append(run.warm_s)
     figures, judged, open_ = ablation_figures(runs, arm_names, prefix="ablation.")
     figures["ablation.warm_start_s"] = statistics.fmean(warm_s)
