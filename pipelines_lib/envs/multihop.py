@@ -13,6 +13,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pipelines_lib.envs.base import (
     BaseTaskEnv,
@@ -75,6 +76,7 @@ def _chain(kb: KnowledgeBase, person: str, start_attr: str, last: str) -> tuple[
 @register_env("multihop")
 class MultihopEnv(BaseTaskEnv):
     system_prompt = SYSTEM_PROMPT
+    config_class: ClassVar[type] = MultihopConfig
 
     def __init__(self, *, config: MultihopConfig = MultihopConfig(), kb: KnowledgeBase | None = None) -> None:
         """``kb``: the world of ``config.knowledge``, pre-built to share between episodes.
