@@ -47,6 +47,7 @@ class MultihopConfig:
     kinds: tuple[str, ...] = tuple(QUESTIONS)
     """Question kinds to draw from (keys of ``QUESTIONS``)."""
     heldout_fraction: float = 0.2
+    """Share of the task space (by question) reserved for the held-out split."""
     max_turns: int = 5
     """Assistant messages per episode: up to three searches and the answer, plus one spare."""
 
