@@ -11,6 +11,7 @@ recovered campaign makes the same env.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -62,7 +63,7 @@ class EnvSpec:
             if self.options:
                 raise ConfigError(f"{OPTIONS_KEY}: env {self.name!r} takes no options, got {sorted(self.options)}")
             return None
-        valid = sorted(f for f in config_class.__dataclass_fields__ if config_class.__dataclass_fields__[f].init)
+        valid = sorted(f.name for f in dataclasses.fields(config_class) if f.init)
         for key in self.options:
             if key not in valid:
                 close = difflib.get_close_matches(str(key), valid, n=1)
