@@ -198,7 +198,7 @@ def run_vllm_campaign(store: Store, config: CampaignConfig) -> dict[str, Any]:
     trainer's per-step p99 mismatch over steps that trained only fresh groups (trainer and sampler on the same
     weights), and whether the audit is clean."""
     init_campaign(store, config)
-    prep(store, config.dataset)
+    prep(store, config.dataset, env=config.env)
     warm_start(store, config, log=lambda _: None)
     errors: list[BaseException] = []
 

@@ -211,7 +211,7 @@ def stage(name, fn):
         print(f"stage {name} failed: {type(e).__name__}: {e}", flush=True)
         failed.append(name)
 
-stage("prep", lambda: (init_campaign(store, config), prep(store, config.dataset)))
+stage("prep", lambda: (init_campaign(store, config), prep(store, config.dataset, env=config.env)))
 stage("warm_start", lambda: warm_start(store, config, cache=settings.cache, log=print))
 worker = threading.Thread(target=stage, args=("collect", lambda: collect(
     store, config, worker="rollout0", worker_index=0, num_workers=1, cache=settings.cache, log=print)), daemon=True)

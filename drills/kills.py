@@ -245,7 +245,7 @@ def rollout_kill_drill(root: Path, *, kills: int, seed: int = 0, groups_per_star
     config = drill_rollout_config()
     store = Store(str(root / "rollout"))
     init_campaign(store, config)
-    prep(store, config.dataset)
+    prep(store, config.dataset, env=config.env)
     publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
     # Every start asks for groups_per_start new groups (a restart skips what earlier starts committed), so a
     # start that is to be killed is still running when its kill comes; the drill ends with the first start
@@ -340,7 +340,7 @@ def evaluator_kill_drill(root: Path, *, kills: int, seed: int = 0,
     start = time.monotonic()
     config = drill_evaluator_config()
     store = seed_trainer_campaign(str(root / "evaluator"), config, 2 * config.trainer.max_steps)
-    prep(store, config.dataset)
+    prep(store, config.dataset, env=config.env)
     version = int(train(store, config, log=lambda s: None)["version"])
     shutil.copytree(root / "evaluator", root / "warm")
     shutil.copytree(root / "evaluator", root / "reference")

@@ -148,7 +148,7 @@ def run_secret_drill(root: Path, *, real_rollouts: bool = True, groups: int = 2,
         store = Store(url, storage_options={"token": STORAGE_TOKEN})
         init_campaign(store, config)
         stages.append("init")
-        prep(store, config.dataset, storage_options={"token": STORAGE_TOKEN})
+        prep(store, config.dataset, storage_options={"token": STORAGE_TOKEN}, env=config.env)
         stages.append("prep")
         publish_weights(store, Decoder(config.model, rngs=nnx.Rngs(0)), version=0, step=0)
         stages.append("publish")

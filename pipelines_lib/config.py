@@ -3,7 +3,7 @@
 ```
 CampaignConfig
 ├── dataset: DatasetConfig        prep: source, sizes, column mapping
-├── env: EnvSpec                  which env, its turn budget, the latency profile wrapped around its tools
+├── env: EnvSpec                  which env and its options, the latency profile wrapped around its tools
 ├── model: ModelConfig            architecture (tiny() by default; HF checkpoints bring their own)
 ├── engine: EngineConfig          inference slots, KV-cache length, prefill buckets
 ├── agent: AgentConfig            tool-call parser and agent kind
@@ -16,7 +16,7 @@ CampaignConfig
 ```
 
 Each sub-config lives next to the code that uses it and validates itself; this module only composes
-them (``envs.spec.EnvSpec`` pairs an env with the latency wrapped around its tools and its sandbox). Only the stages
+them (``envs.spec.EnvSpec`` pairs an env and its options with the latency wrapped around its tools and its sandbox). Only the stages
 (``pipelines_lib.stages``) take a whole ``CampaignConfig``; core code takes its own section. ``CampaignConfig.from_yaml`` reads a YAML file
 (unknown keys fail with a "did you mean"); ``tiny()`` is the embedded default that runs on 2 CPU cores. The
 presets are recipes, not code: ``recipes/<name>.yaml`` overlays ``tiny()`` (or the recipe it names in
@@ -291,11 +291,18 @@ def _yaml_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+REPLACED_MAPPINGS: tuple[str, ...] = ("dataset.columns", "env.options")
+"""Mappings that an overlay (a recipe, a YAML file, ``--set``) replaces whole instead of merging into: their keys
+belong to what they map (a file's columns, an env's config), so keys of the base's would not fit another file or env,
+and ``{}`` has to be able to clear them."""
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("columns",):
-            out[k] = _deep_merge(out[k], v)
+        key = f"{path}{k}"
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and key not in REPLACED_MAPPINGS:
+            out[k] = _deep_merge(out[k], v, f"{key}.")
         else:
             out[k] = v
     return out

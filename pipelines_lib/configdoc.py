@@ -1,8 +1,8 @@
 """Reference documentation of every config knob, generated from the dataclasses themselves.
 
 Each field's documentation is its attribute docstring (the string literal under the field), read with
-``ast`` from the class source, so the reference cannot drift from the code: ``tests/test_config.py``
-fails when ``docs/CONFIG.md`` is stale. Regenerate with ``python -m pipelines_lib.configdoc > docs/CONFIG.md``.
+``ast`` from the class source (for ``env.options``, each registered env's config class's), so the reference cannot
+drift from the code: ``tests/test_config.py`` fails when ``docs/CONFIG.md`` is stale. Regenerate with ``python -m pipelines_lib.configdoc > docs/CONFIG.md``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import typing
 from typing import Any
 
 from pipelines_lib.config import CampaignConfig
+from pipelines_lib.envs import ENV_REGISTRY
 from pipelines_lib.settings import COMPILATION_CACHE_VAR, DEFAULTS, ENV_VARS, PROCESS_DEFAULTS, Settings
 
 
@@ -74,7 +75,23 @@ def render(config: CampaignConfig | None = None) -> str:
     ]
     for key, type_name, default, doc in rows(config):
         lines.append(f"| `{key}` | {type_name} | `{default}` | {doc.replace('|', '/')} |")
-    return "\n".join(lines + settings_section()) + "\n"
+    return "\n".join(lines + env_options_section() + settings_section()) + "\n"
+
+
+def env_options_section() -> list[str]:
+    """Each registered env's ``env.options``: the fields of its config class, with their defaults."""
+    lines = ["", "## Env options", "",
+             "What `env.options` takes: the fields of the env's config class, its defaults where a key is left out",
+             "([ENV_OPTIONS.md](ENV_OPTIONS.md)). An env without a config class takes none.", "",
+             "| env | option | type | default | meaning |", "|---|---|---|---|---|"]
+    for name in sorted(ENV_REGISTRY):
+        config_class = ENV_REGISTRY[name].config_class
+        if config_class is None:
+            lines.append(f"| `{name}` | (none) | | | |")
+            continue
+        for key, type_name, default, doc in rows(config_class()):
+            lines.append(f"| `{name}` | `{key}` | {type_name} | `{default}` | {doc.replace('|', '/')} |")
+    return lines
 
 
 def settings_section() -> list[str]:

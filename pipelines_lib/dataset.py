@@ -1,10 +1,10 @@
 """The prep stage: tasks from a built-in generator or a user's file → ``dataset/<split>.arrow``.
 
-``source`` is ``builtin:<env>`` (the env's seeded generator; its own disjoint train/held-out splits) or a
-JSONL / Parquet / Arrow file (local path or any fsspec URL such as ``gs://``). File rows are mapped with
-``columns`` (our name → the file's column name) onto the task fields ``task_id``, ``prompt``, ``answer``,
-and optionally ``env_name`` and ``meta``; rows go to the held-out split by a hash of their ``task_id`` (so a
-row's split never depends on the seed or on the file's order). Bad rows are skipped and reported by their
+``source`` is ``builtin:<env>`` (the env's seeded generator under the campaign's ``env.options``; its own disjoint
+train/held-out splits) or a JSONL / Parquet / Arrow file (local path or any fsspec URL such as ``gs://``). File
+rows are mapped with ``columns`` (our name → the file's column name) onto the task fields ``task_id``, ``prompt``,
+``answer``, and optionally ``env_name`` and ``meta``; rows go to the held-out split by a hash of their ``task_id``
+(so a row's split never depends on the seed or on the file's order). Bad rows are skipped and reported by their
 1-based line/row number in the manifest, and the stage fails when more than ``max_bad_fraction`` are bad.
 
 Outputs are create-only and ``dataset/_SUCCESS`` (the manifest: counts, content hashes, bad rows) is
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from pipelines_lib.envs import env_class
 from pipelines_lib.envs.base import BUILTIN_SOURCE, Task, split_of
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.records import DatasetSuccess, SplitInfo
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -144,14 +145,18 @@ def _row_to_task(row: dict[str, Any], config: DatasetConfig) -> Task:
                 answer=str(row[get["answer"]]), meta=meta)
 
 
-def build_splits(config: DatasetConfig, storage_options: dict[str, Any] | None = None
+def build_splits(config: DatasetConfig, storage_options: dict[str, Any] | None = None, *, env: EnvSpec | None = None
                  ) -> tuple[dict[str, list[Task]], list[str]]:
-    """Tasks per split and the list of bad-row reports (no IO to the campaign)."""
+    """Tasks per split and the list of bad-row reports (no IO to the campaign). A built-in source's tasks come from
+    ``env`` (the campaign's, with its options; default: the named env's defaults), which must be the env it names."""
     if config.builtin_env is not None:
-        cls = env_class(config.builtin_env)
+        spec = env or EnvSpec(name=config.builtin_env)
+        if spec.name != config.builtin_env:
+            raise DatasetError(f"{config.source}: the tasks of env {config.builtin_env!r}, but the env given to make "
+                               f"them is {spec.name!r}")
         return {
-            "train": cls.generate_tasks(seed=config.seed, n=config.n_train, split="train"),
-            "heldout": cls.generate_tasks(seed=config.seed, n=config.n_heldout, split="heldout"),
+            "train": spec.generate_tasks(seed=config.seed, n=config.n_train, split="train"),
+            "heldout": spec.generate_tasks(seed=config.seed, n=config.n_heldout, split="heldout"),
         }, []
     rows = _read_rows(config.source, storage_options or {})
     splits: dict[str, list[Task]] = {"train": [], "heldout": []}
@@ -177,11 +182,13 @@ def build_splits(config: DatasetConfig, storage_options: dict[str, Any] | None =
     return splits, bad
 
 
-def prep(store: Store, config: DatasetConfig, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``dataset/`` once; returns the manifest (also stored as ``dataset/_SUCCESS``)."""
+def prep(store: Store, config: DatasetConfig, *, storage_options: dict[str, Any] | None = None,
+         env: EnvSpec | None = None) -> dict[str, Any]:
+    """Write ``dataset/`` once; returns the manifest (also stored as ``dataset/_SUCCESS``). ``env``: the campaign's
+    env, whose options shape a built-in source's tasks (``build_splits``)."""
     if store.exists(DatasetSuccess.PATH):
         return DatasetSuccess.read(store).to_dict()
-    splits, bad = build_splits(config, storage_options)
+    splits, bad = build_splits(config, storage_options, env=env)
     infos: dict[str, SplitInfo] = {}
     for split, tasks in splits.items():
         data = _encode(_table(tasks))

@@ -12,6 +12,7 @@ import pytest
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configdoc import render, rows
 from pipelines_lib.configio import ConfigError
+from pipelines_lib.envs import ENV_REGISTRY
 from pipelines_lib.model.config import param_count
 from pipelines_lib.train.optim import make_schedule
 
@@ -119,6 +120,8 @@ def test_cross_section_checks_name_both_sides() -> None:
 def test_every_knob_is_documented_and_the_reference_is_current() -> None:
     undocumented = [key for key, _, _, doc in rows(CampaignConfig.tiny()) if not doc]
     assert undocumented == []
+    options = [(name, cls.config_class()) for name, cls in ENV_REGISTRY.items() if cls.config_class is not None]
+    assert [f"{name}: {key}" for name, config in options for key, _, _, doc in rows(config) if not doc] == []
     assert (ROOT / "docs" / "CONFIG.md").read_text() == render()
 
 

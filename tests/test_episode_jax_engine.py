@@ -23,6 +23,7 @@ from pipelines_lib.agents import AgentConfig, make_agent, run_episode
 from pipelines_lib.config import SFTConfig
 from pipelines_lib.engine import Completion, EngineConfig, JaxEngine, SamplingParams
 from pipelines_lib.envs import env_class, make_env
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.tokenizer import ensure_default_tokenizer, load_tokenizer
@@ -67,7 +68,7 @@ def test_tool_call_episode_on_the_real_engine_runs_the_calculator_and_logprobs_m
     assert tok.vocab_size <= SMALL.vocab_size
     model = Decoder(SMALL, rngs=nnx.Rngs(0))
     task = env_class("arithmetic").generate_tasks(seed=0, n=1, split="train")[0]
-    rows = demonstration_rows("arithmetic", tok, n=1, error_rate=0.0, seed=0, with_tools=True)
+    rows = demonstration_rows(EnvSpec(name="arithmetic"), tok, n=1, error_rate=0.0, seed=0, with_tools=True)
     sft_train(model, rows, MEMORISE, pad_id=tok.pad_id, log=lambda _: None)
 
     async def main() -> tuple[list[Trajectory], list[list[int]]]:

@@ -16,6 +16,7 @@ from pipelines_lib.agents import AgentConfig
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine import JaxEngine
 from pipelines_lib.envs import env_class
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.hf_import import load_hf_checkpoint
@@ -30,6 +31,7 @@ from tests.test_telemetry import _read_tfrecords
 
 LLAMA_FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "llama"
 # The tiny model's vocabulary (the default tokenizer's) with every other dimension shrunk for compile speed.
+ARITHMETIC = EnvSpec(name="arithmetic")
 SMALL = dataclasses.replace(ModelConfig.tiny(), d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 
 
@@ -51,7 +53,7 @@ def assert_same(a: object, b: object) -> None:
 
 
 def test_demonstrations_train_only_the_assistant_tokens(tok: ChatTokenizer) -> None:
-    tokens, masks = demonstration_rows("arithmetic", tok, n=4, error_rate=0.0, seed=0, with_tools=True)
+    tokens, masks = demonstration_rows(ARITHMETIC, tok, n=4, error_rate=0.0, seed=0, with_tools=True)
     assert len(tokens) == 4
     for ids, mask in zip(tokens, masks, strict=True):
         assert len(ids) == len(mask) and mask[0] == 0
@@ -65,15 +67,15 @@ def test_demonstrations_train_only_the_assistant_tokens(tok: ChatTokenizer) -> N
 
 
 def test_flawed_demonstrations_follow_the_error_rate_deterministically(tok: ChatTokenizer) -> None:
-    clean = demonstration_rows("arithmetic", tok, n=40, error_rate=0.0, seed=3, with_tools=False)
-    flawed = demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
-    assert flawed == demonstration_rows("arithmetic", tok, n=40, error_rate=0.5, seed=3, with_tools=False)
+    clean = demonstration_rows(ARITHMETIC, tok, n=40, error_rate=0.0, seed=3, with_tools=False)
+    flawed = demonstration_rows(ARITHMETIC, tok, n=40, error_rate=0.5, seed=3, with_tools=False)
+    assert flawed == demonstration_rows(ARITHMETIC, tok, n=40, error_rate=0.5, seed=3, with_tools=False)
     differ = sum(a != b for a, b in zip(clean[0], flawed[0], strict=True))
     assert 10 <= differ <= 30  # about half of 40
 
 
 def test_a_short_sft_lowers_the_nll_on_demonstrations(tok: ChatTokenizer) -> None:
-    rows = demonstration_rows("arithmetic", tok, n=16, error_rate=0.0, seed=0, with_tools=False)
+    rows = demonstration_rows(ARITHMETIC, tok, n=16, error_rate=0.0, seed=0, with_tools=False)
     model = Decoder(SMALL, rngs=nnx.Rngs(0))
     before = mean_nll(model, rows, pad_id=tok.pad_id)
     logs: list[str] = []
@@ -145,7 +147,7 @@ def test_sft_on_arithmetic_reaches_nontrivial_greedy_success(tok: ChatTokenizer)
     (float answers) is left out: its greedy answers are floats, which is the point of the preset.
     """
     config = CampaignConfig.tiny().with_overrides({"sft.error_rate": 0.0, "eval.samples": 1})
-    rows = demonstration_rows("arithmetic", tok, n=config.sft.n_demos, error_rate=config.sft.error_rate,
+    rows = demonstration_rows(config.env, tok, n=config.sft.n_demos, error_rate=config.sft.error_rate,
                               seed=config.sft.seed, with_tools=True)
     model = Decoder(config.model, rngs=nnx.Rngs(config.sft.seed))
     sft_train(model, rows, config.sft, pad_id=tok.pad_id)

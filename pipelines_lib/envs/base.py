@@ -192,6 +192,9 @@ class BaseTaskEnv(ABC):
     """Registry key, set by :func:`pipelines_lib.envs.registry.register_env`."""
     runs_code: ClassVar[bool] = False
     """Whether the env runs model code in a ``PythonSandbox`` (its constructor then takes ``sandbox``)."""
+    config_class: ClassVar[type | None] = None
+    """The env's frozen config dataclass, whose instance its constructor takes as ``config`` and ``generate_tasks``
+    as ``config``; a campaign sets its fields through ``env.options`` (``envs.spec.EnvSpec``). None: no options."""
 
     @classmethod
     def dataset_source(cls) -> str:

@@ -28,7 +28,9 @@ class KnowledgeConfig:
     seed: int = 0
     """The world: same seed, same people, cities and countries."""
     n_countries: int = 8
+    """Countries, each with a capital and a currency (the last hop's answers)."""
     n_cities: int = 24
+    """Cities, each in one country (at least one per country)."""
     n_people: int = 500
     """Four question kinds per person: 2000 multihop questions by default."""
 

@@ -13,6 +13,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pipelines_lib.envs.base import (
     BaseTaskEnv,
@@ -46,6 +47,7 @@ class MultihopConfig:
     kinds: tuple[str, ...] = tuple(QUESTIONS)
     """Question kinds to draw from (keys of ``QUESTIONS``)."""
     heldout_fraction: float = 0.2
+    """Share of the task space (by question) reserved for the held-out split."""
     max_turns: int = 5
     """Assistant messages per episode: up to three searches and the answer, plus one spare."""
 
@@ -75,6 +77,7 @@ def _chain(kb: KnowledgeBase, person: str, start_attr: str, last: str) -> tuple[
 @register_env("multihop")
 class MultihopEnv(BaseTaskEnv):
     system_prompt = SYSTEM_PROMPT
+    config_class: ClassVar[type] = MultihopConfig
 
     def __init__(self, *, config: MultihopConfig = MultihopConfig(), kb: KnowledgeBase | None = None) -> None:
         """``kb``: the world of ``config.knowledge``, pre-built to share between episodes.

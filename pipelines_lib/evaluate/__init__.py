@@ -129,7 +129,7 @@ async def evaluate_model_async(engine: contextlib.AbstractAsyncContextManager[En
     semaphore = asyncio.Semaphore(cfg.max_concurrency)
     started = time.perf_counter()
     async with engine as served, env_sandbox(env) as sandbox:
-        episodes = [make_episode_fn(rollout, agent, engine=served, tokenizer=tokenizer, worker_id="eval",
+        episodes = [make_episode_fn(rollout, agent, engine=served, tokenizer=tokenizer, worker_id="eval", env=env,
                                     temperature=temperature, group_size=k + 1, seed_salt=f"eval.{seed}",
                                     sandbox=sandbox)
                     for temperature in (0.0, cfg.temperature)]
@@ -152,7 +152,7 @@ def evaluate_model(engine: contextlib.AbstractAsyncContextManager[Engine], token
                    env: EnvSpec | None = None) -> dict[str, Any]:
     """Run every task greedily once and ``cfg.samples`` times sampled, with ``rollout``'s budgets and the
     ``agent`` on ``engine`` (entered here); the metrics of ``summarize``. ``seed`` salts every sample's seed;
-    a code env (``env``) runs model code in its configured sandbox."""
+    episodes run the campaign's env (``env``: its options; a code env runs model code in its configured sandbox)."""
     return asyncio.run(evaluate_model_async(engine, tokenizer, tasks, cfg, rollout=rollout, agent=agent, seed=seed,
                                             env=env))
 

@@ -1,7 +1,7 @@
 """How (task, group, sample) becomes an episode: the one factory for rollout and evaluation, and its seed.
 
-``make_episode_fn`` binds the env registry, the latency profile around the env's tools, the agent and the
-engine into the ``EpisodeFn`` the orchestrator (and the evaluator) calls. Each episode gets a fresh env and agent
+``make_episode_fn`` binds the campaign's env (``EnvSpec``: the env with its options), the latency profile around the
+env's tools, the agent and the engine into the ``EpisodeFn`` the orchestrator (and the evaluator) calls. Each episode gets a fresh env and agent
 (they hold per-episode state) and a per-sample seed from ``sample_seed``, so sampling is reproducible whatever
 else runs concurrently. Rollout samples at ``rollout.temperature`` with the campaign's latency profile;
 evaluation passes its own temperature, group size and no latency.
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from pipelines_lib.agents import AgentConfig, make_agent, run_episode
 from pipelines_lib.engine.api import Engine, SamplingParams
-from pipelines_lib.envs import env_class, make_env
+from pipelines_lib.envs import env_class
 from pipelines_lib.envs.base import Task
 from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.envs.tools.latency import LatencyProfile, LatencyTool
@@ -45,16 +45,18 @@ async def env_sandbox(env: EnvSpec | None) -> AsyncIterator[PythonSandbox | None
 
 
 def make_episode_fn(rollout: RolloutConfig, agent: AgentConfig, *, engine: Engine, tokenizer: ChatTokenizer,
-                    worker_id: str, tool_latency: LatencyProfile | None = None, temperature: float | None = None,
-                    group_size: int | None = None, seed_salt: str = "",
+                    worker_id: str, env: EnvSpec | None = None, tool_latency: LatencyProfile | None = None,
+                    temperature: float | None = None, group_size: int | None = None, seed_salt: str = "",
                     sandbox: PythonSandbox | None = None) -> EpisodeFn:
-    """Episodes under ``rollout``'s budgets and sampling; ``temperature``/``group_size`` override its own. Code
-    envs run model code in ``sandbox`` (from :func:`env_sandbox`) when given."""
+    """Episodes under ``rollout``'s budgets and sampling; ``temperature``/``group_size`` override its own. Each
+    episode's env is made by ``env`` (the campaign's, with its options; default: each task's env with its defaults).
+    Code envs run model code in ``sandbox`` (from :func:`env_sandbox`) when given."""
+    spec = env or EnvSpec()
     profile = tool_latency or LatencyProfile.none()
     delayed = profile.kind != "fixed" or profile.value_s > 0
 
     async def episode(task: Task, group_id: str, sample_idx: int) -> Trajectory:
-        env = make_env(task.env_name, sandbox=sandbox)
+        env = spec.make(task.env_name, sandbox=sandbox)
         if delayed:
             rng = random.Random(sample_seed("latency", seed_salt, group_id, sample_idx))
             env.wrap_tools(lambda tool: LatencyTool(tool, profile, rng=rng))

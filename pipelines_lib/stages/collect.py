@@ -81,7 +81,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             orchestrator = Orchestrator(
                 config=rc, engine=engine,
                 episode_fn=make_episode_fn(rc, config.agent, engine=engine, tokenizer=tokenizer, worker_id=worker_id,
-                                           tool_latency=config.env.tool_latency, sandbox=sandbox,
+                                           env=config.env, tool_latency=config.env.tool_latency, sandbox=sandbox,
                                            seed_salt=f"rollout.{config.seed}"),
                 tasks=tasks, writer=channel.writer(worker_id, rc.writer),
                 weights=published if weights is None else weights, should_stop=lambda: should_stop(store, since=started),

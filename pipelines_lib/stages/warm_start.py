@@ -69,7 +69,7 @@ def warm_start(store: Store, config: CampaignConfig, *, cache: Path | None = Non
                 )
             sft = config.sft
             tokens, masks = demonstration_rows(
-                config.env.name,
+                config.env,
                 tokenizer,
                 n=sft.n_demos,
                 error_rate=sft.error_rate,

@@ -1,9 +1,10 @@
 """Supervised warm start on demonstrations: the rows, the training loop, and the mean NLL that scores it.
 
 ```
-demonstration_rows   env generator, train split: n demonstrations, error_rate share flawed (reward 0), each
-                     conversation laid out as an episode records it (ChatTokenizer.encode_conversation): loss only
-                     on the assistant's tokens, tool schemas in the prompt iff the agent offers tools
+demonstration_rows   the campaign's env (with its options), train split: n demonstrations, error_rate share flawed
+                     (reward 0; the env's configured mistakes), each conversation laid out as an episode records it
+                     (ChatTokenizer.encode_conversation): loss only on the assistant's tokens, tool schemas in the
+                     prompt iff the agent offers tools
 sft_train            the one train_step with the ``nll`` loss, seeded batch order, progress every few steps
 ```
 
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipelines_lib import telemetry
-from pipelines_lib.envs import env_class, make_env
+from pipelines_lib.envs.spec import EnvSpec
 from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.mesh import MeshConfig, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder
@@ -69,16 +70,16 @@ Rows = tuple[list[list[int]], list[list[int]]]
 
 
 def demonstration_rows(
-    env_name: str, tokenizer: ChatTokenizer, *, n: int, error_rate: float, seed: int, with_tools: bool
+    env: EnvSpec, tokenizer: ChatTokenizer, *, n: int, error_rate: float, seed: int, with_tools: bool
 ) -> Rows:
-    """Token ids and assistant-only loss masks of ``n`` demonstrations on the env's train split."""
-    tasks = env_class(env_name).generate_tasks(seed=seed, n=n, split="train")
+    """Token ids and assistant-only loss masks of ``n`` demonstrations on the train split of ``env`` (the campaign's:
+    its options shape the tasks and, through the env's ``mistakes``, the flawed demonstrations)."""
     tokens, masks = [], []
-    for task in tasks:
-        env = make_env(task.env_name)
-        schemas = [t.schema() for t in env.tools().values()] if with_tools else None
+    for task in env.generate_tasks(seed=seed, n=n, split="train"):
+        made = env.make(task.env_name)
+        schemas = [t.schema() for t in made.tools().values()] if with_tools else None
         ids, mask = tokenizer.encode_conversation(
-            env.demonstration(task, error_rate=error_rate, seed=seed), schemas
+            made.demonstration(task, error_rate=error_rate, seed=seed), schemas
         )
         tokens.append(ids)
         masks.append(mask)
