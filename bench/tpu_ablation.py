@@ -96,10 +96,21 @@ def shared_config(*, quick: bool, seed: int, profile: str = "heavy") -> Campaign
         **(QUICK if quick else {}), **seed_overrides(seed), "env.tool_latency": to_mapping(PROFILES[profile])})
 
 
+def config_fingerprint(config: CampaignConfig) -> str:
+    """A short hash of what ``config`` sets. Empty mappings and lists and None are left out, so a config field
+    added later with an empty default (nothing set) leaves the fingerprint of the runs recorded before it alone."""
+    def settled(value: Any) -> Any:
+        if isinstance(value, dict):  # settled first: a mapping holding only empty ones is empty too
+            return {k: v for k, v in ((k, settled(v)) for k, v in value.items()) if v not in (None, {}, [])}
+        return [settled(v) for v in value] if isinstance(value, list) else value
+
+    text = json.dumps(settled(config.to_dict()), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def fingerprint(*, quick: bool) -> str:
     """What a recorded run was measured with: the shared config of seed 0 (a changed recipe starts a new ledger)."""
-    text = json.dumps(shared_config(quick=quick, seed=0).to_dict(), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return config_fingerprint(shared_config(quick=quick, seed=0))
 
 
 @dataclasses.dataclass

@@ -16,14 +16,13 @@ ledger          bench/tpu_warm_start_runs.json: per candidate, keyed by its conf
 
 Figures per candidate: v0 greedy success in points over seeds (mean, min, spread, interval), sampled success,
 and the seconds a warm start and its evaluation take. The candidates change only the warm start (SFT length,
-demonstrations, their flawed share); the ablation's arms and the RL recipe are untouched. A candidate earns its
+demonstrations, their flaws) and the task (``env.options``); the ablation's arms and the RL recipe are untouched. A candidate earns its
 place in ``recipes/tpu_ablation.yaml`` only with a v0 spread within ``tpu.ablation.v0_pts_spread``'s goal and
 sampled success that leaves GRPO something to learn.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 
 from bench.registry import BenchContext, BenchResult, BenchSkipped, register_bench
 from bench.seeds import OverSeeds
-from bench.tpu_ablation import shared_config
+from bench.tpu_ablation import config_fingerprint, shared_config
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import EvalResult
 from pipelines_lib.storage.store import Store
@@ -40,15 +39,19 @@ from pipelines_lib.storage.store import Store
 NAME = "tpu_warm_start"
 CANDIDATES: dict[str, dict[str, Any]] = {
     "recipe": {},
-    "sft_900": {"sft.steps": 900, "sft.optim.total_steps": 900},
-    "demos_4096": {"sft.n_demos": 4096, "sft.steps": 900, "sft.optim.total_steps": 900},
+    "carry_only": {"env.options": {"mistakes": ["wrong_carry"]}},
     "error_85": {"sft.error_rate": 0.85},
     "error_75": {"sft.error_rate": 0.75},
+    "digits2": {"env.options": {"operand_digits": 2}},
+    "sft_900": {"sft.steps": 900, "sft.optim.total_steps": 900},
+    "demos_4096": {"sft.n_demos": 4096, "sft.steps": 900, "sft.optim.total_steps": 900},
 }
-"""What each candidate changes in the ``tpu_ablation`` recipe's warm start: the recipe itself; three times the
-SFT steps on the same demonstrations; four times the demonstrations over those steps (the flawed share is drawn
-per demonstration, so more of them hold it closer to its expectation); fewer flawed demonstrations (the greedy
-choice between answering early and making the second call sits further from even odds)."""
+"""What each candidate changes in the ``tpu_ablation`` recipe's warm start, in the order a command runs them: the
+recipe itself; flawed demonstrations that all make the second call and only carry a wrong number (no greedy
+choice between answering early and going on, which the recipe's flaws put near even odds); fewer flawed
+demonstrations (that choice further from even odds); two-digit operands (a harder carry); three times the SFT
+steps on the same demonstrations; four times the demonstrations over those steps (the flawed share is drawn per
+demonstration, so more of them hold it closer to its expectation)."""
 QUICK_CANDIDATES = ("recipe", "error_75")
 EVAL_TASKS = 256
 """Held-out tasks per v0 evaluation: four times the ablation's 64, so a spread over seeds is the model's, not
@@ -65,11 +68,6 @@ def candidate_config(name: str, *, quick: bool, seed: int) -> CampaignConfig:
     tasks = 4 if quick else EVAL_TASKS
     return base.with_overrides({**CANDIDATES[name], "eval.n_tasks": tasks, "eval.samples": 1 if quick else SAMPLES,
                                 "dataset.n_heldout": max(tasks, base.dataset.n_heldout)})
-
-
-def fingerprint(config: CampaignConfig) -> str:
-    """What a candidate's runs were measured with (seed 0's config): a changed candidate starts afresh."""
-    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load_ledger(path: Path, device: str) -> dict[str, Any]:
@@ -112,7 +110,7 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
     ledger = load_ledger(ledger_path, device)
     started, longest, skipped = time.monotonic(), 0.0, []
     for name in names if live else ():
-        fp = fingerprint(candidate_config(name, quick=ctx.quick, seed=0))
+        fp = config_fingerprint(candidate_config(name, quick=ctx.quick, seed=0))  # a changed candidate starts afresh
         entry = ledger["candidates"].get(name)
         if entry is None or entry["fingerprint"] != fp:
             entry = ledger["candidates"][name] = {"fingerprint": fp, "runs": {}}

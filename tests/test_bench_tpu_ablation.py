@@ -212,3 +212,22 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
     again = tpu_ablation.ablation(ctx, device="cpu", ledger_path=tmp_path / "ledger.json")
     assert not any("warm start" in line for line in lines)  # nothing left to run
     assert again.figures == result.figures
+
+
+def test_a_config_fingerprint_ignores_a_field_that_sets_nothing_and_changes_with_what_is_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tpu_ablation.shared_config(quick=True, seed=0)
+    base = tpu_ablation.config_fingerprint(config)
+    to_dict = type(config).to_dict
+
+    def with_field(value: Any) -> str:  # the same config as if a later version had added one more field
+        monkeypatch.setattr(type(config), "to_dict", lambda self: {**to_dict(self), "added": {"inner": value}})
+        try:
+            return tpu_ablation.config_fingerprint(config)
+        finally:
+            monkeypatch.setattr(type(config), "to_dict", to_dict)
+
+    assert with_field({}) == with_field(None) == with_field([]) == base
+    assert with_field(1) != base
+    assert tpu_ablation.config_fingerprint(config.with_overrides({"env.options": {"operand_digits": 1}})) != base
+    assert tpu_ablation.config_fingerprint(config.with_overrides({"sft.error_rate": 0.5})) != base
