@@ -22,7 +22,7 @@ PYTEST := ROLLSTREAM_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -n $
 
 # System packages the tests need (Debian names) are installed by `sysdeps` when running as root (CI); otherwise the README says how.
 
-.PHONY: sysdeps venv vllm-venv demo store-demo test test-all test-tpu bench bench-tpu lint fmt drills clean
+.PHONY: sysdeps venv vllm-venv demo store-demo test test-all test-tpu bench bench-tpu bench-tpu-ablation lint fmt drills clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rollstream needs Python 3.11+, found " + sys.version' 
@@ -69,12 +69,18 @@ test-all: $(STAMP) $(VLLM_STAMP) sysdeps
 bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollstream bench
 
-# On an accelerator machine, from a checkout set up by scripts/tpu_setup.sh (no venv there): the tpu_* benchmarks,
-# one after another in this one process (a TPU chip admits one process). TPU_PYTHON: the machine's python. JAX_PLATFORMS
-# is emptied, over the cpu exported above, so that JAX picks the machine's accelerator.
+# On an accelerator machine, from a checkout set up by scripts/tpu_setup.sh (no venv there): the chip's performance
+# benchmarks, one after another in this one process (a TPU chip admits one process). TPU_PYTHON: the machine's python.
+# JAX_PLATFORMS is emptied, over the cpu exported above, so that JAX picks the machine's accelerator.
 TPU_PYTHON ?= python3
 bench-tpu:
-	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu
+	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu_train --only tpu_engine --only tpu_campaign --only tpu_real
+
+# The chip's ablation and its warm-start sweep: resumable ledgers (many commands' worth of runs), so each command
+# runs what fits in TPU_BUDGET_S seconds and records it; run again to go on.
+TPU_BUDGET_S ?= 540
+bench-tpu-ablation:
+	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu_warm_start --only tpu_ablation --budget-s $(TPU_BUDGET_S)
 
 # On an accelerator machine: the chip's test tier in one process (scripts/tpu_tests.sh sets the machine up first).
 test-tpu:

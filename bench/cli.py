@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the arms the ablation (or tpu_ablation) runs, comma-separated (default: all; --quick: the "
                         "headline ones)")
     p.add_argument("--budget-s", type=float, default=None, metavar="S",
-                   help="seconds this run may take: tpu_ablation starts no (arm, seed) it does not expect to finish "
-                        "within them and records what it has (default: no limit)")
+                   help="seconds this whole run may take: tpu_ablation and tpu_warm_start start no run they do not "
+                        "expect to finish within what the benchmarks before them left, and record what they have "
+                        "(default: no limit)")
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="the campaign preset (a recipe in recipes/) the learning benchmark runs over its seeds (default: "
                         "make demo's, pipelines_lib.config.DEMO_PRESET; e.g. tiny)")

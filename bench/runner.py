@@ -162,15 +162,17 @@ def run_benchmarks(names: Sequence[str] | None = None, quick: bool = False, out_
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
     figures: dict[str, float] = {}
     failures: dict[str, Exception] = {}
+    started = clock()
     for name in names:
         progress(f"bench {name} ({'quick' if quick else 'full'}) ...")
+        left = None if budget_s is None else max(0.0, budget_s - (clock() - started))  # the run's, not each one's
         scratch = Path(tempfile.mkdtemp(prefix=f"rollstream-bench-{name}-"))
         start = clock()
         try:
             result = benches[name].fn(BenchContext(quick=quick, plot_dir=plot_dir, scratch=scratch, progress=progress,
                                                     seeds=tuple(seeds) if seeds else None,
                                                     arms=tuple(arms) if arms else None, preset=preset,
-                                                    budget_s=budget_s))
+                                                    budget_s=left))
         except BenchSkipped as skipped:
             progress(f"bench {name} skipped, nothing recorded: {skipped}")
             continue

@@ -173,3 +173,23 @@ def test_a_skipped_benchmark_records_nothing_and_a_group_name_runs_its_members(m
     _, err = capsys.readouterr()
     assert err.count("skipped, nothing recorded: no accelerator here") == 2
     assert not (tmp_path / "bench" / "results.json").exists()
+
+
+def test_a_budget_is_the_whole_runs_each_benchmark_gets_what_the_ones_before_it_left(monkeypatch,
+                                                                                      tmp_path: Path) -> None:
+    now = [0.0]
+    budgets: list[float | None] = []
+
+    def spends(seconds: float) -> Bench:
+        def fn(ctx: BenchContext) -> BenchResult:
+            budgets.append(ctx.budget_s)
+            now[0] += seconds
+            return BenchResult(figures={})
+        return Bench(name="x", title="x", measures="", method="", goals=(), fn=fn)
+
+    monkeypatch.setitem(registry.BENCHES, "first", spends(100.0))
+    monkeypatch.setitem(registry.BENCHES, "second", spends(500.0))
+    monkeypatch.setitem(registry.BENCHES, "third", spends(1.0))
+    run_benchmarks(["first", "second", "third"], out_dir=tmp_path, budget_s=540, clock=lambda: now[0],
+                   progress=lambda line: None)
+    assert budgets == [540.0, 440.0, 0.0]  # the third finds nothing left, not a fresh 540 s
