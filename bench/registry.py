@@ -12,6 +12,7 @@ module name there.
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,19 @@ class BenchContext:
     def seed_list(self, default: int) -> tuple[int, ...]:
         """``seeds`` if given, else seeds 0 to ``default`` - 1."""
         return tuple(range(default)) if self.seeds is None else self.seeds
+
+
+class Budget:
+    """What is left of a benchmark's ``budget_s`` (None: no limit) for its resumable runs, counted from when this
+    was made: a run is started only if it is expected to finish, with a tenth to spare."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+
+    def affords(self, cost_s: float) -> bool:
+        """Whether a run expected to take ``cost_s`` seconds (at least one) fits in what is left."""
+        return self.seconds is None or self.seconds - (time.monotonic() - self.started) >= 1.1 * max(cost_s, 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,8 +51,9 @@ from bench.ablation import mismatch_figures
 from bench.ablation_plots import plot_curves, plot_timeline, save_trace
 from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, arm_rows, choose_arms, paired_figures
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
-from bench.registry import BenchContext, BenchResult, BenchSkipped, Goal, register_bench
+from bench.registry import BenchContext, BenchResult, BenchSkipped, Budget, Goal, register_bench
 from bench.seeds import OverSeeds, seed_overrides
+from harness.results import write_atomically
 from pipelines_lib import records
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.configio import to_mapping
@@ -142,9 +143,8 @@ class Ledger:
     def save(self) -> None:
         data = {"fingerprint": self.fingerprint, "device": self.device, "runs": self.runs,
                 "profiles": self.profiles}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        tmp.replace(self.path)  # a command killed mid-write leaves the previous ledger whole
+        # A command killed mid-write leaves the previous ledger whole.
+        write_atomically(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
@@ -222,7 +222,7 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
     The budget check estimates a run by what that arm took before (its longest ``command_s`` in the ledger, else
     the longest run of this command) plus the seed's warm start when it is not made yet (the longest of this
     command), so a command cut short still runs the short arms that fit."""
-    started = time.monotonic()
+    budget = Budget(ctx.budget_s)
     longest = {"run": 0.0, "warm start": 0.0}
     skipped: list[str] = []
 
@@ -232,8 +232,7 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         return max(done, default=longest["run"])
 
     def affordable(what: str, cost: float) -> bool:
-        left = None if ctx.budget_s is None else ctx.budget_s - (time.monotonic() - started)
-        if left is not None and left < max(cost, 1.0) * 1.1:
+        if not budget.affords(cost):
             skipped.append(what)
             return False
         return True

@@ -29,9 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BenchContext, BenchResult, BenchSkipped, register_bench
+from bench.registry import BenchContext, BenchResult, BenchSkipped, Budget, register_bench
 from bench.seeds import OverSeeds
 from bench.tpu_ablation import config_fingerprint, shared_config
+from harness.results import write_atomically
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.records import EvalResult
 from pipelines_lib.storage.store import Store
@@ -79,12 +80,6 @@ def load_ledger(path: Path, device: str) -> dict[str, Any]:
     return {"device": device, "candidates": {}}
 
 
-def save_ledger(path: Path, ledger: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)  # a command killed mid-write leaves the previous ledger whole
-
-
 def measure(scratch: Path, config: CampaignConfig, log: Callable[[str], None]) -> dict[str, float]:
     """One warm start and its v0 evaluation in ``scratch``: greedy and sampled success, seconds of each."""
     from pipelines_lib.stages.evaluate import evaluate
@@ -108,7 +103,7 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
     names = QUICK_CANDIDATES if ctx.quick else tuple(CANDIDATES)
     seeds = ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS)
     ledger = load_ledger(ledger_path, device)
-    started, longest, skipped = time.monotonic(), 0.0, []
+    budget, longest, skipped = Budget(ctx.budget_s), 0.0, []
     for name in names if live else ():
         fp = config_fingerprint(candidate_config(name, quick=ctx.quick, seed=0))  # a changed candidate starts afresh
         entry = ledger["candidates"].get(name)
@@ -117,7 +112,7 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
         for seed in seeds:
             if str(seed) in entry["runs"]:
                 continue
-            if ctx.budget_s is not None and ctx.budget_s - (time.monotonic() - started) < 1.1 * longest:
+            if not budget.affords(longest):
                 skipped.append(f"{name} seed {seed}")
                 continue
             ctx.progress(f"{NAME}: {name}, seed {seed}")
@@ -126,7 +121,7 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
                               candidate_config(name, quick=ctx.quick, seed=seed), ctx.progress)
             longest = max(longest, time.monotonic() - t0)
             entry["runs"][str(seed)] = figures
-            save_ledger(ledger_path, ledger)
+            write_atomically(ledger_path, json.dumps(ledger, indent=1, sort_keys=True) + "\n")
             ctx.progress(f"{NAME}: {name}, seed {seed}: v0 {figures['v0_greedy']:.1%} greedy, "
                          f"{figures['v0_sampled']:.1%} sampled")
     figures: dict[str, float] = {}
