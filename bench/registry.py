@@ -35,6 +35,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "bench.tpu",
     "bench.tpu_ablation",
     "bench.tpu_real",
+    "bench.tpu_tier",
     "bench.tpu_warm_start",
     "bench.trainer",
     "bench.vllm",

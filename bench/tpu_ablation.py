@@ -416,6 +416,8 @@ def bench_tpu_ablation(ctx: BenchContext) -> BenchResult:
         recorded = json.loads(ledger.read_text())
         if recorded.get("fingerprint") != fingerprint(quick=False):
             raise BenchSkipped(f"{ledger} was measured with another recipe; nothing to render here") from None
+        if not recorded["runs"]:
+            raise BenchSkipped(f"{ledger} holds no run of this recipe yet; nothing to render here") from None
         ctx.progress(f"{NAME}: no accelerator here: the figures of {ledger} ({recorded['device']}), nothing run")
         return ablation(ctx, device=recorded["device"], ledger_path=ledger, run=False)
     return ablation(ctx, device=kind, ledger_path=ledger)

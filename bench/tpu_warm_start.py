@@ -6,7 +6,7 @@ never gets there, anchors no time-to-target ratio. This benchmark measures only 
 ``tpu_ablation`` recipe and a few candidate changes to its warm start:
 
 ```
-per candidate c (CANDIDATES: overrides over the tpu_ablation recipe), per seed s (5 by default; --seeds)
+per candidate c (CANDIDATES: overrides over the screened recipe), per seed s (5 by default; --seeds)
   warm start    colocated SFT into <scratch>/<c>/seed<s> (v0 published)
   evaluate v0   EVAL_TASKS held-out tasks: greedy success, and SAMPLES sampled episodes per task at the
                 rollout's temperature (the share a GRPO group of v0 sees rewarded: its learning signal)
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,22 +38,29 @@ from pipelines_lib.records import EvalResult
 from pipelines_lib.storage.store import Store
 
 NAME = "tpu_warm_start"
+SCREENED_ON: dict[str, Any] = {"env.options": {}, "eval.max_concurrency": 32}
+"""The ``tpu_ablation`` recipe as the candidates were screened against it, over today's: flawed demonstrations of
+both kinds (none of twostep's options set), 32 evaluation episodes at once. The recipe has since adopted
+``carry_only``'s demonstrations (and a wider evaluation); pinning what was screened keeps each candidate's config,
+and so its fingerprint and its measured seeds, what they were."""
 CANDIDATES: dict[str, dict[str, Any]] = {
-    "recipe": {},
+    "both_flaws": {},
     "carry_only": {"env.options": {"mistakes": ["wrong_carry"]}},
+    "carry_900": {"env.options": {"mistakes": ["wrong_carry"]}, "sft.steps": 900, "sft.optim.total_steps": 900},
     "error_85": {"sft.error_rate": 0.85},
     "error_75": {"sft.error_rate": 0.75},
     "digits2": {"env.options": {"operand_digits": 2}},
     "sft_900": {"sft.steps": 900, "sft.optim.total_steps": 900},
-    "demos_4096": {"sft.n_demos": 4096, "sft.steps": 900, "sft.optim.total_steps": 900},
+    "demos_2048": {"sft.n_demos": 2048, "sft.steps": 900, "sft.optim.total_steps": 900},
 }
-"""What each candidate changes in the ``tpu_ablation`` recipe's warm start, in the order a command runs them: the
-recipe itself; flawed demonstrations that all make the second call and only carry a wrong number (no greedy
-choice between answering early and going on, which the recipe's flaws put near even odds); fewer flawed
-demonstrations (that choice further from even odds); two-digit operands (a harder carry); three times the SFT
-steps on the same demonstrations; four times the demonstrations over those steps (the flawed share is drawn per
-demonstration, so more of them hold it closer to its expectation)."""
-QUICK_CANDIDATES = ("recipe", "error_75")
+"""What each candidate changes in the screened recipe's warm start (``SCREENED_ON``), in the order a command runs
+them: nothing (half the flawed demonstrations answer after one call, half carry a near-miss number into the second);
+flawed demonstrations that all make the second call and only carry a wrong number (no greedy choice between answering
+early and going on, which both kinds of flaw put near even odds), alone and with three times the SFT steps; fewer
+flawed demonstrations (that choice further from even odds); two-digit operands (a harder carry); three times the SFT
+steps on the same demonstrations; twice the demonstrations over those steps (the flawed share is drawn per
+demonstration, so more of them hold it closer to its expectation; twostep has about 2,400 distinct train tasks)."""
+QUICK_CANDIDATES = ("both_flaws", "error_75")
 EVAL_TASKS = 256
 """Held-out tasks per v0 evaluation: four times the ablation's 64, so a spread over seeds is the model's, not
 the sample's."""
@@ -63,12 +70,24 @@ LEDGER = Path("bench/tpu_warm_start_runs.json")
 
 
 def candidate_config(name: str, *, quick: bool, seed: int) -> CampaignConfig:
-    """The ``tpu_ablation`` config of ``seed`` (no tool latency: it plays no part here) with candidate ``name``'s
-    overrides and the evaluation's size."""
+    """The screened ``tpu_ablation`` config of ``seed`` (``SCREENED_ON``; no tool latency: it plays no part here)
+    with candidate ``name``'s overrides and the evaluation's size."""
     base = shared_config(quick=quick, seed=seed, profile="none")
     tasks = 4 if quick else EVAL_TASKS
-    return base.with_overrides({**CANDIDATES[name], "eval.n_tasks": tasks, "eval.samples": 1 if quick else SAMPLES,
+    return base.with_overrides({**SCREENED_ON, **CANDIDATES[name], "eval.n_tasks": tasks,
+                                "eval.samples": 1 if quick else SAMPLES,
                                 "dataset.n_heldout": max(tasks, base.dataset.n_heldout)})
+
+
+def check_candidates(names: Sequence[str], *, quick: bool) -> None:
+    """Refuse, before anything runs, a candidate whose warm start cannot be made: one asking for more
+    demonstrations than its env has distinct train tasks would otherwise stop the command minutes in."""
+    for name in names:
+        config = candidate_config(name, quick=quick, seed=0)
+        try:
+            config.env.generate_tasks(seed=config.sft.seed, n=config.sft.n_demos, split="train")
+        except ValueError as err:
+            raise ValueError(f"{NAME}: candidate {name!r} ({json.dumps(CANDIDATES[name])}): {err}") from err
 
 
 def load_ledger(path: Path, device: str) -> dict[str, Any]:
@@ -103,6 +122,8 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
     names = QUICK_CANDIDATES if ctx.quick else tuple(CANDIDATES)
     seeds = ctx.seed_list(1 if ctx.quick else DEFAULT_SEEDS)
     ledger = load_ledger(ledger_path, device)
+    if live:
+        check_candidates(names, quick=ctx.quick)
     budget, longest, skipped = Budget(ctx.budget_s), 0.0, []
     for name in names if live else ():
         fp = config_fingerprint(candidate_config(name, quick=ctx.quick, seed=0))  # a changed candidate starts afresh
@@ -149,11 +170,12 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
 @register_bench(
     NAME,
     title="The chip ablation's warm start over seeds: how far v0 moves, per candidate recipe",
-    measures="Per candidate warm start (the tpu_ablation recipe and changes to its SFT only), over seeds: v0's "
+    measures="Per candidate warm start (the tpu_ablation recipe as screened and changes to its SFT and task), over "
+             "seeds: v0's "
              "held-out greedy success (mean, min, spread, interval), its sampled success (a GRPO group's learning "
              "signal) and the seconds a warm start takes.",
     method="`bench/tpu_warm_start.py` (module docstring): colocated SFT per (candidate, seed) from the "
-           "`tpu_ablation` recipe, v0 evaluated on 256 held-out tasks (greedy and 4 sampled episodes each); "
+           "`tpu_ablation` recipe as screened (`SCREENED_ON`), v0 evaluated on 256 held-out tasks (greedy and 4 sampled episodes each); "
            "results accumulate in `bench/tpu_warm_start_runs.json` (`--seeds`, `--budget-s`). Skipped without an "
            "accelerator, where the committed ledger's figures are rendered.",
     prefixes=("tpu.warm_start.",),

@@ -10,6 +10,10 @@
 # the Makefile exports and tests/conftest.py assumes for the CPU suite; on a machine where JAX finds no accelerator
 # the tier refuses to run (it would pass without testing anything of the chip).
 #
+# Run whole (no arguments), it writes pytest's JUnit report to bench/tpu_tier.xml, its suite named after the chip, and
+# records it (`python -m bench.cli --only tpu_tier`: tpu.tier.* in bench/results.json and BENCHMARKS.md); with
+# arguments (a part of the tier, `-m ''`, `-k ...`) it runs them and records nothing.
+#
 #   scripts/tpu_tests.sh [PYTEST ARGS...]     (run from anywhere; exit status: pytest's, 2 without an accelerator)
 #   PYTHON=python3  TARGET=build/tpu-site  INDEX_URL=file:///opt/pypi/simple   as scripts/tpu_setup.sh
 set -euo pipefail
@@ -35,6 +39,13 @@ if [[ $backend == cpu ]]; then
   echo "tpu_tests: JAX finds no accelerator on this machine (its backend is cpu); the tier runs on a chip" >&2
   exit 2
 fi
-exec "$python" -m pytest -q -p no:cacheprovider -p no:xdist \
-  tests/test_train_step.py tests/test_bench_tpu.py tests/test_model.py tests/test_paged_attention.py \
-  tests/test_restore_topology.py "$@"
+tier=(tests/test_train_step.py tests/test_bench_tpu.py tests/test_model.py tests/test_paged_attention.py
+      tests/test_restore_topology.py)
+if (($#)); then  # a part of the tier, or more of it: its result is not the tier's
+  exec "$python" -m pytest -q -p no:cacheprovider -p no:xdist "${tier[@]}" "$@"
+fi
+chip=$("$python" -c 'import jax; print(jax.devices()[0].device_kind)')
+"$python" -m pytest -q -p no:cacheprovider -p no:xdist "${tier[@]}" \
+  --junitxml=bench/tpu_tier.xml -o junit_suite_name="$chip" && rc=0 || rc=$?
+"$python" -m bench.cli --only tpu_tier >&2 || echo "tpu_tests: the report is bench/tpu_tier.xml; recording it failed" >&2
+exit "$rc"

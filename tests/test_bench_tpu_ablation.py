@@ -13,7 +13,7 @@ import pytest
 import bench.tpu_ablation as tpu_ablation
 from bench.arm_stats import ablation_figures, on_grid, time_to_target
 from bench.cli import seed_range
-from bench.registry import BenchContext
+from bench.registry import BenchContext, BenchSkipped
 from pipelines_lib import telemetry
 from pipelines_lib.storage.store import Store
 from pipelines_lib.telemetry.trace import chip_busy, read_records
@@ -231,3 +231,28 @@ def test_a_config_fingerprint_ignores_a_field_that_sets_nothing_and_changes_with
     assert with_field(1) != base
     assert tpu_ablation.config_fingerprint(config.with_overrides({"env.options": {"operand_digits": 1}})) != base
     assert tpu_ablation.config_fingerprint(config.with_overrides({"sft.error_rate": 0.5})) != base
+
+
+@pytest.mark.cpu_only  # where there is an accelerator, the benchmark runs on it
+def test_without_an_accelerator_only_a_ledger_of_this_recipe_with_runs_is_rendered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plots = tmp_path / "bench"
+    plots.mkdir()
+    ctx = BenchContext(quick=False, plot_dir=plots, scratch=tmp_path, progress=lambda _: None)
+    path = tmp_path / tpu_ablation.LEDGER
+    with pytest.raises(BenchSkipped):  # no ledger at all: nothing measured anywhere
+        tpu_ablation.bench_tpu_ablation(ctx)
+    current = tpu_ablation.fingerprint(quick=False)
+    for recipe, runs, why in (("0123456789abcdef", {}, "was measured with another recipe"),
+                              (current, {}, "holds no run of this recipe yet")):
+        path.write_text(json.dumps({"device": "chip", "fingerprint": recipe, "runs": runs, "profiles": {}}))
+        with pytest.raises(BenchSkipped, match=why):
+            tpu_ablation.bench_tpu_ablation(ctx)
+    arms = {arm: {"final_success": 0.5, "v0_success": 0.25, "curve": [[0, 0.0, 0.25], [16, 60.0, 0.5]], "wall_s": 60.0,
+                  "command_s": 70.0, "chip_busy": 0.5, "traj_per_hour": 100.0, "useful_samples_per_hour": 50.0,
+                  "host_idle_share": 0.1} for arm in ("sync", "eta4")}
+    path.write_text(json.dumps({"device": "chip", "fingerprint": current, "runs": {"0": arms}, "profiles": {}}))
+    result = tpu_ablation.bench_tpu_ablation(ctx)
+    assert result.notes.startswith("Rendered from the ledger on a machine without an accelerator: every figure was "
+                                   "measured on chip.")
+    assert result.figures["tpu.ablation.v0_pts"] == 25.0 and result.labels == {"tpu.ablation.device": "chip"}
