@@ -76,11 +76,12 @@ TPU_PYTHON ?= python3
 bench-tpu:
 	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu_train --only tpu_engine --only tpu_campaign --only tpu_real
 
-# The chip's ablation and its warm-start sweep: resumable ledgers (many commands' worth of runs), so each command
-# runs what fits in TPU_BUDGET_S seconds and records it; run again to go on.
+# The chip's ablation: a resumable ledger (many commands' worth of runs), so each command runs what fits in
+# TPU_BUDGET_S seconds and records it; run again to go on. (Its warm-start sweep, which chose the recipe, runs
+# alone: python -m bench.cli --only tpu_warm_start.)
 TPU_BUDGET_S ?= 540
 bench-tpu-ablation:
-	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu_warm_start --only tpu_ablation --budget-s $(TPU_BUDGET_S)
+	JAX_PLATFORMS= $(TPU_PYTHON) -m bench.cli --only tpu_ablation --budget-s $(TPU_BUDGET_S)
 
 # On an accelerator machine: the chip's test tier in one process (scripts/tpu_tests.sh sets the machine up first).
 test-tpu:
