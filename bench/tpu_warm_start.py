@@ -16,9 +16,9 @@ ledger          bench/tpu_warm_start_runs.json: per candidate, keyed by its conf
 
 Figures per candidate: v0 greedy success in points over seeds (mean, min, spread, interval), sampled success,
 and the seconds a warm start and its evaluation take. The candidates change only the warm start (SFT length,
-demonstrations, their flaws) and the task (``env.options``); the ablation's arms and the RL recipe are untouched. A candidate earns its
-place in ``recipes/tpu_ablation.yaml`` only with a v0 spread within ``tpu.ablation.v0_pts_spread``'s goal and
-sampled success that leaves GRPO something to learn.
+demonstrations, their flaws) and the task (``env.options``); the ablation's arms and the RL recipe are untouched.
+What a candidate is judged on: a v0 spread within ``tpu.ablation.v0_pts_spread``'s goal, and sampled success that
+leaves GRPO something to learn. The first sweep's choice, and why no candidate met the goal: docs/ABLATION.md.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ steps on the same demonstrations; twice the demonstrations over those steps (the
 demonstration, so more of them hold it closer to its expectation; twostep has about 2,400 distinct train tasks)."""
 QUICK_CANDIDATES = ("both_flaws", "error_75")
 EVAL_TASKS = 256
-"""Held-out tasks per v0 evaluation: four times the ablation's 64, so a spread over seeds is the model's, not
-the sample's."""
+"""Held-out tasks per v0 evaluation (as many as the ablation's evaluation scores), so a spread over seeds is the
+model's more than the sample's: a seed's success to about 3 points."""
 SAMPLES = 4
 DEFAULT_SEEDS = 5
 LEDGER = Path("bench/tpu_warm_start_runs.json")
@@ -171,12 +171,11 @@ def run(ctx: BenchContext, *, device: str, ledger_path: Path, live: bool = True)
     NAME,
     title="The chip ablation's warm start over seeds: how far v0 moves, per candidate recipe",
     measures="Per candidate warm start (the tpu_ablation recipe as screened and changes to its SFT and task), over "
-             "seeds: v0's "
-             "held-out greedy success (mean, min, spread, interval), its sampled success (a GRPO group's learning "
-             "signal) and the seconds a warm start takes.",
+             "seeds: v0's held-out greedy success (mean, min, spread, interval), its sampled success (a GRPO "
+             "group's learning signal) and the seconds a warm start takes.",
     method="`bench/tpu_warm_start.py` (module docstring): colocated SFT per (candidate, seed) from the "
-           "`tpu_ablation` recipe as screened (`SCREENED_ON`), v0 evaluated on 256 held-out tasks (greedy and 4 sampled episodes each); "
-           "results accumulate in `bench/tpu_warm_start_runs.json` (`--seeds`, `--budget-s`). Skipped without an "
+           "`tpu_ablation` recipe as screened (`SCREENED_ON`), v0 evaluated on 256 held-out tasks (greedy and 4 "
+           "sampled episodes each); results accumulate in `bench/tpu_warm_start_runs.json` (`--seeds`, `--budget-s`). Skipped without an "
            "accelerator, where the committed ledger's figures are rendered.",
     prefixes=("tpu.warm_start.",),
 )

@@ -234,8 +234,7 @@ def test_a_config_fingerprint_ignores_a_field_that_sets_nothing_and_changes_with
 
 
 @pytest.mark.cpu_only  # where there is an accelerator, the benchmark runs on it
-def test_without_an_accelerator_only_a_ledger_of_this_recipe_with_runs_is_rendered(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_an_accelerator_only_a_ledger_of_this_recipe_with_runs_is_rendered(tmp_path: Path) -> None:
     plots = tmp_path / "bench"
     plots.mkdir()
     ctx = BenchContext(quick=False, plot_dir=plots, scratch=tmp_path, progress=lambda _: None)
