@@ -33,7 +33,7 @@ def tier_figures(report: Path) -> BenchResult:
     rows = []
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     for case in suite.iter("testcase"):
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        bad = next((element for element in case if element.tag in ("failure", "error")), None)
         if bad is not None:
             counts["failed"] += 1
             message = (bad.get("message") or "").strip().splitlines()

@@ -34,7 +34,9 @@ if ((${#missing[@]})); then
 fi
 cd "$root"
 export JAX_PLATFORMS=
-backend=$("$python" -c 'import jax; print(jax.default_backend())')
+# One process opens the accelerator for both answers (each start of its runtime takes seconds).
+read -r backend chip < <("$python" -c 'import jax; print(jax.default_backend(), jax.devices()[0].device_kind)')
+[[ -n ${backend:-} ]] || { echo "tpu_tests: $python could not start JAX (its error is above)" >&2; exit 2; }
 if [[ $backend == cpu ]]; then
   echo "tpu_tests: JAX finds no accelerator on this machine (its backend is cpu); the tier runs on a chip" >&2
   exit 2
@@ -44,7 +46,6 @@ tier=(tests/test_train_step.py tests/test_bench_tpu.py tests/test_model.py tests
 if (($#)); then  # a part of the tier, or more of it: its result is not the tier's
   exec "$python" -m pytest -q -p no:cacheprovider -p no:xdist "${tier[@]}" "$@"
 fi
-chip=$("$python" -c 'import jax; print(jax.devices()[0].device_kind)')
 "$python" -m pytest -q -p no:cacheprovider -p no:xdist "${tier[@]}" \
   --junitxml=bench/tpu_tier.xml -o junit_suite_name="$chip" && rc=0 || rc=$?
 "$python" -m bench.cli --only tpu_tier >&2 || echo "tpu_tests: the report is bench/tpu_tier.xml; recording it failed" >&2
