@@ -98,8 +98,11 @@ def shared_config(*, quick: bool, seed: int = 0) -> CampaignConfig:
 
 
 def mismatch_figures(store: Store) -> dict[str, float]:
-    """Step means of the mismatch metrics the trainer logged in ``train/consumed/`` (DESIGN §6)."""
+    """Step means of the mismatch metrics the trainer logged in ``train/consumed/`` (DESIGN §6); none before a
+    first step."""
     logs = [log.metrics for log in records.consumption_logs(store)]
+    if not logs:
+        return {}
 
     def mean(key: str) -> float:
         return sum(m[key] for m in logs) / len(logs)

@@ -25,6 +25,11 @@ trainer started). A run that never reaches the target has no time; its ratio to 
 wall clock (it took at least that long), and a claim about the ratio is never supported while any paired seed
 is censored. A seed whose sync run never reached the target, or reached it at v0 (time 0: the target asks
 nothing of training), cannot anchor a ratio and is left out of it.
+
+**Stalled runs.** A run whose trainer stopped before its last step, waiting for groups it could learn from (its
+record holds ``stalled``: a collapsed policy), is an outcome of its arm: it counts everywhere with what it reached
+(its last published version's success, its curve, its wall clock until it stopped), and ``<arm>.stalled`` counts
+such runs.
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ def ablation_figures(runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: 
         ttt[arm] = {s: time_to_target(runs[s][arm]["curve"], target) for s in seeds}
         reached = [t for t in ttt[arm].values() if t is not None]
         figures[f"{prefix}{arm}.never_reached"] = float(len(seeds) - len(reached))
+        figures[f"{prefix}{arm}.stalled"] = float(sum("stalled" in runs[s][arm] for s in seeds))
         if reached:
             figures[f"{prefix}{arm}.time_to_target_s"] = round(statistics.fmean(reached), 2)
     for arm in arms:

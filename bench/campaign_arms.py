@@ -156,23 +156,24 @@ def nearest_rank(values: Sequence[float], q: float) -> float:
 def consumption_figures(logs: Sequence[ConsumptionLog],
                         rewards_of: Callable[[ConsumedGroup], Sequence[float]]) -> dict[str, float]:
     """Figures of the trainer's consumption logs (one per step, in step order); ``rewards_of(group entry)``
-    gives a trained group's rewards (read from its shard rows)."""
+    gives a trained group's rewards (read from its shard rows). Before a first step (a trainer that stalled at once)
+    staleness and the dropped share have no value and are left out."""
     trained = [g for log in logs for g in log.groups]
     staleness = [g.staleness for g in trained]
     useful = [g for g in trained if len(set(rewards_of(g))) > 1]
     dropped = sum(len(e.groups) + e.unread_groups for log in logs for e in log.dropped_stale)
     skipped = sum(len(log.skipped_zero_advantage) for log in logs)
-    return {
+    out: dict[str, float] = {
         "steps": len(logs),
         "groups_trained": len(trained),
         "useful_groups": len(useful),
         "useful_samples": sum(len(rewards_of(g)) for g in useful),
-        "staleness_mean": sum(staleness) / len(staleness),
-        "staleness_p95": nearest_rank(staleness, 0.95),
-        "staleness_max": max(staleness),
         "dropped_stale_groups": dropped,
-        "dropped_stale_share": dropped / (len(trained) + skipped + dropped),
     }
+    if trained:
+        out |= {"staleness_mean": sum(staleness) / len(staleness), "staleness_p95": nearest_rank(staleness, 0.95),
+                "staleness_max": max(staleness), "dropped_stale_share": dropped / (len(trained) + skipped + dropped)}
+    return out
 
 
 def telemetry_figures(summary: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -198,9 +199,10 @@ def _iso_s(text: str) -> float:
     return dt.datetime.fromisoformat(text).timestamp()
 
 
-def arm_figures(store: Store) -> tuple[dict[str, float], list[tuple[float, float]]]:
+def arm_figures(store: Store, *, done: DoneMarker | None = None) -> tuple[dict[str, float], list[tuple[float, float]]]:
     """Every figure of one finished arm's campaign folder, and its reward curve: (seconds since the trainer
-    started, mean reward of the step's batch) per step."""
+    started, mean reward of the step's batch) per step. ``done`` is what the trainer did (default: its done marker;
+    a stalled trainer's ``DataTimeoutError.progress``)."""
     logs = records.consumption_logs(store)
     tables: dict[str, Any] = {}
 
@@ -210,7 +212,7 @@ def arm_figures(store: Store) -> tuple[dict[str, float], list[tuple[float, float
         part = tables[g.shard].slice(g.row_start, g.row_end - g.row_start)
         return part.column("reward").to_pylist()
 
-    done = DoneMarker.read(store)
+    done = done or DoneMarker.read(store)
     wall = done.wall_s
     evals = {v: EvalResult.read(store, v) for v in records.evaluated_versions(store)}
     c = consumption_figures(logs, rewards_of)

@@ -9,7 +9,8 @@ per seed s (5 by default; --seeds N or A..B)
                 held-out split (untimed, without tool latency: the score does not depend on it)
 profiles        none and light tool latency: sync and eta4 of seed 0 again (throughput across latency)
 ledger          bench/tpu_ablation_runs.json: each finished (arm, seed) and (profile, arm), keyed by the recipe's
-                fingerprint; a later command runs only what the ledger lacks
+                fingerprint; a later command runs only what the ledger lacks; a run a command started and never
+                finished stays on record as interrupted
 ```
 
 The arms are those of ``bench/campaign_arms.py`` (``arm_overrides``): ``sync`` is the on-policy loop made from
@@ -28,6 +29,8 @@ version included), staleness and dropped share of trained groups, the behaviour�
 useful samples per hour of the trainer's wall clock, the chip busy fraction (``telemetry.trace.chip_busy`` over the
 trainer's window: the union of the engine's and the trainer's device spans) and the host idle share (the share of
 the trainer's wall clock its loop waited for groups, ``idle_s / wall_s``).
+A trainer that waits ``STALL_S`` for a group it can learn from ends its arm: the run is recorded as **stalled**, with
+what it reached (its published versions scored) and its episodes per behaviour version (``episodes_by_version``).
 
 **Claims** (``bench/arm_stats.py``): (a) η = 4 ends within 3 points of sync, (b) η = 4 reaches 90 % of sync's mean
 final success in at most half sync's time, (c) corrected against uncorrected, each on the 95 % interval of the
@@ -45,7 +48,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.ablation import mismatch_figures
 from bench.ablation_plots import plot_curves, plot_timeline, save_trace
@@ -60,6 +63,10 @@ from pipelines_lib.configio import to_mapping
 from pipelines_lib.envs.tools.latency import LatencyProfile
 from pipelines_lib.records import DoneMarker, EvalResult, Publication
 from pipelines_lib.storage.store import Store
+from pipelines_lib.utc import utc_now_iso
+
+if TYPE_CHECKING:
+    from pipelines_lib.model.tokenizer import ChatTokenizer
 
 NAME = "tpu_ablation"
 ARMS = ("sync", "eta1", "eta2", "eta4", f"eta4{NO_CORRECTION}")
@@ -79,6 +86,13 @@ EVAL_EVERY = 2
 """Versions evaluated for the curves: every second one and the last (an evaluation opens an engine: seconds each)."""
 """Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
 LEDGER = Path("bench/tpu_ablation_runs.json")
+STALL_S = 90.0
+"""Every arm's ``trainer.data_timeout_s``: a trainer that waits this long for a group it can learn from (a collapsed
+policy's groups all score alike) ends its arm, recorded as stalled (``run_arm``). About four times the longest wait
+of a sync step on the chip (~25 s for a wave of heavy-latency episodes). It decides only when a stalled arm ends,
+so it is the runner's, not the recipe's, and leaves the ledger's fingerprint alone."""
+SAMPLE_CHARS = 400
+"""Characters kept of each sample episode a stalled run records (``episodes_by_version``)."""
 QUICK: dict[str, Any] = {
     "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 32,
     "model.d_ff": 128, "sft.steps": 10, "sft.n_demos": 64, "sft.optim.total_steps": 10, "trainer.max_steps": 2,
@@ -116,13 +130,17 @@ def fingerprint(*, quick: bool) -> str:
 
 @dataclasses.dataclass
 class Ledger:
-    """The finished runs: ``runs[seed][arm]`` (heavy latency) and ``profiles[profile][arm]`` (seed 0)."""
+    """The finished runs: ``runs[seed][arm]`` (heavy latency) and ``profiles[profile][arm]`` (seed 0); ``running``,
+    the run under way (saved before it starts), and ``interrupted``, every run a command started and never finished
+    (killed at its limit, or failed): a later command runs it again, and the attempt stays on record beside it."""
 
     path: Path
     fingerprint: str
     device: str
     runs: dict[int, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     profiles: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    interrupted: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    running: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path, *, fingerprint: str, device: str, log: Callable[[str], None]) -> Ledger:
@@ -138,11 +156,15 @@ class Ledger:
                 f"{fingerprint} on {device!r}: kept as {old}, starting a new ledger")
             path.rename(old)
             return fresh
-        return cls(path, fingerprint, device, {int(s): arms for s, arms in data["runs"].items()}, data["profiles"])
+        interrupted = data.get("interrupted", [])
+        if data.get("running"):  # the command that started it ended before it finished
+            interrupted.append({**data["running"], "ended": "its command ended first (killed at its limit, or failed)"})
+        return cls(path, fingerprint, device, {int(s): arms for s, arms in data["runs"].items()}, data["profiles"],
+                   interrupted)
 
     def save(self) -> None:
         data = {"fingerprint": self.fingerprint, "device": self.device, "runs": self.runs,
-                "profiles": self.profiles}
+                "profiles": self.profiles, "interrupted": self.interrupted, "running": self.running}
         # A command killed mid-write leaves the previous ledger whole.
         write_atomically(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
@@ -155,21 +177,31 @@ def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
 def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, profile: str,
             log: Callable[[str], None]) -> tuple[dict[str, Any], Store]:
     """One arm from the warm start at ``base``, in ``scratch/<arm>-<profile>``: its figures and its folder."""
+    from pipelines_lib.model.tokenizer import open_tokenizer
     from pipelines_lib.stages.colocated import run_colocated
     from pipelines_lib.stages.evaluate import evaluate
     from pipelines_lib.telemetry.trace import chip_busy, read_records
+    from pipelines_lib.train.trainer import DataTimeoutError
 
-    config = shared.with_overrides({"init_from": base.url, **arm_overrides(arm, shared)})
+    config = shared.with_overrides({"init_from": base.url, "trainer.data_timeout_s": STALL_S,
+                                    **arm_overrides(arm, shared)})
     store = Store(str(scratch / f"{arm}-{profile}"))
     t0 = time.monotonic()
-    run_colocated(store, config, cache=scratch / "cache", log=log)
+    stalled: str | None = None
+    try:
+        run_colocated(store, config, cache=scratch / "cache", log=log)
+        done = DoneMarker.read(store)
+    except DataTimeoutError as e:  # an outcome of the arm, recorded as it ended: its published versions are scored
+        if e.progress is None:
+            raise
+        done, stalled = e.progress, str(e)
+        log(f"{NAME}: {arm} stalled after step {done.steps} (v{done.version}): {stalled}")
     command_s = time.monotonic() - t0
     quiet = dataclasses.replace(config, env=dataclasses.replace(config.env, tool_latency=LatencyProfile.none()))
     published = records.published_versions(store)
     for version in [v for v in published if v % EVAL_EVERY == 0 or v == published[-1]]:
         evaluate(store, quiet, version=version, cache=scratch / "cache", log=log)
-    figures, _ = arm_figures(store)
-    done = DoneMarker.read(store)
+    figures, _ = arm_figures(store, done=done)
     end = dt.datetime.fromisoformat(done.finished_at).timestamp()
     start = end - done.wall_s
     curve = []
@@ -181,14 +213,52 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     spans = read_records(store)
     out = {k: figures[k] for k in ("final_success", "v0_success", "wall_s", "steps", "staleness_mean",
                                    "staleness_max", "dropped_stale_share", "traj_per_hour", "useful_samples_per_hour",
-                                   "trajectories", "useful_samples")}
+                                   "trajectories", "useful_samples") if k in figures}
     out |= mismatch_figures(store) | {
         "command_s": round(command_s, 2), "curve": sorted(curve),
         "chip_busy": round(chip_busy(spans, int(start * 1e6), int(end * 1e6), processes=("rollout", "trainer")), 4),
         "host_idle_share": round(done.idle_s / done.wall_s, 4),
         "finished_at": done.finished_at,
     }
+    if stalled is not None:
+        tokenizer = open_tokenizer(config.tokenizer, cache=scratch / "cache")
+        out |= {"stalled": stalled, "episodes_by_version": episodes_by_version(store, tokenizer)}
     return out, store
+
+
+def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int = 2) -> dict[str, dict[str, Any]]:
+    """Per behaviour version of the campaign's shards: episodes, their mean reward and length in tokens, and their
+    statuses; the last version also gives the decoded text after the prompt of its first ``samples`` episodes
+    (``SAMPLE_CHARS`` each). What a stalled arm's policy was doing when it stopped producing anything to learn from."""
+    import pyarrow.compute as pc
+
+    from pipelines_lib.audit.sql import shard_paths
+    from pipelines_lib.trajectory.codec import read_shard
+
+    tally: dict[int, dict[str, Any]] = {}
+    last: list[dict[str, Any]] = []
+    for path in shard_paths(store):  # in version order: the last shards hold the last version
+        table = read_shard(store, path, validate=False)[0]
+        version = table.column("version")[0].as_py() if table.num_rows else None  # a shard holds one version
+        if version is not None and last and last[0]["version"] != version:
+            last = []  # a later version's shards: its samples replace the earlier one's
+        if version is not None and len(last) < samples:
+            last += table.select(["version", "tokens", "prompt_len"]).slice(0, samples - len(last)).to_pylist()
+        lengths = pc.list_value_length(table.column("tokens")).to_pylist()
+        columns = [table.column(c).to_pylist() for c in ("version", "reward", "status")]
+        for v, reward, status, length in zip(*columns, lengths, strict=True):
+            entry = tally.setdefault(v, {"episodes": 0, "reward": 0.0, "tokens": 0, "statuses": {}})
+            entry["episodes"] += 1
+            entry["reward"] += reward
+            entry["tokens"] += length
+            entry["statuses"][status] = entry["statuses"].get(status, 0) + 1
+    out = {f"v{v}": {"episodes": e["episodes"], "reward_mean": round(e["reward"] / e["episodes"], 4),
+                     "tokens_mean": round(e["tokens"] / e["episodes"], 1), "statuses": e["statuses"]}
+           for v, e in sorted(tally.items())}
+    if last:
+        out[f"v{last[-1]['version']}"]["sample"] = [
+            tokenizer.decode(r["tokens"][r["prompt_len"]:])[:SAMPLE_CHARS] for r in last[:samples]]
+    return out
 
 
 def run_colocated_warmup(scratch: Path, base: Store, shared: CampaignConfig, *, log: Callable[[str], None]) -> Store:
@@ -269,11 +339,14 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
             compiled.append(timed("run", lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
                 scratch, base, shared, log=ctx.progress)))
         ctx.progress(f"{NAME}: {label}")
+        ledger.running = {"seed": seed, "arm": arm, "profile": profile, "started_at": utc_now_iso()}
+        ledger.save()
         figures, store = timed("run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
                                run_arm(scratch, base, shared, arm, profile=profile, log=ctx.progress))
         if on_timeline is not None and seed == timeline_seed and profile == main and arm in TIMELINE_ARMS:
             on_timeline(seed, arm, store)
         done[arm] = figures
+        ledger.running = None
         if profile == main:
             ledger.runs[seed] = done
         else:
@@ -284,22 +357,30 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
     return skipped
 
 
+def stalled_arms(arms: dict[str, dict[str, Any]]) -> list[str]:
+    """The arms of one seed (or profile) whose trainer stalled (``run_arm``)."""
+    return [arm for arm, run in arms.items() if "stalled" in run]
+
+
 def throughput_figures(ledger: Ledger) -> dict[str, float]:
     """``tpu.rollout.<profile>.*``: per latency profile, sync's and η = 4's trajectories and useful samples per
     hour, chip busy and host idle share (means over the seeds measured), and async over sync in useful samples and
     in trajectories per hour: the mean of the per-seed ratios with its interval where more than one seed pairs the
-    two arms. Heavy latency reads the ablation's runs (every seed); none and light the profile runs (seed 0)."""
+    two arms. Heavy latency reads the ablation's runs (every seed); none and light the profile runs (seed 0). A
+    stalled run is left out: its last ninety seconds are a collapsed policy's episodes, which measure the policy,
+    not the pipeline's throughput (its success counts in the claims; the notes name it)."""
     out: dict[str, float] = {}
     by_profile = {**{p: {0: arms} for p, arms in ledger.profiles.items()}, "heavy": ledger.runs}
     for profile, runs in by_profile.items():
         for arm in PROFILE_ARMS:
-            seeds = [s for s in sorted(runs) if arm in runs[s]]
+            seeds = [s for s in sorted(runs) if arm in runs[s] and arm not in stalled_arms(runs[s])]
             if not seeds:
                 continue
             tag = "sync" if arm == "sync" else "async"
             for key in ("traj_per_hour", "useful_samples_per_hour", "chip_busy", "host_idle_share", "wall_s"):
                 out[f"tpu.rollout.{profile}.{key}_{tag}"] = round(statistics.fmean(runs[s][arm][key] for s in seeds), 4)
-        pairs = [runs[s] for s in sorted(runs) if all(a in runs[s] for a in PROFILE_ARMS)]
+        pairs = [runs[s] for s in sorted(runs)
+                 if all(a in runs[s] and a not in stalled_arms(runs[s]) for a in PROFILE_ARMS)]
         for suffix, key in (("", "useful_samples_per_hour"), ("_trajectories", "traj_per_hour")):
             ratios = tuple(arms["eta4"][key] / arms["sync"][key] for arms in pairs if arms["sync"][key] > 0)
             if ratios:  # a sync run with no useful sample has no ratio to speak of
@@ -318,9 +399,31 @@ def per_seed(ledger: Ledger) -> str:
     """Each seed's v0 and final success per arm, one clause per seed (what the means and intervals summarise)."""
     def clause(seed: int, arms: dict[str, dict[str, Any]]) -> str:
         v0 = 100 * next(iter(arms.values()))["v0_success"]
-        finals = ", ".join(f"{arm} {100 * arms[arm]['final_success']:.1f}" for arm in ARMS if arm in arms)
+        finals = ", ".join(f"{arm} {100 * arms[arm]['final_success']:.1f}"
+                           + (f" (stalled after step {arms[arm]['steps']})" if arm in stalled_arms(arms) else "")
+                           for arm in ARMS if arm in arms)
         return f"seed {seed}: {v0:.1f} -> {finals}"
     return "; ".join(clause(seed, arms) for seed, arms in sorted(ledger.runs.items()) if arms) or "none yet"
+
+
+def stall_notes(ledger: Ledger) -> str:
+    """The stalled runs, each with the reward and length of the episodes its last two behaviour versions made."""
+    def clause(seed: int, arm: str, run: dict[str, Any]) -> str:
+        last = list(run["episodes_by_version"].items())[-2:]
+        return f"seed {seed} {arm} after step {run['steps']} (" + "; ".join(
+            f"{v}: {e['episodes']} episodes, reward {e['reward_mean']:.2f}, {e['tokens_mean']:.0f} tokens"
+            for v, e in last) + ")"
+    clauses = [clause(seed, arm, arms[arm]) for seed, arms in sorted(ledger.runs.items()) for arm in stalled_arms(arms)]
+    return (f"Stalled (the trainer waited {STALL_S:g} s for a group to learn from; counted in the claims with what "
+            f"they reached, left out of throughput): {', '.join(clauses)}. ") if clauses else ""
+
+
+def interrupted_notes(ledger: Ledger) -> str:
+    """The runs commands started and never finished, each with when and why (a rerun is what the figures hold)."""
+    clauses = [f"seed {a['seed']} {a['arm']} ({a['profile']} latency), started {a['started_at']}: {a['ended']}"
+               for a in ledger.interrupted]
+    return (f"Interrupted before they finished (run again by a later command; the attempt is not in the figures): {'; '.join(clauses)}. "
+            if clauses else "")
 
 
 def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = True) -> BenchResult:
@@ -362,14 +465,15 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS,
                 title="twostep on one chip, heavy tool latency")
     rows = arm_rows(ledger.runs, ARMS, figures, prefix="tpu.ablation.", keys=(
-        "time_to_target_s", "never_reached", "wall_s", "command_s", "staleness_mean", "dropped_stale_share",
-        "mismatch_mean", "chip_busy"))
+        "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "staleness_mean",
+        "dropped_stale_share", "mismatch_mean", "chip_busy"))
     notes = ("" if run else f"Rendered from the ledger on a machine without an accelerator: every figure was "
              f"measured on {device}. ") + ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
              + ("; ".join(c.render() for c in claims) or "none judged yet") + ". "
              + (f"Open: {'; '.join(open_)}. " if open_ else "")
              + (f"Left for a later command (budget): {', '.join(skipped)}. " if skipped else "")
              + f"Per seed, v0 -> final held-out success in points per arm: {per_seed(ledger)}. "
+             + stall_notes(ledger) + interrupted_notes(ledger)
              + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
              f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
     return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},

@@ -150,6 +150,39 @@ def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
     assert fresh.runs == {} and (tmp_path / "ledger-f1.json").exists() and "starting a new ledger" in lines[0]
 
 
+def test_a_run_its_command_never_finished_is_run_again_and_stays_on_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    fake_runs(monkeypatch, ran)
+    finishing = tpu_ablation.run_arm
+
+    def killed_at_eta4(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, log: Any) -> Any:
+        if arm == "eta4":
+            raise RuntimeError("the command's limit")  # what a kill leaves: the ledger as saved before the run
+        return finishing(scratch, base, shared, arm, profile=profile, log=log)
+
+    monkeypatch.setattr(tpu_ablation, "run_arm", killed_at_eta4)
+    path = tmp_path / "ledger.json"
+    ctx = BenchContext(quick=False, plot_dir=tmp_path, scratch=tmp_path, progress=lambda _: None, seeds=(0,))
+    with pytest.raises(RuntimeError):
+        tpu_ablation.run_ledger(ctx, tpu_ablation.Ledger.load(path, fingerprint="f", device="chip", log=print),
+                                ["sync", "eta4"], (0,))
+    left = json.loads(path.read_text())
+    assert sorted(left["runs"]["0"]) == ["sync"] and left["running"]["arm"] == "eta4"
+    fake_runs(monkeypatch, ran)  # the next command's run finishes
+    ran.clear()
+    again = tpu_ablation.Ledger.load(path, fingerprint="f", device="chip", log=print)
+    tpu_ablation.run_ledger(ctx, again, ["sync", "eta4"], (0,))
+    assert ran[:3] == ["base0", "compile", "0/eta4/heavy"]  # run again, from a warm start of its own
+    saved = json.loads(path.read_text())
+    assert sorted(saved["runs"]["0"]) == ["eta4", "sync"] and saved["running"] is None
+    [attempt] = saved["interrupted"]
+    assert (attempt["seed"], attempt["arm"], attempt["profile"]) == (0, "eta4", "heavy")
+    assert tpu_ablation.interrupted_notes(again).startswith(
+        "Interrupted before they finished (run again by a later command; the attempt is not in the figures): seed 0 "
+        "eta4 (heavy latency), started 20")
+
+
 def test_a_budget_leaves_the_runs_it_cannot_afford_for_a_later_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
@@ -255,3 +288,58 @@ def test_without_an_accelerator_only_a_ledger_of_this_recipe_with_runs_is_render
     assert result.notes.startswith("Rendered from the ledger on a machine without an accelerator: every figure was "
                                    "measured on chip.")
     assert result.figures["tpu.ablation.v0_pts"] == 25.0 and result.labels == {"tpu.ablation.device": "chip"}
+
+
+def test_a_stalled_run_counts_with_what_it_reached_and_the_arm_counts_its_stalls() -> None:
+    stalled = {**run(0.2, [[0, 0.0, 0.1], [2, 30.0, 0.2]], wall_s=120.0), "stalled": "waited 90.0s"}
+    runs = {0: {"sync": run(0.7), "eta4": run(0.7)}, 1: {"sync": run(0.7), "eta4": stalled}}
+    figures, claims, _ = ablation_figures(runs, ["sync", "eta4"], prefix="x.")
+    assert figures["x.eta4.stalled"] == 1.0 and figures["x.sync.stalled"] == 0.0
+    # Gaps 0 and 50 points: the stall is an outcome of the arm, not a missing seed.
+    assert figures["x.eta4_gap_pts"] == 25.0 and figures["x.eta4.final_pts_min"] == 20.0
+    # It never reached the target (0.63): censored at the 120 s it ran; sync reached it at 50 s.
+    assert figures["x.eta4_time_to_target_censored"] == 1.0 and not claims[1].supported
+
+
+def test_throughput_leaves_a_stalled_run_out_and_the_notes_name_it_with_what_its_policy_did(tmp_path: Path) -> None:
+    def arms(useful: float, **eta4: Any) -> dict[str, dict[str, Any]]:
+        common = {"traj_per_hour": 100.0, "chip_busy": 0.5, "host_idle_share": 0.5, "wall_s": 10.0,
+                  "v0_success": 0.25, "final_success": 0.5, "steps": 16}
+        return {"sync": {**common, "useful_samples_per_hour": 10.0},
+                "eta4": {**common, "useful_samples_per_hour": useful, **eta4}}
+
+    by_version = {"v2": {"episodes": 96, "reward_mean": 0.23, "tokens_mean": 121.0, "statuses": {"ok": 96}},
+                  "v3": {"episodes": 880, "reward_mean": 0.0, "tokens_mean": 256.0, "statuses": {"max_tokens": 880}}}
+    ledger = tpu_ablation.Ledger(tmp_path / "l.json", "f", "chip", runs={
+        0: arms(30.0), 1: arms(1.0, stalled="waited", steps=6, episodes_by_version=by_version)})
+    figures = tpu_ablation.throughput_figures(ledger)
+    assert figures["tpu.rollout.heavy.async_over_sync"] == 3.0  # seed 0 alone: seed 1's eta4 stalled
+    assert figures["tpu.rollout.heavy.useful_samples_per_hour_async"] == 30.0
+    assert figures["tpu.rollout.heavy.useful_samples_per_hour_sync"] == 10.0  # sync of seed 1 did not stall
+    assert "eta4 50.0 (stalled after step 6)" in tpu_ablation.per_seed(ledger)
+    assert tpu_ablation.stall_notes(ledger) == (
+        "Stalled (the trainer waited 90 s for a group to learn from; counted in the claims with what they reached, "
+        "left out of throughput): seed 1 eta4 after step 6 (v2: 96 episodes, reward 0.23, 121 tokens; v3: 880 "
+        "episodes, reward 0.00, 256 tokens). ")
+
+
+def test_an_arm_whose_trainer_stalls_is_recorded_with_its_published_versions_scored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Episodes cut at 96 tokens (the prompt and about 20 more) have no room for the two tool calls a right answer
+    # needs: every group scores 0 alike, the trainer skips them all and stalls after STALL_S, as a collapsed
+    # policy's does.
+    monkeypatch.setattr(tpu_ablation, "STALL_S", 3.0)
+    shared = tpu_ablation.shared_config(quick=True, seed=0, profile="none").with_overrides(
+        {"trainer.skip_zero_advantage": True, "rollout.max_tokens": 96})
+    base = tpu_ablation._warm_start(tmp_path / "seed0", shared, lambda _: None)
+    lines: list[str] = []
+    figures, store = tpu_ablation.run_arm(tmp_path / "seed0", base, shared, "eta4", profile="none", log=lines.append)
+    assert "waited" in figures["stalled"] and "all-equal rewards (mean 0.00)" in figures["stalled"]
+    assert any(line.startswith("tpu_ablation: eta4 stalled after step 0 (v0)") for line in lines)
+    assert figures["steps"] == 0 and figures["final_success"] == figures["v0_success"] == 0.0
+    assert [point[:2] for point in figures["curve"]] == [[0, 0.0]]  # v0, scored after the stall
+    assert figures["wall_s"] >= 3.0
+    v0 = figures["episodes_by_version"]["v0"]
+    assert v0["reward_mean"] == 0.0 and v0["tokens_mean"] <= 96 and v0["episodes"] == sum(v0["statuses"].values())
+    # The last version's first two episodes, decoded after their prompt: what the policy wrote.
+    assert len(v0["sample"]) == 2 and all(0 < len(text) <= tpu_ablation.SAMPLE_CHARS for text in v0["sample"])

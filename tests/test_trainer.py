@@ -159,9 +159,15 @@ def test_trainer_reports_what_it_waited_for(tmp_path) -> None:
     config = small_config(data_timeout_s=0.2)
     store = seed_trainer_campaign(str(tmp_path / "c"), config, 1)
     trainer = trainer_for(store, config, log=lambda s: None)
-    with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2"):
+    with pytest.raises(DataTimeoutError, match=r"v00000000\.\.v00000000; have 1 of 2") as raised:
         trainer.run()
     assert trainer.idle_s > 0
+    # What it did before it stalled comes with the error (nothing trained; the wait is the whole wall clock) and no
+    # done marker is written: the trainer did not finish.
+    progress = raised.value.progress
+    assert progress is not None and (progress.steps, progress.version, progress.tokens_trained) == (0, 0, 0)
+    assert progress.idle_s == pytest.approx(trainer.idle_s, abs=1e-3) and progress.wall_s >= progress.idle_s > 0.2
+    assert not DoneMarker.exists(store)
 
 
 def test_steps_on_all_equal_reward_groups_say_once_why_their_loss_is_zero(tmp_path) -> None:

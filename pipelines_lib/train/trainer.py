@@ -128,7 +128,10 @@ class TrainerConfig:
 
 
 class DataTimeoutError(TimeoutError):
-    """The trainer waited longer than ``data_timeout_s`` for enough groups."""
+    """The trainer waited longer than ``data_timeout_s`` for enough groups. ``progress``: what it had done by then,
+    as a done marker (not written: it did not finish), for a caller that records a stalled run (a benchmark's arm)."""
+
+    progress: DoneMarker | None = None
 
 
 class NonFiniteStepError(FloatingPointError):
@@ -411,7 +414,11 @@ class StreamingTrainer:
         t_start = self.clock()
         stopped = False
         while self.step < target:
-            gathered = None if self._stop_agreed() else self._gather()
+            try:
+                gathered = None if self._stop_agreed() else self._gather()
+            except DataTimeoutError as e:
+                e.progress = self._progress(t_start)
+                raise
             if gathered is None:
                 self._stop()
                 stopped = True
@@ -422,29 +429,22 @@ class StreamingTrainer:
             signal = (f"no learning signal (reward {record.mean_reward:.3f}, equal within every group)"
                       if self._no_signal(groups) else
                       f"loss {record.metrics['loss']:+.4f} reward {record.mean_reward:.3f}")
-            self.log(
-                f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} {signal} "
-                f"staleness<= {record.staleness_max} dropped {self.tailer.cursor.groups_dropped_stale} "
-                f"idle {self.idle_s:.1f}s"
-            )
+            self.log(f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} {signal} staleness<= "
+                     f"{record.staleness_max} dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s")
             self._say_why_no_signal(groups)
-        wall = self.clock() - t_start
-        done = DoneMarker(
-            steps=self.step,
-            version=self.version,
-            groups_consumed=self.tailer.cursor.groups_consumed,
-            groups_dropped_stale=self.tailer.cursor.groups_dropped_stale,
-            shards_skipped=self.tailer.cursor.shards_skipped,
-            groups_skipped=self.tailer.cursor.groups_skipped,
-            idle_s=round(self.idle_s, 3),
-            busy_s=round(self.busy_s, 3),
-            wall_s=round(wall, 3),
-            tokens_trained=self.tokens_trained,
-            finished_at=utc_now_iso(),
-        )
+        done = self._progress(t_start)
         if self.step >= self.tc.max_steps and is_writer() and not DoneMarker.exists(self.store):
             done.write(self.store)
         return {**done.to_dict(), "stopped": stopped}
+
+    def _progress(self, t_start: float) -> DoneMarker:
+        """What this trainer has done since ``t_start``, as of now (the done marker once it reaches its last step)."""
+        cursor = self.tailer.cursor
+        return DoneMarker(
+            steps=self.step, version=self.version, groups_consumed=cursor.groups_consumed,
+            groups_dropped_stale=cursor.groups_dropped_stale, shards_skipped=cursor.shards_skipped,
+            groups_skipped=cursor.groups_skipped, idle_s=round(self.idle_s, 3), busy_s=round(self.busy_s, 3),
+            wall_s=round(self.clock() - t_start, 3), tokens_trained=self.tokens_trained, finished_at=utc_now_iso())
 
 
 __all__ = ["DataTimeoutError", "NonFiniteStepError", "StreamingTrainer", "TrainerConfig"]
