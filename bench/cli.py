@@ -8,6 +8,7 @@ same command from a checkout that is not installed (an accelerator machine: ``ma
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         figures, failed = run_benchmarks(names=names, quick=args.quick, out_dir=args.out, seeds=args.seeds, arms=arms,
                                          preset=args.preset, budget_s=args.budget_s,
-                                         progress=lambda line: print(line, file=sys.stderr, flush=True)), None
+                                         progress=stamped), None
     except BenchmarksFailed as err:
         figures, failed = err.figures, err
     for key, value in sorted(figures.items()):
@@ -95,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"rollstream bench: {failed} (tracebacks above)", file=sys.stderr)
         return 1
     return 0
+
+
+def stamped(line: str) -> None:
+    """A benchmark's progress line on stderr, led by the UTC time: a long run's log says when each part ran (a run
+    stopped at a command's limit is read back from it)."""
+    print(f"{dt.datetime.now(dt.UTC):%H:%M:%S} {line}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

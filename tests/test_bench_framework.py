@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,8 @@ def test_a_skipped_benchmark_records_nothing_and_a_group_name_runs_its_members(m
     assert cli.main(["bench", "--only", "grp", "--out", str(tmp_path)]) == 0
     _, err = capsys.readouterr()
     assert err.count("skipped, nothing recorded: no accelerator here") == 2
+    # Each progress line is led by the time it was said (HH:MM:SS, UTC).
+    assert err.splitlines() and all(re.match(r"\d\d:\d\d:\d\d \S", line) for line in err.splitlines())
     assert not (tmp_path / "bench" / "results.json").exists()
 
 
