@@ -227,9 +227,11 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
 
 
 def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int = 2) -> dict[str, dict[str, Any]]:
-    """Per behaviour version of the campaign's shards: episodes, their mean reward and length in tokens, and their
-    statuses; the last version also gives the decoded text after the prompt of its first ``samples`` episodes
-    (``SAMPLE_CHARS`` each). What a stalled arm's policy was doing when it stopped producing anything to learn from."""
+    """Per behaviour version of the campaign's shards (each holds one): episodes, their mean reward, length in tokens
+    and behaviour logprob per generated token (how sure the sampling policy was), and their statuses; the last
+    version also gives the decoded text after the prompt of its first ``samples`` episodes (``SAMPLE_CHARS`` each).
+    What a stalled arm's policy was doing when it stopped producing anything to learn from."""
+    import numpy as np
     import pyarrow.compute as pc
 
     from pipelines_lib.audit.sql import shard_paths
@@ -239,21 +241,26 @@ def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int 
     last: list[dict[str, Any]] = []
     for path in shard_paths(store):  # in version order: the last shards hold the last version
         table = read_shard(store, path, validate=False)[0]
-        version = table.column("version")[0].as_py() if table.num_rows else None  # a shard holds one version
-        if version is not None and last and last[0]["version"] != version:
+        if not table.num_rows:
+            continue
+        version = table.column("version")[0].as_py()
+        if last and last[0]["version"] != version:
             last = []  # a later version's shards: its samples replace the earlier one's
-        if version is not None and len(last) < samples:
-            last += table.select(["version", "tokens", "prompt_len"]).slice(0, samples - len(last)).to_pylist()
-        lengths = pc.list_value_length(table.column("tokens")).to_pylist()
-        columns = [table.column(c).to_pylist() for c in ("version", "reward", "status")]
-        for v, reward, status, length in zip(*columns, lengths, strict=True):
-            entry = tally.setdefault(v, {"episodes": 0, "reward": 0.0, "tokens": 0, "statuses": {}})
-            entry["episodes"] += 1
-            entry["reward"] += reward
-            entry["tokens"] += length
+        last += table.select(["version", "tokens", "prompt_len"]).slice(0, samples - len(last)).to_pylist()
+        generated = pc.list_flatten(table.column("loss_mask")).to_numpy(zero_copy_only=False).astype(bool)
+        logprobs = pc.list_flatten(table.column("logprobs")).to_numpy(zero_copy_only=False)
+        entry = tally.setdefault(version, {"episodes": 0, "reward": 0.0, "tokens": 0, "generated": 0,
+                                           "logprob": 0.0, "statuses": {}})
+        entry["episodes"] += table.num_rows
+        entry["reward"] += pc.sum(table.column("reward")).as_py()
+        entry["tokens"] += pc.sum(pc.list_value_length(table.column("tokens"))).as_py()
+        entry["generated"] += int(generated.sum())
+        entry["logprob"] += float(np.sum(logprobs[generated]))
+        for status in table.column("status").to_pylist():
             entry["statuses"][status] = entry["statuses"].get(status, 0) + 1
     out = {f"v{v}": {"episodes": e["episodes"], "reward_mean": round(e["reward"] / e["episodes"], 4),
-                     "tokens_mean": round(e["tokens"] / e["episodes"], 1), "statuses": e["statuses"]}
+                     "tokens_mean": round(e["tokens"] / e["episodes"], 1),
+                     "logprob_per_token": round(e["logprob"] / max(e["generated"], 1), 4), "statuses": e["statuses"]}
            for v, e in sorted(tally.items())}
     if last:
         out[f"v{last[-1]['version']}"]["sample"] = [
@@ -407,11 +414,13 @@ def per_seed(ledger: Ledger) -> str:
 
 
 def stall_notes(ledger: Ledger) -> str:
-    """The stalled runs, each with the reward and length of the episodes its last two behaviour versions made."""
+    """The stalled runs, each with the reward, length and sampling logprob of the episodes its last two behaviour
+    versions made."""
     def clause(seed: int, arm: str, run: dict[str, Any]) -> str:
         last = list(run["episodes_by_version"].items())[-2:]
         return f"seed {seed} {arm} after step {run['steps']} (" + "; ".join(
-            f"{v}: {e['episodes']} episodes, reward {e['reward_mean']:.2f}, {e['tokens_mean']:.0f} tokens"
+            f"{v}: {e['episodes']} episodes, reward {e['reward_mean']:.2f}, {e['tokens_mean']:.0f} tokens, "
+            f"logprob {e['logprob_per_token']:.2f} a token"
             for v, e in last) + ")"
     clauses = [clause(seed, arm, arms[arm]) for seed, arms in sorted(ledger.runs.items()) for arm in stalled_arms(arms)]
     return (f"Stalled (the trainer waited {STALL_S:g} s for a group to learn from; counted in the claims with what "

@@ -308,8 +308,10 @@ def test_throughput_leaves_a_stalled_run_out_and_the_notes_name_it_with_what_its
         return {"sync": {**common, "useful_samples_per_hour": 10.0},
                 "eta4": {**common, "useful_samples_per_hour": useful, **eta4}}
 
-    by_version = {"v2": {"episodes": 96, "reward_mean": 0.23, "tokens_mean": 121.0, "statuses": {"ok": 96}},
-                  "v3": {"episodes": 880, "reward_mean": 0.0, "tokens_mean": 256.0, "statuses": {"max_tokens": 880}}}
+    by_version = {"v2": {"episodes": 96, "reward_mean": 0.23, "tokens_mean": 121.0, "logprob_per_token": -0.31,
+                         "statuses": {"ok": 96}},
+                  "v3": {"episodes": 880, "reward_mean": 0.0, "tokens_mean": 256.0, "logprob_per_token": -4.5,
+                         "statuses": {"max_tokens": 880}}}
     ledger = tpu_ablation.Ledger(tmp_path / "l.json", "f", "chip", runs={
         0: arms(30.0), 1: arms(1.0, stalled="waited", steps=6, episodes_by_version=by_version)})
     figures = tpu_ablation.throughput_figures(ledger)
@@ -319,8 +321,8 @@ def test_throughput_leaves_a_stalled_run_out_and_the_notes_name_it_with_what_its
     assert "eta4 50.0 (stalled after step 6)" in tpu_ablation.per_seed(ledger)
     assert tpu_ablation.stall_notes(ledger) == (
         "Stalled (the trainer waited 90 s for a group to learn from; counted in the claims with what they reached, "
-        "left out of throughput): seed 1 eta4 after step 6 (v2: 96 episodes, reward 0.23, 121 tokens; v3: 880 "
-        "episodes, reward 0.00, 256 tokens). ")
+        "left out of throughput): seed 1 eta4 after step 6 (v2: 96 episodes, reward 0.23, 121 tokens, logprob "
+        "-0.31 a token; v3: 880 episodes, reward 0.00, 256 tokens, logprob -4.50 a token). ")
 
 
 def test_an_arm_whose_trainer_stalls_is_recorded_with_its_published_versions_scored(
@@ -341,5 +343,7 @@ def test_an_arm_whose_trainer_stalls_is_recorded_with_its_published_versions_sco
     assert figures["wall_s"] >= 3.0
     v0 = figures["episodes_by_version"]["v0"]
     assert v0["reward_mean"] == 0.0 and v0["tokens_mean"] <= 96 and v0["episodes"] == sum(v0["statuses"].values())
+    # The engine's logprob of what it sampled, per generated token: negative, finite.
+    assert -20.0 < v0["logprob_per_token"] < 0.0
     # The last version's first two episodes, decoded after their prompt: what the policy wrote.
     assert len(v0["sample"]) == 2 and all(0 < len(text) <= tpu_ablation.SAMPLE_CHARS for text in v0["sample"])
