@@ -28,7 +28,8 @@ wall clock (``train/DONE.json``) and the command's (compilation and the in-run e
 version included), staleness and dropped share of trained groups, the behaviour–proximal mismatch, trajectories and
 useful samples per hour of the trainer's wall clock, the chip busy fraction (``telemetry.trace.chip_busy`` over the
 trainer's window: the union of the engine's and the trainer's device spans) and the host idle share (the share of
-the trainer's wall clock its loop waited for groups, ``idle_s / wall_s``).
+the trainer's wall clock its loop waited for groups, ``idle_s / wall_s``), and the XLA compilations inside the
+trainer's window (``compiles``, ``compile_s``, the functions: none when the warm-up compiled every program).
 A trainer that waits ``STALL_S`` for a group it can learn from ends its arm: the run is recorded as **stalled**, with
 what it reached (its published versions scored) and its episodes per behaviour version (``episodes_by_version``).
 
@@ -40,13 +41,15 @@ command: no run starts that the longest run so far says would not finish in what
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +94,8 @@ STALL_S = 90.0
 policy's groups all score alike) ends its arm, recorded as stalled (``run_arm``). About four times the longest wait
 of a sync step on the chip (~25 s for a wave of heavy-latency episodes). It decides only when a stalled arm ends,
 so it is the runner's, not the recipe's, and leaves the ledger's fingerprint alone."""
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+"""The event JAX's monitoring records around each XLA compilation, tagged with the function's name."""
 SAMPLE_CHARS = 400
 """Characters kept of each sample episode a stalled run records (``episodes_by_version``)."""
 QUICK: dict[str, Any] = {
@@ -188,14 +193,15 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     store = Store(str(scratch / f"{arm}-{profile}"))
     t0 = time.monotonic()
     stalled: str | None = None
-    try:
-        run_colocated(store, config, cache=scratch / "cache", log=log)
-        done = DoneMarker.read(store)
-    except DataTimeoutError as e:  # an outcome of the arm, recorded as it ended: its published versions are scored
-        if e.progress is None:
-            raise
-        done, stalled = e.progress, str(e)
-        log(f"{NAME}: {arm} stalled after step {done.steps} (v{done.version}): {stalled}")
+    with compilations() as compiled:
+        try:
+            run_colocated(store, config, cache=scratch / "cache", log=log)
+            done = DoneMarker.read(store)
+        except DataTimeoutError as e:  # an outcome of the arm, recorded as it ended: its published versions scored
+            if e.progress is None:
+                raise
+            done, stalled = e.progress, str(e)
+            log(f"{NAME}: {arm} stalled after step {done.steps} (v{done.version}): {stalled}")
     command_s = time.monotonic() - t0
     quiet = dataclasses.replace(config, env=dataclasses.replace(config.env, tool_latency=LatencyProfile.none()))
     published = records.published_versions(store)
@@ -220,10 +226,34 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
         "host_idle_share": round(done.idle_s / done.wall_s, 4),
         "finished_at": done.finished_at,
     }
+    # Compilations inside the trainer's window cost the arm wall clock: none once the warm-up compiled everything.
+    inside = [(fun, max(a, start), min(b, end)) for fun, a, b in compiled if a < end and b > start]
+    out |= {"compiles": len(inside), "compile_s": round(sum(b - a for _, a, b in inside), 3)}
+    if inside:
+        out["compiled"] = dict(collections.Counter(fun for fun, _, _ in inside).most_common(5))
     if stalled is not None:
         tokenizer = open_tokenizer(config.tokenizer, cache=scratch / "cache")
         out |= {"stalled": stalled, "episodes_by_version": episodes_by_version(store, tokenizer)}
     return out, store
+
+
+@contextlib.contextmanager
+def compilations() -> Iterator[list[tuple[str, float, float]]]:
+    """Every XLA compilation in this process while inside (a load from the persistent cache included), as
+    ``(function, start, end)`` in seconds since the epoch, heard through JAX's monitoring events."""
+    import jax
+
+    seen: list[tuple[str, float, float]] = []
+
+    def heard(event: str, start: float, end: float, **tags: str | int) -> None:
+        if event == COMPILE_EVENT:
+            seen.append((str(tags.get("fun_name", "?")), start, end))
+
+    jax.monitoring.register_event_time_span_listener(heard)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(heard)
 
 
 def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int = 2) -> dict[str, dict[str, Any]]:
@@ -474,7 +504,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS,
                 title="twostep on one chip, heavy tool latency")
     rows = arm_rows(ledger.runs, ARMS, figures, prefix="tpu.ablation.", keys=(
-        "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "staleness_mean",
+        "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "compile_s", "staleness_mean",
         "dropped_stale_share", "mismatch_mean", "chip_busy"))
     notes = ("" if run else f"Rendered from the ledger on a machine without an accelerator: every figure was "
              f"measured on {device}. ") + ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "
