@@ -267,6 +267,8 @@ def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int 
     from pipelines_lib.audit.sql import shard_paths
     from pipelines_lib.trajectory.codec import read_shard
 
+    # A tally over the shards rather than a query of `rollstream sql`: the chip's machine has no DuckDB
+    # (scripts/tpu_setup.sh), and this runs there.
     tally: dict[int, dict[str, Any]] = {}
     last: list[dict[str, Any]] = []
     for path in shard_paths(store):  # in version order: the last shards hold the last version

@@ -216,9 +216,9 @@ DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "RELIABILITY.md", *so
 REPO_DIRS = ("pipelines_lib", "flows", "tasks", "bench", "drills", "recipes", "tests", "docs", "infra", "scripts")
 """Top-level folders of the repository: a path starting with one is a repository path, not a campaign object's."""
 FILE_NAME = re.compile(r"[\w-]+\.(py|md|ya?ml|toml|sh|cfg|json|txt)")
-WRITTEN_ON_A_CHIP = {"bench/tpu_tier.xml", "bench/tpu_ablation_runs.json"}
-"""Files that runs on an accelerator write (the tier's report; the ablation's ledger, made anew when its recipe
-changes), which the documents name before a chip has written them."""
+WRITTEN_ON_A_CHIP = {"bench/tpu_tier.xml"}
+"""Files that runs on an accelerator write (the tier's report), which the documents name before a chip has written
+them."""
 
 
 def _named_paths(doc: Path) -> list[str]:
