@@ -66,6 +66,16 @@ def test_markdown_is_regenerated_from_results_alone() -> None:
     assert "**What.** nothing real" in md and "**How.** returns constants" in md
 
 
+def test_a_figure_with_a_floor_and_a_ceiling_shows_both_goals_judged() -> None:
+    band = Bench(name="toy", title="Toy", measures="m", method="h", fn=lambda ctx: BenchResult(),
+                 goals=(Goal(key="toy.pts", op=">=", value=50.0, why="learns"),
+                        Goal(key="toy.pts", op="<=", value=90.0, why="does not saturate")))
+    md = render_markdown({"figures": {"toy.pts": 95.0}, "runs": {}}, {"toy": band})
+    assert "| `toy.pts` | 95 | ≥ 50 (met) | learns |" in md  # the goals summary: one row per goal
+    assert "| `toy.pts` | 95 | ≤ 90 (NOT met) | does not saturate |" in md
+    assert "| `toy.pts` | 95 | ≥ 50 (met); ≤ 90 (NOT met) |" in md  # the benchmark's own table: both sides
+
+
 def test_merge_is_pure_and_drops_stale_keys_of_the_benchmark_that_ran() -> None:
     previous = {"figures": {"a.x": 1.0, "b.y": 2.0}, "runs": {}}
     merged = merge_results(previous, "a", {"quick": True}, figures={"a.z": 3.0})
