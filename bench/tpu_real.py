@@ -2,13 +2,17 @@
 
 ```
 export      random weights of the ``tpu_real`` preset's model on the device, written by the project's HF export
-campaigns   run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder each: with no
-            tool latency, then with ``LatencyProfile.heavy()``; the memory plan, the device's peak memory (after the
-            first), trajectories/hour, trained tokens/s and the hand-over of each version (``hand_over`` spans)
+campaign    run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder, with no tool
+            latency: the memory plan, the device's peak memory, trajectories/hour, trained tokens/s and the
+            hand-over of each version (``hand_over`` spans)
 alone       the engine alone at the campaign's slots and KV pool, serving prompts of the campaign's mean prompt length;
             the trainer alone at the campaign's batch (rows × largest bucket), 1 + 3 steps
+campaign    the same with ``LatencyProfile.heavy()``, in another fresh folder, if ``--budget-s`` affords it
 time share  rollout tokens/s in the campaign ÷ the engine alone + trained tokens/s in the campaign ÷ the trainer alone
 ```
+
+The order keeps what one command can measure: a command whose budget runs out after the first campaign and the parts
+alone still records the memory, the hand-over and the time share without tool latency (``heavy_skipped`` says so).
 
 A campaign's rates are over its steady window, from the first step's consumption log to the last one's (the first
 step's compilation and the start-up left out): trained tokens count every row of the steps after the first padded to
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.registry import BenchContext, BenchResult, Goal, PartialResult, register_bench
+from bench.registry import BenchContext, BenchResult, Budget, Goal, PartialResult, register_bench
 from bench.tpu import SERVE_TIMEOUT_S, accelerator
 
 QUICK_REAL = ("model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=2",
@@ -145,8 +149,12 @@ def trainer_alone(store: Any, config: Any) -> float:
     return rows * length / statistics.median(times[1:])
 
 
-def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = print) -> dict[str, float]:
-    """The benchmark (module docstring) in this process; figures without the ``tpu.real.`` prefix."""
+def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = print,
+                 budget: Budget | None = None) -> dict[str, float]:
+    """The benchmark (module docstring) in this process; figures without the ``tpu.real.`` prefix. The campaign with
+    no tool latency and the parts alone come first; the heavy campaign runs only if ``budget`` affords one more
+    campaign as long as the first took (a third more, for its tools' waits): without it, ``heavy_skipped`` is 1 and
+    the heavy figures are missing."""
     import jax
 
     from pipelines_lib.config import CampaignConfig
@@ -158,30 +166,41 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
     base = CampaignConfig.build(preset="tpu_real", overrides=parse_overrides(QUICK_REAL) if quick else None)
     folder = export_random(base, scratch / "hf-random", scratch / "cache")
     out: dict[str, float] = {}
-    stores: dict[str, Any] = {}
-    for name, latency in (("none", LatencyProfile.none()), ("heavy", LatencyProfile.heavy())):
+
+    def campaign(name: str, latency: LatencyProfile) -> Any:
         config = dataclasses.replace(base, init_from=str(folder), env=dataclasses.replace(base.env, tool_latency=latency))
-        stores[name] = store = Store(str(scratch / f"campaign-{name}"))
+        store = Store(str(scratch / f"campaign-{name}"))
         ran = run_colocated(store, config, cache=scratch / "cache", log=log)
         if not ran["audit"]["ok"]:
             raise RuntimeError(f"the tpu_real campaign ({name} latency)'s audit failed: {ran['audit']['report']}")
-        if name == "none":
-            stats = jax.devices()[0].memory_stats() or {}
-            out.update(campaign_fits=1.0, hbm_plan_gib=ran["memory_plan"]["total_bytes"] / GIB,
-                       campaign_wall_s=ran["wall_s"], kv_blocks=ran["memory_plan"]["kv_blocks"])
-            if "peak_bytes_in_use" in stats:
-                out["hbm_peak_gib"] = stats["peak_bytes_in_use"] / GIB
         out.update({f"{k}_{name}": v for k, v in steady_rates(store, config).items()})
-    out["handover_s"] = max(out["handover_s_none"], out["handover_s_heavy"])
+        out[f"campaign_wall_s_{name}"] = ran["wall_s"]
+        return store, ran
+
+    store, ran = campaign("none", LatencyProfile.none())
+    stats = jax.devices()[0].memory_stats() or {}
+    out.update(campaign_fits=1.0, hbm_plan_gib=ran["memory_plan"]["total_bytes"] / GIB, campaign_wall_s=ran["wall_s"],
+               kv_blocks=ran["memory_plan"]["kv_blocks"])
+    if "peak_bytes_in_use" in stats:
+        out["hbm_peak_gib"] = stats["peak_bytes_in_use"] / GIB
     # the engine alone at the pool the campaign's plan gave it
     config = dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_blocks=int(out["kv_blocks"])))
-    out["engine_alone_tokens_per_s"] = engine_alone(stores["none"], config, prompt=round(out["mean_prompt_none"]))
-    out["trainer_alone_tokens_per_s"] = trainer_alone(stores["none"], config)
-    for name in ("none", "heavy"):
-        out[f"time_share_{name}"] = (out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
-                                     + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
+    out["engine_alone_tokens_per_s"] = engine_alone(store, config, prompt=round(out["mean_prompt_none"]))
+    out["trainer_alone_tokens_per_s"] = trainer_alone(store, config)
     out["trajectories_per_hour"], out["trained_tokens_per_s"] = (out["trajectories_per_hour_none"],
                                                                  out["trained_tokens_per_s_none"])
+    names = ["none"]
+    if budget is None or budget.affords(ran["wall_s"] * 4 / 3):
+        campaign("heavy", LatencyProfile.heavy())
+        names.append("heavy")
+    else:
+        log(f"tpu_real: the heavy campaign does not fit what is left of --budget-s (the first took {ran['wall_s']:.0f} s); "
+            "not run")
+        out["heavy_skipped"] = 1.0
+    out["handover_s"] = max(out[f"handover_s_{name}"] for name in names)
+    for name in names:
+        out[f"time_share_{name}"] = (out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
+                                     + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
     return out
 
 
@@ -193,10 +212,11 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
              "and the trainer each get beside the other, without and with slow tools.",
     method="`bench/tpu_real.py` `measure_real`, in this process: random weights of the `tpu_real` preset's model "
            "(Qwen3-0.6B's shape, bfloat16) exported by `save_hf_checkpoint`, then two colocated campaigns of the preset "
-           "from that folder (`init_from`: the HF import; no tool latency, then `LatencyProfile.heavy()`), 6 steps "
-           "each; the memory plan's total and the device's `peak_bytes_in_use` after the first; rates over each "
-           "campaign's steady window (module docstring); `handover_s`: the slower campaign's mean `hand_over` span; "
-           "the engine alone and the trainer alone at the campaign's sizes; time share = the two ratios summed. "
+           "from that folder (`init_from`: the HF import), 6 steps each: no tool latency first, then the engine alone "
+           "and the trainer alone at the campaign's sizes, then `LatencyProfile.heavy()` if `--budget-s` affords "
+           "it (else `tpu.real.heavy_skipped`); the memory plan's total and the device's `peak_bytes_in_use` after "
+           "the first; rates over each campaign's steady window (module docstring); `handover_s`: the slower "
+           "campaign's mean `hand_over` span; time share = the two ratios summed. "
            "`--quick`: the model shrunk, 2 steps. Skipped without an accelerator.",
     goals=(Goal(key="tpu.real.campaign_fits", op=">=", value=1.0, why="a 0.6B campaign on one chip"),
            Goal(key="tpu.real.hbm_peak_gib", op="<=", value=15.0, why="a v5e chip holds 15.7 GiB"),
@@ -210,11 +230,13 @@ def bench_tpu_real(ctx: BenchContext) -> BenchResult:
 
     kind, _ = accelerator()
     try:
-        measured = measure_real(ctx.scratch, quick=ctx.quick, log=ctx.progress)
+        measured = measure_real(ctx.scratch, quick=ctx.quick, log=ctx.progress, budget=Budget(ctx.budget_s))
     except MemoryPlanError as e:  # the plan refused the campaign: that it does not fit is the figure
         raise PartialResult(BenchResult(figures={"tpu.real.campaign_fits": 0.0}, labels={"tpu.real.device": kind},
                                         notes=f"{kind}; refused by the memory plan: {e}"), str(e)) from e
     plan, peak = measured["hbm_plan_gib"], measured.get("hbm_peak_gib")
     return BenchResult(figures={f"tpu.real.{k}": v for k, v in measured.items()}, labels={"tpu.real.device": kind},
                        notes=f"{kind}; {'quick: small model' if ctx.quick else 'Qwen3-0.6B shape'}; plan "
-                             f"{plan:.2f} GiB, peak {'not reported' if peak is None else f'{peak:.2f} GiB'}.")
+                             f"{plan:.2f} GiB, peak {'not reported' if peak is None else f'{peak:.2f} GiB'}"
+                             + ("; the heavy campaign not run: it did not fit --budget-s (no time_share_heavy)."
+                                if measured.get("heavy_skipped") else "."))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flax import nnx
 
-from bench.registry import BenchContext
+from bench.registry import BenchContext, Budget
 from bench.runner import run_benchmarks
 from bench.tpu import (
     QUICK,
@@ -64,6 +64,9 @@ def test_measure_train_and_engine_run_their_code_paths_at_a_small_size() -> None
     assert engine["engine_warmup_s"] > 0
     for slots in QUICK["slots"]:
         assert engine[f"engine_tokens_per_s_{slots}"] > 0 and engine[f"engine_roofline_fraction_{slots}"] > 0
+        # every slot was given a request: the steps ran all of them, and each request took one prefill row
+        assert engine[f"engine_slot_occupancy_{slots}"] > 0.5 and engine[f"engine_prefill_calls_{slots}"] >= 1
+        assert engine[f"engine_decode_steps_{slots}"] >= QUICK["new_tokens"] - 1
 
 
 # The TPU benchmark's code paths at a CPU size (about 40 s each): `make test-all`.
@@ -99,3 +102,17 @@ def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_
             out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
             + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
     assert 0 < out["handover_s"] < 60 and out["trajectories_per_hour"] > 0
+
+
+class _Spent(Budget):
+    def affords(self, cost_s: float) -> bool:
+        return False
+
+
+# One small colocated campaign and the parts alone on a CPU: `make test-all`.
+@pytest.mark.slow
+def test_measure_real_without_budget_for_the_heavy_campaign_records_the_first_and_says_so(tmp_path: Path) -> None:
+    out = measure_real(tmp_path, quick=True, log=lambda line: None, budget=_Spent(None))
+    assert out["heavy_skipped"] == 1 and not (tmp_path / "campaign-heavy").exists()
+    assert "time_share_heavy" not in out and "rollout_tokens_per_s_heavy" not in out
+    assert out["time_share_none"] > 0 and out["handover_s"] == out["handover_s_none"]
