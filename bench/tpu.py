@@ -261,9 +261,9 @@ def bench_tpu_train(ctx: BenchContext) -> BenchResult:
              "128 busy slots as a fraction of what the chip's memory bandwidth allows, with the engine's counters "
              "(device busy fraction, host-bound calls, calls, steps, prefill calls, slot occupancy) beside it.",
     method="`bench/tpu.py` `measure_engine`, in this process: the model in bfloat16 (`create_sharded`), "
-           "`JaxEngine` at 64, 128 then 16 slots, max_seq_len 1024, a KV pool of 64 sequences of 1024 (every slot's "
-           "at 16 and 64 slots; at 128, 512 positions a slot, twice a request's 256), cache blocks of 64 positions (`engine.block_size`; "
-           "the default 16 measured 0.547 / 0.392 against 0.563 / 0.450 when gathering), decode attention by the paged "
+           "`JaxEngine` at 64, 128 then 16 slots, max_seq_len 1024, a KV pool of 64 sequences of 1024 (every "
+           "slot's at 16 and 64 slots; at 128, 512 positions a slot, twice a request's 256), cache blocks of 64 "
+           "positions (`engine.block_size`; the default 16 measured 0.547 / 0.392 against 0.563 / 0.450 when gathering), decode attention by the paged "
            "kernel (the model has 8 kv heads), one prefill bucket of 128; `warmup()` timed at 64 "
            "slots; then the best of 2 serves of one request per slot (prompt 128, 128 new tokens, no stop ids); "
            "roofline fraction as the module docstring counts it (weights + KV at the mean context per step over "

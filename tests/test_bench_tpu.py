@@ -102,6 +102,7 @@ def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_
             out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
             + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
     assert 0 < out["handover_s"] < 60 and out["trajectories_per_hour"] > 0
+    assert out["campaign_wall_s_none"] > 0 and out["campaign_wall_s_heavy"] > 0 and "heavy_skipped" not in out
 
 
 class _Spent(Budget):
