@@ -30,8 +30,10 @@ useful samples per hour of the trainer's wall clock, the chip busy fraction (``t
 trainer's window: the union of the engine's and the trainer's device spans) and the host idle share (the share of
 the trainer's wall clock its loop waited for groups, ``idle_s / wall_s``), and the XLA compilations inside the
 trainer's window (``compiles``, ``compile_s``, the functions: none when the warm-up compiled every program).
-A trainer that waits ``STALL_S`` for a group it can learn from ends its arm: the run is recorded as **stalled**, with
-what it reached (its published versions scored) and its episodes per behaviour version (``episodes_by_version``).
+Per behaviour version, its episodes (``episodes_by_version``: count, mean reward, length, logprob per generated
+token, statuses; the last version's first two decoded): what the policy was doing, version by version. A trainer
+that waits ``STALL_S`` for a group it can learn from ends its arm: the run is recorded as **stalled**, with what it
+reached (its published versions scored).
 
 **Claims** (``bench/arm_stats.py``): (a) η = 4 ends within 3 points of sync, (b) η = 4 reaches 90 % of sync's mean
 final success in at most half sync's time, (c) corrected against uncorrected, each on the 95 % interval of the
@@ -97,7 +99,7 @@ so it is the runner's, not the recipe's, and leaves the ledger's fingerprint alo
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 """The event JAX's monitoring records around each XLA compilation, tagged with the function's name."""
 SAMPLE_CHARS = 400
-"""Characters kept of each sample episode a stalled run records (``episodes_by_version``)."""
+"""Characters kept of each sample episode a run records (``episodes_by_version``)."""
 QUICK: dict[str, Any] = {
     "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 1, "model.head_dim": 32,
     "model.d_ff": 128, "sft.steps": 10, "sft.n_demos": 64, "sft.optim.total_steps": 10, "trainer.max_steps": 2,
@@ -231,9 +233,10 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     out |= {"compiles": len(inside), "compile_s": round(sum(b - a for _, a, b in inside), 3)}
     if inside:
         out["compiled"] = dict(collections.Counter(fun for fun, _, _ in inside).most_common(5))
+    # Every run, not only a stalled one: a policy that collapses and recovers (or plateaus) shows it here too.
+    out["episodes_by_version"] = episodes_by_version(store, open_tokenizer(config.tokenizer, cache=scratch / "cache"))
     if stalled is not None:
-        tokenizer = open_tokenizer(config.tokenizer, cache=scratch / "cache")
-        out |= {"stalled": stalled, "episodes_by_version": episodes_by_version(store, tokenizer)}
+        out["stalled"] = stalled
     return out, store
 
 
@@ -260,7 +263,8 @@ def episodes_by_version(store: Store, tokenizer: ChatTokenizer, *, samples: int 
     """Per behaviour version of the campaign's shards (each holds one): episodes, their mean reward, length in tokens
     and behaviour logprob per generated token (how sure the sampling policy was), and their statuses; the last
     version also gives the decoded text after the prompt of its first ``samples`` episodes (``SAMPLE_CHARS`` each).
-    What a stalled arm's policy was doing when it stopped producing anything to learn from."""
+    What an arm's policy was doing, version by version: a stalled arm's when it stopped producing anything to learn
+    from, a collapsing one's on its way down."""
     import numpy as np
     import pyarrow.compute as pc
 

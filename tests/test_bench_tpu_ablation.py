@@ -242,6 +242,9 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
         # most frequent functions named).
         assert figures["compiles"] >= sum(figures["compiled"].values()) > 0 and figures["compile_s"] > 0
         assert len(figures["compiled"]) <= 5
+        # Every run keeps its episodes per behaviour version, from v0 on; the rollout counted every one written.
+        by_version = figures["episodes_by_version"]
+        assert "v0" in by_version and 0 < sum(v["episodes"] for v in by_version.values()) <= figures["trajectories"]
     assert result.figures["tpu.ablation.sync.seeds"] == 1.0
     assert (tmp_path / "tpu_ablation_curves.png").stat().st_size > 0
     assert (tmp_path / "tpu_trace_heavy_seed0_eta4.json.gz").exists() and (tmp_path / "tpu_chip_timeline.png").exists()
