@@ -44,7 +44,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from bench.ablation_plots import plot_curves
+from bench.ablation_plots import plot_curves, plot_seeds
 from bench.arm_stats import TARGET_SHARE, WITHIN_PTS, ablation_figures, arm_rows, choose_arms
 from bench.campaign_arms import NO_CORRECTION, PROFILES, run_arm_set
 from bench.learning import version_evals
@@ -158,6 +158,8 @@ def ablation(ctx: BenchContext) -> BenchResult:
     figures, judged, open_ = ablation_figures(runs, arm_names, prefix="ablation.")
     figures["ablation.warm_start_s"] = statistics.fmean(warm_s)
     plot_curves(ctx.plot_dir / "ablation_curves.png", runs, arm_names, title="twostep on the CPU, heavy tool latency")
+    plot_seeds(ctx.plot_dir / "ablation_seeds.png", runs, arm_names, title="twostep on the CPU, heavy tool latency",
+               target=figures.get("ablation.target_success"))
     rows = arm_rows(runs, arm_names, figures, prefix="ablation.", keys=ROW_KEYS)
     shared = shared_config(quick=ctx.quick)
     sizes: dict[str, object] = {**COMMON, **(QUICK if ctx.quick else FULL)}
@@ -176,4 +178,4 @@ def ablation(ctx: BenchContext) -> BenchResult:
              "consumption-log metrics: mean |logp_prox − logp_behav| over loss tokens, k3 KL(π_behav ‖ π_prox), and "
              "the share of tokens whose `tis` weight hit its cap (logged in every arm, applied only in the corrected "
              "ones). " + ("Quick mode: a smoke run, the success figures are noise." if ctx.quick else ""))
-    return BenchResult(figures=figures, rows=rows, plots=["ablation_curves.png"], notes=notes.strip())
+    return BenchResult(figures=figures, rows=rows, plots=["ablation_curves.png", "ablation_seeds.png"], notes=notes.strip())

@@ -1,5 +1,5 @@
-"""The ablations' pictures: success curves with bands over seeds (``bench/ablation.py``, ``bench/tpu_ablation.py``),
-and the chip's timeline drawn from a saved Perfetto trace of one campaign (``bench/tpu_ablation.py``)."""
+"""The ablations' pictures: success curves with bands over seeds and each seed's curves (``bench/ablation.py``,
+``bench/tpu_ablation.py``), and the chip's timeline drawn from a saved Perfetto trace of one campaign (``bench/tpu_ablation.py``)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,32 @@ def plot_curves(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]],
         by_wall.legend(fontsize=8)
         fig.suptitle(f"{title}: sync vs async η (dashed: without the correction); mean over seeds, band from the "
                      "lowest to the highest seed", fontsize=10)
+
+
+def plot_seeds(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], arms: Sequence[str], *,
+               title: str, target: float | None = None) -> None:
+    """One panel per seed: each arm's held-out success at its evaluated versions against the seconds since its
+    trainer started (a step function, a marker per version), and the time-to-target line (``target``, a success
+    rate): where the band of ``plot_curves`` hides which seeds an arm falls behind on, and how."""
+    seeds = sorted(runs)
+    present = [arm for arm in arms if any(arm in runs[seed] for seed in seeds)]  # coloured as plot_curves colours them
+    with figure(path, figsize=(2.6 * len(seeds) + 0.8, 3.2), dpi=100, ncols=len(seeds), sharey=True,
+                squeeze=False) as (fig, axes):
+        for ax, seed in zip(axes[0], seeds, strict=True):
+            for colour, arm in enumerate(present):
+                if arm not in runs[seed]:
+                    continue
+                curve = runs[seed][arm]["curve"]
+                ax.step([p[1] for p in curve], [100 * p[2] for p in curve], where="post", marker="o", markersize=3,
+                        color=f"C{colour}", linestyle="--" if arm.endswith(NO_CORRECTION) else "-", label=arm)
+            if target is not None:
+                ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
+            ax.set_title(f"seed {seed}", fontsize=9)
+            ax.set_xlabel("seconds since the trainer started", fontsize=8)
+        axes[0][0].set_ylabel("held-out greedy success, %")
+        axes[0][0].set_ylim(0, 100)
+        axes[0][-1].legend(fontsize=7)
+        fig.suptitle(f"{title}: each seed's curve per arm (dotted: the time-to-target line)", fontsize=10)
 
 
 def trace_spans(path: Path) -> list[tuple[str, str, str, float, float]]:

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.ablation import mismatch_figures
-from bench.ablation_plots import plot_curves, plot_timeline, save_trace
+from bench.ablation_plots import plot_curves, plot_seeds, plot_timeline, save_trace
 from bench.arm_stats import RATIO_GOAL, WITHIN_PTS, ablation_figures, arm_rows, choose_arms, paired_figures
 from bench.campaign_arms import NO_CORRECTION, arm_figures, arm_overrides
 from bench.registry import BenchContext, BenchResult, BenchSkipped, Budget, Goal, register_bench
@@ -509,6 +509,8 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     figures |= throughput_figures(ledger) | v0_figures(ledger)
     plot_curves(ctx.plot_dir / "tpu_ablation_curves.png", ledger.runs, ARMS,
                 title="twostep on one chip, heavy tool latency")
+    plot_seeds(ctx.plot_dir / "tpu_ablation_seeds.png", ledger.runs, ARMS, title="twostep on one chip, heavy latency",
+               target=figures.get("tpu.ablation.target_success"))
     rows = arm_rows(ledger.runs, ARMS, figures, prefix="tpu.ablation.", keys=(
         "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "compile_s", "staleness_mean",
         "dropped_stale_share", "mismatch_mean", "chip_busy"))
@@ -522,7 +524,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
              f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
     return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},
-                       plots=[p for p in ("tpu_ablation_curves.png", "tpu_chip_timeline.png")
+                       plots=[p for p in ("tpu_ablation_curves.png", "tpu_ablation_seeds.png", "tpu_chip_timeline.png")
                               if (ctx.plot_dir / p).exists()])
 
 

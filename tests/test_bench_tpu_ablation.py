@@ -247,6 +247,7 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
         assert "v0" in by_version and 0 < sum(v["episodes"] for v in by_version.values()) <= figures["trajectories"]
     assert result.figures["tpu.ablation.sync.seeds"] == 1.0
     assert (tmp_path / "tpu_ablation_curves.png").stat().st_size > 0
+    assert (tmp_path / "tpu_ablation_seeds.png").stat().st_size > 0 and "tpu_ablation_seeds.png" in result.plots
     assert (tmp_path / "tpu_trace_heavy_seed0_eta4.json.gz").exists() and (tmp_path / "tpu_chip_timeline.png").exists()
     lines.clear()
     again = tpu_ablation.ablation(ctx, device="cpu", ledger_path=tmp_path / "ledger.json")
