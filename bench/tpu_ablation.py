@@ -227,6 +227,9 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
         "chip_busy": round(chip_busy(spans, int(start * 1e6), int(end * 1e6), processes=("rollout", "trainer")), 4),
         "host_idle_share": round(done.idle_s / done.wall_s, 4),
         "finished_at": done.finished_at,
+        # of command_s: every evaluation of the arm's versions, in the campaign and after it, engine starts included
+        "eval_s": round(sum(r["dur_us"] for r in spans if r.get("type") == "span"
+                            and r.get("name") == "stage.evaluate") / 1e6, 2),
     }
     # Compilations inside the trainer's window cost the arm wall clock: none once the warm-up compiled everything.
     inside = [(fun, max(a, start), min(b, end)) for fun, a, b in compiled if a < end and b > start]
@@ -512,7 +515,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     plot_seeds(ctx.plot_dir / "tpu_ablation_seeds.png", ledger.runs, ARMS, title="twostep on one chip, heavy latency",
                target=figures.get("tpu.ablation.target_success"))
     rows = arm_rows(ledger.runs, ARMS, figures, prefix="tpu.ablation.", keys=(
-        "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "compile_s", "staleness_mean",
+        "time_to_target_s", "never_reached", "stalled", "wall_s", "command_s", "eval_s", "compile_s", "staleness_mean",
         "dropped_stale_share", "mismatch_mean", "chip_busy"))
     notes = ("" if run else f"Rendered from the ledger on a machine without an accelerator: every figure was "
              f"measured on {device}. ") + ("Claims (paired by seed; supported only when the whole 95 % interval satisfies them): "

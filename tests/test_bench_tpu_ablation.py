@@ -238,6 +238,7 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
     for figures in runs.values():
         assert figures["steps"] == 2 and figures["curve"][0][:2] == [0, 0.0]
         assert 0.0 < figures["chip_busy"] <= 1.0 and figures["trajectories"] > 0
+        assert 0.0 < figures["eval_s"] < figures["command_s"]  # its versions' evaluations, a part of the command
         # A quick run has no compile warm-up: its trainer's window holds compilations, heard and counted (the five
         # most frequent functions named).
         assert figures["compiles"] >= sum(figures["compiled"].values()) > 0 and figures["compile_s"] > 0

@@ -4,6 +4,7 @@ through the real engine, agent and env."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 from flax import nnx
@@ -117,8 +118,13 @@ def test_evaluate_opens_the_configured_engine_backend_and_writes_the_results_onc
         return jax_backend(store, version, engine_config, scratch, log)
 
     monkeypatch.setitem(ENGINE_BACKENDS, "jax", recording)
-    results = evaluate(local_store, config, version=0)
+    lines: list[str] = []
+    results = evaluate(local_store, config, version=0, log=lines.append)
     assert opened == [(0, config.eval.mesh)]
+    # what it scored and how long it took, the engine's start included
+    said = re.fullmatch(r"evaluate v0: greedy ([\d.]+)% on 3 held-out tasks in ([\d.]+) s \(scoring ([\d.]+) s\)", lines[-1])
+    assert said is not None and float(said[1]) == round(100 * results.greedy_success_rate, 1)
+    assert float(said[2]) >= float(said[3]) == round(results.wall_s, 1)
     assert EvalResult.read(local_store, 0) == results
     assert (results.version, results.tasks, results.k, results.split) == (0, 3, 2, "heldout")
     assert results.pass_at_k is not None and results.wall_s > 0 and results.generated_tokens > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,12 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path 
              log: Callable[[str], None] = print) -> EvalResult:
     """Score published ``version`` on the first ``config.eval.n_tasks`` held-out tasks (a no-op once scored), on
     an engine of ``config.engine.kind`` on ``config.eval.mesh``. ``cache`` is the process's cache folder
-    (``Settings.cache``); ``log`` gets the engine's opening line."""
+    (``Settings.cache``); ``log`` gets the engine's opening line and the result with its seconds (from loading the
+    version, against the scoring's own ``wall_s``)."""
     store = with_parents(store)
     if EvalResult.exists(store, version):
         return EvalResult.read(store, version)
+    started = time.monotonic()
     with telemetry.recording(store, "evaluate"), telemetry.span("stage.evaluate", track="stage", version=version):
         tasks = load_split(store, HELDOUT)[: config.eval.n_tasks]
         with tempfile.TemporaryDirectory(prefix="rollstream-evaluate-") as scratch:
@@ -48,6 +51,8 @@ def evaluate(store: Store, config: CampaignConfig, *, version: int, cache: Path 
                                     Path(scratch), log)
             result = EvalResult(version=version, split=HELDOUT, temperature=config.eval.temperature,
                                 **score(engine, open_tokenizer(config.tokenizer, cache=cache), tasks, config))
+        log(f"evaluate v{version}: greedy {result.greedy_success_rate:.1%} on {result.tasks} held-out tasks in "
+            f"{time.monotonic() - started:.1f} s (scoring {result.wall_s:.1f} s)")
         telemetry.gauge("eval.greedy_success_rate", result.greedy_success_rate, step=version)
         if result.pass_at_k is not None:
             telemetry.gauge("eval.pass_at_k", result.pass_at_k, step=version)
