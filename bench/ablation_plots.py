@@ -1,5 +1,6 @@
 """The ablations' pictures: success curves with bands over seeds and each seed's curves (``bench/ablation.py``,
-``bench/tpu_ablation.py``), and the chip's timeline drawn from a saved Perfetto trace of one campaign (``bench/tpu_ablation.py``)."""
+``bench/tpu_ablation.py``), and the chip's timeline drawn from a saved Perfetto trace of one campaign
+(``bench/tpu_ablation.py``)."""
 
 from __future__ import annotations
 

@@ -98,6 +98,8 @@ of a sync step on the chip (~25 s for a wave of heavy-latency episodes). It deci
 so it is the runner's, not the recipe's, and leaves the ledger's fingerprint alone."""
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 """The event JAX's monitoring records around each XLA compilation, tagged with the function's name."""
+PLOTS = ("tpu_ablation_curves.png", "tpu_ablation_seeds.png", "tpu_chip_timeline.png")
+"""The pictures the benchmark draws, as BENCHMARKS.md shows them."""
 SAMPLE_CHARS = 400
 """Characters kept of each sample episode a run records (``episodes_by_version``)."""
 QUICK: dict[str, Any] = {
@@ -527,8 +529,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
              f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
     return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},
-                       plots=[p for p in ("tpu_ablation_curves.png", "tpu_ablation_seeds.png", "tpu_chip_timeline.png")
-                              if (ctx.plot_dir / p).exists()])
+                       plots=[p for p in PLOTS if (ctx.plot_dir / p).exists()])
 
 
 @register_bench(

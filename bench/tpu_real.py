@@ -194,8 +194,8 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
         campaign("heavy", LatencyProfile.heavy())
         names.append("heavy")
     else:
-        log(f"tpu_real: the heavy campaign does not fit what is left of --budget-s (the first took {ran['wall_s']:.0f} s); "
-            "not run")
+        log(f"tpu_real: the heavy campaign does not fit what is left of --budget-s (the first took "
+            f"{ran['wall_s']:.0f} s); not run")
         out["heavy_skipped"] = 1.0
     out["handover_s"] = max(out[f"handover_s_{name}"] for name in names)
     for name in names:
