@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from pipelines_lib.settings import DEFAULTS, Settings
 from pipelines_lib.stages.evaluate import evaluate
@@ -18,5 +18,6 @@ def evaluate_version(campaign_url: str, version: int, storage_options: dict[str,
                      settings: Settings = DEFAULTS) -> dict[str, Any]:
     """No-op when ``eval/v<version>.json`` exists."""
     store, config = open_campaign(campaign_url, storage_options, settings)
+    log = get_run_logger()
     return stage_run(store, stage_key("evaluate", version=version),
-                     lambda: evaluate(store, config, version=version, cache=settings.cache).to_dict())
+                     lambda: evaluate(store, config, version=version, cache=settings.cache, log=log.info).to_dict())

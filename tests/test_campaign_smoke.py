@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 from prefect import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.logging.handlers import APILogWorker
 
 from flows.campaign import campaign
 from pipelines_lib.config import CampaignConfig
@@ -99,6 +101,12 @@ def test_smoke_campaign_runs_every_stage_and_marks_each_one_done(prefect_api: st
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
     assert run.name == "smoke_campaign-campaign"  # the folder's own name
+    # Each evaluation's result reaches the run's log through its task's logger, as every stage's lines do.
+    APILogWorker.drain_all(timeout=30)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    said = [log.message for log in logs if log.message.startswith("evaluate v")]
+    assert sorted(m.split(":")[0] for m in said) == ["evaluate v0", "evaluate v1", "evaluate v2"], said
     assert {"campaign:smoke_campaign", "stage:campaign", "preset:tiny"} <= set(run.tags)
     for key in STAGE_KEYS:
         assert RunRecord.read(store, key, run_id).state == "completed", key
