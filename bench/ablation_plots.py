@@ -66,7 +66,9 @@ def plot_seeds(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], 
             ax.set_xlabel("seconds since the trainer started", fontsize=8)
         axes[0][0].set_ylabel("held-out greedy success, %")
         axes[0][0].set_ylim(0, 100)
-        axes[0][-1].legend(fontsize=7)
+        # One entry per arm drawn anywhere: the last seed's panel may lack an arm another seed has.
+        handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
+        axes[0][-1].legend([handles[arm] for arm in present], present, fontsize=7)
         fig.suptitle(f"{title}: each seed's curve per arm (dotted: the time-to-target line)", fontsize=10)
 
 

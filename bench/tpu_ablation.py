@@ -7,7 +7,8 @@ per seed s (5 by default; --seeds N or A..B)
   arms          sync, eta1, eta2, eta4, eta4_nocorr: run_colocated(init_from=base) with heavy tool latency,
                 each in its own folder; then every second published version and the last evaluated on the
                 held-out split (untimed, without tool latency: the score does not depend on it)
-profiles        none and light tool latency: sync and eta4 of seed 0 again (throughput across latency)
+profiles        none and light tool latency: sync and eta4 of seed 0 again (throughput across latency; scored
+                at v0 and the last version only, as the campaign itself scores them)
 ledger          bench/tpu_ablation_runs.json: each finished (arm, seed) and (profile, arm), keyed by the recipe's
                 fingerprint; a later command runs only what the ledger lacks; a run a command started and never
                 finished stays on record as interrupted
@@ -80,16 +81,16 @@ HEADLINE_ARMS = ("sync", "eta4", f"eta4{NO_CORRECTION}")
 """The arms every claim compares: run over all seeds before ``eta1`` and ``eta2``."""
 QUICK_ARMS = ("sync", "eta4")
 PROFILE_ARMS = ("sync", "eta4")
+"""The arms run again under the ``none`` and ``light`` latency profiles (seed 0) for throughput."""
 TIMELINE_ARMS = ("sync", "eta4")
 """The arms whose telemetry is kept as a Perfetto trace (``bench/tpu_trace_heavy_seed<s>_<arm>.json.gz``, both of
 one seed) and drawn as the chip's timeline."""
-"""The arms run again under the ``none`` and ``light`` latency profiles (seed 0) for throughput."""
 PROFILES = {"none": LatencyProfile.none(), "light": LatencyProfile.light(), "heavy": LatencyProfile.heavy()}
 DEFAULT_SEEDS = 5
 WARMUP_STEPS = 2
+"""Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
 EVAL_EVERY = 2
 """Versions evaluated for the curves: every second one and the last (an evaluation opens an engine: seconds each)."""
-"""Trainer steps of the compile warm-up that opens each command (one publication, so the handover compiles)."""
 LEDGER = Path("bench/tpu_ablation_runs.json")
 STALL_S = 90.0
 """Every arm's ``trainer.data_timeout_s``: a trainer that waits this long for a group it can learn from (a collapsed
@@ -183,9 +184,11 @@ def chosen_arms(arms: Sequence[str] | None, *, quick: bool) -> tuple[str, ...]:
     return choose_arms(arms, name=NAME, arms=ARMS, quick_arms=QUICK_ARMS, quick=quick)
 
 
-def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, profile: str,
+def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, profile: str, curve: bool = True,
             log: Callable[[str], None]) -> tuple[dict[str, Any], Store]:
-    """One arm from the warm start at ``base``, in ``scratch/<arm>-<profile>``: its figures and its folder."""
+    """One arm from the warm start at ``base``, in ``scratch/<arm>-<profile>``: its figures and its folder. Without
+    ``curve`` only the versions the campaign itself scored (v0 and the last) make its curve: a run measured for its
+    throughput alone spares the chip the other evaluations (seconds each)."""
     from pipelines_lib.model.tokenizer import open_tokenizer
     from pipelines_lib.stages.colocated import run_colocated
     from pipelines_lib.stages.evaluate import evaluate
@@ -209,7 +212,7 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     command_s = time.monotonic() - t0
     quiet = dataclasses.replace(config, env=dataclasses.replace(config.env, tool_latency=LatencyProfile.none()))
     published = records.published_versions(store)
-    for version in [v for v in published if v % EVAL_EVERY == 0 or v == published[-1]]:
+    for version in [v for v in published if v % EVAL_EVERY == 0 or v == published[-1]] if curve else []:
         evaluate(store, quiet, version=version, cache=scratch / "cache", log=log)
     figures, _ = arm_figures(store, done=done)
     end = dt.datetime.fromisoformat(done.finished_at).timestamp()
@@ -229,7 +232,8 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
         "chip_busy": round(chip_busy(spans, int(start * 1e6), int(end * 1e6), processes=("rollout", "trainer")), 4),
         "host_idle_share": round(done.idle_s / done.wall_s, 4),
         "finished_at": done.finished_at,
-        # of command_s: every evaluation of the arm's versions, in the campaign and after it, engine starts included
+        # every evaluation of the arm's versions, engine starts included: the campaign's own (v0 and the last, inside
+        # command_s) and the curve's, after it
         "eval_s": round(sum(r["dur_us"] for r in spans if r.get("type") == "span"
                             and r.get("name") == "stage.evaluate") / 1e6, 2),
     }
@@ -390,7 +394,8 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         ledger.running = {"seed": seed, "arm": arm, "profile": profile, "started_at": utc_now_iso()}
         ledger.save()
         figures, store = timed("run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
-                               run_arm(scratch, base, shared, arm, profile=profile, log=ctx.progress))
+                               run_arm(scratch, base, shared, arm, profile=profile, curve=profile == main,
+                                       log=ctx.progress))
         if on_timeline is not None and seed == timeline_seed and profile == main and arm in TIMELINE_ARMS:
             on_timeline(seed, arm, store)
         done[arm] = figures
@@ -543,7 +548,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: the `tpu_ablation` "
            "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the "
            "ablation; every second published version and the last evaluated after its arm (untimed, no tool "
-           "latency). Results accumulate in `bench/tpu_ablation_runs.json` per "
+           "latency; the latency profiles' runs, for throughput, only v0 and the last). Results accumulate in `bench/tpu_ablation_runs.json` per "
            "(arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
            "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
            "sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",

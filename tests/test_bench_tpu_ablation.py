@@ -120,8 +120,9 @@ def fake_runs(monkeypatch: pytest.MonkeyPatch, ran: list[str]) -> None:
     monkeypatch.setattr(tpu_ablation, "_warm_start", lambda scratch, shared, log: ran.append(f"base{shared.seed}"))
     monkeypatch.setattr(tpu_ablation, "run_colocated_warmup", lambda *a, **k: ran.append("compile"))
 
-    def arm(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, log: Any) -> tuple[dict, None]:
-        ran.append(f"{shared.seed}/{arm}/{profile}")
+    def arm(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, curve: bool,
+            log: Any) -> tuple[dict, None]:
+        ran.append(f"{shared.seed}/{arm}/{profile}" + ("" if curve else " (v0 and last scored)"))
         return {"final_success": 0.5, "curve": [[0, 0.0, 0.0], [2, 10.0, 0.5]], "wall_s": 10.0, "command_s": 12.0,
                 "chip_busy": 0.5, "traj_per_hour": 100.0, "useful_samples_per_hour": 50.0,
                 "host_idle_share": 0.1}, None
@@ -137,8 +138,10 @@ def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
     ctx = BenchContext(quick=False, plot_dir=tmp_path, scratch=tmp_path, progress=lambda _: None, seeds=(0,))
     ledger = tpu_ablation.Ledger.load(path, fingerprint="f1", device="chip", log=print)
     tpu_ablation.run_ledger(ctx, ledger, ["sync", "eta4"], (0,))
-    assert ran == ["base0", "compile", "0/sync/heavy", "0/eta4/heavy", "0/sync/none", "0/eta4/none",
-                   "0/sync/light", "0/eta4/light"]
+    # The profiles' runs measure throughput: only the campaign's own evaluations score them, no curve.
+    assert ran == ["base0", "compile", "0/sync/heavy", "0/eta4/heavy", "0/sync/none (v0 and last scored)",
+                   "0/eta4/none (v0 and last scored)", "0/sync/light (v0 and last scored)",
+                   "0/eta4/light (v0 and last scored)"]
     ran.clear()
     again = tpu_ablation.Ledger.load(path, fingerprint="f1", device="chip", log=print)
     tpu_ablation.run_ledger(ctx, again, ["sync", "eta2", "eta4"], (0, 1))  # only what seed 0 lacks, then seed 1
@@ -156,10 +159,11 @@ def test_a_run_its_command_never_finished_is_run_again_and_stays_on_record(
     fake_runs(monkeypatch, ran)
     finishing = tpu_ablation.run_arm
 
-    def killed_at_eta4(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, log: Any) -> Any:
+    def killed_at_eta4(scratch: Path, base: Store, shared: Any, arm: str, *, profile: str, curve: bool,
+                       log: Any) -> Any:
         if arm == "eta4":
             raise RuntimeError("the command's limit")  # what a kill leaves: the ledger as saved before the run
-        return finishing(scratch, base, shared, arm, profile=profile, log=log)
+        return finishing(scratch, base, shared, arm, profile=profile, curve=curve, log=log)
 
     monkeypatch.setattr(tpu_ablation, "run_arm", killed_at_eta4)
     path = tmp_path / "ledger.json"
@@ -194,7 +198,8 @@ def test_a_budget_leaves_the_runs_it_cannot_afford_for_a_later_command(
     skipped = tpu_ablation.run_ledger(ctx, ledger, ["sync", "eta4"], (0,))
     assert ran[:2] == ["base0", "compile"] and len(ran) < 8 and skipped
     assert set(ledger.runs.get(0, {})) | {f"{p}:{a}" for p, arms in ledger.profiles.items() for a in arms} == {
-        r.split("/")[1] if r.endswith("heavy") else f"{r.split('/')[2]}:{r.split('/')[1]}" for r in ran[2:]}
+        r.split("/")[1] if r.endswith("heavy") else f"{r.split('/')[2].split()[0]}:{r.split('/')[1]}"
+        for r in ran[2:]}
 
 
 def test_chip_busy_is_the_union_of_the_chosen_processes_chip_spans_in_the_window() -> None:
@@ -238,7 +243,9 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
     for figures in runs.values():
         assert figures["steps"] == 2 and figures["curve"][0][:2] == [0, 0.0]
         assert 0.0 < figures["chip_busy"] <= 1.0 and figures["trajectories"] > 0
-        assert 0.0 < figures["eval_s"] < figures["command_s"]  # its versions' evaluations, a part of the command
+        # Its versions' evaluations: at two steps the curve's versions (v0, v2) are the campaign's own, scored inside
+        # the command.
+        assert 0.0 < figures["eval_s"] < figures["command_s"]
         # A quick run has no compile warm-up: its trainer's window holds compilations, heard and counted (the five
         # most frequent functions named).
         assert figures["compiles"] >= sum(figures["compiled"].values()) > 0 and figures["compile_s"] > 0
