@@ -341,7 +341,7 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
     for the budget. ``on_timeline(seed, arm, store)`` sees ``timeline_seed``'s sync and η = 4 folders while they
     exist.
 
-    The budget check estimates a run by what that arm took before (its longest ``command_s`` in the ledger, else
+    The budget check estimates a run by what that arm took before (its longest ``run_cost`` in the ledger, else
     the longest run of this command) plus the seed's warm start when it is not made yet (the longest of this
     command), so a command cut short still runs the short arms that fit."""
     budget = Budget(ctx.budget_s)
@@ -349,8 +349,8 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
     skipped: list[str] = []
 
     def estimate(arm: str, profile: str) -> float:
-        done = [runs[arm]["command_s"] for runs in (ledger.runs.values() if profile == main
-                                                    else [ledger.profiles.get(profile, {})]) if arm in runs]
+        done = [run_cost(runs[arm]) for runs in (ledger.runs.values() if profile == main
+                                                 else [ledger.profiles.get(profile, {})]) if arm in runs]
         return max(done, default=longest["run"])
 
     def affordable(what: str, cost: float) -> bool:
@@ -359,11 +359,12 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
             return False
         return True
 
-    def timed(kind: str, fn: Callable[[], Any]) -> Any:
+    def timed(kind: str, fn: Callable[[], Any]) -> tuple[Any, float]:
         t0 = time.monotonic()
         result = fn()
-        longest[kind] = max(longest[kind], time.monotonic() - t0)
-        return result
+        seconds = time.monotonic() - t0
+        longest[kind] = max(longest[kind], seconds)
+        return result, seconds
 
     # Quick mode (a CPU smoke run) without tool latency: under heavy latency its sync arm alone waits a minute.
     main = "none" if ctx.quick else "heavy"
@@ -385,17 +386,18 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         scratch = ctx.scratch / f"seed{seed}"
         if seed not in bases:
             ctx.progress(f"{NAME}: seed {seed}: warm start")
-            bases[seed] = timed("warm start", lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))
+            bases[seed] = timed("warm start", lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))[0]
         if not compiled and not ctx.quick:  # a quick run's timings mean nothing: it skips the warm-up
             ctx.progress(f"{NAME}: compiling (a {WARMUP_STEPS}-step campaign, not recorded)")
             compiled.append(timed("run", lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
-                scratch, base, shared, log=ctx.progress)))
+                scratch, base, shared, log=ctx.progress))[0])
         ctx.progress(f"{NAME}: {label}")
         ledger.running = {"seed": seed, "arm": arm, "profile": profile, "started_at": utc_now_iso()}
         ledger.save()
-        figures, store = timed("run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
-                               run_arm(scratch, base, shared, arm, profile=profile, curve=profile == main,
-                                       log=ctx.progress))
+        (figures, store), seconds = timed(
+            "run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile: run_arm(
+                scratch, base, shared, arm, profile=profile, curve=profile == main, log=ctx.progress))
+        figures["run_s"] = round(seconds, 2)
         if on_timeline is not None and seed == timeline_seed and profile == main and arm in TIMELINE_ARMS:
             on_timeline(seed, arm, store)
         done[arm] = figures
@@ -408,6 +410,13 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         ctx.progress(f"{NAME}: {label}: final {figures['final_success']:.1%}, trainer {figures['wall_s']:.0f} s, "
                      f"command {figures['command_s']:.0f} s, chip busy {figures['chip_busy']:.2f}")
     return skipped
+
+
+def run_cost(run: dict[str, Any]) -> float:
+    """What a recorded run took of its command, evaluations after the campaign included: ``run_s``, or, for a run
+    recorded without it, ``command_s`` (which stops at the campaign's end) plus every evaluation's ``eval_s`` (which
+    counts the campaign's own twice: an estimate on the safe side)."""
+    return run["run_s"] if "run_s" in run else run["command_s"] + run.get("eval_s", 0.0)
 
 
 def stalled_arms(arms: dict[str, dict[str, Any]]) -> list[str]:

@@ -147,7 +147,9 @@ def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
     tpu_ablation.run_ledger(ctx, again, ["sync", "eta2", "eta4"], (0, 1))  # only what seed 0 lacks, then seed 1
     # The claims' arms over both seeds first, then eta2.
     assert ran == ["base1", "compile", "1/sync/heavy", "1/eta4/heavy", "base0", "0/eta2/heavy", "1/eta2/heavy"]
-    assert sorted(json.loads(path.read_text())["runs"]) == ["0", "1"]
+    saved = json.loads(path.read_text())
+    assert sorted(saved["runs"]) == ["0", "1"]
+    assert all(run["run_s"] >= 0.0 for arms in saved["runs"].values() for run in arms.values())
     lines: list[str] = []
     fresh = tpu_ablation.Ledger.load(path, fingerprint="f2", device="chip", log=lines.append)
     assert fresh.runs == {} and (tmp_path / "ledger-f1.json").exists() and "starting a new ledger" in lines[0]
@@ -200,6 +202,14 @@ def test_a_budget_leaves_the_runs_it_cannot_afford_for_a_later_command(
     assert set(ledger.runs.get(0, {})) | {f"{p}:{a}" for p, arms in ledger.profiles.items() for a in arms} == {
         r.split("/")[1] if r.endswith("heavy") else f"{r.split('/')[2].split()[0]}:{r.split('/')[1]}"
         for r in ran[2:]}
+
+
+def test_a_runs_cost_counts_its_evaluations_after_the_campaign() -> None:
+    # What the budget plans with: the whole run as timed, else the campaign's command plus every evaluation (the
+    # curve's come after command_s ends); a run recorded before either has only its command.
+    assert tpu_ablation.run_cost({"command_s": 80.0, "eval_s": 48.0, "run_s": 112.5}) == 112.5
+    assert tpu_ablation.run_cost({"command_s": 80.0, "eval_s": 48.0}) == 128.0
+    assert tpu_ablation.run_cost({"command_s": 80.0}) == 80.0
 
 
 def test_chip_busy_is_the_union_of_the_chosen_processes_chip_spans_in_the_window() -> None:
