@@ -557,8 +557,8 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
     method="`bench/tpu_ablation.py` (module docstring), in this one process, colocated: the `tpu_ablation` "
            "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the "
            "ablation; every second published version and the last evaluated after its arm (untimed, no tool "
-           "latency; the latency profiles' runs, for throughput, only v0 and the last). Results accumulate in `bench/tpu_ablation_runs.json` per "
-           "(arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
+           "latency; the latency profiles' runs, for throughput, only v0 and the last). Results accumulate in "
+           "`bench/tpu_ablation_runs.json` per (arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
            "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
            "sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",
     goals=(Goal(key="tpu.ablation.eta4_gap_pts_ci_high", op="<=", value=WITHIN_PTS,
