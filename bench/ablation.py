@@ -178,4 +178,5 @@ def ablation(ctx: BenchContext) -> BenchResult:
              "consumption-log metrics: mean |logp_prox − logp_behav| over loss tokens, k3 KL(π_behav ‖ π_prox), and "
              "the share of tokens whose `tis` weight hit its cap (logged in every arm, applied only in the corrected "
              "ones). " + ("Quick mode: a smoke run, the success figures are noise." if ctx.quick else ""))
-    return BenchResult(figures=figures, rows=rows, plots=["ablation_curves.png", "ablation_seeds.png"], notes=notes.strip())
+    return BenchResult(figures=figures, rows=rows, plots=["ablation_curves.png", "ablation_seeds.png"],
+                       notes=notes.strip())

@@ -53,13 +53,15 @@ def plot_seeds(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], 
     present = [arm for arm in arms if any(arm in runs[seed] for seed in seeds)]  # coloured as plot_curves colours them
     with figure(path, figsize=(2.6 * len(seeds) + 0.8, 3.2), dpi=100, ncols=len(seeds), sharey=True,
                 squeeze=False) as (fig, axes):
+        drawn: dict[str, Any] = {}  # each arm's line as last drawn, for the legend
         for ax, seed in zip(axes[0], seeds, strict=True):
             for colour, arm in enumerate(present):
                 if arm not in runs[seed]:
                     continue
                 curve = runs[seed][arm]["curve"]
-                ax.step([p[1] for p in curve], [100 * p[2] for p in curve], where="post", marker="o", markersize=3,
-                        color=f"C{colour}", linestyle="--" if arm.endswith(NO_CORRECTION) else "-", label=arm)
+                drawn[arm] = ax.step([p[1] for p in curve], [100 * p[2] for p in curve], where="post", marker="o",
+                                     markersize=3, color=f"C{colour}",
+                                     linestyle="--" if arm.endswith(NO_CORRECTION) else "-")[0]
             if target is not None:
                 ax.axhline(100 * target, color="grey", linewidth=0.8, linestyle=":")
             ax.set_title(f"seed {seed}", fontsize=9)
@@ -67,8 +69,7 @@ def plot_seeds(path: Path, runs: Mapping[int, Mapping[str, Mapping[str, Any]]], 
         axes[0][0].set_ylabel("held-out greedy success, %")
         axes[0][0].set_ylim(0, 100)
         # One entry per arm drawn anywhere: the last seed's panel may lack an arm another seed has.
-        handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
-        axes[0][-1].legend([handles[arm] for arm in present], present, fontsize=7)
+        axes[0][-1].legend([drawn[arm] for arm in present], present, fontsize=7)
         fig.suptitle(f"{title}: each seed's curve per arm (dotted: the time-to-target line)", fontsize=10)
 
 

@@ -62,10 +62,12 @@ DEVICE_PEAKS = {"TPU v5 lite": Peak(flops=197e12, hbm_bytes_per_s=819e9),
                 "TPU v5": Peak(flops=459e12, hbm_bytes_per_s=2765e9),
                 "TPU v4": Peak(flops=275e12, hbm_bytes_per_s=1228e9)}
 """Published per-chip peaks by ``jax.devices()[0].device_kind``."""
-FULL = {"hf": QWEN3_0P6B, "rows": 8, "length": 1024, "steady_steps": 3, "remats": ("attention", "full"), "slots": (16, 64, 128), "warmup_slots": 64, "max_seq_len": 1024, "block_size": 64,
-        "pool_sequences": 64, "prompt": 128, "new_tokens": 128, "serves": 2}
-QUICK = {"hf": SMALL, "rows": 2, "length": 64, "steady_steps": 2, "remats": ("attention", "full"), "slots": (2, 4, 8), "warmup_slots": 4, "max_seq_len": 128, "block_size": 16,
-         "pool_sequences": 4, "prompt": 16, "new_tokens": 8, "serves": 1}
+FULL = {"hf": QWEN3_0P6B, "rows": 8, "length": 1024, "steady_steps": 3, "remats": ("attention", "full"),
+        "slots": (16, 64, 128), "warmup_slots": 64, "max_seq_len": 1024, "block_size": 64, "pool_sequences": 64,
+        "prompt": 128, "new_tokens": 128, "serves": 2}
+QUICK = {"hf": SMALL, "rows": 2, "length": 64, "steady_steps": 2, "remats": ("attention", "full"),
+         "slots": (2, 4, 8), "warmup_slots": 4, "max_seq_len": 128, "block_size": 16, "pool_sequences": 4,
+         "prompt": 16, "new_tokens": 8, "serves": 1}
 QUICK_CAMPAIGN = ("model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
                   "model.head_dim=32", "model.d_ff=128", "sft.steps=10", "sft.n_demos=64", "sft.optim.total_steps=10",
                   "trainer.max_steps=2", "trainer.batch_groups=2", "trainer.skip_zero_advantage=false",
@@ -263,7 +265,8 @@ def bench_tpu_train(ctx: BenchContext) -> BenchResult:
     method="`bench/tpu.py` `measure_engine`, in this process: the model in bfloat16 (`create_sharded`), "
            "`JaxEngine` at 64, 128 then 16 slots, max_seq_len 1024, a KV pool of 64 sequences of 1024 (every "
            "slot's at 16 and 64 slots; at 128, 512 positions a slot, twice a request's 256), cache blocks of 64 "
-           "positions (`engine.block_size`; the default 16 measured 0.547 / 0.392 against 0.563 / 0.450 when gathering), decode attention by the paged "
+           "positions (`engine.block_size`; the default 16 measured 0.547 / 0.392 against 0.563 / 0.450 when "
+           "gathering), decode attention by the paged "
            "kernel (the model has 8 kv heads), one prefill bucket of 128; `warmup()` timed at 64 "
            "slots; then the best of 2 serves of one request per slot (prompt 128, 128 new tokens, no stop ids); "
            "roofline fraction as the module docstring counts it (weights + KV at the mean context per step over "

@@ -246,6 +246,7 @@ def run_arm(scratch: Path, base: Store, shared: CampaignConfig, arm: str, *, pro
     out["episodes_by_version"] = episodes_by_version(store, open_tokenizer(config.tokenizer, cache=scratch / "cache"))
     if stalled is not None:
         out["stalled"] = stalled
+    out["run_s"] = round(time.monotonic() - t0, 2)  # what the run took of its command: what the budget plans with
     return out, store
 
 
@@ -359,12 +360,11 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
             return False
         return True
 
-    def timed(kind: str, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def timed(kind: str, fn: Callable[[], Any]) -> Any:
         t0 = time.monotonic()
         result = fn()
-        seconds = time.monotonic() - t0
-        longest[kind] = max(longest[kind], seconds)
-        return result, seconds
+        longest[kind] = max(longest[kind], time.monotonic() - t0)
+        return result
 
     # Quick mode (a CPU smoke run) without tool latency: under heavy latency its sync arm alone waits a minute.
     main = "none" if ctx.quick else "heavy"
@@ -386,18 +386,18 @@ def run_ledger(ctx: BenchContext, ledger: Ledger, arms: Sequence[str], seeds: Se
         scratch = ctx.scratch / f"seed{seed}"
         if seed not in bases:
             ctx.progress(f"{NAME}: seed {seed}: warm start")
-            bases[seed] = timed("warm start", lambda shared=shared, scratch=scratch: _warm_start(scratch, shared, ctx.progress))[0]
+            bases[seed] = timed("warm start", lambda shared=shared, scratch=scratch: _warm_start(
+                scratch, shared, ctx.progress))
         if not compiled and not ctx.quick:  # a quick run's timings mean nothing: it skips the warm-up
             ctx.progress(f"{NAME}: compiling (a {WARMUP_STEPS}-step campaign, not recorded)")
             compiled.append(timed("run", lambda shared=shared, scratch=scratch, base=bases[seed]: run_colocated_warmup(
-                scratch, base, shared, log=ctx.progress))[0])
+                scratch, base, shared, log=ctx.progress)))
         ctx.progress(f"{NAME}: {label}")
         ledger.running = {"seed": seed, "arm": arm, "profile": profile, "started_at": utc_now_iso()}
         ledger.save()
-        (figures, store), seconds = timed(
-            "run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile: run_arm(
-                scratch, base, shared, arm, profile=profile, curve=profile == main, log=ctx.progress))
-        figures["run_s"] = round(seconds, 2)
+        figures, store = timed("run", lambda shared=shared, scratch=scratch, arm=arm, base=bases[seed], profile=profile:
+                               run_arm(scratch, base, shared, arm, profile=profile, curve=profile == main,
+                                       log=ctx.progress))
         if on_timeline is not None and seed == timeline_seed and profile == main and arm in TIMELINE_ARMS:
             on_timeline(seed, arm, store)
         done[arm] = figures
@@ -558,9 +558,9 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
            "recipe (`recipes/tpu_ablation.yaml`: twostep on `tpu_demo`'s model), heavy tool latency for the "
            "ablation; every second published version and the last evaluated after its arm (untimed, no tool "
            "latency; the latency profiles' runs, for throughput, only v0 and the last). Results accumulate in "
-           "`bench/tpu_ablation_runs.json` per (arm, seed) across commands (`--seeds A..B`, `--arms`, `--budget-s`); figures are computed from the "
-           "whole ledger. Async over sync: η = 4's useful samples per hour of the trainer's wall clock over "
-           "sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",
+           "`bench/tpu_ablation_runs.json` per (arm, seed) across commands (`--seeds A..B`, `--arms`, "
+           "`--budget-s`); figures are computed from the whole ledger. Async over sync: η = 4's useful samples "
+           "per hour of the trainer's wall clock over sync's. Skipped without an accelerator; the CPU test runs `ablation` at `QUICK` sizes.",
     goals=(Goal(key="tpu.ablation.eta4_gap_pts_ci_high", op="<=", value=WITHIN_PTS,
                 why="η = 4 with correction within 3 points of sync, whole interval"),
            Goal(key="tpu.ablation.eta4_time_to_target_ratio_ci_high", op="<=", value=RATIO_GOAL,

@@ -147,9 +147,7 @@ def test_a_ledger_runs_only_what_it_lacks_and_a_changed_recipe_starts_a_new_one(
     tpu_ablation.run_ledger(ctx, again, ["sync", "eta2", "eta4"], (0, 1))  # only what seed 0 lacks, then seed 1
     # The claims' arms over both seeds first, then eta2.
     assert ran == ["base1", "compile", "1/sync/heavy", "1/eta4/heavy", "base0", "0/eta2/heavy", "1/eta2/heavy"]
-    saved = json.loads(path.read_text())
-    assert sorted(saved["runs"]) == ["0", "1"]
-    assert all(run["run_s"] >= 0.0 for arms in saved["runs"].values() for run in arms.values())
+    assert sorted(json.loads(path.read_text())["runs"]) == ["0", "1"]
     lines: list[str] = []
     fresh = tpu_ablation.Ledger.load(path, fingerprint="f2", device="chip", log=lines.append)
     assert fresh.runs == {} and (tmp_path / "ledger-f1.json").exists() and "starting a new ledger" in lines[0]
@@ -256,6 +254,7 @@ def test_quick_ablation_runs_sync_and_eta4_colocated_on_the_cpu_and_resumes_from
         # Its versions' evaluations: at two steps the curve's versions (v0, v2) are the campaign's own, scored inside
         # the command.
         assert 0.0 < figures["eval_s"] < figures["command_s"]
+        assert figures["run_s"] >= figures["command_s"]  # the whole run, what follows the campaign included
         # A quick run has no compile warm-up: its trainer's window holds compilations, heard and counted (the five
         # most frequent functions named).
         assert figures["compiles"] >= sum(figures["compiled"].values()) > 0 and figures["compile_s"] > 0

@@ -122,7 +122,8 @@ def test_evaluate_opens_the_configured_engine_backend_and_writes_the_results_onc
     results = evaluate(local_store, config, version=0, log=lines.append)
     assert opened == [(0, config.eval.mesh)]
     # what it scored and how long it took, the engine's start included
-    said = re.fullmatch(r"evaluate v0: greedy ([\d.]+)% on 3 held-out tasks in ([\d.]+) s \(scoring ([\d.]+) s\)", lines[-1])
+    said = re.fullmatch(r"evaluate v0: greedy ([\d.]+)% on 3 held-out tasks in ([\d.]+) s \(scoring ([\d.]+) s\)",
+                        lines[-1])
     assert said is not None and float(said[1]) == round(100 * results.greedy_success_rate, 1)
     assert float(said[2]) >= float(said[3]) == round(results.wall_s, 1)
     assert EvalResult.read(local_store, 0) == results
