@@ -11,7 +11,8 @@ profiles        none and light tool latency: sync and eta4 of seed 0 again (thro
                 at v0 and the last version only, as the campaign itself scores them)
 ledger          bench/tpu_ablation_runs.json: each finished (arm, seed) and (profile, arm), keyed by the recipe's
                 fingerprint; a later command runs only what the ledger lacks; a run a command started and never
-                finished stays on record as interrupted
+                finished stays on record as interrupted; a copy written elsewhere (a device's checkout) comes
+                back with ``python -m bench.tpu_ablation merge COPY`` (``Ledger.merge``)
 ```
 
 The arms are those of ``bench/campaign_arms.py`` (``arm_overrides``): ``sync`` is the on-policy loop made from
@@ -141,8 +142,10 @@ def fingerprint(*, quick: bool) -> str:
 @dataclasses.dataclass
 class Ledger:
     """The finished runs: ``runs[seed][arm]`` (heavy latency) and ``profiles[profile][arm]`` (seed 0); ``running``,
-    the run under way (saved before it starts), and ``interrupted``, every run a command started and never finished
-    (killed at its limit, or failed): a later command runs it again, and the attempt stays on record beside it."""
+    the run under way (saved before it starts); ``interrupted``, every run a command started and never finished
+    (killed at its limit, or failed): a later command runs it again, and the attempt stays on record beside it; and
+    ``repeats``, runs finished again by a command that started from an older copy of the ledger (``merge``): the
+    first to finish counts, whatever either scored, and the repeat stays on record beside it."""
 
     path: Path
     fingerprint: str
@@ -151,6 +154,7 @@ class Ledger:
     profiles: dict[str, dict[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     interrupted: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     running: dict[str, Any] | None = None
+    repeats: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def load(cls, path: Path, *, fingerprint: str, device: str, log: Callable[[str], None]) -> Ledger:
@@ -170,11 +174,49 @@ class Ledger:
         if data.get("running"):  # the command that started it ended before it finished
             interrupted.append({**data["running"], "ended": "its command ended first (killed at its limit, or failed)"})
         return cls(path, fingerprint, device, {int(s): arms for s, arms in data["runs"].items()}, data["profiles"],
-                   interrupted)
+                   interrupted, repeats=data.get("repeats", []))
+
+    def merge(self, other: Ledger) -> list[str]:
+        """Adds what ``other`` (a copy of this ledger that a command wrote elsewhere) holds and this one lacks: its
+        runs, interrupted attempts and repeats. A run both hold, finished at different times, was run twice: the
+        one that finished first counts (the other was run only because its command did not know of it) and the
+        later goes to ``repeats``. Returns a line per change."""
+        if (other.fingerprint, other.device) != (self.fingerprint, self.device):
+            raise ValueError(f"{other.path} was measured with recipe {other.fingerprint} on {other.device!r}, "
+                             f"{self.path} with {self.fingerprint} on {self.device!r}: not one ablation")
+        changes: list[str] = []
+        tables = [(f"seed {seed}", self.runs.setdefault(seed, {}), arms, {"seed": seed, "profile": "heavy"})
+                  for seed, arms in other.runs.items()]
+        tables += [(f"{profile} latency", self.profiles.setdefault(profile, {}), arms, {"seed": 0, "profile": profile})
+                   for profile, arms in other.profiles.items()]
+        for where, mine, theirs, key in tables:
+            for arm, run in theirs.items():
+                kept = mine.get(arm)
+                if kept is None:
+                    mine[arm] = run
+                    changes.append(f"{where} {arm}: added (final {run['final_success']:.1%})")
+                elif kept["finished_at"] != run["finished_at"]:
+                    first, later = sorted((kept, run), key=lambda r: r["finished_at"])
+                    if (repeat := {**key, "arm": arm, "run": later}) in self.repeats:
+                        continue  # merged before
+                    mine[arm] = first
+                    self.repeats.append(repeat)
+                    changes.append(f"{where} {arm}: run twice; the first to finish counts ({first['finished_at']}, "
+                                   f"final {first['final_success']:.1%}), the repeat is kept beside it "
+                                   f"({later['finished_at']}, final {later['final_success']:.1%})")
+        for name in ("interrupted", "repeats"):
+            mine_list: list[dict[str, Any]] = getattr(self, name)
+            for entry in getattr(other, name):
+                if entry not in mine_list:
+                    mine_list.append(entry)
+                    changes.append(f"{name}: seed {entry['seed']} {entry['arm']} ({entry['profile']} latency)")
+        self.runs = {seed: arms for seed, arms in sorted(self.runs.items()) if arms}
+        self.profiles = {profile: arms for profile, arms in self.profiles.items() if arms}
+        return changes
 
     def save(self) -> None:
-        data = {"fingerprint": self.fingerprint, "device": self.device, "runs": self.runs,
-                "profiles": self.profiles, "interrupted": self.interrupted, "running": self.running}
+        data = {"fingerprint": self.fingerprint, "device": self.device, "runs": self.runs, "profiles": self.profiles,
+                "interrupted": self.interrupted, "repeats": self.repeats, "running": self.running}
         # A command killed mid-write leaves the previous ledger whole.
         write_atomically(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
@@ -490,6 +532,18 @@ def interrupted_notes(ledger: Ledger) -> str:
             if clauses else "")
 
 
+def repeat_notes(ledger: Ledger) -> str:
+    """The runs measured twice (``Ledger.merge``), each repeat with what it reached."""
+    def clause(entry: dict[str, Any]) -> str:
+        run = entry["run"]
+        return (f"seed {entry['seed']} {entry['arm']} ({entry['profile']} latency), finished {run['finished_at']}: "
+                f"final {100 * run['final_success']:.1f}" + (f", stalled after step {run['steps']}" if "stalled" in run
+                                                             else ""))
+    clauses = [clause(entry) for entry in ledger.repeats]
+    return (f"Run again by a command that started from an older copy of the ledger (the first to finish is in the "
+            f"figures, whatever either scored; the repeat is not): {'; '.join(clauses)}. " if clauses else "")
+
+
 def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = True) -> BenchResult:
     """Run what the ledger lacks for ``ctx``'s seeds and arms (``run``), then every figure from the whole ledger."""
     arms = chosen_arms(ctx.arms, quick=ctx.quick)
@@ -539,7 +593,7 @@ def ablation(ctx: BenchContext, *, device: str, ledger_path: Path, run: bool = T
              + (f"Open: {'; '.join(open_)}. " if open_ else "")
              + (f"Left for a later command (budget): {', '.join(skipped)}. " if skipped else "")
              + f"Per seed, v0 -> final held-out success in points per arm: {per_seed(ledger)}. "
-             + stall_notes(ledger) + interrupted_notes(ledger)
+             + stall_notes(ledger) + interrupted_notes(ledger) + repeat_notes(ledger)
              + f"Target: {figures.get('tpu.ablation.target_success', float('nan')):.1%} held-out greedy success "
              f"(0.9 × sync's mean final). Ledger {ledger_path} (recipe {ledger.fingerprint}, {device}).")
     return BenchResult(figures=figures, rows=rows, notes=notes, labels={"tpu.ablation.device": device},
@@ -590,3 +644,42 @@ def bench_tpu_ablation(ctx: BenchContext) -> BenchResult:
         ctx.progress(f"{NAME}: no accelerator here: the figures of {ledger} ({recorded['device']}), nothing run")
         return ablation(ctx, device=recorded["device"], ledger_path=ledger, run=False)
     return ablation(ctx, device=kind, ledger_path=ledger)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.tpu_ablation merge COPY [--into LEDGER]``: bring a copy of the ledger that a command wrote
+    elsewhere (e.g. ``scripts/tpu_bench.sh``'s DEST on a device's machine) into this checkout's."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.tpu_ablation", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    merge = commands.add_parser("merge", help="add a ledger copy's runs to this checkout's ledger")
+    merge.add_argument("copy", type=Path, help="the copy, e.g. DEST/tpu_ablation_runs.json")
+    merge.add_argument("--into", type=Path, default=LEDGER, help=f"the ledger to merge into (default {LEDGER})")
+    args = parser.parse_args(argv)
+    if not args.copy.is_file():
+        parser.error(f"no ledger at {args.copy}")
+    def recipe(path: Path) -> dict[str, Any]:
+        data = json.loads(path.read_text())
+        key = {"fingerprint": data.get("fingerprint"), "device": data.get("device")}
+        if None in key.values():
+            parser.error(f"{path} is not a {NAME} ledger: it names no fingerprint or device")
+        return key
+
+    other = Ledger.load(args.copy, **recipe(args.copy), log=print)
+    # Loaded under its own recipe, so that a ledger of another one is refused below, not set aside as stale.
+    mine = (Ledger.load(args.into, **recipe(args.into), log=print) if args.into.exists()
+            else Ledger(args.into, other.fingerprint, other.device))
+    try:
+        changes = mine.merge(other)
+    except ValueError as err:
+        parser.error(str(err))
+    for line in changes:
+        print(f"{args.into}: {line}")
+    mine.save()
+    print(f"{args.into}: {len(changes)} change(s) from {args.copy}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -187,6 +187,63 @@ def test_a_run_its_command_never_finished_is_run_again_and_stays_on_record(
         "eta4 (heavy latency), started 20")
 
 
+def finished(final: float, at: str, **more: Any) -> dict[str, Any]:
+    return {"final_success": final, "finished_at": f"2026-12-07T{at}+00:00", **more}
+
+
+def test_merging_a_copy_adds_its_runs_and_keeps_the_first_finished_of_a_run_measured_twice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tpu_ablation.Ledger(tmp_path / "mine.json", "f", "chip", runs={
+        0: {"sync": finished(0.7, "10:00:00")}, 2: {"eta1": finished(0.45, "16:15:00")}})
+    mine.save()
+    # A command that started from an older copy (seed 2 unknown to it) ran seed 2's eta1 again, which stalled, then
+    # was killed during eta2; it also measured a profile run this ledger lacks.
+    copy = tpu_ablation.Ledger(tmp_path / "copy.json", "f", "chip", runs={
+        0: {"sync": finished(0.7, "10:00:00")}, 2: {"eta1": finished(0.0, "16:22:00", steps=6, stalled="waited")}},
+        profiles={"none": {"sync": finished(0.6, "16:30:00")}},
+        running={"seed": 2, "arm": "eta2", "profile": "heavy", "started_at": "2026-12-07T16:22:42"})
+    copy.save()
+    assert tpu_ablation.main(["merge", str(copy.path), "--into", str(mine.path)]) == 0
+    merged = tpu_ablation.Ledger.load(mine.path, fingerprint="f", device="chip", log=print)
+    assert merged.runs[2]["eta1"]["final_success"] == 0.45  # first to finish, though the repeat differs
+    assert merged.runs[0]["sync"]["finished_at"] == "2026-12-07T10:00:00+00:00"  # the same run: no repeat
+    assert merged.profiles == {"none": {"sync": finished(0.6, "16:30:00")}}
+    [repeat] = merged.repeats
+    assert (repeat["seed"], repeat["arm"], repeat["run"]["final_success"]) == (2, "eta1", 0.0)
+    [attempt] = merged.interrupted  # the copy's run under way when its command ended
+    assert (attempt["seed"], attempt["arm"], attempt["started_at"]) == (2, "eta2", "2026-12-07T16:22:42")
+    assert "3 change(s)" in capsys.readouterr().out
+    assert tpu_ablation.repeat_notes(merged) == (
+        "Run again by a command that started from an older copy of the ledger (the first to finish is in the figures, "
+        "whatever either scored; the repeat is not): seed 2 eta1 (heavy latency), finished "
+        "2026-12-07T16:22:00+00:00: final 0.0, stalled after step 6. ")
+    # Merging the same copy again changes nothing; a copy whose run finished first replaces the one held.
+    assert merged.merge(tpu_ablation.Ledger.load(copy.path, fingerprint="f", device="chip", log=print)) == []
+    earlier = tpu_ablation.Ledger(tmp_path / "e.json", "f", "chip", runs={2: {"eta1": finished(0.3, "09:00:00")}})
+    [line] = merged.merge(earlier)
+    assert "seed 2 eta1: run twice; the first to finish counts (2026-12-07T09:00:00+00:00, final 30.0%)" in line
+    assert merged.runs[2]["eta1"]["final_success"] == 0.3
+    assert [r["run"]["final_success"] for r in merged.repeats] == [0.0, 0.45]
+
+
+def test_merging_refuses_a_copy_of_another_recipe_and_leaves_both_files_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tpu_ablation.Ledger(tmp_path / "mine.json", "f1", "chip", runs={0: {"sync": finished(0.7, "10:00:00")}})
+    mine.save()
+    copy = tpu_ablation.Ledger(tmp_path / "copy.json", "f2", "chip", runs={0: {"eta4": finished(0.6, "11:00:00")}})
+    copy.save()
+    before = mine.path.read_text()
+    with pytest.raises(SystemExit):
+        tpu_ablation.main(["merge", str(copy.path), "--into", str(mine.path)])
+    err = capsys.readouterr().err
+    assert "copy.json was measured with recipe f2 on 'chip'" in err and "not one ablation" in err
+    assert mine.path.read_text() == before and copy.path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.json", "mine.json"]
+    with pytest.raises(SystemExit):
+        tpu_ablation.main(["merge", str(tmp_path / "missing.json"), "--into", str(mine.path)])
+    assert "no ledger at" in capsys.readouterr().err
+
+
 def test_a_budget_leaves_the_runs_it_cannot_afford_for_a_later_command(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
