@@ -5,7 +5,9 @@ accelerator chip.
 tpu_train     tpu.device, tpu.model_build_s, tpu.train_first_step_s, tpu.train_mfu
               Qwen3-0.6B shape (random weights), GRPO steps of 8 × 1024, float32 masters, bfloat16 compute,
               remat ``attention`` (``tpu.train_mfu_remat_full``: the same under ``full``)
-tpu_engine    tpu.engine_warmup_s (64 slots, max_seq_len 1024), tpu.engine_roofline_fraction_16 / _64 / _128
+tpu_engine    tpu.engine_warmup_s (64 slots, max_seq_len 1024), tpu.engine_roofline_fraction_16 / _64 / _128;
+              per slot count the serve split into its prefill (tpu.engine_prefill_share_<slots>) and its decode
+              steps (tpu.engine_decode_step_ms_<slots>, tpu.engine_roofline_fraction_decode_<slots>)
 tpu_campaign  tpu.campaign_heldout_gain_points, tpu.campaign_wall_s: the tpu_demo preset, colocated
 ```
 
@@ -67,7 +69,7 @@ FULL = {"hf": QWEN3_0P6B, "rows": 8, "length": 1024, "steady_steps": 3, "remats"
         "prompt": 128, "new_tokens": 128, "serves": 2}
 QUICK = {"hf": SMALL, "rows": 2, "length": 64, "steady_steps": 2, "remats": ("attention", "full"),
          "slots": (2, 4, 8), "warmup_slots": 4, "max_seq_len": 128, "block_size": 16, "pool_sequences": 4,
-         "prompt": 16, "new_tokens": 8, "serves": 1}
+         "prompt": 40, "new_tokens": 8, "serves": 1}
 QUICK_CAMPAIGN = ("model.d_model=64", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
                   "model.head_dim=32", "model.d_ff=128", "sft.steps=10", "sft.n_demos=64", "sft.optim.total_steps=10",
                   "trainer.max_steps=2", "trainer.batch_groups=2", "trainer.skip_zero_advantage=false",
@@ -176,25 +178,31 @@ def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
                                                block_size=size["block_size"], num_blocks=pool,
                                                prefill_buckets=(size["prompt"],)))
 
-        async def serve(engine: JaxEngine = engine, slots: int = slots) -> tuple[float, dict[str, float]]:
+        async def serve(engine: JaxEngine = engine, slots: int = slots) -> tuple[float, dict[str, float],
+                                                                                dict[str, float]]:
+            async def once(rep: int, new_tokens: int) -> dict[str, float]:
+                engine.reset_stats()  # prompts differ by rep: no serve finds another's in the prefix cache
+                requests = [engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(size["prompt"])],
+                                            SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=k))
+                            for k in range(rep * slots, (rep + 1) * slots)]
+                await asyncio.wait_for(asyncio.gather(*requests), SERVE_TIMEOUT_S)
+                return engine.stats()
+
             t0 = time.perf_counter()
             await asyncio.wait_for(engine.warmup(), SERVE_TIMEOUT_S * 2)
             warmup_s = time.perf_counter() - t0
             best: dict[str, float] = {}
             for rep in range(size["serves"]):
-                engine.reset_stats()
-                requests = [engine.generate([(7 * i + 3 * k) % 1000 + 1 for i in range(size["prompt"])],
-                                            SamplingParams(temperature=1.0, max_new_tokens=size["new_tokens"],
-                                                           seed=k))
-                            for k in range(rep * slots, (rep + 1) * slots)]
-                await asyncio.wait_for(asyncio.gather(*requests), SERVE_TIMEOUT_S)
-                stats = engine.stats()
+                stats = await once(rep, size["new_tokens"])
                 if stats["tokens_per_s"] > best.get("tokens_per_s", 0.0):
                     best = stats
+            # The serve cut to one new token, on prompts of its own: its prefill (the same compiled programs),
+            # what the serve spends before its decode steps.
+            prefill = await once(size["serves"], 1)
             await engine.close()
-            return warmup_s, best
+            return warmup_s, best, prefill
 
-        warmup_s, stats = asyncio.run(serve())
+        warmup_s, stats, prefill = asyncio.run(serve())
         if slots == first:
             out["engine_warmup_s"] = warmup_s
         out |= {f"engine_{name}_{slots}": float(stats[name]) for name in ENGINE_COUNTERS}
@@ -203,6 +211,12 @@ def measure_engine(size: dict[str, Any], peak: Peak) -> dict[str, float]:
         out[f"engine_tokens_per_s_{slots}"] = stats["tokens_per_s"]
         out[f"engine_roofline_fraction_{slots}"] = stats["tokens_per_s"] / slots * roofline_step_s
         out[f"engine_roofline_step_ms_{slots}"] = 1000 * roofline_step_s
+        # The serve's wall clock split: its prefill, and its decode steps after it (the serve less the prefill's
+        # serve, over the steps that one did not run) against the roofline's step.
+        decode_step_s = (stats["wall_s"] - prefill["wall_s"]) / (size["new_tokens"] - 1)
+        out[f"engine_prefill_share_{slots}"] = prefill["wall_s"] / stats["wall_s"]
+        out[f"engine_decode_step_ms_{slots}"] = 1000 * decode_step_s
+        out[f"engine_roofline_fraction_decode_{slots}"] = roofline_step_s / decode_step_s
         del engine
         gc.collect()
     return out
@@ -268,7 +282,10 @@ def bench_tpu_train(ctx: BenchContext) -> BenchResult:
            "positions (`engine.block_size`; the default 16 measured 0.547 / 0.392 against 0.563 / 0.450 when "
            "gathering), decode attention by the paged "
            "kernel (the model has 8 kv heads), one prefill bucket of 128; `warmup()` timed at 64 "
-           "slots; then the best of 2 serves of one request per slot (prompt 128, 128 new tokens, no stop ids); "
+           "slots; then the best of 2 serves of one request per slot (prompt 128, 128 new tokens, no stop ids), and "
+           "one serve of new prompts cut to one new token (its prefill: `engine_prefill_share_<slots>` of the "
+           "serve's wall clock; the rest over the 127 steps after it, `engine_decode_step_ms_<slots>`, against "
+           "the roofline's step: `engine_roofline_fraction_decode_<slots>`); "
            "roofline fraction as the module docstring counts it (weights + KV at the mean context per step over "
            "the HBM bandwidth). `--quick`: the small model at 4, 8 and 2 slots. Skipped without an accelerator.",
     goals=(Goal(key="tpu.engine_warmup_s", op="<=", value=60.0, why="compilation is paid every start"),
