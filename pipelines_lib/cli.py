@@ -18,7 +18,8 @@ they import this module and not the other way round:
 - built in, ``BUILTIN_COMMANDS``: the library's own, there wherever ``pipelines_lib`` imports (a checkout on
   ``PYTHONPATH`` on a TPU VM, no install, no Prefect): ``pipelines_lib.inspect_commands`` (``audit``, ``export``,
   ``sql``, ``view``, ``trace``: reading a campaign for people and warehouse tools) and
-  ``pipelines_lib.colocated_commands`` (``run-colocated``, ``recover``: a whole campaign in this process);
+  ``pipelines_lib.colocated_commands`` (``run-colocated``, ``recover``: a whole campaign in this process; ``plan``:
+  whether it fits its device);
 - installed, the ``rollstream.commands`` entry-point group (``pyproject.toml``): ``flows.commands`` (``run``,
   ``recover``, ``stage``, ``deploy``: through Prefect) and the repository's ``bench`` and ``drills``. An installed
   command replaces the built-in of its name: the recover flow takes over ``recover``.
@@ -347,6 +348,7 @@ BUILTIN_COMMANDS = {
     **{name: f"pipelines_lib.inspect_commands:{name.upper()}" for name in ("audit", "export", "sql", "view", "trace")},
     "run-colocated": "pipelines_lib.colocated_commands:RUN_COLOCATED",
     "recover": "pipelines_lib.colocated_commands:RECOVER",
+    "plan": "pipelines_lib.colocated_commands:PLAN",
 }
 """The library's command modules, as entry-point values: there without an install, and none of them needs Prefect."""
 

@@ -1,5 +1,5 @@
 """The ``rollstream`` commands that run a whole campaign in this process, without Prefect: ``run-colocated`` and the
-built-in ``recover``.
+built-in ``recover``; and ``plan``, which says whether such a campaign fits its device before anything runs.
 
 Both call ``stages.colocated.run_colocated`` (one process holds the device for rollouts, trainer and evaluation)
 and print the same one-line JSON summary. ``run-colocated`` builds the config from a preset, a YAML file and
@@ -8,6 +8,7 @@ but the URL::
 
     python -m pipelines_lib.cli run-colocated C --preset tpu_demo     # killed, or stopped
     python -m pipelines_lib.cli recover C                             # continues it, same config
+    python -m pipelines_lib.cli plan --preset tpu_real --devices 4 --device-gib 15.75 --set trainer.mesh.fsdp=-1
 
 This ``recover`` is the one a checkout on ``PYTHONPATH`` has (a TPU VM: no install, no Prefect). An installed
 distribution that registers its own ``recover`` under ``cli.COMMAND_GROUP`` (``flows.commands``: the recover flow,
@@ -117,3 +118,45 @@ def _recover(args: argparse.Namespace) -> int:
 RECOVER = Command(HELP="finish a colocated campaign in this process, with the config it was started with "
                        "(without Prefect; an installed rollstream runs its recover flow instead)",
                   add_arguments=_recover_args, run=_recover)
+
+
+# -- plan -------------------------------------------------------------------------------------------------
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help="config the YAML and --set apply to (e.g. tpu_demo, tpu_real)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
+    p.add_argument("--devices", type=int, metavar="N",
+                   help="plan for N devices (a slice; trainer.mesh resolved over N, e.g. --set trainer.mesh.fsdp=-1) "
+                        "instead of this machine's; the train step's temporaries are then estimated, not compiled")
+    p.add_argument("--device-gib", type=float, metavar="GIB",
+                   help="each device's memory (memory.device_gib) where the runtime reports none, e.g. on a CPU "
+                        "planning for a TPU v5e: 15.75")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.configio import parse_overrides
+    from pipelines_lib.memplan import MemoryPlanError
+    from pipelines_lib.stages.colocated import plan_colocated
+
+    if args.devices is not None and args.devices < 1:
+        raise CommandError(f"--devices must be >= 1, got {args.devices}")
+    overrides = {**parse_overrides(args.set), "placement": "colocated"}
+    if args.device_gib is not None:
+        overrides["memory.device_gib"] = args.device_gib
+    config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
+    try:
+        plan = plan_colocated(config, n_devices=args.devices)
+    except MemoryPlanError as e:  # the finding this command is for: said on stdout, exit 1
+        print(e)
+        return 1
+    except ValueError as e:  # a trainer or engine mesh the devices cannot hold
+        raise CommandError(str(e)) from e
+    print(plan.render())
+    return 0
+
+
+PLAN = Command(HELP="the colocated memory plan of a config on this machine's device, or on N devices of a given "
+                    "memory: what each part holds, and whether it fits (exit 1 when it does not, naming the part)",
+               add_arguments=_plan_args, run=_plan)

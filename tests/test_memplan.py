@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from pipelines_lib.cli import main
 from pipelines_lib.config import CampaignConfig
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.memplan import MemoryConfig, MemoryPlanError, plan_memory
@@ -100,3 +101,38 @@ def test_num_blocks_auto_and_a_colocated_dtype_mismatch_are_refused_with_the_set
         CampaignConfig.tiny().with_overrides({"engine.num_blocks": "auto"})
     with pytest.raises(ValueError, match="set model.dtype and trainer.step.precision.compute alike"):
         CampaignConfig.preset("tpu_real").with_overrides({"model.dtype": "float32"})
+
+
+def _parts(rendered: str) -> dict[str, float]:
+    """GiB per part of a rendered plan."""
+    return {line[:24].strip(): float(line[24:].split()[0]) for line in rendered.splitlines()[1:]}
+
+
+def test_the_plan_command_shows_a_slice_dividing_the_trainers_state_and_refuses_what_cannot_fit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--preset", "tpu_real", "--device-gib", "15.75"]
+    assert main(base) == 0
+    one = _parts(capsys.readouterr().out)
+    # Qwen3-0.6B, 596M parameters in float32: 2.22 GiB of masters, moments (bfloat16, two of them) and gradients
+    assert one["trainer masters"] == one["trainer moments"] == one["trainer gradients"] == 2.220
+    assert main([*base, "--devices", "4", "--set", "trainer.mesh.fsdp=-1"]) == 0
+    four = _parts(capsys.readouterr().out)
+    assert four["trainer masters"] == four["trainer moments"] == 0.555  # a quarter each, on every chip
+    assert four["engine weights"] == one["engine weights"]  # the engines serve on the first chip, whole
+    assert four["total"] < one["total"] - 3 * (2.220 - 0.555)  # the rows split too: fewer temporaries
+    # 1 GiB cannot hold the model's masters: refused, naming the largest part and what shrinks it
+    small = tmp_path / "small.yaml"
+    small.write_text("memory:\n  device_gib: 1\n")
+    assert main(["plan", "--preset", "tpu_real", "--config", str(small)]) == 1
+    refusal = capsys.readouterr().out
+    assert refusal.startswith("colocated memory plan: ") and "0.95 GiB available" in refusal
+    assert "the largest part is trainer masters (2.22 GiB, arithmetic): change the model's size" in refusal
+
+
+def test_the_plan_command_refuses_a_mesh_the_devices_cannot_hold_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--preset", "tpu_real", "--device-gib", "15.75", "--devices", "3",
+                 "--set", "trainer.mesh.fsdp=4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("data=1 × fsdp=4 × tensor=1 needs 4 devices, have 3")
+    assert main(["plan", "--preset", "tiny", "--devices", "0"]) == 2
+    assert "--devices must be >= 1, got 0" in capsys.readouterr().err

@@ -142,20 +142,24 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     return trained, collected, weights.handed_over
 
 
-def plan_colocated(config: CampaignConfig) -> MemoryPlan:
+def plan_colocated(config: CampaignConfig, *, n_devices: int | None = None) -> MemoryPlan:
     """The campaign's memory plan on this process's first device, checked (``MemoryPlanError`` naming the part and
     the setting to change): first what arithmetic counts exactly, before anything compiles; then with the train
     step's temporaries, from XLA's memory analysis of the compiled step on an accelerator with a one-device trainer,
-    estimated elsewhere. The model is the HF folder's when ``init_from`` names one (in ``model.dtype``)."""
+    estimated elsewhere. The model is the HF folder's when ``init_from`` names one (in ``model.dtype``).
+    ``n_devices``: plan for that many devices of this kind instead of the process's (``rollstream plan
+    --devices``: a slice planned from one chip or a laptop); the temporaries are then estimated."""
     model = config.model
     if config.init_from is not None and is_hf_folder(config.init_from):
         model = dataclasses.replace(read_hf_config(config.init_from), dtype=config.model.dtype)
     limit, source = device_limit(config.memory)
-    args = dict(group_size=config.rollout.group_size, workers=config.workers, n_devices=jax.device_count(),
+    here = n_devices is None or n_devices == jax.device_count()
+    devices = jax.device_count() if n_devices is None else n_devices
+    args = dict(group_size=config.rollout.group_size, workers=config.workers, n_devices=devices,
                 limit_bytes=limit, limit_source=source, headroom=config.memory.headroom)
     plan = plan_memory(model, config.trainer, config.engine, **args)
     plan.check(exact_only=True)
-    if jax.default_backend() != "cpu" and math.prod(config.trainer.mesh.resolve(jax.device_count())) == 1:
+    if here and jax.default_backend() != "cpu" and math.prod(config.trainer.mesh.resolve(devices)) == 1:
         rows = trainer_rows(config.trainer, group_size=config.rollout.group_size, n_devices=1)
         plan = plan_memory(model, config.trainer, config.engine, **args,
                            step_temporaries=xla_step_temporaries(model, config.trainer, rows=rows))
