@@ -536,9 +536,9 @@ def repeat_notes(ledger: Ledger) -> str:
     """The runs measured twice (``Ledger.merge``), each repeat with what it reached."""
     def clause(entry: dict[str, Any]) -> str:
         run = entry["run"]
+        stalled = f", stalled after step {run['steps']}" if "stalled" in run else ""
         return (f"seed {entry['seed']} {entry['arm']} ({entry['profile']} latency), finished {run['finished_at']}: "
-                f"final {100 * run['final_success']:.1f}" + (f", stalled after step {run['steps']}" if "stalled" in run
-                                                             else ""))
+                f"final {100 * run['final_success']:.1f}{stalled}")
     clauses = [clause(entry) for entry in ledger.repeats]
     return (f"Run again by a command that started from an older copy of the ledger (the first to finish is in the "
             f"figures, whatever either scored; the repeat is not): {'; '.join(clauses)}. " if clauses else "")
@@ -659,6 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.copy.is_file():
         parser.error(f"no ledger at {args.copy}")
+
     def recipe(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
         key = {"fingerprint": data.get("fingerprint"), "device": data.get("device")}
