@@ -64,20 +64,31 @@ def _run_and_summarise(args: argparse.Namespace, store: Store, config: CampaignC
 
 def _run_colocated_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="campaign folder to create or continue")
+    _config_args(p)
+    add_storage_options(p)
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    """The config a colocated command builds: a preset, a YAML file over it, ``--set`` over both."""
     p.add_argument("--preset", default="tiny",
                    help="config the YAML and --set apply to: a recipe in recipes/ (e.g. tiny, wide, tpu_demo, tpu_real)")
     p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
-    add_storage_options(p)
+
+
+def _colocated_config(args: argparse.Namespace, **overrides: object) -> CampaignConfig:
+    """The config of ``_config_args``, placed colocated, with ``overrides`` (dotted keys) over ``--set``."""
+    from pipelines_lib.config import CampaignConfig
+    from pipelines_lib.configio import parse_overrides
+
+    return CampaignConfig.build(preset=args.preset, config_path=args.config,
+                                overrides={**parse_overrides(args.set), "placement": "colocated", **overrides})
 
 
 def _run_colocated(args: argparse.Namespace) -> int:
-    from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.configio import parse_overrides
     from pipelines_lib.stages.campaign import CampaignMismatchError
 
-    overrides = {**parse_overrides(args.set), "placement": "colocated"}
-    config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
+    config = _colocated_config(args)
     store = open_store(args, args.url)
     try:
         return _run_and_summarise(args, store, config)
@@ -123,9 +134,7 @@ RECOVER = Command(HELP="finish a colocated campaign in this process, with the co
 # -- plan -------------------------------------------------------------------------------------------------
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help="config the YAML and --set apply to (e.g. tpu_demo, tpu_real)")
-    p.add_argument("--config", metavar="FILE", help="YAML config file over the preset")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override, repeatable")
+    _config_args(p)
     p.add_argument("--devices", type=int, metavar="N",
                    help="plan for N devices (a slice; trainer.mesh resolved over N, e.g. --set trainer.mesh.fsdp=-1) "
                         "instead of this machine's; the train step's temporaries are then estimated, not compiled")
@@ -135,17 +144,12 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from pipelines_lib.config import CampaignConfig
-    from pipelines_lib.configio import parse_overrides
     from pipelines_lib.memplan import MemoryPlanError
     from pipelines_lib.stages.colocated import plan_colocated
 
     if args.devices is not None and args.devices < 1:
         raise CommandError(f"--devices must be >= 1, got {args.devices}")
-    overrides = {**parse_overrides(args.set), "placement": "colocated"}
-    if args.device_gib is not None:
-        overrides["memory.device_gib"] = args.device_gib
-    config = CampaignConfig.build(preset=args.preset, config_path=args.config, overrides=overrides)
+    config = _colocated_config(args, **({} if args.device_gib is None else {"memory.device_gib": args.device_gib}))
     try:
         plan = plan_colocated(config, n_devices=args.devices)
     except MemoryPlanError as e:  # the finding this command is for: said on stdout, exit 1
