@@ -2,9 +2,11 @@
 
 ```
 export      random weights of the ``tpu_real`` preset's model on the device, written by the project's HF export
+warm-up     a throw-away campaign of two steps from that folder: the programs compiled before any measured window
 campaign    run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder, with no tool
-            latency: the memory plan, the device's peak memory, trajectories/hour, trained tokens/s and the
-            hand-over of each version (``hand_over`` spans)
+            latency: the memory plan, the device's peak memory, trajectories/hour, trained tokens/s, the
+            hand-over of each version (``hand_over`` spans), the chip's busy share, and the shares of the window
+            the trainer's loop spent at publications and checkpoints and the writer spent writing them
 alone       the engine alone at the campaign's slots and KV pool, serving prompts of the campaign's mean prompt length;
             the trainer alone at the campaign's batch (rows × largest bucket), 1 + 3 steps
 campaign    the same with ``LatencyProfile.heavy()``, in another fresh folder, if ``--budget-s`` affords it
@@ -68,7 +70,7 @@ def steady_rates(store: Any, config: Any) -> dict[str, float]:
     """The campaign's rates over its steady window (module docstring), its hand-overs and the prompts' mean length."""
     from pipelines_lib.records import ConsumptionLog, DoneMarker
     from pipelines_lib.storage import layout
-    from pipelines_lib.telemetry.trace import read_records
+    from pipelines_lib.telemetry.trace import chip_busy, read_records
     from pipelines_lib.trajectory.codec import read_shard
 
     steps = DoneMarker.read(store).steps
@@ -88,12 +90,20 @@ def steady_rates(store: Any, config: Any) -> dict[str, float]:
             trajectories += overlap
             prompts += mask.index(1) if 1 in mask else len(mask)
             count += 1
-    hand_overs = [r["dur_us"] / 1e6 for r in read_records(store) if r.get("type") == "span"
-                  and r.get("name") == "hand_over"]
+    spans = [r for r in read_records(store) if r.get("type") == "span"]
+    hand_overs = [r["dur_us"] / 1e6 for r in spans if r["name"] == "hand_over"]
+
+    def share(name: str, track: str) -> float:  # of the window, the spans of that name on that track
+        return sum(max(0, min(r["ts_us"] + r["dur_us"], end * 1e6) - max(r["ts_us"], start * 1e6)) for r in spans
+                   if r["name"] == name and r["track"] == track) / 1e6 / window
+
     return {"window_s": window, "rollout_tokens_per_s": generated / window,
             "trained_tokens_per_s": (steps - 1) * rows * config.trainer.seq_buckets[-1] / window,
             "trajectories_per_hour": 3600 * trajectories / window, "handover_s": statistics.mean(hand_overs),
-            "handover_max_s": max(hand_overs), "mean_prompt": prompts / max(count, 1)}
+            "handover_max_s": max(hand_overs), "mean_prompt": prompts / max(count, 1),
+            "chip_busy": chip_busy(spans, int(start * 1e6), int(end * 1e6)),
+            "publish_wait_share": share("publish", "trainer") + share("checkpoint", "trainer"),
+            "write_share": share("write", "writer")}
 
 
 def engine_alone(store: Any, config: Any, *, prompt: int) -> float:
@@ -177,6 +187,11 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
         out[f"campaign_wall_s_{name}"] = ran["wall_s"]
         return store, ran
 
+    # A process's first campaign compiles its engine's and trainer's programs as it meets their shapes, inside its
+    # window; a throw-away campaign of two steps meets them first.
+    warmup = dataclasses.replace(base, init_from=str(folder),
+                                 trainer=dataclasses.replace(base.trainer, max_steps=2, checkpoint_every=2))
+    run_colocated(Store(str(scratch / "campaign-warmup")), warmup, cache=scratch / "cache", log=log)
     store, ran = campaign("none", LatencyProfile.none())
     stats = jax.devices()[0].memory_stats() or {}
     out.update(campaign_fits=1.0, hbm_plan_gib=ran["memory_plan"]["total_bytes"] / GIB,
@@ -211,12 +226,15 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
              "hour, trained tokens per second, the hand-over of each version, and how much of the chip the rollouts "
              "and the trainer each get beside the other, without and with slow tools.",
     method="`bench/tpu_real.py` `measure_real`, in this process: random weights of the `tpu_real` preset's model "
-           "(Qwen3-0.6B's shape, bfloat16) exported by `save_hf_checkpoint`, then two colocated campaigns of the preset "
+           "(Qwen3-0.6B's shape, bfloat16) exported by `save_hf_checkpoint`, a throw-away campaign of 2 steps (the "
+           "programs compiled before any window), then two colocated campaigns of the preset "
            "from that folder (`init_from`: the HF import), 6 steps each: no tool latency first, then the engine alone "
            "and the trainer alone at the campaign's sizes, then `LatencyProfile.heavy()` if `--budget-s` affords "
            "it (else `tpu.real.heavy_skipped`); the memory plan's total and the device's `peak_bytes_in_use` after "
            "the first; rates over each campaign's steady window (module docstring); `handover_s`: the slower "
-           "campaign's mean `hand_over` span; time share = the two ratios summed. "
+           "campaign's mean `hand_over` span; time share = the two ratios summed; per campaign the chip's busy share "
+           "of the window (`chip_busy_<latency>`), the share the trainer's loop spent at publications and checkpoints "
+           "(`publish_wait_share_<latency>`) and the share the writer thread spent writing them (`write_share_*`). "
            "`--quick`: the model shrunk, 2 steps. Skipped without an accelerator.",
     goals=(Goal(key="tpu.real.campaign_fits", op=">=", value=1.0, why="a 0.6B campaign on one chip"),
            Goal(key="tpu.real.hbm_peak_gib", op="<=", value=15.0, why="a v5e chip holds 15.7 GiB"),

@@ -31,7 +31,7 @@ from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.model.weights import CONFIG_FILE, STATE_ITEM, load_weights, save_weights
 from pipelines_lib.storage.store import Store
-from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
+from pipelines_lib.train.checkpoint import checkpoint_state, restore_latest, save_checkpoint
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 
 CFG = dataclasses.replace(ModelConfig.tiny(), n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128)
@@ -60,7 +60,7 @@ def save_all(folder: Path, mesh: Mesh, seed: int) -> None:
     model, optimizer = _model_and_optimizer(mesh, seed)
     save_weights(model, str(folder / "weights"))
     save_checkpoint(Store(str(folder / "campaign")), step=1, version=0, cursor="{}", rng=jax.random.key(seed),
-                    model=model, optimizer=optimizer)
+                    state=checkpoint_state(model, optimizer))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     stacked = params.pop("layers")
     params["layers"] = {str(i): jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(CFG.n_layers)}

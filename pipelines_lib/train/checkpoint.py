@@ -30,7 +30,8 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 
 
-def _items(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
+def checkpoint_state(model: nnx.Module, optimizer: nnx.Optimizer) -> dict[str, Any]:
+    """What a checkpoint's Orbax item holds: the model's parameters and the optimizer's state."""
     return {"params": nnx.state(model, nnx.Param), "opt": nnx.state(optimizer)}
 
 
@@ -41,10 +42,10 @@ def save_checkpoint(
     version: int,
     cursor: str,
     rng: jax.Array,
-    model: nnx.Module,
-    optimizer: nnx.Optimizer,
+    state: dict[str, Any],
 ) -> str:
-    """Save and commit; returns the folder. Re-saving a committed step is a no-op."""
+    """Save ``state`` (``checkpoint_state``: device arrays, or host copies of them) and commit; returns the folder.
+    Re-saving a committed step is a no-op."""
     barrier(f"checkpoint {step}: look")
     attempt = 0
     folder = layout.checkpoint_dir(step)
@@ -57,7 +58,7 @@ def save_checkpoint(
 
     def save() -> None:
         with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(orbax_path(store.uri(f"{folder}/state")), _items(model, optimizer))
+            checkpointer.save(orbax_path(store.uri(f"{folder}/state")), state)
 
     store.call_external("save checkpoint", f"{folder}/state", save)
     if is_writer():
@@ -79,7 +80,7 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer,
     folder = folders[-1]
     # The shapes and shardings of the model and optimizer as placed now, not those the checkpoint records: a
     # checkpoint saved on one mesh or device set restores onto another.
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, _items(model, optimizer))
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, checkpoint_state(model, optimizer))
     def restore() -> Any:
         path = orbax_path(store.uri(f"{folder}/state"))
         with ocp.StandardCheckpointer() as checkpointer:
@@ -96,4 +97,4 @@ def restore_latest(store: Store, *, model: nnx.Module, optimizer: nnx.Optimizer,
     return folder, CheckpointMeta.read(store, folder)
 
 
-__all__ = ["restore_latest", "save_checkpoint"]
+__all__ = ["checkpoint_state", "restore_latest", "save_checkpoint"]

@@ -11,7 +11,7 @@
                                                           drops, skips (with reasons), and the tail cursor's delta
    every P steps: publish weights/v<V+1> (pointer moved last)
    every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
- train/DONE.json                                          marker last
+ train/DONE.json                                          marker last, once the writes (off the loop: train.writer) end
 ```
 
 Exact resume: a step's consumption log is written before its effects (publication, checkpoint) and
@@ -56,21 +56,22 @@ from pipelines_lib.distributed import agree, any_process, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
 from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder, with_dtype
-from pipelines_lib.publish import load_published, publish_weights
+from pipelines_lib.publish import load_published
 from pipelines_lib.records import ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import batch_from_groups
-from pipelines_lib.train.checkpoint import restore_latest, save_checkpoint
+from pipelines_lib.train.checkpoint import checkpoint_state, restore_latest
 from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
 from pipelines_lib.train.reload import reload_step, undigested
 from pipelines_lib.train.step import StepConfig, train_step
-from pipelines_lib.trajectory.channel import Channel, GroupSlice, GroupSource
+from pipelines_lib.train.writer import TrainerWrites
+from pipelines_lib.trajectory.channel import Channel, GroupSlice, GroupSource, no_learning_signal
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.trajectory.folder import FolderChannel
 from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
 from pipelines_lib.trajectory.trainable import INFRA_REASON
-from pipelines_lib.trajectory.window import Window, zero_advantage
+from pipelines_lib.trajectory.window import Window, zero_advantage, zero_advantage_summary
 from pipelines_lib.utc import utc_now_iso
 
 
@@ -195,6 +196,8 @@ class StreamingTrainer:
         self.step = 0
         self.version = 0
         self.checkpointed_step = 0
+        # Publications and checkpoints off the loop; a multi-process trainer's writes are collectives: inline.
+        self.writes = TrainerWrites(inline=jax.process_count() > 1)
         # What a group must satisfy to be trained on: the group size, the longest row (bucket, model), the vocabulary.
         self.needs = TrainerNeeds.of(group_size=group_size, seq_buckets=config.seq_buckets,
                                      max_seq_len=self.model.cfg.max_seq_len, vocab_size=self.model.cfg.vocab_size,
@@ -274,14 +277,14 @@ class StreamingTrainer:
                 raise DataTimeoutError(
                     f"trainer step {self.step + 1}: waited {now - waited_since:.1f}s for groups in "
                     f"{self.store.uri(layout.TRAJECTORIES)}/v{window.start:08d}..v{self.version:08d}; have {len(groups)} of "
-                    f"{self.tc.batch_groups}{self._zero_advantage_summary(zero_adv)} (are rollout workers "
-                    f"running and on weights >= v{window.start}?)"
+                    f"{self.tc.batch_groups}{zero_advantage_summary([z.reward for z in zero_adv])} (are rollout "
+                    f"workers running and on weights >= v{window.start}?)"
                 )
             if zero_adv and now - self._last_wait_log >= 10.0:
                 self._last_wait_log = now
                 # Say why a step takes long: all-equal groups carry no gradient and are not trained on.
                 self.log(f"trainer: step {self.step + 1} has {len(groups)} of {self.tc.batch_groups} groups"
-                         f"{self._zero_advantage_summary(zero_adv)}; waiting for more")
+                         f"{zero_advantage_summary([z.reward for z in zero_adv])}; waiting for more")
             if got:
                 continue  # more may be ready: read them before sleeping
             if self.abort is not None and (reason := self.abort()) is not None:
@@ -294,22 +297,10 @@ class StreamingTrainer:
             self.idle_s += self.clock() - t0
         return groups, zero_adv, events
 
-    @staticmethod
-    def _zero_advantage_summary(zero_adv: list[ZeroAdvantageGroup]) -> str:
-        if not zero_adv:
-            return ""
-        return (f"; {len(zero_adv)} groups read meanwhile had all-equal rewards (mean "
-                f"{np.mean([z.reward for z in zero_adv]):.2f}), no learning signal")
-
-    @staticmethod
-    def _no_signal(groups: list[GroupSlice]) -> bool:
-        """Every group has all-equal rewards: zero advantage, so the step's loss and gradient are 0."""
-        return all(zero_advantage(g.table.column("reward").to_pylist()) for g in groups)
-
     def _say_why_no_signal(self, groups: list[GroupSlice]) -> None:
         """Once per trainer: why a step's loss and update are zero, when every group it trained on had all-equal
         rewards (``skip_zero_advantage`` off, as in the smoke preset, and a policy that solves nothing yet)."""
-        if self._said_no_signal or not self._no_signal(groups):
+        if self._said_no_signal or not no_learning_signal(groups):
             return
         rewards = [g.table.column("reward").to_pylist() for g in groups]
         self._said_no_signal = True
@@ -361,17 +352,8 @@ class StreamingTrainer:
             self._logged_cursor = self.tailer.cursor.copy()
         else:
             record = replay
-        if publish:
-            self.version += 1
-            with telemetry.span("publish", track="trainer", step=self.step, version=self.version):
-                # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
-                served = with_dtype(self.model, self.precision.compute)
-                if self.on_publish is not None:  # before the pointer moves, so a reader of it finds the copy there
-                    self.on_publish(self.version, served)
-                publish_weights(self.store, served, version=self.version, step=self.step,
-                                tokenizer_dir=self.tokenizer_dir)
         if publish or self.step % self.tc.checkpoint_every == 0:
-            self._checkpoint(self.tailer.cursor)  # in a replay, the cursor the log led to
+            self._write(publish=publish, cursor=self.tailer.cursor)  # in a replay, the cursor the log led to
         # loss, gradient and behaviour–proximal mismatch figures, reward and staleness per step (TensorBoard reads them)
         for name, value in {**metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}.items():
             if value is not None:
@@ -386,10 +368,21 @@ class StreamingTrainer:
         )
         return record
 
-    def _checkpoint(self, cursor: TailCursor) -> None:
-        with telemetry.span("checkpoint", track="trainer", step=self.step):
-            save_checkpoint(self.store, step=self.step, version=self.version, cursor=cursor.to_json(), rng=self.rng,
-                            model=self.model, optimizer=self.optimizer)
+    def _write(self, *, publish: bool, cursor: TailCursor) -> None:
+        """Publish the next version (when ``publish``) and checkpoint this step through ``writes``: the loop pays
+        the hand-over to an in-process engine and the host copies, the writes run meanwhile (``train.writer``)."""
+        with telemetry.span("publish" if publish else "checkpoint", track="trainer", step=self.step):
+            self.writes.wait()  # one step's writes at a time, in step order
+            served = None
+            if publish:
+                self.version += 1
+                # Engines serve the compute-dtype copy; the master weights stay in the checkpoint.
+                served = with_dtype(self.model, self.precision.compute)
+                if self.on_publish is not None:  # before the pointer moves, so a reader of it finds the copy there
+                    self.on_publish(self.version, served)
+            self.writes.step(self.store, step=self.step, version=self.version, cursor=cursor.to_json(), rng=self.rng,
+                             state=checkpoint_state(self.model, self.optimizer), served=served,
+                             tokenizer_dir=self.tokenizer_dir)
         self.checkpointed_step = self.step
 
     def _stop_asked(self) -> bool:
@@ -403,7 +396,8 @@ class StreamingTrainer:
         """End at a step boundary: checkpoint the steps since the last checkpoint, at the cursor of the last step
         (the groups gathered for the next step are dropped, read again on resume), so a resume replays nothing."""
         if self.step > self.checkpointed_step:
-            self._checkpoint(self._logged_cursor)
+            self._write(publish=False, cursor=self._logged_cursor)
+        self.writes.wait()
         self.log(f"trainer: stopped at step {self.step}/{self.tc.max_steps} (asked to stop), checkpoint at step "
                  f"{self.checkpointed_step}; no done marker: a rerun continues")
 
@@ -413,25 +407,31 @@ class StreamingTrainer:
         target = min(max_steps or self.tc.max_steps, self.tc.max_steps)
         t_start = self.clock()
         stopped = False
-        while self.step < target:
-            try:
-                gathered = None if self._stop_agreed() else self._gather()
-            except DataTimeoutError as e:
-                e.progress = self._progress(t_start)
-                raise
-            if gathered is None:
-                self._stop()
-                stopped = True
-                break
-            groups, zero_adv, events = gathered
-            record = self._train_on(groups, zero_adv=zero_adv, events=events)
-            # A zero loss next to a zero reward reads as a dead run; a step with nothing to learn from says that.
-            signal = (f"no learning signal (reward {record.mean_reward:.3f}, equal within every group)"
-                      if self._no_signal(groups) else
-                      f"loss {record.metrics['loss']:+.4f} reward {record.mean_reward:.3f}")
-            self.log(f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} {signal} staleness<= "
-                     f"{record.staleness_max} dropped {self.tailer.cursor.groups_dropped_stale} idle {self.idle_s:.1f}s")
-            self._say_why_no_signal(groups)
+        try:
+            while self.step < target:
+                try:
+                    gathered = None if self._stop_agreed() else self._gather()
+                except DataTimeoutError as e:
+                    e.progress = self._progress(t_start)
+                    raise
+                if gathered is None:
+                    self._stop()
+                    stopped = True
+                    break
+                groups, zero_adv, events = gathered
+                record = self._train_on(groups, zero_adv=zero_adv, events=events)
+                # A zero loss next to a zero reward reads as a dead run; a step with nothing to learn from says that.
+                signal = (f"no learning signal (reward {record.mean_reward:.3f}, equal within every group)"
+                          if no_learning_signal(groups) else
+                          f"loss {record.metrics['loss']:+.4f} reward {record.mean_reward:.3f}")
+                self.log(f"trainer: step {self.step}/{self.tc.max_steps} v{self.version} {signal} staleness<= "
+                         f"{record.staleness_max} dropped {self.tailer.cursor.groups_dropped_stale} "
+                         f"idle {self.idle_s:.1f}s")
+                self._say_why_no_signal(groups)
+            self.writes.wait()  # every version published and every checkpoint committed before the done marker
+        except BaseException:
+            self.writes.finish(self.log)
+            raise
         done = self._progress(t_start)
         if self.step >= self.tc.max_steps and is_writer() and not DoneMarker.exists(self.store):
             done.write(self.store)

@@ -36,7 +36,7 @@ import pyarrow as pa
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.trajectory.record import Trajectory
 from pipelines_lib.trajectory.trainable import TrainerNeeds, group_digest
-from pipelines_lib.trajectory.window import Window
+from pipelines_lib.trajectory.window import Window, zero_advantage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,3 +124,8 @@ class Channel(Protocol):
     def committed_groups(self, worker: str) -> set[str]:
         """Group ids committed by every start of logical worker ``worker`` (sink names ``<worker>.<nonce>``)."""
         ...
+
+
+def no_learning_signal(groups: Sequence[GroupSlice]) -> bool:
+    """Every group's rewards are all equal: zero advantage, so a step on them has loss and gradient 0."""
+    return all(zero_advantage(g.table.column("reward").to_pylist()) for g in groups)

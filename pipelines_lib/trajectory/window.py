@@ -40,6 +40,14 @@ def zero_advantage(rewards: Sequence[float]) -> bool:
     return len(set(rewards)) == 1
 
 
+def zero_advantage_summary(rewards: Sequence[float]) -> str:
+    """What a trainer waiting for groups says of the all-equal ones it read meanwhile (``rewards``: each one's)."""
+    if not rewards:
+        return ""
+    return (f"; {len(rewards)} groups read meanwhile had all-equal rewards (mean {sum(rewards) / len(rewards):.2f}), "
+            "no learning signal")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Window:
     """The policy versions a trainer at ``version`` may train on: ``[max(0, version − eta), version]``."""
