@@ -189,8 +189,7 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
 
     # A process's first campaign compiles its engine's and trainer's programs as it meets their shapes, inside its
     # window; a throw-away campaign of two steps meets them first.
-    warmup = dataclasses.replace(base, init_from=str(folder),
-                                 trainer=dataclasses.replace(base.trainer, max_steps=2, checkpoint_every=2))
+    warmup = dataclasses.replace(base, init_from=str(folder), trainer=dataclasses.replace(base.trainer, max_steps=2))
     run_colocated(Store(str(scratch / "campaign-warmup")), warmup, cache=scratch / "cache", log=log)
     store, ran = campaign("none", LatencyProfile.none())
     stats = jax.devices()[0].memory_stats() or {}
