@@ -5,8 +5,9 @@ export      random weights of the ``tpu_real`` preset's model on the device, wri
 warm-up     a throw-away campaign of two steps from that folder: the programs compiled before any measured window
 campaign    run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder, with no tool
             latency: the memory plan, the device's peak memory, trajectories/hour, trained tokens/s, the
-            hand-over of each version (``hand_over`` spans), the chip's busy share, and the shares of the window
-            the trainer's loop spent at publications and checkpoints and the writer spent writing them
+            hand-over of each version (``hand_over`` spans), the chip's busy share, the shares of the window the
+            trainer's loop spent at publications and checkpoints, the writer spent writing them and the rollout
+            worker spent waiting for its budget or fresher weights, and the mean seconds a version's write took
 alone       the engine alone at the campaign's slots and KV pool, serving prompts of the campaign's mean prompt length;
             the trainer alone at the campaign's batch (rows × largest bucket), 1 + 3 steps
 campaign    the same with ``LatencyProfile.heavy()``, in another fresh folder, if ``--budget-s`` affords it
@@ -41,9 +42,11 @@ from bench.tpu import SERVE_TIMEOUT_S, accelerator
 
 QUICK_REAL = ("model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "model.n_heads=2",
               "model.n_kv_heads=1", "model.head_dim=32", "model.d_ff=128", "trainer.max_steps=2",
-              "trainer.batch_groups=2", "trainer.checkpoint_every=2", "eval.n_tasks=2", "dataset.n_train=64",
-              "dataset.n_heldout=4", "engine.num_slots=8", "rollout.max_concurrency=8", "memory.device_gib=4.0")
-"""``tpu_real`` cut to seconds on a CPU: a small model (its vocabulary still past the tokenizer's), two steps."""
+              "trainer.batch_groups=2", "trainer.publish_every=1", "rollout.max_groups_per_version=2",
+              "eval.n_tasks=2", "dataset.n_train=64", "dataset.n_heldout=4", "engine.num_slots=8",
+              "rollout.max_concurrency=8", "memory.device_gib=4.0")
+"""``tpu_real`` cut to seconds on a CPU: a small model (its vocabulary still past the tokenizer's), two steps, each
+publishing (so that version 1's rollouts and write fall inside the window between the two steps' logs)."""
 GIB = 2**30
 
 
@@ -92,6 +95,8 @@ def steady_rates(store: Any, config: Any) -> dict[str, float]:
             count += 1
     spans = [r for r in read_records(store) if r.get("type") == "span"]
     hand_overs = [r["dur_us"] / 1e6 for r in spans if r["name"] == "hand_over"]
+    version_writes = [r["dur_us"] / 1e6 for r in spans
+                      if r["name"] == "write" and "version" in r.get("tags", {}).get("what", "")]
 
     def share(name: str, track: str) -> float:  # of the window, the spans of that name on that track
         return sum(max(0, min(r["ts_us"] + r["dur_us"], end * 1e6) - max(r["ts_us"], start * 1e6)) for r in spans
@@ -103,7 +108,9 @@ def steady_rates(store: Any, config: Any) -> dict[str, float]:
             "handover_max_s": max(hand_overs), "mean_prompt": prompts / max(count, 1),
             "chip_busy": chip_busy(spans, int(start * 1e6), int(end * 1e6)),
             "publish_wait_share": share("publish", "trainer") + share("checkpoint", "trainer"),
-            "write_share": share("write", "writer")}
+            "write_share": share("write", "writer"),
+            "rollout_wait_share": share("backpressure_wait", "weights") + share("admission_wait", "weights"),
+            "version_write_s": statistics.mean(version_writes) if version_writes else 0.0}
 
 
 def engine_alone(store: Any, config: Any, *, prompt: int) -> float:
@@ -233,7 +240,9 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
            "the first; rates over each campaign's steady window (module docstring); `handover_s`: the slower "
            "campaign's mean `hand_over` span; time share = the two ratios summed; per campaign the chip's busy share "
            "of the window (`chip_busy_<latency>`), the share the trainer's loop spent at publications and checkpoints "
-           "(`publish_wait_share_<latency>`) and the share the writer thread spent writing them (`write_share_*`). "
+           "(`publish_wait_share_<latency>`), the share the writer thread spent writing them (`write_share_*`), the "
+           "share the rollout worker waited for its budget or fresher weights (`rollout_wait_share_*`) and the mean "
+           "seconds a version's write took (`version_write_s_*`). "
            "`--quick`: the model shrunk, 2 steps. Skipped without an accelerator.",
     goals=(Goal(key="tpu.real.campaign_fits", op=">=", value=1.0, why="a 0.6B campaign on one chip"),
            Goal(key="tpu.real.hbm_peak_gib", op="<=", value=15.0, why="a v5e chip holds 15.7 GiB"),

@@ -46,9 +46,9 @@ from pipelines_lib.evaluate import EvalConfig
 from pipelines_lib.memplan import MemoryConfig
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.rollout.config import RolloutConfig
+from pipelines_lib.train.config import TrainerConfig
 from pipelines_lib.train.optim import OptimConfig
 from pipelines_lib.train.sft import SFTConfig
-from pipelines_lib.train.trainer import TrainerConfig
 from pipelines_lib.trajectory.channel import WriterConfig
 
 LOCKSTEP_MAX_AGE_S = 86_400.0
@@ -110,6 +110,9 @@ class CampaignConfig:
             raise ValueError(f"CampaignConfig.placement='colocated' hands the trainer's compute-dtype weights to engines "
                              f"serving model.dtype={self.model.dtype!r}: set model.dtype and "
                              f"trainer.step.precision.compute alike, got {self.trainer.step.precision.compute!r}")
+        if self.engine.kind == "vllm" and not self.trainer.publish_hf:
+            raise ValueError("engine.kind='vllm' serves each version from its HF folder, and trainer.publish_hf=false "
+                             "publishes none: set trainer.publish_hf=true")
         if self.engine.num_blocks == "auto" and self.placement != "colocated":
             raise ValueError("engine.num_blocks='auto' needs placement='colocated' (the colocated memory plan sizes the "
                              f"KV pool), got placement={self.placement!r}: give engine.num_blocks a number")

@@ -32,7 +32,7 @@ from typing import Any
 
 from pipelines_lib.engine.config import EngineConfig
 from pipelines_lib.model.config import DTYPE_BYTES, ModelConfig, kv_bytes_per_position, param_count
-from pipelines_lib.train.trainer import TrainerConfig
+from pipelines_lib.train.config import TrainerConfig
 
 GIB = 2**30
 EXACT = "arithmetic"

@@ -106,9 +106,11 @@ def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_
             out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
             + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
     assert 0 < out["handover_s"] < 60 and out["trajectories_per_hour"] > 0
-    # the chip's busy share and the trainer's writing shares are shares of the window (the quick campaign's one
-    # publication and checkpoint come after its last step's log, which ends the window)
-    assert 0 < out["chip_busy_none"] <= 1 and out["publish_wait_share_none"] == out["write_share_none"] == 0
+    # the chip's busy share and the trainer's writing shares are shares of the window (step 1's publication and its
+    # write come after step 1's log, which opens the window)
+    assert 0 < out["chip_busy_none"] <= 1
+    assert 0 < out["publish_wait_share_none"] <= 1 and 0 < out["write_share_none"] <= 1
+    assert 0 <= out["rollout_wait_share_none"] <= 1 and out["version_write_s_none"] > 0
     assert (tmp_path / "campaign-warmup" / "train" / "DONE.json").is_file()  # the programs compiled before any window
     assert out["campaign_wall_s_none"] > 0 and out["campaign_wall_s_heavy"] > 0 and "heavy_skipped" not in out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -14,6 +15,7 @@ from pipelines_lib.configdoc import render, rows
 from pipelines_lib.configio import ConfigError
 from pipelines_lib.envs import ENV_REGISTRY
 from pipelines_lib.model.config import param_count
+from pipelines_lib.rollout.config import RolloutConfig
 from pipelines_lib.train.optim import make_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,3 +141,21 @@ def test_the_wide_preset_is_tiny_with_a_decoder_twice_as_wide_and_its_own_recipe
     # everything else is tiny's: task, rollouts, steps, evaluation
     assert (wide.dataset, wide.env, wide.rollout, wide.eval) == (tiny.dataset, tiny.env, tiny.rollout, tiny.eval)
     assert (wide.trainer.max_steps, wide.sft.steps) == (tiny.trainer.max_steps, tiny.sft.steps)
+
+
+def test_a_vllm_campaign_without_hf_folders_is_refused_naming_the_knob() -> None:
+    tiny = CampaignConfig.tiny()
+    with pytest.raises(ValueError, match=r"engine.kind='vllm' serves each version from its HF folder.*"
+                                         r"trainer.publish_hf=true"):
+        dataclasses.replace(tiny, engine=dataclasses.replace(tiny.engine, kind="vllm"),
+                            trainer=dataclasses.replace(tiny.trainer, publish_hf=False))
+
+
+@pytest.mark.parametrize(("knobs", "message"), [
+    ({"eta": 1, "lead_versions": 2, "max_groups_per_version": 16}, r"lead_versions must be between 0 and eta=1.*got 2"),
+    ({"eta": 1, "lead_versions": 1}, r"lead_versions=1 counts in max_groups_per_version budgets.*got "
+                                     r"max_groups_per_version=None"),
+])
+def test_a_lead_past_eta_or_without_a_budget_is_refused_naming_it(knobs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RolloutConfig(**knobs)

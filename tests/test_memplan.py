@@ -20,8 +20,8 @@ from pipelines_lib.model.config import ModelConfig, param_count
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.stages.colocated import DeviceWeights, run_colocated
 from pipelines_lib.storage.store import Store
+from pipelines_lib.train.config import TrainerConfig
 from pipelines_lib.train.optim import OptimConfig, make_optimizer
-from pipelines_lib.train.trainer import TrainerConfig
 
 # vocab 16, d 8, one layer of 2 query heads and 1 KV head of 4, MLP 8, tied embeddings.
 TOY = ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, d_ff=8, max_seq_len=16,

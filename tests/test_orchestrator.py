@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -216,25 +217,61 @@ def test_backpressure_caps_groups_per_version_until_the_next_publication(tmp_pat
     assert stats.backpressure_s > 0
 
 
-def test_groups_with_all_equal_rewards_give_their_backpressure_budget_back(tmp_path) -> None:
-    store = Store(str(tmp_path / "c"))
-    engine, log, pub = VersionedEngine(), [], Publisher()  # nobody publishes, and the budget's wait is long
-    mixed = make_episode(engine, lambda t, i: 0.002, log)
+def _four_all_fail_then_mixed(engine: VersionedEngine) -> Callable:
+    """Episodes of tasks t0..t3 fail in every sample (zero advantage); t4, t5 are mixed."""
+    mixed = make_episode(engine, lambda t, i: 0.002, [])
 
     async def episode(task, group_id, idx):
         t = await mixed(task, group_id, idx)
-        # t0..t3 fail in every sample (zero advantage: the trainer never consumes them); t4, t5 are mixed.
         return dataclasses.replace(t, reward=0.0) if int(task.task_id[1:]) < 4 else t
 
+    return episode
+
+
+def test_groups_with_all_equal_rewards_give_their_backpressure_budget_back(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, pub = VersionedEngine(), Publisher()  # nobody publishes, and the budget's wait is long
+    # The all-fail groups are the ones the trainer skips (trainer.skip_zero_advantage, the default).
     orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, max_groups_per_version=2,
                                              backpressure_max_wait_s=60.0, target_groups=6, weight_poll_s=0.01),
-                        engine=engine, episode_fn=episode, tasks=tasks(), weights=pub,
+                        engine=engine, episode_fn=_four_all_fail_then_mixed(engine), tasks=tasks(), weights=pub,
                         writer=ShardWriter(store, worker_id="w0"))
     # Without the refund the third group would wait 60 s for a new version; with it, each all-fail group that
     # finishes lets the next one start, and only the two mixed groups spend version 0's budget of 2.
     stats = asyncio.run(asyncio.wait_for(orch.run(), 20))
     assert stats.groups_committed == 6 and stats.versions_started[0] == 6
     assert orch._spent(0) == 2
+
+
+def test_all_equal_groups_keep_their_budget_when_the_trainer_trains_on_them(tmp_path) -> None:
+    # trainer.skip_zero_advantage: false: the trainer consumes every group, so a refund would let the worker run
+    # ahead of it (a random model's groups all score 0: every group would give its place back, without end).
+    store = Store(str(tmp_path / "c"))
+    engine, pub = VersionedEngine(), Publisher()
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=8, max_groups_per_version=2,
+                                             backpressure_max_wait_s=0.1, target_groups=6, weight_poll_s=0.01),
+                        engine=engine, episode_fn=_four_all_fail_then_mixed(engine), tasks=tasks(), weights=pub,
+                        writer=ShardWriter(store, worker_id="w0"), refund_zero_advantage=False)
+    stats = asyncio.run(asyncio.wait_for(orch.run(), 20))
+    assert stats.groups_committed == 6 and orch._spent(0) == 6
+    assert stats.backpressure_s >= 0.2  # the budget of 2 widened twice by waiting: no group gave its place back
+
+
+@pytest.mark.parametrize(("lead", "waits"), [(0, True), (1, False)])
+def test_a_worker_leads_by_lead_versions_budgets_on_its_first_version_only(tmp_path, lead: int, waits: bool) -> None:
+    # Budget 2 a version; nobody publishes. With a lead of one version the first version's budget is 4: the worker
+    # starts its 4 groups at once; without it the third group waits for the budget to widen (0.3 s).
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], Publisher()
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=16, max_groups_per_version=2, eta=1,
+                                             lead_versions=lead, backpressure_max_wait_s=0.3, target_groups=4,
+                                             weight_poll_s=0.01),
+                        engine=engine, episode_fn=make_episode(engine, lambda t, i: 0.001, log), tasks=tasks(),
+                        weights=pub, writer=ShardWriter(store, worker_id="w0"))
+    stats = asyncio.run(asyncio.wait_for(orch.run(), 30))
+    # both end with a budget of 4 on version 0: one granted it up front, the other only after waiting
+    assert stats.groups_committed == 4 and orch._budget[0] == 4
+    assert (stats.backpressure_s >= 0.3) == waits
 
 
 def test_backpressure_never_stalls_a_trainer_that_needs_more_groups(tmp_path) -> None:

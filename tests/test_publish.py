@@ -15,8 +15,10 @@ from pipelines_lib.engine import EngineConfig, JaxEngine
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.publish import (
+    CampaignHFWeights,
     CampaignWeights,
     PublishError,
+    hf_dir,
     load_published,
     measure_pickup_latency,
     publish_weights,
@@ -64,6 +66,16 @@ def test_publish_then_load_round_trips_params_exactly(local_store: Store) -> Non
     assert loaded.cfg == SMALL
     assert_same_params(nnx.state(loaded, nnx.Param), nnx.state(m, nnx.Param))
     assert_same_params(CampaignWeights(local_store).load(0), nnx.state(m, nnx.Param))
+
+
+def test_a_version_published_without_its_hf_folder_loads_and_names_the_missing_folder_to_vllm(
+        local_store: Store, tmp_path) -> None:
+    m = model()
+    publish_weights(local_store, m, version=0, step=0, hf=False)
+    assert local_store.list(hf_dir(0)) == [] and local_store.list(weights_dir(0))
+    assert_same_params(nnx.state(load_published(local_store)[0], nnx.Param), nnx.state(m, nnx.Param))
+    with pytest.raises(NotFoundError, match="version 0 has no HF folder"):
+        CampaignHFWeights(local_store, tmp_path / "hf").load(0)
 
 
 def test_pointer_moves_forward_only(local_store: Store) -> None:

@@ -103,9 +103,35 @@ def test_trainer_consumes_every_group_once_publishes_and_marks_done(tmp_path) ->
     groups = consumed_group_ids(store)
     assert len(groups) == 12 == len(set(groups))
     assert DoneMarker.exists(store)
-    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (2, 3, 4, 6)]
+    # every checkpoint_every (3) steps, publications (2, 4, 6) write none of their own
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (3, 6)]
     assert train(store, config) == DoneMarker.read(store).to_dict()  # a rerun is a no-op
     assert any("step 6/6" in line for line in logs)
+
+
+@pytest.mark.parametrize(("compute", "kept"), [("bfloat16", True), ("float32", False)])
+def test_a_version_is_written_from_the_cast_the_in_process_engine_keeps_else_from_host_copies(
+        tmp_path, monkeypatch, compute: str, kept: bool) -> None:
+    # bfloat16 compute on float32 masters: the cast handed to the engine is nobody's to donate, so the job writes those
+    # very arrays. Served in float32, the engine is handed the masters, which the next step donates: the job writes
+    # copies on the host's device.
+    config = small_config(max_steps=2, checkpoint_every=5)
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, step=dataclasses.replace(
+        config.trainer.step, precision=Precision(params="float32", compute=compute))))
+    store = seed_trainer_campaign(str(tmp_path / "c"), config, 8)
+    handed: dict[int, list] = {}
+    written: dict[int, list] = {}
+
+    def capturing_publish(store: Store, model: Decoder, *, version: int, **kw: object) -> dict:
+        written[version] = jax.tree.leaves(nnx.state(model, nnx.Param))
+        return publish_weights(store, model, version=version, **kw)
+
+    monkeypatch.setattr("pipelines_lib.train.writer.publish_weights", capturing_publish)
+    trainer = trainer_for(store, config, log=lambda _: None,
+                          on_publish=lambda v, m: handed.__setitem__(v, jax.tree.leaves(nnx.state(m, nnx.Param))))
+    assert trainer.run()["steps"] == 2 and set(written) == set(handed) == {1}
+    assert {str(leaf.dtype) for leaf in written[1]} == {compute}
+    assert [a is b for a, b in zip(written[1], handed[1], strict=True)] == [kept] * len(written[1])
 
 
 def test_the_trainer_trains_on_while_a_version_is_written(tmp_path, monkeypatch) -> None:
@@ -134,10 +160,9 @@ def test_the_trainer_trains_on_while_a_version_is_written(tmp_path, monkeypatch)
 
     # The writes ran one at a time, in step order, each recorded on the trainer's telemetry
     writes = [r["tags"]["what"] for r in read_records(store) if r["type"] == "span" and r["name"] == "write"]
-    assert writes == ["step 2: version 1 and checkpoint", "step 4: version 2 and checkpoint", "step 5: checkpoint",
-                      "step 6: version 3 and checkpoint"]
+    assert writes == ["step 2: version 1", "step 4: version 2", "step 5: checkpoint", "step 6: version 3 and checkpoint"]
     assert Publication.latest(store).version == 3  # the done marker came after every write
-    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (2, 4, 5, 6)]
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(s) for s in (5, 6)]
 
 
 def test_a_failed_background_write_stops_the_trainer_naming_it_and_leaves_no_done_marker(tmp_path, monkeypatch) -> None:
@@ -150,11 +175,11 @@ def test_a_failed_background_write_stops_the_trainer_naming_it_and_leaves_no_don
         return publish_weights(store, model, version=version, **kw)
 
     monkeypatch.setattr("pipelines_lib.train.writer.publish_weights", failing_publish)
-    with pytest.raises(RuntimeError, match=r"background write \(step 4: version 2 and checkpoint\) failed: disk full"):
+    with pytest.raises(RuntimeError, match=r"background write \(step 4: version 2\) failed: disk full"):
         train(store, config, log=lambda _: None)
     assert not DoneMarker.exists(store)
     assert Publication.latest(store).version == 1
-    assert committed_checkpoints(store)[-1] == layout.checkpoint_dir(3)  # step 4's checkpoint came after its version
+    assert committed_checkpoints(store) == [layout.checkpoint_dir(3)]
 
 
 def test_each_step_logs_the_behaviour_proximal_mismatch_in_its_consumption_log_and_telemetry(tmp_path) -> None:
@@ -352,7 +377,7 @@ def test_sigkilled_trainer_resumes_bit_identically(tmp_path, n_kills: int) -> No
 
 
 def test_the_trainer_trains_and_resumes_over_the_in_memory_channel_as_over_the_folder(tmp_path) -> None:
-    config = small_trainer_config(6, checkpoint_every=5)  # checkpoints at the publications: step 3 is log-only
+    config = small_trainer_config(6, checkpoint_every=2)  # checkpoints at steps 2, 4, 6: step 3 is log-only
     reference = seed_trainer_campaign(str(tmp_path / "folder"), config, 14)
     train(reference, config, log=lambda s: None)
     channel = MemoryChannel()
@@ -373,7 +398,7 @@ def test_the_trainer_trains_and_resumes_over_the_in_memory_channel_as_over_the_f
 
 
 def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_bit_identical(tmp_path) -> None:
-    config = small_config(checkpoint_every=5)  # checkpoints at the publications (2, 4, 6): step 3 is log-only
+    config = small_config(checkpoint_every=2)  # checkpoints at steps 2, 4, 6: step 3 is log-only
     reference = seed_campaign(str(tmp_path / "ref"), config)
     train(reference, config, log=lambda s: None)
     store = seed_campaign(str(tmp_path / "resumed"), config)

@@ -4,7 +4,8 @@
 publish_weights(store, model, version=N, step=S, tokenizer_dir=T)
     weights/v<N:08d>/state/, model_config.json     model.weights.save_weights (Orbax, then the config)
     weights/v<N:08d>/hf/                           model.hf_export.hf_files: config.json, safetensors, tokenizer
-                                                   files of T, generation_config.json (each file create-only)
+                                                   files of T, generation_config.json (each file create-only;
+                                                   none with hf=False: trainer.publish_hf)
     weights/v<N:08d>/PUBLISHED.json                create-only commit marker {"version","path","step","published_at"}
     weights/LATEST.json                            store.advance_pointer(...) with the same payload, LAST
 
@@ -72,9 +73,9 @@ def hf_dir(version: int) -> str:
 
 
 def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
-                    tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
-    """Save ``model``'s parameters as ``weights/v<version>`` (Orbax and HF, with the tokenizer files of
-    ``tokenizer_dir`` when given) and move ``weights/LATEST`` to it (last).
+                    tokenizer_dir: str | Path | None = None, hf: bool = True) -> dict[str, Any]:
+    """Save ``model``'s parameters as ``weights/v<version>`` (Orbax, and HF with the tokenizer files of
+    ``tokenizer_dir`` when given unless ``hf`` is false) and move ``weights/LATEST`` to it (last).
 
     Returns the manifest ``{"version", "path", "step", "published_at", "created"}``; ``created`` is False when
     the version was already published from the same ``step`` (a rerun). Raises ``PublishError`` if it was
@@ -93,10 +94,12 @@ def publish_weights(store: Store, model: Decoder, *, version: int, step: int,
         barrier(f"publish {rel}: save")
         # Orbax has no deadline of its own (tensorstore retries a stalled request for many minutes)
         store.call_external("save weights", rel, lambda: save_weights(model, store.uri(rel)))
-        host_model = model if jax.process_count() == 1 else nnx.merge(*_host_split(model))
+        if hf:
+            host_model = model if jax.process_count() == 1 else nnx.merge(*_host_split(model))
+            if is_writer():
+                for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
+                    store.create(f"{hf_dir(version)}/{name}", data)
         if is_writer():
-            for name, data in hf_files(host_model, tokenizer_dir=tokenizer_dir).items():
-                store.create(f"{hf_dir(version)}/{name}", data)
             try:
                 Publication(version=version, path=rel, step=step, published_at=utc_now_iso()).write(store)
                 created = True

@@ -34,9 +34,16 @@ class RolloutConfig:
     max_groups_per_version: int | None = None
     """Backpressure: this worker starts at most this many groups on one policy version, then waits for the
     next (groups beyond what the trainer consumes per version would only be dropped as stale). A finished group
-    whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``): the
-    trainer never trains on it (a weak policy's many all-fail groups must not starve the trainer). None: no limit.
+    whose rewards are all equal gives its place back (``trajectory.window.zero_advantage``) when the trainer never
+    trains on it (``trainer.skip_zero_advantage``; a weak policy's many all-fail groups must not starve the
+    trainer). None: no limit.
     In ``lockstep`` mode: exactly this many groups per version, none given back."""
+    lead_versions: int = 0
+    """How many versions' worth of groups (``max_groups_per_version`` each) a worker may start on its first version
+    beyond that version's own, at most ``eta``: it then stays that far ahead of the trainer, so that the groups the
+    trainer takes while a new version is being stored come from the versions before it (staleness up to
+    ``lead_versions``) instead of waiting for it (a worker takes a version only once ``weights/LATEST`` names it).
+    0: each version's groups wait for that version. Needs ``max_groups_per_version``; not in ``lockstep`` mode."""
     lockstep_wait_s: float = 600.0
     """``lockstep`` only: the longest wait for the next version after a version's groups are committed; past it the
     worker fails saying which version it waited for."""
@@ -96,6 +103,13 @@ class RolloutConfig:
             raise ValueError(
                 f"RolloutConfig.max_groups_per_version must be >= 1 or null, got {self.max_groups_per_version}"
             )
+        if not 0 <= self.lead_versions <= self.eta:
+            raise ValueError(f"RolloutConfig.lead_versions must be between 0 and eta={self.eta} (a group led by more "
+                             f"versions would be too stale to train on), got {self.lead_versions}")
+        if self.lead_versions and (self.max_groups_per_version is None or self.mode == "lockstep"):
+            raise ValueError(f"RolloutConfig.lead_versions={self.lead_versions} counts in max_groups_per_version "
+                             f"budgets outside lockstep mode, got max_groups_per_version={self.max_groups_per_version}, "
+                             f"mode={self.mode!r}")
         if self.target_groups is not None and self.target_groups < 1:
             raise ValueError(f"RolloutConfig.target_groups must be >= 1 or null, got {self.target_groups}")
         for name in (

@@ -88,7 +88,7 @@ class Orchestrator:
                  tasks: Iterator[tuple[Task, str]], writer: GroupSink, weights: WeightSource | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_commit: Callable[[ShardInfo], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, refund_zero_advantage: bool = True) -> None:
         self.config = config
         self.engine = engine
         self.episode_fn = episode_fn
@@ -98,6 +98,9 @@ class Orchestrator:
         self.should_stop = should_stop
         self.on_commit = on_commit
         self.clock = clock
+        # A group the trainer skips (all rewards equal) gives its place in the version's budget back; one it trains on
+        # (trainer.skip_zero_advantage: false) keeps it, or the budget would let the worker outrun the trainer.
+        self.refund_zero_advantage = refund_zero_advantage
         self.stats = RolloutStats()
         self._latest: int = engine.policy_version
         self._refresh_lock = asyncio.Lock()
@@ -149,11 +152,15 @@ class Orchestrator:
         await self._wait_for_fresh_weights()
 
     async def _wait_for_budget(self) -> None:
-        """Backpressure: at most ``max_groups_per_version`` groups on one version, widened by another budget
-        after ``backpressure_max_wait_s`` without a new version (so a budget never stalls the trainer)."""
+        """Backpressure: at most ``max_groups_per_version`` groups on one version (on the worker's first version,
+        ``lead_versions`` budgets more), widened by another budget after ``backpressure_max_wait_s`` without a new
+        version (so a budget never stalls the trainer)."""
         step = self.config.max_groups_per_version
         version = self.engine.policy_version
-        if step is None or self._spent(version) < self._budget.setdefault(version, step):
+        if step is None:
+            return
+        first = not self._budget  # the lead is granted once: the worker then stays that many versions ahead
+        if self._spent(version) < self._budget.setdefault(version, step * (1 + self.config.lead_versions * first)):
             return
         t0 = self.clock()
         with telemetry.span("backpressure_wait", track="weights", version=version):
@@ -218,7 +225,7 @@ class Orchestrator:
 
     async def _run_group(self, task: Task, group_id: str, version: int) -> list[Trajectory]:
         group = await asyncio.gather(*(self._episode(task, group_id, i) for i in range(self.config.group_size)))
-        if zero_advantage([t.reward for t in group]):
+        if self.refund_zero_advantage and zero_advantage([t.reward for t in group]):
             self._refunded[version] += 1
         return list(group)
 

@@ -85,7 +85,7 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
                                            seed_salt=f"rollout.{config.seed}"),
                 tasks=tasks, writer=channel.writer(worker_id, rc.writer),
                 weights=published if weights is None else weights, should_stop=lambda: should_stop(store, since=started),
-                on_commit=on_commit)
+                on_commit=on_commit, refund_zero_advantage=config.trainer.skip_zero_advantage)
             stats = await orchestrator.run()
             return stats, engine.stats()
 

@@ -30,10 +30,11 @@ from pipelines_lib.model.decoder import Decoder
 from pipelines_lib.records import CheckpointMeta, ConsumptionLog, consumption_steps
 from pipelines_lib.train.batch import TrainBatch, batch_from_groups
 from pipelines_lib.train.checkpoint import restore_latest
+from pipelines_lib.train.config import TrainerConfig
 from pipelines_lib.train.losses import get_loss
 from pipelines_lib.train.reload import reload_step
 from pipelines_lib.train.step import StepConfig, batch_rows, logprobs_fn, loss_inputs, train_step
-from pipelines_lib.train.trainer import StreamingTrainer, TrainerConfig
+from pipelines_lib.train.trainer import StreamingTrainer
 from pipelines_lib.trajectory.channel import GroupSlice
 
 COMPARED = ("loss", "grad_norm")

@@ -44,7 +44,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ import numpy as np
 from pipelines_lib import telemetry
 from pipelines_lib.distributed import agree, any_process, is_writer
 from pipelines_lib.heap import trim_heap_after_compiles
-from pipelines_lib.mesh import MeshConfig, describe_mesh, make_mesh, shard_batch, shard_node
+from pipelines_lib.mesh import describe_mesh, make_mesh, shard_batch, shard_node
 from pipelines_lib.model.decoder import Decoder, with_dtype
 from pipelines_lib.publish import load_published
 from pipelines_lib.records import ConsumptionLog, DoneMarker, ZeroAdvantageGroup, with_parents
@@ -62,70 +61,18 @@ from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.batch import batch_from_groups
 from pipelines_lib.train.checkpoint import checkpoint_state, restore_latest
-from pipelines_lib.train.optim import OptimConfig, make_nnx_optimizer
+from pipelines_lib.train.config import TrainerConfig
+from pipelines_lib.train.optim import make_nnx_optimizer
 from pipelines_lib.train.reload import reload_step, undigested
-from pipelines_lib.train.step import StepConfig, train_step
+from pipelines_lib.train.step import train_step
 from pipelines_lib.train.writer import TrainerWrites
 from pipelines_lib.trajectory.channel import Channel, GroupSlice, GroupSource, no_learning_signal
 from pipelines_lib.trajectory.cursor import TailCursor, TailEvent
 from pipelines_lib.trajectory.folder import FolderChannel
-from pipelines_lib.trajectory.needs import MAX_DECODED_BYTES, MAX_SHARD_ROWS, TrainerNeeds
+from pipelines_lib.trajectory.needs import TrainerNeeds
 from pipelines_lib.trajectory.trainable import INFRA_REASON
 from pipelines_lib.trajectory.window import Window, zero_advantage, zero_advantage_summary
 from pipelines_lib.utc import utc_now_iso
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
-    """The streaming GRPO trainer (ARCHITECTURE §4, §6). η is ``rollout.eta``: one bound for both sides."""
-
-    batch_groups: int = 4
-    """Whole groups per optimizer step."""
-    max_steps: int = 100
-    """The trainer writes ``train/DONE.json`` after this many steps."""
-    checkpoint_every: int = 5
-    """Steps between Orbax checkpoints (params, optimiser, RNG, step and tail cursor)."""
-    publish_every: int = 2
-    """Steps between weight publications (a new policy version each time)."""
-    advantage: str = "grpo"
-    """A key of the advantage registry: ``grpo``, ``drgrpo``, ``rloo``."""
-    seq_buckets: tuple[int, ...] = (64, 128, 256)
-    """Padded sequence lengths of train batches (bounded set: no recompiles per batch)."""
-    data_timeout_s: float = 600.0
-    """Longest wait for the next group the step can train on before the trainer fails saying what it waited
-    for. Groups skipped for all-equal rewards do not end the wait (a collapsed policy fails here)."""
-    poll_s: float = 0.5
-    """Sleep between polls of storage when data is short (counted as idle time)."""
-    skip_zero_advantage: bool = True
-    """Leave groups whose advantages are all zero out of the batch (they carry no gradient)."""
-    step: StepConfig = field(default_factory=StepConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    seed: int = 0
-    """Seed of the trainer's RNG (saved in every checkpoint)."""
-    mesh: MeshConfig = field(default_factory=MeshConfig)
-    """Devices the trainer spans (``data`` × ``fsdp`` × ``tensor``; default one device). Rows of a step are split
-    over ``data`` × ``fsdp``, so ``batch_groups`` × ``group_size`` (÷ ``step.grad_accum_steps``) must divide by it."""
-    max_shard_bytes: int = MAX_DECODED_BYTES
-    """Largest decoded shard the trainer (and the audit, for this campaign) reads; a larger one is skipped
-    unread. Raise it for groups longer than ~20 M tokens."""
-    max_shard_rows: int = MAX_SHARD_ROWS
-    """Most rows a shard the trainer reads may declare; a shard declaring more is skipped undecoded. Raise it when
-    ``rollout.writer.max_groups`` × ``rollout.group_size`` is larger."""
-
-    def __post_init__(self) -> None:
-        for name in ("batch_groups", "max_steps", "checkpoint_every", "publish_every", "max_shard_bytes",
-                     "max_shard_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainerConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.seq_buckets or list(self.seq_buckets) != sorted(set(self.seq_buckets)) or self.seq_buckets[0] < 2:
-            raise ValueError(f"TrainerConfig.seq_buckets must be increasing lengths >= 2, got {self.seq_buckets}")
-        if self.data_timeout_s <= 0 or self.poll_s <= 0:
-            raise ValueError(f"TrainerConfig.data_timeout_s and poll_s must be > 0, got "
-                             f"{self.data_timeout_s}, {self.poll_s}")
-        from pipelines_lib.train.advantages import ADVANTAGE_ESTIMATORS
-
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"TrainerConfig.advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}")
 
 
 class DataTimeoutError(TimeoutError):
@@ -352,8 +299,9 @@ class StreamingTrainer:
             self._logged_cursor = self.tailer.cursor.copy()
         else:
             record = replay
-        if publish or self.step % self.tc.checkpoint_every == 0:
-            self._write(publish=publish, cursor=self.tailer.cursor)  # in a replay, the cursor the log led to
+        checkpoint = self.step % self.tc.checkpoint_every == 0 or self.step == self.tc.max_steps
+        if publish or checkpoint:  # in a replay, the cursor the log led to
+            self._write(publish=publish, checkpoint=checkpoint, cursor=self.tailer.cursor)
         # loss, gradient and behaviour–proximal mismatch figures, reward and staleness per step (TensorBoard reads them)
         for name, value in {**metrics, "mean_reward": record.mean_reward, "staleness_max": record.staleness_max}.items():
             if value is not None:
@@ -368,9 +316,10 @@ class StreamingTrainer:
         )
         return record
 
-    def _write(self, *, publish: bool, cursor: TailCursor) -> None:
-        """Publish the next version (when ``publish``) and checkpoint this step through ``writes``: the loop pays
-        the hand-over to an in-process engine and the host copies, the writes run meanwhile (``train.writer``)."""
+    def _write(self, *, publish: bool, checkpoint: bool, cursor: TailCursor) -> None:
+        """Publish the next version (when ``publish``) and checkpoint this step (when ``checkpoint``) through
+        ``writes``: the loop pays the hand-over to an in-process engine and the host copies, the writes run meanwhile
+        (``train.writer``)."""
         with telemetry.span("publish" if publish else "checkpoint", track="trainer", step=self.step):
             self.writes.wait()  # one step's writes at a time, in step order
             served = None
@@ -381,9 +330,12 @@ class StreamingTrainer:
                 if self.on_publish is not None:  # before the pointer moves, so a reader of it finds the copy there
                     self.on_publish(self.version, served)
             self.writes.step(self.store, step=self.step, version=self.version, cursor=cursor.to_json(), rng=self.rng,
-                             state=checkpoint_state(self.model, self.optimizer), served=served,
-                             tokenizer_dir=self.tokenizer_dir)
-        self.checkpointed_step = self.step
+                             state=checkpoint_state(self.model, self.optimizer) if checkpoint else None,
+                             served=served, tokenizer_dir=self.tokenizer_dir, hf=self.tc.publish_hf,
+                             # a cast (not the masters the next step donates) that the in-process engine keeps
+                             served_kept=served is not None and served is not self.model and self.on_publish is not None)
+        if checkpoint:
+            self.checkpointed_step = self.step
 
     def _stop_asked(self) -> bool:
         return self.should_stop is not None and self.should_stop()
@@ -396,7 +348,7 @@ class StreamingTrainer:
         """End at a step boundary: checkpoint the steps since the last checkpoint, at the cursor of the last step
         (the groups gathered for the next step are dropped, read again on resume), so a resume replays nothing."""
         if self.step > self.checkpointed_step:
-            self._write(publish=False, cursor=self._logged_cursor)
+            self._write(publish=False, checkpoint=True, cursor=self._logged_cursor)
         self.writes.wait()
         self.log(f"trainer: stopped at step {self.step}/{self.tc.max_steps} (asked to stop), checkpoint at step "
                  f"{self.checkpointed_step}; no done marker: a rerun continues")
@@ -447,4 +399,4 @@ class StreamingTrainer:
             wall_s=round(self.clock() - t_start, 3), tokens_trained=self.tokens_trained, finished_at=utc_now_iso())
 
 
-__all__ = ["DataTimeoutError", "NonFiniteStepError", "StreamingTrainer", "TrainerConfig"]
+__all__ = ["DataTimeoutError", "NonFiniteStepError", "StreamingTrainer"]
