@@ -91,7 +91,7 @@ def test_tpu_train_benchmark_names_the_chip_and_measures_on_it(tmp_path: Path) -
     assert 0 < result.figures["tpu.train_mfu"] < 1
 
 
-# Two small colocated campaigns and the parts alone on a CPU (minutes on 2 shared cores): `make test-all`.
+# Three small colocated campaigns (and a warm-up) and the parts alone on a CPU (minutes on 2 shared cores): `make test-all`.
 @pytest.mark.slow
 def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_a_small_size(tmp_path: Path) -> None:
     out = measure_real(tmp_path, quick=True, log=lambda line: None)
@@ -100,8 +100,12 @@ def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_
     manifest = json.loads((tmp_path / "campaign-none" / "campaign.json").read_text())
     assert manifest["config"]["init_from"] == str(tmp_path / "hf-random")
     assert manifest["config"]["engine"]["num_blocks"] == "auto"
-    for name in ("none", "heavy"):
-        assert out[f"rollout_tokens_per_s_{name}"] > 0 and out[f"trained_tokens_per_s_{name}"] > 0
+    assert [json.loads((tmp_path / f"campaign-{name}" / "campaign.json").read_text())["config"]["rollout"][
+        "lead_versions"] for name in ("none", "heavy", "lead")] == [0, 0, 1]
+    # a version ahead, the lead campaign's two quick steps train on groups all generated before its window opens
+    assert out["rollout_tokens_per_s_none"] > 0 and out["rollout_tokens_per_s_heavy"] > 0
+    for name in ("none", "heavy", "lead"):
+        assert out[f"trained_tokens_per_s_{name}"] > 0
         assert out[f"time_share_{name}"] == pytest.approx(
             out[f"rollout_tokens_per_s_{name}"] / out["engine_alone_tokens_per_s"]
             + out[f"trained_tokens_per_s_{name}"] / out["trainer_alone_tokens_per_s"])
@@ -112,7 +116,8 @@ def test_measure_real_runs_the_tpu_real_campaigns_from_an_exported_hf_folder_at_
     assert 0 < out["publish_wait_share_none"] <= 1 and 0 < out["write_share_none"] <= 1
     assert 0 <= out["rollout_wait_share_none"] <= 1 and out["version_write_s_none"] > 0
     assert (tmp_path / "campaign-warmup" / "train" / "DONE.json").is_file()  # the programs compiled before any window
-    assert out["campaign_wall_s_none"] > 0 and out["campaign_wall_s_heavy"] > 0 and "heavy_skipped" not in out
+    assert out["campaign_wall_s_none"] > 0 and out["campaign_wall_s_heavy"] > 0 and out["campaign_wall_s_lead"] > 0
+    assert "heavy_skipped" not in out and "lead_skipped" not in out
 
 
 class _Spent(Budget):
@@ -122,8 +127,9 @@ class _Spent(Budget):
 
 # One small colocated campaign and the parts alone on a CPU: `make test-all`.
 @pytest.mark.slow
-def test_measure_real_without_budget_for_the_heavy_campaign_records_the_first_and_says_so(tmp_path: Path) -> None:
+def test_measure_real_without_budget_for_more_campaigns_records_the_first_and_says_so(tmp_path: Path) -> None:
     out = measure_real(tmp_path, quick=True, log=lambda line: None, budget=_Spent(None))
-    assert out["heavy_skipped"] == 1 and not (tmp_path / "campaign-heavy").exists()
+    assert out["heavy_skipped"] == out["lead_skipped"] == 1
+    assert not (tmp_path / "campaign-heavy").exists() and not (tmp_path / "campaign-lead").exists()
     assert "time_share_heavy" not in out and "rollout_tokens_per_s_heavy" not in out
     assert out["time_share_none"] > 0 and out["handover_s"] == out["handover_s_none"]
