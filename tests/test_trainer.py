@@ -414,6 +414,26 @@ def test_a_new_trainer_restores_the_checkpoint_replays_the_logged_step_and_ends_
     assert final_params(store) == final_params(reference)
 
 
+def test_a_resume_replays_a_published_step_past_its_checkpoint_keeping_the_stored_version(tmp_path) -> None:
+    # Checkpoint at 3, version 2 published at step 4 with no checkpoint of its own: a resume from step 5 re-trains
+    # step 4 from its log, leaves version 2 as stored (the same weights) and ends bit-identical.
+    config = small_config(checkpoint_every=3)
+    reference = seed_campaign(str(tmp_path / "ref"), config)
+    train(reference, config, log=lambda s: None)
+    store = seed_campaign(str(tmp_path / "resumed"), config)
+    assert train(store, config, max_steps=5, log=lambda s: None)["steps"] == 5
+    assert committed_checkpoints(store) == ["train/checkpoints/00000003"] and Publication.latest(store).version == 2
+    stored_v2 = store.read_json(layout.published_marker(2))
+    logs: list[str] = []
+    assert train(store, config, log=logs.append)["steps"] == 6
+    assert logs[2] == "trainer: replayed 2 logged step(s) after the checkpoint; now at step 5"
+    assert store.read_json(layout.published_marker(2)) == stored_v2  # not written again
+    assert final_params(store) == final_params(reference)
+    v2, ref_v2 = load_published(store, 2)[0], load_published(reference, 2)[0]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(v2, nnx.Param)),
+                                                    jax.tree.leaves(nnx.state(ref_v2, nnx.Param)), strict=True))
+
+
 @pytest.mark.parametrize(("eta", "trained", "dropped"), [
     # η = 0: only the current version trains; what the trainer's version has passed is dropped, logged in the step
     # that passed it. Each step publishes, so the window moves by one version per step.

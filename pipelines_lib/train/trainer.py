@@ -10,7 +10,7 @@
    train/consumed/<step>.json                             groups (shard, rows, version, staleness),
                                                           drops, skips (with reasons), and the tail cursor's delta
    every P steps: publish weights/v<V+1> (pointer moved last)
-   every K steps and at every publish: checkpoint (params, optimizer, RNG, step, version, cursor)
+   every K steps and at the last: checkpoint (params, optimizer, RNG, step, version, cursor)
  train/DONE.json                                          marker last, once the writes (off the loop: train.writer) end
 ```
 
@@ -20,8 +20,11 @@ After a crash the trainer restores checkpoint K, re-trains steps K+1..N from the
 shards, same rows, same order: bit-identical on a deterministic backend; ``reload`` refuses rows whose digest or
 trainability changed since, naming the step and shard), applies their cursor deltas to the checkpoint's cursor,
 and continues. So no group is trained twice in the surviving history, none committed before the crash is
-skipped, and every published version is one the resumed run reproduces. Versions are published only at
-checkpoints, so a version never runs ahead of the state it came from. A fork (``records.with_parents``) starts the same way
+skipped, and every published version is one the resumed run reproduces: a version published after checkpoint K
+is re-trained from its steps' logs (its stored weights and pointer are kept, the publication a no-op), exactly on
+the same deterministic backend; resumed on other devices, the trainer's state may differ from the stored version by
+rounding, which the samples' recorded log-probabilities and the staleness correction absorb. Checkpoints are not
+tied to publications because a checkpoint is the larger write (float32 masters and moments). A fork (``records.with_parents``) starts the same way
 from its parent's checkpoint and logs up to the fork step, read through the fork's view of its parent; a replayed
 step publishes exactly when its log says it did, whatever the fork's own ``publish_every``.
 
