@@ -336,7 +336,7 @@ class StreamingTrainer:
                              state=checkpoint_state(self.model, self.optimizer) if checkpoint else None,
                              served=served, tokenizer_dir=self.tokenizer_dir, hf=self.tc.publish_hf,
                              # a cast (not the masters the next step donates) that the in-process engine keeps
-                             served_kept=served is not None and served is not self.model and self.on_publish is not None)
+                             served_kept=self.on_publish is not None and served is not self.model)
         if checkpoint:
             self.checkpointed_step = self.step
 

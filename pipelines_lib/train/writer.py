@@ -91,7 +91,7 @@ class TrainerWrites:
 
     def step(self, store: Store, *, step: int, version: int, cursor: str, rng: jax.Array,
              state: dict[str, Any] | None, served: Decoder | None, tokenizer_dir: str | Path | None,
-             hf: bool, served_kept: bool = False) -> None:
+             hf: bool, served_kept: bool) -> None:
         """Submit a step's writes: ``served`` published as ``version`` (when given; with its HF folder when ``hf``),
         then the checkpoint of ``state`` (``checkpoint_state``, when given); off the loop, from host copies.
         ``served_kept``: ``served``'s buffers outlive the job untouched (a cast an in-process engine keeps), so the
