@@ -22,9 +22,10 @@ alone still records the memory, the hand-over and the time share without tool la
 A campaign's rates are over its steady window, from the first step's consumption log to the last one's (the first
 step's compilation and the start-up left out): trained tokens count every row of the steps after the first padded to
 the largest bucket, as the trainer alone counts them; rollout tokens are the tokens the engine generated
-(``loss_mask``) of the trajectories overlapping the window, each prorated by its overlap. The preset's 6 steps keep
-the three campaigns, the export and the parts alone within one device command of under 9 minutes. ``--quick`` (and
-``measure_real(quick=True)``, which the test suite runs on a CPU) does the same with the model shrunk and 2 steps.
+(``loss_mask``) of the trajectories overlapping the window, each prorated by its overlap. The preset's 8 steps of 128
+rows keep the three campaigns, the export and the parts alone within one device command of 10 minutes (about 7 on a
+v5e). ``--quick`` (and ``measure_real(quick=True)``, which the test suite runs on a CPU) does the same with the model
+shrunk and 2 steps.
 """
 
 from __future__ import annotations
@@ -207,6 +208,8 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
                kv_blocks=ran["memory_plan"]["kv_blocks"])
     if "peak_bytes_in_use" in stats:
         out["hbm_peak_gib"] = stats["peak_bytes_in_use"] / GIB
+    if "peak_bytes_reserved" in stats:  # a TPU runtime's programs' scratch, which bytes_in_use does not count
+        out["hbm_reserved_peak_gib"] = stats["peak_bytes_reserved"] / GIB
     # the engine alone at the pool the campaign's plan gave it
     config = dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_blocks=int(out["kv_blocks"])))
     out["engine_alone_tokens_per_s"] = engine_alone(store, config, prompt=round(out["mean_prompt_none"]))
@@ -239,11 +242,13 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
     method="`bench/tpu_real.py` `measure_real`, in this process: random weights of the `tpu_real` preset's model "
            "(Qwen3-0.6B's shape, bfloat16) exported by `save_hf_checkpoint`, a throw-away campaign of 2 steps (the "
            "programs compiled before any window), then three colocated campaigns of the preset from that folder "
-           "(`init_from`: the HF import), 6 steps each: no tool latency first, then the engine alone and the trainer "
-           "alone at the campaign's sizes, then `LatencyProfile.heavy()` if `--budget-s` affords it (else "
+           "(`init_from`: the HF import), 8 steps of 128 rows each: no tool latency first, then the engine alone and "
+           "the trainer alone at the campaign's sizes, then `LatencyProfile.heavy()` if `--budget-s` affords it (else "
            "`tpu.real.heavy_skipped`), then no latency again with `rollout.lead_versions: 1` if it affords that too "
            "(figures `*_lead`, else `tpu.real.lead_skipped`); the memory plan's total and the device's "
-           "`peak_bytes_in_use` after the first; rates over each campaign's steady window (module docstring); "
+           "`peak_bytes_in_use` after the first (arrays only: a TPU runtime reserves its programs' scratch apart, "
+           "`peak_bytes_reserved`, recorded as `hbm_reserved_peak_gib` where reported); rates over each campaign's "
+           "steady window (module docstring); "
            "`handover_s`: the slower of the none and heavy campaigns' mean `hand_over` span; time share = the two "
            "ratios summed; per campaign the chip's busy share of the window (`chip_busy_<latency>`), the share the "
            "trainer's loop spent at publications and checkpoints (`publish_wait_share_<latency>`), the share the "

@@ -22,6 +22,7 @@ from pipelines_lib.stages.colocated import DeviceWeights, run_colocated
 from pipelines_lib.storage.store import Store
 from pipelines_lib.train.config import TrainerConfig
 from pipelines_lib.train.optim import OptimConfig, make_optimizer
+from pipelines_lib.train.step import StepConfig
 
 # vocab 16, d 8, one layer of 2 query heads and 1 KV head of 4, MLP 8, tied embeddings.
 TOY = ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4, d_ff=8, max_seq_len=16,
@@ -51,6 +52,19 @@ def test_a_plan_counts_each_part_by_hand_on_a_toy_model() -> None:
     assert plan.total_bytes == 24_560 and plan.kv_blocks == 4
     assert plan.part("trainer temporaries").basis == "XLA memory analysis"
     assert _plan(optim=OptimConfig(moment_dtype="bfloat16")).part("trainer moments").bytes == 2 * 536 * 2
+
+
+def test_an_estimated_plan_counts_the_running_sum_of_accumulated_gradients() -> None:
+    def estimated(batch_groups: int, accum: int) -> int:
+        trainer = TrainerConfig(seq_buckets=(8,), batch_groups=batch_groups, step=StepConfig(grad_accum_steps=accum))
+        part = plan_memory(TOY, trainer, ENGINE, group_size=2, workers=1, n_devices=1, limit_bytes=None,
+                           limit_source="test", headroom=0.0).part("trainer temporaries")
+        assert part.basis == "estimate"
+        return part.bytes
+
+    # 4 micro-batches of 2 rows against one batch of 2 rows: the same activations, and one float32 sum of the
+    # gradients more (536 parameters of 4 bytes)
+    assert estimated(4, 4) - estimated(1, 1) == 536 * 4
 
 
 def test_num_blocks_auto_gives_the_pool_what_the_other_parts_leave() -> None:
