@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from pipelines_lib.engine.sampling import draw, filtered_logits, request_keys, sample
+from pipelines_lib.engine.sampling import (
+    DRAWS,
+    default_draw,
+    draw,
+    filtered_logits,
+    gumbel,
+    request_keys,
+    sample,
+)
 
 NEG = -np.inf
 
@@ -123,3 +134,55 @@ def test_zero_weight_entries_are_never_drawn() -> None:
     weights = [0.0, 3.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     drawn = _draws(weights, 5_000, chunk=3)
     assert set(drawn.tolist()) == {1, 4}
+
+
+def _sampled(logits: list[float], n: int, draw_by: str) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` tokens sampled at temperature 1 from one row of logits, each with its own key, and their log-probs."""
+    keys = request_keys(jnp.zeros(n, jnp.uint32), jnp.arange(n))
+    logits_bv = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (n, len(logits)))
+    tokens, logprobs = jax.jit(functools.partial(sample, draw_by=draw_by))(
+        logits_bv, jnp.ones(n), jnp.zeros(n, jnp.int32), jnp.ones(n), keys)
+    return np.asarray(tokens), np.asarray(logprobs)
+
+
+@pytest.mark.parametrize("draw_by", DRAWS)
+def test_either_draw_follows_the_weights_and_never_draws_a_removed_entry(draw_by: str) -> None:
+    weights = [0.4, 0.1, 0.25, 0.05, 0.2]
+    tokens, logprobs = _sampled(np.log(weights).tolist(), 20_000, draw_by)
+    # 20,000 draws: a frequency's standard deviation is at most 0.0036, so 0.015 is over four of them.
+    np.testing.assert_allclose(np.bincount(tokens, minlength=5) / 20_000, weights, atol=0.015)
+    np.testing.assert_allclose(logprobs, np.log(weights)[tokens], rtol=1e-5)
+    tokens, _ = _sampled([NEG, np.log(3.0), NEG, NEG, 0.0, NEG, NEG, NEG], 5_000, draw_by)
+    assert set(tokens.tolist()) == {1, 4}
+
+
+@pytest.mark.parametrize("draw_by", DRAWS)
+def test_either_draw_over_a_large_vocabulary_has_the_distributions_mean_log_probability(draw_by: str) -> None:
+    # An exact sampler's mean log p(x) is -H(p); its draws' mean differs from it by noise of std(log p) / sqrt(n).
+    # A vocabulary of 50,000 whose logits spread like a model's (normal, sd 3), so that the winning noise values
+    # come from the far tail of the uniform, where a sampler that loses precision goes wrong.
+    logits = np.random.default_rng(1).normal(0.0, 3.0, 50_000)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    log_p = np.log(p)
+    tokens, logprobs = _sampled(logits.tolist(), 4_000, draw_by)
+    np.testing.assert_allclose(logprobs, log_p[tokens], atol=2e-4)
+    mean, sd = float(np.sum(p * log_p)), float(np.sqrt(np.sum(p * (log_p - np.sum(p * log_p)) ** 2)))
+    assert abs(logprobs.mean() - mean) < 4 * sd / np.sqrt(4_000), (logprobs.mean(), mean, sd)
+
+
+def test_gumbel_noise_depends_only_on_the_rows_key_and_the_entry() -> None:
+    keys = request_keys(jnp.asarray([3, 4, 3], jnp.uint32), jnp.asarray([0, 0, 0]))
+    g = np.asarray(gumbel(keys, 6))
+    np.testing.assert_array_equal(g[0], g[2])
+    assert not np.array_equal(g[0], g[1]) and len(set(g[0].tolist())) == 6
+    np.testing.assert_array_equal(np.asarray(gumbel(keys[:1], 9))[0, :6], g[0])  # the vocabulary's size aside
+
+
+def test_an_unknown_draw_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="draw_by must be one of"):
+        _sampled([0.0, 1.0], 1, "sorted")
+
+
+def test_the_default_draw_is_the_cdf_on_a_cpu_and_gumbel_on_an_accelerator() -> None:
+    assert default_draw() == ("cdf" if jax.default_backend() == "cpu" else "gumbel")

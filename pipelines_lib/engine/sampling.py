@@ -94,28 +94,75 @@ def draw(key_b: jax.Array, z_bv: jax.Array, max_b: jax.Array, chunk: int = 256) 
     return c_b * chunk + i_b, cdf_bn[:, -1]
 
 
+def _mix(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser: every input bit flips each output bit with probability about 1/2."""
+    x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
+    x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def gumbel(key_b: jax.Array, vocab: int) -> jax.Array:
+    """``[rows, vocab]`` standard Gumbel variates, row ``b``'s a function of ``key_b[b]`` and the entry's index only.
+
+    One generator call per row (32 bits of its key), then per entry a counter hash (``_mix`` over the row's bits plus
+    the index times the golden ratio, a Weyl sequence) made a uniform ``w`` on (0, 1) with float32's relative precision
+    down to 2^-33, and ``-log(-log(1 - w))``. The largest variates, the ones that win an argmax, come from the smallest
+    ``w``: there ``-log(1 - w)`` is taken from its series (``1 - w`` would round it away), so they keep their
+    precision. The support is about [-2.8, 22.9]: the 6e-8 of probability below is cut, and the top 2e-10 above
+    22.2 is lumped at the largest value."""
+    base_b = jax.vmap(lambda k: jax.random.bits(k, (), jnp.uint32))(key_b)
+    index_v = jax.lax.broadcasted_iota(jnp.uint32, (1, vocab), 1)
+    bits_bv = _mix(base_b[:, None] + index_v * jnp.uint32(0x9E3779B9))
+    w_bv = jnp.minimum(bits_bv.astype(jnp.float32) * 2.0**-32 + 2.0**-33, 1.0 - 2.0**-24)
+    exp_bv = jnp.where(w_bv < 2.0**-10, w_bv * (1.0 + w_bv * (0.5 + w_bv / 3.0)), -jnp.log(1.0 - w_bv))
+    return -jnp.log(exp_bv)
+
+
+DRAWS = ("cdf", "gumbel")
+"""How ``sample`` draws a row's token: ``cdf`` inverts the cumulative mass at one uniform a row (``draw``), ``gumbel``
+takes ``argmax(z + g)`` over noise from ``gumbel``, one hashed uniform an entry."""
+
+
+def default_draw() -> str:
+    """The draw cheapest on JAX's default backend, measured: on a CPU ``cdf`` (the noise's two logarithms an entry cost
+    twice its passes), on a TPU ``gumbel`` (its passes over the logits cost more than the noise; docs/TPU_PERF.md)."""
+    return "cdf" if jax.default_backend() == "cpu" else "gumbel"
+
+
 def sample(
     logits_bv: jax.Array,
     temperature_b: jax.Array,
     top_k_b: jax.Array,
     top_p_b: jax.Array,
     key_b: jax.Array,
+    *,
+    draw_by: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(token_b, logprob_b).
 
-    Sampled rows draw from ``filtered_logits`` and report the log-probability of the drawn token under
-    that same filtered, temperature-scaled distribution (the behaviour policy actually used). Greedy
-    rows (``T == 0``) take the argmax and report its plain ``log_softmax(logits)`` value. The argmax gives the
-    maximum too, and the draw's chunk masses sum to the normaliser (``log p(x) = z_x - max z - log Σ exp(z -
-    max z)``): no separate max, exp or sum over the vocabulary, passes that cost as much as the unembedding's
-    matmul at Qwen3's vocabulary on a TPU (docs/TPU_PERF.md).
+    Sampled rows draw from ``filtered_logits`` (``draw_by``: one of ``DRAWS``, default ``default_draw()``; both are
+    exact) and report the log-probability of the drawn token under that same filtered, temperature-scaled distribution
+    (the behaviour policy actually used). Greedy rows (``T == 0``) take the argmax and report its plain
+    ``log_softmax(logits)`` value: ``log p(x) = z_x - max z - log Σ exp(z - max z)``. With ``cdf`` the argmax gives
+    the maximum and the draw's chunk masses sum to the normaliser; with ``gumbel`` (the argmax of logits plus
+    independent standard Gumbel noise is distributed as ``softmax(z)``) the draw, the maximum and the sum are
+    reductions over the same elementwise values. Either way no pass over the vocabulary is spent on anything else: at
+    Qwen3's vocabulary on a TPU those passes cost as much as the unembedding's matmul (docs/TPU_PERF.md).
     """
+    draw_by = draw_by or default_draw()
+    if draw_by not in DRAWS:
+        raise ValueError(f"sample: draw_by must be one of {DRAWS}, got {draw_by!r}")
     greedy_b = temperature_b == 0
     z_bv = jnp.where(greedy_b[:, None], logits_bv, filtered_logits(logits_bv, temperature_b, top_k_b, top_p_b))
-    best_b = jnp.argmax(z_bv, axis=-1)
-    max_b = jnp.take_along_axis(z_bv, best_b[:, None], axis=-1)[:, 0]
-    drawn_b, total_b = draw(key_b, z_bv, max_b)
-    token_b = jnp.where(greedy_b, best_b, drawn_b)
+    if draw_by == "gumbel":
+        token_b = jnp.argmax(jnp.where(greedy_b[:, None], z_bv, z_bv + gumbel(key_b, z_bv.shape[-1])), axis=-1)
+        max_b = jnp.max(z_bv, axis=-1)
+        total_b = jnp.sum(jnp.exp(z_bv - max_b[:, None]), axis=-1)
+    else:
+        best_b = jnp.argmax(z_bv, axis=-1)
+        max_b = jnp.take_along_axis(z_bv, best_b[:, None], axis=-1)[:, 0]
+        drawn_b, total_b = draw(key_b, z_bv, max_b)
+        token_b = jnp.where(greedy_b, best_b, drawn_b)
     z_b = jnp.take_along_axis(z_bv, token_b[:, None], axis=-1)[:, 0]
     logprob_b = z_b - max_b - jnp.log(total_b)
     return token_b.astype(jnp.int32), logprob_b
