@@ -4,7 +4,9 @@
 export      random weights of the ``tpu_real`` preset's model on the device, written by the project's HF export
 warm-up     a throw-away campaign of two steps from that folder: the programs compiled before any measured window
 campaign    run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder, with no tool
-            latency: the memory plan, the device's peak memory, trajectories/hour, trained tokens/s, the
+            latency: the memory plan, the device's peak memory (its arrays; and, polled through the campaign, its
+            arrays with the scratch the runtime reserves for programs: ``MemoryWatch``), trajectories/hour, trained
+            tokens/s, the
             hand-over of each version (``hand_over`` spans), the chip's busy share, the shares of the window the
             trainer's loop spent at publications and checkpoints, the writer spent writing them and the rollout
             worker spent waiting for its budget or fresher weights, and the mean seconds a version's write took
@@ -35,6 +37,7 @@ import dataclasses
 import datetime as dt
 import gc
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +54,35 @@ QUICK_REAL = ("model.vocab_size=1024", "model.d_model=64", "model.n_layers=2", "
 """``tpu_real`` cut to seconds on a CPU: a small model (its vocabulary still past the tokenizer's), two steps, each
 publishing (so that version 1's rollouts and write fall inside the window between the two steps' logs)."""
 GIB = 2**30
+
+
+class MemoryWatch:
+    """The largest ``bytes_in_use + bytes_reserved`` that ``stats()`` (a device's ``memory_stats``) reported while
+    watching, polled every ``interval_s`` on a thread of its own: the arrays and the memory a TPU runtime reserves
+    for its programs' scratch, which ``peak_bytes_in_use`` leaves out. None where ``stats`` reports neither."""
+
+    def __init__(self, stats: Callable[[], dict[str, int] | None], *, interval_s: float = 0.05) -> None:
+        self._stats, self._interval_s = stats, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="memory-watch", daemon=True)
+        self.peak_bytes: int | None = None
+
+    def _poll(self) -> None:
+        while True:
+            stats = self._stats() or {}
+            if "bytes_in_use" in stats or "bytes_reserved" in stats:
+                used = stats.get("bytes_in_use", 0) + stats.get("bytes_reserved", 0)
+                self.peak_bytes = max(used, self.peak_bytes or 0)
+            if self._stop.wait(self._interval_s):
+                return
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _iso_s(stamp: str) -> float:
@@ -202,7 +234,8 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
     # window; a throw-away campaign of two steps meets them first.
     warmup = dataclasses.replace(base, init_from=str(folder), trainer=dataclasses.replace(base.trainer, max_steps=2))
     run_colocated(Store(str(scratch / "campaign-warmup")), warmup, cache=scratch / "cache", log=log)
-    store, ran = campaign("none", LatencyProfile.none())
+    with MemoryWatch(jax.devices()[0].memory_stats) as watch:
+        store, ran = campaign("none", LatencyProfile.none())
     stats = jax.devices()[0].memory_stats() or {}
     out.update(campaign_fits=1.0, hbm_plan_gib=ran["memory_plan"]["total_bytes"] / GIB,
                kv_blocks=ran["memory_plan"]["kv_blocks"])
@@ -210,6 +243,8 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
         out["hbm_peak_gib"] = stats["peak_bytes_in_use"] / GIB
     if "peak_bytes_reserved" in stats:  # a TPU runtime's programs' scratch, which bytes_in_use does not count
         out["hbm_reserved_peak_gib"] = stats["peak_bytes_reserved"] / GIB
+    if watch.peak_bytes is not None:
+        out["hbm_used_peak_gib"] = watch.peak_bytes / GIB
     # the engine alone at the pool the campaign's plan gave it
     config = dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_blocks=int(out["kv_blocks"])))
     out["engine_alone_tokens_per_s"] = engine_alone(store, config, prompt=round(out["mean_prompt_none"]))
@@ -247,7 +282,8 @@ def measure_real(scratch: Path, *, quick: bool, log: Callable[[str], None] = pri
            "`tpu.real.heavy_skipped`), then no latency again with `rollout.lead_versions: 1` if it affords that too "
            "(figures `*_lead`, else `tpu.real.lead_skipped`); the memory plan's total and the device's "
            "`peak_bytes_in_use` after the first (arrays only: a TPU runtime reserves its programs' scratch apart, "
-           "`peak_bytes_reserved`, recorded as `hbm_reserved_peak_gib` where reported); rates over each campaign's "
+           "`peak_bytes_reserved`, recorded as `hbm_reserved_peak_gib` where reported), and the largest sum of the two "
+           "polled every 50 ms during that campaign (`hbm_used_peak_gib`, against the plan); rates over each campaign's "
            "steady window (module docstring); "
            "`handover_s`: the slower of the none and heavy campaigns' mean `hand_over` span; time share = the two "
            "ratios summed; per campaign the chip's busy share of the window (`chip_busy_<latency>`), the share the "

@@ -4,6 +4,8 @@ CPU (so they cannot rot where CI runs), and nothing recorded where there is no a
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from bench.tpu import (
     measure_train,
     train_flops,
 )
-from bench.tpu_real import measure_real
+from bench.tpu_real import MemoryWatch, measure_real
 from pipelines_lib.model.config import ModelConfig
 from pipelines_lib.model.decoder import Decoder
 
@@ -133,3 +135,23 @@ def test_measure_real_without_budget_for_more_campaigns_records_the_first_and_sa
     assert not (tmp_path / "campaign-heavy").exists() and not (tmp_path / "campaign-lead").exists()
     assert "time_share_heavy" not in out and "rollout_tokens_per_s_heavy" not in out
     assert out["time_share_none"] > 0 and out["handover_s"] == out["handover_s_none"]
+
+
+def test_the_memory_watch_keeps_the_largest_sum_of_arrays_and_reserved_scratch_it_saw() -> None:
+    reports = iter([{"bytes_in_use": 5, "bytes_reserved": 1}, {"bytes_in_use": 3, "bytes_reserved": 7},
+                    {"bytes_in_use": 8}])
+    seen = threading.Event()
+
+    def stats() -> dict[str, int]:
+        report = next(reports, None)
+        if report is None:
+            seen.set()
+            return {"bytes_in_use": 1}
+        return report
+
+    with MemoryWatch(stats, interval_s=0.001) as watch:
+        assert seen.wait(10)
+    assert watch.peak_bytes == 10  # 3 + 7: later, smaller reports do not lower it
+    with MemoryWatch(lambda: None, interval_s=0.001) as silent:  # a CPU reports no memory stats
+        time.sleep(0.01)
+    assert silent.peak_bytes is None

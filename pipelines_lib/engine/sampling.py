@@ -124,8 +124,9 @@ takes ``argmax(z + g)`` over noise from ``gumbel``, one hashed uniform an entry.
 
 
 def default_draw() -> str:
-    """The draw cheapest on JAX's default backend, measured: on a CPU ``cdf`` (the noise's two logarithms an entry cost
-    twice its passes), on a TPU ``gumbel`` (its passes over the logits cost more than the noise; docs/TPU_PERF.md)."""
+    """The draw cheapest on JAX's default backend as measured: on a CPU ``cdf`` (there the noise's two logarithms an
+    entry cost twice the inverse CDF's passes), on an accelerator ``gumbel`` (on a TPU v5e the passes cost more than
+    the noise; docs/TPU_PERF.md; a GPU takes it too, unmeasured)."""
     return "cdf" if jax.default_backend() == "cpu" else "gumbel"
 
 
