@@ -128,7 +128,7 @@ def test_run_colocated_command_runs_the_tpu_demo_preset_without_prefect_and_cont
         == "colocated"
 
 
-def test_the_trainer_hands_each_version_over_before_its_pointer_moves_and_the_engine_gets_what_is_published(
+def test_the_trainer_hands_each_version_over_before_its_pointer_moves_wakes_watchers_after_and_the_engine_gets_it(
         tmp_path: Path) -> None:
     config = small_trainer_config(4)  # publishes v1 at step 2, v2 at step 4
     store = seed_trainer_campaign(str(tmp_path / "c"), config, 8)
@@ -139,8 +139,14 @@ def test_the_trainer_hands_each_version_over_before_its_pointer_moves_and_the_en
         latest_at_hand_over.append((version, weights.latest()))
         weights.hand_over(version, model)
 
-    train(store, config, on_publish=hand_over, log=lambda line: None)
+    woken: list[int | None] = []
+    unwatch = weights.watch(lambda: woken.append(weights.latest()))
+    train(store, config, on_publish=hand_over, on_published=weights.pointer_moved, log=lambda line: None)
     assert latest_at_hand_over == [(1, 0), (2, 1)]  # the folder did not name the version yet
+    assert woken == [1, 2]  # each wake-up came once the pointer named the version
+    unwatch()
+    weights.pointer_moved(3)
+    assert woken == [1, 2]
     served = weights.load(2)
     published = CampaignWeights(store).load(2)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), served, published))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import threading
 import time
 from collections.abc import Callable
 
@@ -133,6 +134,45 @@ def test_no_group_starts_on_weights_older_than_eta(tmp_path, eta: int) -> None:
     assert max(staleness) == eta  # the bound holds and is reached: swaps happen only when needed
     assert engine.swaps == sorted(engine.swaps) and stats.weight_swaps == len(engine.swaps) > 0
     assert stats.swap_pause_s > 0
+
+
+class WatchedPublisher(Publisher):
+    """A weight source that says when its latest version moved, as an in-process trainer's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watchers: list[Callable[[], None]] = []
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        self.watchers.append(wake)
+        return lambda: self.watchers.remove(wake)
+
+    def move(self) -> None:
+        self.version += 1
+        for wake in list(self.watchers):
+            wake()
+
+
+def test_a_worker_waiting_on_its_budget_takes_a_version_when_its_source_says_latest_moved(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], WatchedPublisher()
+    run = make_episode(engine, lambda task, idx: 0.001, log)
+
+    async def episode(task, group_id, idx):
+        if idx == 0:  # the trainer publishes 50 ms after each group starts, from a thread of its own
+            threading.Timer(0.05, pub.move).start()
+        return await run(task, group_id, idx)
+
+    # One group a version: each next group waits for a version, and a look every 30 s would take a minute and more.
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=4, max_groups_per_version=1,
+                                             backpressure_max_wait_s=60.0, target_groups=3, weight_poll_s=30.0),
+                        engine=engine, episode_fn=episode, tasks=tasks(), weights=pub,
+                        writer=ShardWriter(store, worker_id="w0"))
+    t0 = time.monotonic()
+    stats = asyncio.run(orch.run())
+    assert time.monotonic() - t0 < 20
+    assert stats.groups_committed == 3 and stats.versions_started == {0: 1, 1: 1, 2: 1}
+    assert pub.watchers == []  # the run stopped watching when it ended
 
 
 def test_sync_mode_starts_a_batch_only_after_the_slowest(tmp_path) -> None:

@@ -52,7 +52,7 @@ class RolloutConfig:
     groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
     budget must never stall it."""
     weight_poll_s: float = 0.5
-    """How often LATEST is checked for new weights."""
+    """How often LATEST is checked for new weights (in colocated placement also at once when the trainer moves it)."""
     stop_poll_s: float = 1.0
     """How often the trainer's done marker is checked."""
     temperature: float = 1.0

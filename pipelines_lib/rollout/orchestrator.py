@@ -5,6 +5,7 @@
               ▲   (at most max_concurrency episodes in flight)                             │
               │                                                                         group queue
    weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
+   (every weight_poll_s, or at once when the source says so: watch)                           │
                                                                              writer task (one thread at a time)
                                                               the channel's GroupSink: commit by size or age
 ```
@@ -49,7 +50,11 @@ EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 
 
 class WeightSource(Protocol):
-    """Where new weights come from (``weights/LATEST`` in a campaign). Both calls run in a worker thread."""
+    """Where new weights come from (``weights/LATEST`` in a campaign). Both calls run in a worker thread.
+
+    A source that learns when ``latest`` moves (a trainer in the same process) may also offer ``watch(wake) ->
+    unwatch``: it calls ``wake()``, from any thread, after each move until ``unwatch()``, and the orchestrator then
+    looks at once instead of at its next poll (``weight_poll_s``)."""
 
     def latest(self) -> int | None: ...
 
@@ -109,6 +114,7 @@ class Orchestrator:
         self._budget: dict[int, int] = {}
         self._refunded: Counter = Counter()  # per version: finished groups with all-equal rewards
         self._stopping = asyncio.Event()
+        self._moved = asyncio.Event()  # the weight source said latest moved since the last look
         self._gauges = ThroughputGauges(engine, clock=clock)
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -117,6 +123,7 @@ class Orchestrator:
         if self.weights is None:
             return
         async with self._refresh_lock:
+            self._moved.clear()  # before the look: news of a later move wakes the next pause
             latest = await asyncio.to_thread(self.weights.latest)
             if latest is None:
                 return
@@ -133,8 +140,17 @@ class Orchestrator:
     async def _poll_weights(self) -> None:
         while not self._stopping.is_set():
             await self._refresh()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """Wait ``weight_poll_s`` between looks at the weight source, less once the run stops or the source says
+        ``latest`` moved."""
+        waits = [asyncio.ensure_future(self._stopping.wait()), asyncio.ensure_future(self._moved.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self.config.weight_poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _admit(self) -> None:
         """Hold a new group until this version's budget allows it (backpressure), then until the engine's weights
@@ -171,8 +187,7 @@ class Orchestrator:
                     break
                 await self._refresh()
                 if self.engine.policy_version == version:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+                    await self._pause()
         self.stats.backpressure_s += self.clock() - t0
 
     async def _wait_for_fresh_weights(self) -> None:
@@ -360,14 +375,22 @@ class Orchestrator:
                     raise TimeoutError(f"lockstep rollout: no version after v{version} was published within "
                                        f"{self.config.lockstep_wait_s:g}s (rollout.lockstep_wait_s); is the trainer "
                                        f"running?")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.config.weight_poll_s)
+                await self._pause()
         self.stats.swap_pause_s += self.clock() - t0
         return self.engine.policy_version > version
 
     async def run(self) -> RolloutStats:
         t0 = self.clock()
         done: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:
+            # a source may still call it while this run closes its loop: a finished run needs no news
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._moved.set)
+
+        watch = getattr(self.weights, "watch", None)
+        unwatch = watch(wake) if watch is not None else None
         writer = asyncio.create_task(self._write(done))
         helpers = [asyncio.create_task(self._poll_stop())]
         if self.config.mode == "async":
@@ -386,6 +409,8 @@ class Orchestrator:
             if self._target_reached():
                 self.stats.stop_reason = self.stats.stop_reason or "target reached"
         finally:
+            if unwatch is not None:
+                unwatch()
             main.cancel()  # a no-op once it is done
             await asyncio.gather(main, return_exceptions=True)
             self._stopping.set()

@@ -8,16 +8,18 @@ run_colocated(store, config)
   rollout workers 0..N-1 (threads)  ||  trainer (this thread)
       DeviceWeights.hand_over(N, model): the parameters about to be published (their cast, or a copy), then
       trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
-      workers see LATEST move and swap in that copy (no Orbax reload, no host round trip)
+      workers see LATEST move and swap in that copy (no Orbax reload, no host round trip), woken by the writer
+      the moment the pointer moves (DeviceWeights.pointer_moved), not at their next poll
   evaluate the versions eval.versions asks for -> audit
 ```
 
-Why one process: a TPU chip can be opened by one process only, so rollouts, training and evaluation must share
-it through one JAX runtime; XLA interleaves the programs the threads dispatch. Every record the campaign folder
-gets is written by the same stage functions as in separate placement, so the audit cannot tell the placements
-apart, and η admission and the trainer's window work unchanged (workers still poll the pointer). Every step is
-idempotent, so a rerun continues an interrupted (or stopped: ``stages.stopping``) campaign. Nothing here imports Prefect: a REPL, the
-``rollstream run-colocated`` command and the campaign flow's one colocated task all call ``run_colocated``.
+Why one process: a TPU chip can be opened by one process only, so rollouts, training and evaluation must share it
+through one JAX runtime; XLA interleaves the programs the threads dispatch. Every record the campaign folder gets is
+written by the same stage functions as in separate placement, so the audit cannot tell the placements apart, and η
+admission and the trainer's window work unchanged (workers still read the pointer; the writer only wakes them when it
+moves). Every step is idempotent, so a rerun continues an interrupted (or stopped: ``stages.stopping``) campaign.
+Nothing here imports Prefect: a REPL, the ``rollstream run-colocated`` command and the campaign flow's one colocated
+task all call ``run_colocated``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class DeviceWeights:
         self._copy = copy
         self._lock = threading.Lock()
         self._held: tuple[int, nnx.State] | None = None
+        self._watchers: list[Callable[[], None]] = []
         self.handed_over = 0
         """Versions taken from device memory by ``load`` (the rest came from the folder)."""
 
@@ -84,6 +87,25 @@ class DeviceWeights:
 
     def latest(self) -> int | None:
         return self._published.latest()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` each time the pointer moves (``pointer_moved``) until the returned ``unwatch()``: a worker's
+        orchestrator looks at the pointer then rather than at its next poll."""
+        with self._lock:
+            self._watchers.append(wake)
+
+        def unwatch() -> None:
+            with self._lock:
+                self._watchers.remove(wake)
+
+        return unwatch
+
+    def pointer_moved(self, version: int) -> None:
+        """The trainer's ``on_published``: the pointer names ``version`` now; every watching worker is woken."""
+        with self._lock:
+            watchers = list(self._watchers)
+        for wake in watchers:
+            wake()
 
     def load(self, version: int) -> nnx.State:
         with self._lock:
@@ -134,7 +156,8 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
         for w in workers:
             w.add_done_callback(note_failure)
         try:
-            trained = train(store, config, cache=cache, on_publish=weights.hand_over, abort=abort, log=log)
+            trained = train(store, config, cache=cache, on_publish=weights.hand_over, on_published=weights.pointer_moved,
+                            abort=abort, log=log)
         except BaseException as e:
             request_stop(store, f"colocated trainer failed: {type(e).__name__}: {e}")
             raise

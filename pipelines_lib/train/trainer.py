@@ -92,16 +92,18 @@ class NonFiniteStepError(FloatingPointError):
 class StreamingTrainer:
     """State of one trainer process; ``run`` drives it. Storage, clock and sleep are injected.
 
-    ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the
-    campaign's ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer
-    files of ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication
-    with the compute-dtype model about to be published, for an engine in the same process (colocated placement),
-    which takes it once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so
-    the callee copies what it keeps. ``abort()`` is asked at every wait for groups; an exception it returns is
-    raised (colocated placement: the process's rollout workers failed, so no group will come). ``should_stop()`` is
-    asked before each step and at every wait for groups; once it says so, ``run`` drops the groups of the unfinished
-    step, checkpoints the steps trained since the last checkpoint and returns without the done marker. ``channel``
-    is where groups come from, and a replayed step's groups are read again (default: the campaign folder's shards)."""
+    ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the campaign's
+    ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer files of
+    ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication with the
+    compute-dtype model about to be published, for an engine in the same process (colocated placement), which takes it
+    once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so the callee copies what
+    it keeps; ``on_published(version)`` once the pointer names it (from the thread that wrote it), so that such an
+    engine's workers need not wait for their next look at the pointer. ``abort()`` is asked at every wait for groups; an
+    exception it returns is raised (colocated placement: the process's rollout workers failed, so no group will come).
+    ``should_stop()`` is asked before each step and at every wait for groups; once it says so, ``run`` drops the groups
+    of the unfinished step, checkpoints the steps trained since the last checkpoint and returns without the done marker.
+    ``channel`` is where groups come from, and a replayed step's groups are read again (default: the campaign folder's
+    shards)."""
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class StreamingTrainer:
         group_size: int,
         tokenizer_dir: str | Path | None = None,
         on_publish: Callable[[int, Decoder], None] | None = None,
+        on_published: Callable[[int], None] | None = None,
         abort: Callable[[], BaseException | None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
@@ -126,6 +129,7 @@ class StreamingTrainer:
         self.group_size = group_size
         self.tokenizer_dir = tokenizer_dir
         self.on_publish = on_publish
+        self.on_published = on_published
         self.abort = abort
         self.should_stop = should_stop
         self.log = log
@@ -319,6 +323,10 @@ class StreamingTrainer:
         )
         return record
 
+    def _published_hook(self, version: int) -> Callable[[], None] | None:
+        on_published = self.on_published
+        return None if on_published is None else lambda: on_published(version)
+
     def _write(self, *, publish: bool, checkpoint: bool, cursor: TailCursor) -> None:
         """Publish the next version (when ``publish``) and checkpoint this step (when ``checkpoint``) through
         ``writes``: the loop pays the hand-over to an in-process engine and the host copies, the writes run meanwhile
@@ -336,7 +344,8 @@ class StreamingTrainer:
                              state=checkpoint_state(self.model, self.optimizer) if checkpoint else None,
                              served=served, tokenizer_dir=self.tokenizer_dir, hf=self.tc.publish_hf,
                              # a cast (not the masters the next step donates) that the in-process engine keeps
-                             served_kept=self.on_publish is not None and served is not self.model)
+                             served_kept=self.on_publish is not None and served is not self.model,
+                             published=self._published_hook(self.version) if publish else None)
         if checkpoint:
             self.checkpointed_step = self.step
 
