@@ -45,19 +45,19 @@ def train(
 ) -> dict[str, Any]:
     """Resume, train to ``max_steps`` (default: ``trainer.max_steps``), mark done; returns the summary.
 
-    A trainer spanning hosts runs this in one process per host: ``config.distributed`` (``process_id`` overrides
-    its ``process_id``) joins them before anything touches JAX, and process 0 alone records telemetry.
-    ``on_publish`` hands each published model to an engine in this process and ``on_published`` says when the pointer
-    names it, ``abort`` says when the process's
-    rollout workers have failed (colocated placement). A stop signal to this process, or a stop request of the
-    campaign newer than this call (``stages.stopping``), ends it at its next step boundary, without the done marker."""
+    A trainer spanning hosts runs this in one process per host: ``config.distributed`` (``process_id`` overrides its
+    ``process_id``) joins them before anything touches JAX, and process 0 alone records telemetry. ``on_publish`` hands
+    each published model to an engine in this process and ``on_published`` says when the pointer names it, ``abort``
+    says when the process's rollout workers have failed (colocated placement). A stop signal to this process, or a stop
+    request of the campaign newer than this call (``stages.stopping``), ends it at its next step boundary, without the
+    done marker."""
     initialize(config.distributed, process_id=process_id)
     if DoneMarker.exists(store):
         return DoneMarker.read(store).to_dict()
     started = utc_compact()
     with telemetry.recording(store if is_writer() else None, "trainer"):
-        trainer = trainer_for(store, config, cache=cache, on_publish=on_publish, on_published=on_published, abort=abort,
-                              should_stop=lambda: should_stop(store, since=started), log=log)
+        trainer = trainer_for(store, config, cache=cache, on_publish=on_publish, on_published=on_published,
+                              abort=abort, should_stop=lambda: should_stop(store, since=started), log=log)
         trainer.restore()
         return trainer.run(max_steps)
 

@@ -91,12 +91,12 @@ class TrainerWrites:
 
     def step(self, store: Store, *, step: int, version: int, cursor: str, rng: jax.Array,
              state: dict[str, Any] | None, served: Decoder | None, tokenizer_dir: str | Path | None,
-             hf: bool, served_kept: bool, published: Callable[[], None] | None = None) -> None:
+             hf: bool, served_kept: bool, published: Callable[[], None] | None) -> None:
         """Submit a step's writes: ``served`` published as ``version`` (when given; with its HF folder when ``hf``),
         then the checkpoint of ``state`` (``checkpoint_state``, when given); off the loop, from host copies.
         ``served_kept``: ``served``'s buffers outlive the job untouched (a cast an in-process engine keeps), so the
-        job writes them from the device and the loop copies nothing of them. ``published()`` is called once the
-        pointer names the version (from the job's thread)."""
+        job writes them from the device and the loop copies nothing of them. ``published()`` (when given) is called
+        once the pointer names the version, from the job's thread."""
         if state is None and served is None:
             raise ValueError(f"TrainerWrites.step: step {step} has nothing to write (no state, no served model)")
         if not self.inline:  # the trainer's next step donates these buffers: the job writes copies
