@@ -6,10 +6,10 @@ warm-up     a throw-away campaign of two steps from that folder: the programs co
 campaign    run_colocated of ``tpu_real`` started from that folder (the HF import), in a fresh folder, with no tool
             latency: the memory plan, the device's peak memory (its arrays; and, polled through the campaign, its
             arrays with the scratch the runtime reserves for programs: ``MemoryWatch``), trajectories/hour, trained
-            tokens/s, the
-            hand-over of each version (``hand_over`` spans), the chip's busy share, the shares of the window the
-            trainer's loop spent at publications and checkpoints, the writer spent writing them and the rollout
-            worker spent waiting for its budget or fresher weights, and the mean seconds a version's write took
+            tokens/s, the hand-over of each version (``hand_over`` spans), the chip's busy share, the shares of the
+            window the trainer's loop spent at publications and checkpoints, the writer spent writing them and the
+            rollout worker spent waiting for its budget or fresher weights, and the mean seconds a version's write
+            took
 alone       the engine alone at the campaign's slots and KV pool, serving prompts of the campaign's mean prompt length;
             the trainer alone at the campaign's batch (rows × largest bucket), 1 + 3 steps
 campaign    the same with ``LatencyProfile.heavy()``, in another fresh folder, if ``--budget-s`` affords it

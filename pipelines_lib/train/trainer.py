@@ -24,9 +24,10 @@ skipped, and every published version is one the resumed run reproduces: a versio
 is re-trained from its steps' logs (its stored weights and pointer are kept, the publication a no-op), exactly on
 the same deterministic backend; resumed on other devices, the trainer's state may differ from the stored version by
 rounding, which the samples' recorded log-probabilities and the staleness correction absorb. Checkpoints are not
-tied to publications because a checkpoint is the larger write (float32 masters and moments). A fork (``records.with_parents``) starts the same way
-from its parent's checkpoint and logs up to the fork step, read through the fork's view of its parent; a replayed
-step publishes exactly when its log says it did, whatever the fork's own ``publish_every``.
+tied to publications because a checkpoint is the larger write (float32 masters and moments). A fork
+(``records.with_parents``) starts the same way from its parent's checkpoint and logs up to the fork step, read through
+the fork's view of its parent; a replayed step publishes exactly when its log says it did, whatever the fork's own
+``publish_every``.
 
 Data the trainer cannot train on never reaches a step: the tailer is given the trainer's needs (group size,
 longest row, vocabulary; ``TrainerNeeds.of``) and skips anything else with a reason that lands in the step's
@@ -44,6 +45,7 @@ checkpoint markers, publications and the pointer.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -323,10 +325,6 @@ class StreamingTrainer:
         )
         return record
 
-    def _published_hook(self, version: int) -> Callable[[], None] | None:
-        on_published = self.on_published
-        return None if on_published is None else lambda: on_published(version)
-
     def _write(self, *, publish: bool, checkpoint: bool, cursor: TailCursor) -> None:
         """Publish the next version (when ``publish``) and checkpoint this step (when ``checkpoint``) through
         ``writes``: the loop pays the hand-over to an in-process engine and the host copies, the writes run meanwhile
@@ -345,7 +343,8 @@ class StreamingTrainer:
                              served=served, tokenizer_dir=self.tokenizer_dir, hf=self.tc.publish_hf,
                              # a cast (not the masters the next step donates) that the in-process engine keeps
                              served_kept=self.on_publish is not None and served is not self.model,
-                             published=self._published_hook(self.version) if publish else None)
+                             published=functools.partial(self.on_published, self.version)
+                             if publish and self.on_published is not None else None)
         if checkpoint:
             self.checkpointed_step = self.step
 
