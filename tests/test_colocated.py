@@ -75,6 +75,25 @@ def test_device_weights_follow_the_campaign_pointer_and_load_versions_they_never
     assert weights.handed_over == 0
 
 
+def test_device_weights_ahead_serve_a_version_from_its_hand_over_and_say_storage_holds_it_only_once_stored(
+        tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "c"))
+    model = Decoder(CampaignConfig.preset("smoke").model, rngs=nnx.Rngs(2))
+    publish_weights(store, model, version=0, step=0)
+    ahead, behind = DeviceWeights(store, ahead=True), DeviceWeights(store)
+    woken: list[tuple[int | None, int | None]] = []
+    ahead.watch(lambda: woken.append((ahead.latest(), ahead.stored())))
+    behind.watch(lambda: woken.append((None, None)))
+    ahead.hand_over(1, model)
+    behind.hand_over(1, model)
+    assert woken == [(1, 0)]  # woken at the hand-over: version 1 may be served, storage holds 0
+    assert (behind.latest(), behind.stored()) == (0, 0)  # without ahead, a version waits for the pointer
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), ahead.load(1), nnx.state(model, nnx.Param)))
+    publish_weights(store, model, version=1, step=2)
+    ahead.pointer_moved(1)
+    assert woken[-1] == (1, 1)
+
+
 def test_run_colocated_refuses_a_separate_placement_config(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs placement='colocated', got 'separate'"):
         run_colocated(Store(str(tmp_path / "c")), small_trainer_config(2))

@@ -175,6 +175,61 @@ def test_a_worker_waiting_on_its_budget_takes_a_version_when_its_source_says_lat
     assert pub.watchers == []  # the run stopped watching when it ended
 
 
+class HandingOverPublisher(WatchedPublisher):
+    """A weight source whose latest version runs ahead of what storage holds, as an in-process trainer's hand-over
+    does: ``hand_over`` names a version at once, ``store`` once its write is done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored_version = 0
+
+    def stored(self) -> int:
+        return self.stored_version
+
+    def hand_over(self) -> None:
+        self.move()
+
+    def store(self) -> None:
+        self.stored_version = self.version
+        for wake in list(self.watchers):
+            wake()
+
+
+def test_groups_sampled_from_a_version_still_being_stored_are_committed_once_storage_holds_it(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], HandingOverPublisher()
+    commits: list[tuple[int, int]] = []  # (shard version, what storage held when it was committed)
+    threading.Timer(0.05, pub.hand_over).start()
+    threading.Timer(1.0, pub.store).start()  # a write that takes a second
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=4, target_groups=6, weight_poll_s=30.0),
+                        engine=engine, episode_fn=make_episode(engine, lambda task, idx: 0.02, log), tasks=tasks(),
+                        weights=pub, writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1)),
+                        on_commit=lambda info: commits.append((info.version, pub.stored_version)))
+    t0 = time.monotonic()
+    stats = asyncio.run(orch.run())
+    assert engine.swaps == [1] and stats.versions_started[1] > 0  # served from the hand-over...
+    assert time.monotonic() - t0 < 10  # ...and woken by it, not by a poll 30 s later
+    assert {version for version, _ in commits} == {0, 1}
+    assert all(version <= held for version, held in commits)  # ...but committed only once stored
+    assert stats.groups_committed == 6 and stats.commit_hold_s > 0.5 and stats.groups_unstored == 0
+
+
+def test_a_group_whose_version_is_never_stored_is_dropped_when_the_run_ends_and_counted(tmp_path) -> None:
+    store = Store(str(tmp_path / "c"))
+    engine, log, pub = VersionedEngine(), [], HandingOverPublisher()
+    pub.hand_over()  # version 1 handed over; its write never finishes (the trainer died)
+    orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=4, target_groups=2, weight_poll_s=0.05,
+                                             hold_timeout_s=0.3),
+                        engine=engine, episode_fn=make_episode(engine, lambda task, idx: 0.01, log), tasks=tasks(),
+                        weights=pub, writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1)))
+    t0 = time.monotonic()
+    stats = asyncio.run(orch.run())
+    assert 0.3 <= time.monotonic() - t0 < 10  # each held group waited out hold_timeout_s once the run stopped
+    assert stats.versions_started[1] >= 1  # the first group may start on version 0, which η admits
+    assert stats.groups_unstored == stats.versions_started[1] and stats.groups_committed == stats.versions_started[0]
+    assert not store.list("trajectories/v00000001")
+
+
 def test_sync_mode_starts_a_batch_only_after_the_slowest(tmp_path) -> None:
     store = Store(str(tmp_path / "c"))
     engine, log = VersionedEngine(), []

@@ -51,6 +51,15 @@ class RolloutConfig:
     """After waiting this long for a new version, the worker may start another ``max_groups_per_version``
     groups: the trainer may need more groups than expected (e.g. when many have all-equal rewards), and a
     budget must never stall it."""
+    swap_at_hand_over: bool = True
+    """Colocated placement: take a version the moment the trainer hands it over, while it is still being written,
+    instead of once ``weights/LATEST`` names it; groups sampled from it are held in memory and committed once the
+    pointer names it, so nothing in storage ever names a version that is not stored (a crash loses only those held
+    groups). Rollouts then run while a version is written rather than after. No effect in separate placement."""
+    hold_timeout_s: float = 60.0
+    """Once a worker stops, how long a finished group it holds (``swap_at_hand_over``) still waits for the version
+    it sampled from to be stored; past it the group is dropped and counted (``groups_unstored``), as a crash would
+    lose it. Until the worker stops a group waits as long as the version's write takes."""
     weight_poll_s: float = 0.5
     """How often LATEST is checked for new weights (in colocated placement also at once when the trainer moves it)."""
     stop_poll_s: float = 1.0
@@ -119,6 +128,7 @@ class RolloutConfig:
             "tool_timeout_s",
             "backpressure_max_wait_s",
             "lockstep_wait_s",
+            "hold_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RolloutConfig.{name} must be > 0, got {getattr(self, name)}")

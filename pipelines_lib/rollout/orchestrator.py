@@ -7,6 +7,7 @@
    weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
    (every weight_poll_s, or at once when the source says so: watch)                           │
                                                                              writer task (one thread at a time)
+                                                   holds a group until every version it sampled is stored
                                                               the channel's GroupSink: commit by size or age
 ```
 
@@ -54,7 +55,11 @@ class WeightSource(Protocol):
 
     A source that learns when ``latest`` moves (a trainer in the same process) may also offer ``watch(wake) ->
     unwatch``: it calls ``wake()``, from any thread, after each move until ``unwatch()``, and the orchestrator then
-    looks at once instead of at its next poll (``weight_poll_s``)."""
+    looks at once instead of at its next poll (``weight_poll_s``).
+
+    A source whose ``latest`` may name a version before storage holds it (a trainer's hand-over in the same process)
+    also offers ``stored() -> int | None``, the newest version storage holds, and wakes watchers when either moves:
+    the orchestrator commits a group only once ``stored()`` reaches every version the group sampled from."""
 
     def latest(self) -> int | None: ...
 
@@ -77,6 +82,10 @@ class RolloutStats:
     wall_s: float = 0.0
     stop_reason: str = ""
     versions_started: Counter = field(default_factory=Counter)
+    commit_hold_s: float = 0.0
+    """Seconds the writer held finished groups until the version they sampled from was stored."""
+    groups_unstored: int = 0
+    """Groups dropped when the run ended because a version they sampled from was never stored."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +94,7 @@ class RolloutStats:
             "weight_swaps": self.weight_swaps, "swap_pause_s": round(self.swap_pause_s, 4),
             "max_in_flight": self.max_in_flight, "backpressure_s": round(self.backpressure_s, 3), "wall_s": round(self.wall_s, 3), "stop_reason": self.stop_reason,
             "versions_started": {str(k): v for k, v in sorted(self.versions_started.items())},
+            "commit_hold_s": round(self.commit_hold_s, 3), "groups_unstored": self.groups_unstored,
         }
 
 
@@ -115,6 +125,8 @@ class Orchestrator:
         self._refunded: Counter = Counter()  # per version: finished groups with all-equal rewards
         self._stopping = asyncio.Event()
         self._moved = asyncio.Event()  # the weight source said latest moved since the last look
+        self._stored_moved = asyncio.Event()  # the same news, for the writer's hold (_until_stored)
+        self._stored = -1  # the newest version the source's stored() named so far
         self._gauges = ThroughputGauges(engine, clock=clock)
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -260,6 +272,8 @@ class Orchestrator:
             if group is None:
                 self._account(await asyncio.to_thread(self.writer.flush_due))
                 continue
+            if not await self._until_stored(group):
+                continue
             for t in group:
                 self.stats.statuses[t.status] += 1
                 telemetry.count(f"status.{t.status}")
@@ -267,6 +281,33 @@ class Orchestrator:
             telemetry.gauge("group_queue_depth", done.qsize())
             with telemetry.span("shard_flush", track="writer", group=group[0].group_id):
                 self._account(await asyncio.to_thread(self.writer.add_group, group))
+
+    async def _until_stored(self, group: list[Trajectory]) -> bool:
+        """Wait until the weight source's ``stored()`` reaches the newest version ``group`` sampled from (at once for
+        a source without ``stored``). False: that did not happen within ``hold_timeout_s`` of the run stopping, and
+        the group is dropped: storage must never hold a trajectory of a version it does not hold (a resume would
+        re-create that version)."""
+        stored = getattr(self.weights, "stored", None)
+        newest = max((v for t in group for v in t.policy_version), default=-1)
+        if stored is None or newest <= self._stored:
+            return True
+        t0, deadline = self.clock(), None
+        with telemetry.span("commit_hold", track="writer", version=newest):
+            while True:
+                self._stored_moved.clear()  # before the look: a move after it ends the wait below
+                version = await asyncio.to_thread(stored)
+                self._stored = max(self._stored, -1 if version is None else version)
+                if self._stored >= newest:
+                    self.stats.commit_hold_s += self.clock() - t0
+                    return True
+                if self._stopping.is_set():
+                    deadline = self.clock() + self.config.hold_timeout_s if deadline is None else deadline
+                    if self.clock() >= deadline:
+                        self.stats.groups_unstored += 1
+                        telemetry.count("groups_unstored")
+                        return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stored_moved.wait(), self.config.weight_poll_s)
 
     def _account(self, infos: list[ShardInfo]) -> None:
         for info in infos:
@@ -388,6 +429,7 @@ class Orchestrator:
             # a source may still call it while this run closes its loop: a finished run needs no news
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._moved.set)
+                loop.call_soon_threadsafe(self._stored_moved.set)
 
         watch = getattr(self.weights, "watch", None)
         unwatch = watch(wake) if watch is not None else None
@@ -409,14 +451,16 @@ class Orchestrator:
             if self._target_reached():
                 self.stats.stop_reason = self.stats.stop_reason or "target reached"
         finally:
-            if unwatch is not None:
-                unwatch()
             main.cancel()  # a no-op once it is done
             await asyncio.gather(main, return_exceptions=True)
             self._stopping.set()
             await done.put(_FLUSH)
             await asyncio.gather(*helpers, return_exceptions=True)
-            await writer
+            try:
+                await writer
+            finally:  # after the writer: a group it holds waits for news that its version was stored
+                if unwatch is not None:
+                    unwatch()
             self.stats.wall_s = self.clock() - t0
         return self.stats
 

@@ -6,10 +6,10 @@ run_colocated(store, config)
       refused before anything compiles or is written; engine.num_blocks: auto gets what the plan leaves
   init_campaign -> prep -> warm_start                      the same stage functions, in this thread
   rollout workers 0..N-1 (threads)  ||  trainer (this thread)
-      DeviceWeights.hand_over(N, model): the parameters about to be published (their cast, or a copy), then
-      trainer publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement)
-      workers see LATEST move and swap in that copy (no Orbax reload, no host round trip), woken by the writer
-      the moment the pointer moves (DeviceWeights.pointer_moved), not at their next poll
+      DeviceWeights.hand_over(N, model): the parameters about to be published (their cast, or a copy); workers
+      are woken and swap them in at once (no Orbax reload, no host round trip) while the trainer's writer
+      publishes v<N> to the folder (Orbax, HF, marker, pointer: as in separate placement); groups sampled from
+      v<N> wait in the worker's memory until the pointer names it (DeviceWeights.stored, pointer_moved)
   evaluate the versions eval.versions asks for -> audit
 ```
 
@@ -17,7 +17,10 @@ Why one process: a TPU chip can be opened by one process only, so rollouts, trai
 through one JAX runtime; XLA interleaves the programs the threads dispatch. Every record the campaign folder gets is
 written by the same stage functions as in separate placement, so the audit cannot tell the placements apart, and η
 admission and the trainer's window work unchanged (workers still read the pointer; the writer only wakes them when it
-moves). Every step is idempotent, so a rerun continues an interrupted (or stopped: ``stages.stopping``) campaign.
+moves). A version is served from its hand-over (``rollout.swap_at_hand_over``; false: once the pointer names it), so
+rollouts run while it is written; what storage records is unchanged, because a worker commits a group only once every
+version it sampled from is stored. Every step is idempotent, so a rerun continues an interrupted (or stopped:
+``stages.stopping``) campaign.
 Nothing here imports Prefect: a REPL, the ``rollstream run-colocated`` command and the campaign flow's one colocated
 task all call ``run_colocated``.
 """
@@ -58,14 +61,16 @@ from pipelines_lib.storage.store import Store
 class DeviceWeights:
     """A rollout ``WeightSource`` fed by the trainer of the same process.
 
-    ``latest`` reads the campaign's pointer, as ``CampaignWeights`` does, so admission and refresh follow the
-    same records as in separate placement. ``load`` returns the parameters the trainer handed over for that
-    version, already on the device; a version it never saw (version 0, or versions published before this
-    process started) is loaded from the folder."""
+    ``stored`` reads the campaign's pointer, as ``CampaignWeights.latest`` does. ``latest`` is the same, or with
+    ``ahead`` the version handed over when the pointer does not name it yet: the trainer hands a version over before
+    its writer stores it, and waits for that write before handing over the next, so at most one version is ahead.
+    ``load`` returns the parameters the trainer handed over for that version, already on the device; a version it
+    never saw (version 0, or versions published before this process started) is loaded from the folder."""
 
-    def __init__(self, store: Store, *, copy: bool = True) -> None:
+    def __init__(self, store: Store, *, copy: bool = True, ahead: bool = False) -> None:
         self._published = CampaignWeights(store)
         self._copy = copy
+        self._ahead = ahead
         self._lock = threading.Lock()
         self._held: tuple[int, nnx.State] | None = None
         self._watchers: list[Callable[[], None]] = []
@@ -84,13 +89,25 @@ class DeviceWeights:
             jax.block_until_ready(params)  # the span times the cast or copy, not its dispatch
         with self._lock:
             self._held = (version, params)
+        if self._ahead:
+            self._wake()
 
-    def latest(self) -> int | None:
+    def stored(self) -> int | None:
+        """The newest version the campaign's pointer names."""
         return self._published.latest()
 
+    def latest(self) -> int | None:
+        """The newest version a worker may serve: ``stored()``, or with ``ahead`` a newer version handed over."""
+        stored = self._published.latest()
+        with self._lock:
+            held = self._held
+        if self._ahead and held is not None and (stored is None or held[0] > stored):
+            return held[0]
+        return stored
+
     def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
-        """Call ``wake()`` each time the pointer moves (``pointer_moved``) until the returned ``unwatch()``: a worker's
-        orchestrator looks at the pointer then rather than at its next poll."""
+        """Call ``wake()`` each time the pointer moves (``pointer_moved``), and with ``ahead`` at each hand-over, until
+        the returned ``unwatch()``: a worker's orchestrator looks then rather than at its next poll."""
         with self._lock:
             self._watchers.append(wake)
 
@@ -102,6 +119,9 @@ class DeviceWeights:
 
     def pointer_moved(self, version: int) -> None:
         """The trainer's ``on_published``: the pointer names ``version`` now; every watching worker is woken."""
+        self._wake()
+
+    def _wake(self) -> None:
         with self._lock:
             watchers = list(self._watchers)
         for wake in watchers:
@@ -136,7 +156,7 @@ def _collect_and_train(store: Store, config: CampaignConfig, *, cache: Path | No
     fails stops the trainer at its next wait for groups with that worker's error (the others are asked to stop):
     the trainer would otherwise wait ``trainer.data_timeout_s`` for groups and then name the wrong cause."""
     precision = config.trainer.step.precision
-    weights = DeviceWeights(store, copy=precision.params == precision.compute)
+    weights = DeviceWeights(store, copy=precision.params == precision.compute, ahead=config.rollout.swap_at_hand_over)
     failed: list[BaseException] = []  # the trainer's abort: the first worker's error, wrapped once
 
     def note_failure(worker: Future[dict[str, Any]]) -> None:
