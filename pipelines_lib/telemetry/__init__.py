@@ -16,8 +16,10 @@ Where the spans of a rollout worker come from::
                  ├─ generate ─ queue_wait     (queue_wait: the engine's slot queue, when it reports one)
                  ├─ tool_call.<tool>          laid out after the call from the tools' own latencies
                  └─ env_step / reward         env.step; ``reward`` when it ends the episode
-      weights, writer (tracks): weight_swap, admission_wait, backpressure_wait, shard_flush
-      counters: episodes_in_flight, group_queue_depth, engine_*, trajectories_per_s, rss_mb, status.* totals
+      weights, writer (tracks): weight_swap, admission_wait, backpressure_wait, shard_flush, commit_hold (a
+        finished group held until its version is stored: rollout.swap_at_hand_over)
+      counters: episodes_in_flight, group_queue_depth, engine_*, trajectories_per_s, rss_mb, status.* totals,
+        groups_unstored
     trainer (process)
       trainer (track): data_wait, train_step, publish, checkpoint
       counters: trainer_version, dropped_stale_groups, staleness.* totals, rss_mb
