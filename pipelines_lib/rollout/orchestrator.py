@@ -7,7 +7,7 @@
    weight poller: LATEST moved? load in a thread, engine.swap_weights()                       │
    (every weight_poll_s, or at once when the source says so: watch)                           │
                                                                              writer task (one thread at a time)
-                                                   holds a group until every version it sampled is stored
+                              holds a group until every version it sampled is stored (weights.StoredGate)
                                                               the channel's GroupSink: commit by size or age
 ```
 
@@ -35,12 +35,13 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pipelines_lib import telemetry
 from pipelines_lib.engine.api import Engine
 from pipelines_lib.envs.base import Task
 from pipelines_lib.rollout.config import RolloutConfig
+from pipelines_lib.rollout.weights import StoredGate, WeightSource
 from pipelines_lib.telemetry.samplers import ThroughputGauges
 from pipelines_lib.trajectory.channel import GroupSink, ShardInfo
 from pipelines_lib.trajectory.record import Trajectory
@@ -48,22 +49,6 @@ from pipelines_lib.trajectory.window import Window, admits, zero_advantage
 
 EpisodeFn = Callable[[Task, str, int], Awaitable[Trajectory]]
 """``(task, group_id, sample_idx) -> Trajectory``; must turn episode failures into statuses itself."""
-
-
-class WeightSource(Protocol):
-    """Where new weights come from (``weights/LATEST`` in a campaign). Both calls run in a worker thread.
-
-    A source that learns when ``latest`` moves (a trainer in the same process) may also offer ``watch(wake) ->
-    unwatch``: it calls ``wake()``, from any thread, after each move until ``unwatch()``, and the orchestrator then
-    looks at once instead of at its next poll (``weight_poll_s``).
-
-    A source whose ``latest`` may name a version before storage holds it (a trainer's hand-over in the same process)
-    also offers ``stored() -> int | None``, the newest version storage holds, and wakes watchers when either moves:
-    the orchestrator commits a group only once ``stored()`` reaches every version the group sampled from."""
-
-    def latest(self) -> int | None: ...
-
-    def load(self, version: int) -> Any: ...
 
 
 @dataclass
@@ -125,8 +110,7 @@ class Orchestrator:
         self._refunded: Counter = Counter()  # per version: finished groups with all-equal rewards
         self._stopping = asyncio.Event()
         self._moved = asyncio.Event()  # the weight source said latest moved since the last look
-        self._stored_moved = asyncio.Event()  # the same news, for the writer's hold (_until_stored)
-        self._stored = -1  # the newest version the source's stored() named so far
+        self._gate = StoredGate(weights, poll_s=config.weight_poll_s, hold_timeout_s=config.hold_timeout_s, clock=clock)
         self._gauges = ThroughputGauges(engine, clock=clock)
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -272,7 +256,9 @@ class Orchestrator:
             if group is None:
                 self._account(await asyncio.to_thread(self.writer.flush_due))
                 continue
-            if not await self._until_stored(group):
+            if not await self._gate.admit(group, self._stopping):
+                self.stats.groups_unstored += 1
+                telemetry.count("groups_unstored")
                 continue
             for t in group:
                 self.stats.statuses[t.status] += 1
@@ -281,33 +267,6 @@ class Orchestrator:
             telemetry.gauge("group_queue_depth", done.qsize())
             with telemetry.span("shard_flush", track="writer", group=group[0].group_id):
                 self._account(await asyncio.to_thread(self.writer.add_group, group))
-
-    async def _until_stored(self, group: list[Trajectory]) -> bool:
-        """Wait until the weight source's ``stored()`` reaches the newest version ``group`` sampled from (at once for
-        a source without ``stored``). False: that did not happen within ``hold_timeout_s`` of the run stopping, and
-        the group is dropped: storage must never hold a trajectory of a version it does not hold (a resume would
-        re-create that version)."""
-        stored = getattr(self.weights, "stored", None)
-        newest = max((v for t in group for v in t.policy_version), default=-1)
-        if stored is None or newest <= self._stored:
-            return True
-        t0, deadline = self.clock(), None
-        with telemetry.span("commit_hold", track="writer", version=newest):
-            while True:
-                self._stored_moved.clear()  # before the look: a move after it ends the wait below
-                version = await asyncio.to_thread(stored)
-                self._stored = max(self._stored, -1 if version is None else version)
-                if self._stored >= newest:
-                    self.stats.commit_hold_s += self.clock() - t0
-                    return True
-                if self._stopping.is_set():
-                    deadline = self.clock() + self.config.hold_timeout_s if deadline is None else deadline
-                    if self.clock() >= deadline:
-                        self.stats.groups_unstored += 1
-                        telemetry.count("groups_unstored")
-                        return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stored_moved.wait(), self.config.weight_poll_s)
 
     def _account(self, infos: list[ShardInfo]) -> None:
         for info in infos:
@@ -429,7 +388,7 @@ class Orchestrator:
             # a source may still call it while this run closes its loop: a finished run needs no news
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._moved.set)
-                loop.call_soon_threadsafe(self._stored_moved.set)
+                loop.call_soon_threadsafe(self._gate.moved)
 
         watch = getattr(self.weights, "watch", None)
         unwatch = watch(wake) if watch is not None else None
@@ -462,6 +421,7 @@ class Orchestrator:
                 if unwatch is not None:
                     unwatch()
             self.stats.wall_s = self.clock() - t0
+            self.stats.commit_hold_s = self._gate.held_s
         return self.stats
 
 

@@ -28,7 +28,8 @@ from pipelines_lib.rollout.collect import (
     worker_tasks,
 )
 from pipelines_lib.rollout.episodes import env_sandbox, make_episode_fn
-from pipelines_lib.rollout.orchestrator import Orchestrator, WeightSource
+from pipelines_lib.rollout.orchestrator import Orchestrator
+from pipelines_lib.rollout.weights import WeightSource
 from pipelines_lib.stages.stopping import request_stop, should_stop
 from pipelines_lib.storage import layout
 from pipelines_lib.storage.store import Store
@@ -99,7 +100,9 @@ def collect(store: Store, config: CampaignConfig, *, worker: str, worker_index: 
             if server_log.exists():
                 store.create(f"telemetry/engine-{worker_id}.log", server_log.read_bytes())
     log(f"rollout {worker_id}: stopped ({stats.stop_reason}); {stats.groups_committed} groups, "
-        f"statuses {dict(stats.statuses)}")
+        f"statuses {dict(stats.statuses)}"
+        + (f"; {stats.groups_unstored} finished groups dropped: the version they sampled from was not stored within "
+           f"rollout.hold_timeout_s={rc.hold_timeout_s:g}s of the stop" if stats.groups_unstored else ""))
     return {"worker": worker, "worker_id": worker_id, "skipped_done_groups": len(skip), **stats.to_dict(),
             "engine": engine_stats if isinstance(engine_stats, dict) else getattr(engine_stats, "__dict__", {})}
 
