@@ -199,10 +199,16 @@ def test_groups_sampled_from_a_version_still_being_stored_are_committed_once_sto
     store = Store(str(tmp_path / "c"))
     engine, log, pub = VersionedEngine(), [], HandingOverPublisher()
     commits: list[tuple[int, int]] = []  # (shard version, what storage held when it was committed)
-    threading.Timer(0.05, pub.hand_over).start()
-    threading.Timer(1.0, pub.store).start()  # a write that takes a second
+    run = make_episode(engine, lambda task, idx: 0.02, log)
+
+    async def episode(task, group_id, idx):
+        if group_id == "t1.e0" and idx == 0:  # the trainer hands version 1 over as the second group starts...
+            pub.hand_over()
+            threading.Timer(1.0, pub.store).start()  # ...and its write takes a second
+        return await run(task, group_id, idx)
+
     orch = Orchestrator(config=RolloutConfig(group_size=4, max_concurrency=4, target_groups=6, weight_poll_s=30.0),
-                        engine=engine, episode_fn=make_episode(engine, lambda task, idx: 0.02, log), tasks=tasks(),
+                        engine=engine, episode_fn=episode, tasks=tasks(),
                         weights=pub, writer=ShardWriter(store, worker_id="w0", config=WriterConfig(max_groups=1)),
                         on_commit=lambda info: commits.append((info.version, pub.stored_version)))
     t0 = time.monotonic()

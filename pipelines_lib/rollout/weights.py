@@ -54,8 +54,10 @@ class StoredGate:
         """Whether ``group`` may be committed, once it may. False: its version was not stored within
         ``hold_timeout_s`` of ``stopping`` being set; storage must never hold a trajectory of a version it does not
         hold (a resume would re-create that version), so the group is dropped."""
-        newest = max((v for t in group for v in t.policy_version), default=-1)
-        if self._stored_fn is None or newest <= self._stored:
+        if self._stored_fn is None:
+            return True
+        newest = max((max(t.policy_version, default=-1) for t in group), default=-1)
+        if newest <= self._stored:
             return True
         t0, deadline = self._clock(), None
         with telemetry.span("commit_hold", track="writer", version=newest):
