@@ -98,7 +98,7 @@ class DeviceWeights:
 
     def latest(self) -> int | None:
         """The newest version a worker may serve: ``stored()``, or with ``ahead`` a newer version handed over."""
-        stored = self._published.latest()
+        stored = self.stored()
         with self._lock:
             held = self._held
         if self._ahead and held is not None and (stored is None or held[0] > stored):

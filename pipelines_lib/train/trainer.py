@@ -97,9 +97,10 @@ class StreamingTrainer:
     ``eta`` (the campaign's ``rollout.eta``) bounds the staleness of what it trains on; ``group_size`` (the campaign's
     ``rollout.group_size``) is checked against every group it reads; publications carry the tokenizer files of
     ``tokenizer_dir`` in their HF folder. ``on_publish(version, model)`` is called just before each publication with the
-    compute-dtype model about to be published, for an engine in the same process (colocated placement), which takes it
-    once ``weights/LATEST`` names the version; the next step may donate that model's buffers, so the callee copies what
-    it keeps; ``on_published(version)`` once the pointer names it (from the thread that wrote it), so that such an
+    compute-dtype model about to be published, for an engine in the same process (colocated placement), which may serve
+    it before ``weights/LATEST`` names the version (``rollout.swap_at_hand_over``); the trainer waits for a version's
+    write before it hands over the next; the next step may donate that model's buffers, so the callee copies what it
+    keeps; ``on_published(version)`` once the pointer names it (from the thread that wrote it), so that such an
     engine's workers need not wait for their next look at the pointer. ``abort()`` is asked at every wait for groups; an
     exception it returns is raised (colocated placement: the process's rollout workers failed, so no group will come).
     ``should_stop()`` is asked before each step and at every wait for groups; once it says so, ``run`` drops the groups
